@@ -1,0 +1,51 @@
+//! Printing results: a fixed-width table for people, one JSON line for
+//! scripts, and medians over repeated runs.
+
+use hdrhistogram::Histogram;
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Latency {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+impl Latency {
+    /// Percentiles of a histogram recorded in nanoseconds.
+    pub fn from_nanos(h: &Histogram<u64>) -> Latency {
+        let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        Latency {
+            p50_us: us(0.50),
+            p99_us: us(0.99),
+            p999_us: us(0.999),
+            max_us: h.max() as f64 / 1000.0,
+        }
+    }
+}
+
+/// MiB per second for `bytes` moved in `secs`.
+pub fn mib_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / secs.max(1e-9)
+}
+
+/// The median of some numbers (the lower middle for an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(0.0)
+}
+
+/// Prints `rows` of (label, value, unit) as an aligned table.
+pub fn table(title: &str, rows: &[(&str, f64, &str)]) {
+    println!("{title}");
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    for (label, value, unit) in rows {
+        println!("  {label:<width$}  {value:>12.2} {unit}");
+    }
+}
+
+/// Rounds to two decimals for the JSON line.
+pub fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}

@@ -1,0 +1,280 @@
+//! `strand-bench storage`: how close the partition log gets to the disk.
+//!
+//! Runs in one process, on one glommio executor, in a temporary directory
+//! (removed at the end):
+//! 1. raw write: sequential O_DIRECT writes of one 1 MiB aligned buffer
+//!    (queue depth 1) to a fresh file, one fdatasync at the end — the
+//!    physical limit;
+//! 2. append: the log appends 1,000-byte records in ~1 MiB batches with
+//!    `fsync=always`, from `--producers` concurrent producer tasks (each
+//!    awaits durability before its next batch; group commit merges them);
+//! 3. small batches: one producer appends 16 KiB batches and waits for each
+//!    to be durable: commits per second and commit latency;
+//! 4. read-back: the append log reopened (cold tail cache) and read from
+//!    start to end in 1 MiB fetches, against a raw O_DIRECT sequential read
+//!    of the raw file.
+//!
+//! Last stdout line: a JSON object with `raw_mib_s`, `append_mib_s`,
+//! `ratio` (append / raw), `small_batch_commits_s`, `small_batch_p50_us`,
+//! `small_batch_p99_us`, `small_batch_p999_us`, `raw_read_mib_s`,
+//! `read_mib_s`, `read_ratio` — medians when `--runs` > 1.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use glommio::io::OpenOptions;
+use hdrhistogram::Histogram;
+use strand_storage::shard::ShardStorageConfig;
+use strand_storage::{testkit, FsyncPolicy, LeaderEpoch, LogConfig, Offset, ShardStorage};
+
+use crate::report::{median, mib_s, round2, table, Latency};
+
+const MIB: usize = 1 << 20;
+const RECORD_BYTES: usize = 1000;
+/// Records per "1 MiB" batch: 1,000-byte values plus ~14 bytes of framing each.
+const RECORDS_PER_MIB_BATCH: u32 = 1034;
+/// Records per 16 KiB batch.
+const RECORDS_PER_SMALL_BATCH: u32 = 16;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Directory on the disk to measure; a temporary directory is made inside.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    dir: PathBuf,
+    /// MiB written by the raw and append phases each.
+    #[arg(long, default_value_t = 1024)]
+    mib: usize,
+    /// Concurrent producers in the append phase.
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Commits measured in the small-batch phase.
+    #[arg(long, default_value_t = 3000)]
+    small_commits: usize,
+    /// Repeat the whole scenario and report medians.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Copy, Default)]
+struct Figures {
+    raw_mib_s: f64,
+    append_mib_s: f64,
+    small_commits_s: f64,
+    small: Latency,
+    raw_read_mib_s: f64,
+    read_mib_s: f64,
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    if args.mib == 0 || args.producers == 0 || args.small_commits == 0 || args.runs == 0 {
+        return Err("--mib, --producers, --small-commits and --runs must be > 0".into());
+    }
+    let mut all = Vec::new();
+    for i in 0..args.runs {
+        let tmp = tempfile::Builder::new()
+            .prefix("strand-bench-storage-")
+            .tempdir_in(&args.dir)
+            .map_err(|e| format!("making a temporary directory in {}: {e}", args.dir.display()))?;
+        let path = tmp.path().to_path_buf();
+        let a = args.clone();
+        let figures = testkit::run_on_executor(move || async move { one_run(&path, &a).await })?;
+        print_run(i + 1, &args, &figures);
+        all.push(figures);
+    }
+    let med = |f: fn(&Figures) -> f64| round2(median(all.iter().map(f).collect()));
+    let raw = med(|f| f.raw_mib_s);
+    let append = med(|f| f.append_mib_s);
+    let raw_read = med(|f| f.raw_read_mib_s);
+    let read = med(|f| f.read_mib_s);
+    let json = serde_json::json!({
+        "scenario": "storage",
+        "runs": args.runs,
+        "raw_mib_s": raw,
+        "append_mib_s": append,
+        "ratio": round2(med(|f| f.append_mib_s / f.raw_mib_s) * 100.0) / 100.0,
+        "small_batch_commits_s": med(|f| f.small_commits_s),
+        "small_batch_p50_us": med(|f| f.small.p50_us),
+        "small_batch_p99_us": med(|f| f.small.p99_us),
+        "small_batch_p999_us": med(|f| f.small.p999_us),
+        "raw_read_mib_s": raw_read,
+        "read_mib_s": read,
+        "read_ratio": round2(med(|f| f.read_mib_s / f.raw_read_mib_s) * 100.0) / 100.0,
+    });
+    println!("{json}");
+    Ok(())
+}
+
+fn print_run(n: usize, args: &Args, f: &Figures) {
+    table(
+        &format!("run {n}: {} MiB per phase, {} producers", args.mib, args.producers),
+        &[
+            ("raw O_DIRECT write (1 MiB, QD1)", f.raw_mib_s, "MiB/s"),
+            ("log append, 1 MiB batches, fsync=always", f.append_mib_s, "MiB/s"),
+            ("  ratio append / raw", f.append_mib_s / f.raw_mib_s, ""),
+            ("16 KiB batch commits", f.small_commits_s, "commits/s"),
+            ("  commit p50", f.small.p50_us, "us"),
+            ("  commit p99", f.small.p99_us, "us"),
+            ("  commit p99.9", f.small.p999_us, "us"),
+            ("  commit max", f.small.max_us, "us"),
+            ("raw O_DIRECT read (1 MiB, QD1)", f.raw_read_mib_s, "MiB/s"),
+            ("log read-back, 1 MiB fetches", f.read_mib_s, "MiB/s"),
+            ("  ratio read / raw read", f.read_mib_s / f.raw_read_mib_s, ""),
+        ],
+    );
+}
+
+async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
+    let shard = ShardStorage::open(dir.join("shard"), ShardStorageConfig::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let raw_path = dir.join("raw.bin");
+    let raw_mib_s = raw_write(&raw_path, args.mib).await?;
+    let append_mib_s = append_phase(&shard, args).await?;
+    let (small_commits_s, small) = small_batch_phase(&shard, args.small_commits).await?;
+    let raw_read_mib_s = raw_read(&raw_path, args.mib).await?;
+    let read_mib_s = read_back(&shard).await?;
+    Ok(Figures {
+        raw_mib_s,
+        append_mib_s,
+        small_commits_s,
+        small,
+        raw_read_mib_s,
+        read_mib_s,
+    })
+}
+
+async fn raw_write(path: &Path, mib: usize) -> Result<f64, String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .dma_open(path)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = file.alloc_dma_buffer(MIB);
+    testkit::fill_value(buf.as_bytes_mut(), 1, 1);
+    let buf = Rc::new(buf);
+    let start = Instant::now();
+    for i in 0..mib {
+        file.write_rc_at(buf.clone(), (i * MIB) as u64)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    file.fdatasync().await.map_err(|e| e.to_string())?;
+    let secs = start.elapsed().as_secs_f64();
+    file.close().await.map_err(|e| e.to_string())?;
+    Ok(mib_s((mib * MIB) as u64, secs))
+}
+
+async fn raw_read(path: &Path, mib: usize) -> Result<f64, String> {
+    let file = glommio::io::DmaFile::open(path).await.map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut bytes = 0u64;
+    for i in 0..mib {
+        let got = file
+            .read_at_aligned((i * MIB) as u64, MIB)
+            .await
+            .map_err(|e| e.to_string())?;
+        bytes += got.len() as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    file.close().await.map_err(|e| e.to_string())?;
+    Ok(mib_s(bytes, secs))
+}
+
+fn always() -> LogConfig {
+    LogConfig {
+        fsync: FsyncPolicy::Always,
+        ..LogConfig::default()
+    }
+}
+
+async fn append_phase(shard: &ShardStorage, args: &Args) -> Result<f64, String> {
+    let log = Rc::new(
+        shard
+            .open_log(shard.data_dir().join("append"), always())
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    // Producers' batches are built before the clock starts: building them is
+    // the client's work, not the broker's.
+    let batches: Rc<Vec<Cell<Option<BytesMut>>>> = Rc::new(
+        (0..args.mib as u64)
+            .map(|tag| Cell::new(Some(testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 0))))
+            .collect(),
+    );
+    let next = Rc::new(Cell::new(0usize));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..args.producers {
+        let (log, batches, next) = (log.clone(), batches.clone(), next.clone());
+        tasks.push(glommio::spawn_local(async move {
+            let mut bytes = 0u64;
+            loop {
+                let i = next.get();
+                let Some(batch) = batches.get(i).and_then(|c| c.take()) else {
+                    return Ok::<u64, String>(bytes);
+                };
+                next.set(i + 1);
+                let info = log.append(batch, LeaderEpoch(1)).await.map_err(|e| e.to_string())?;
+                log.wait_durable(info.last_offset).await.map_err(|e| e.to_string())?;
+                bytes += info.bytes as u64;
+            }
+        }));
+    }
+    let mut bytes = 0;
+    for t in tasks {
+        bytes += t.await?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    log.close().await.map_err(|e| e.to_string())?;
+    Ok(mib_s(bytes, secs))
+}
+
+async fn small_batch_phase(shard: &ShardStorage, commits: usize) -> Result<(f64, Latency), String> {
+    let log = shard
+        .open_log(shard.data_dir().join("small"), always())
+        .await
+        .map_err(|e| e.to_string())?;
+    let batches: Vec<BytesMut> = (0..commits as u64)
+        .map(|tag| testkit::batch(tag, RECORDS_PER_SMALL_BATCH, RECORD_BYTES, 0))
+        .collect();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    for batch in batches {
+        let t = Instant::now();
+        let info = log.append(batch, LeaderEpoch(1)).await.map_err(|e| e.to_string())?;
+        log.wait_durable(info.last_offset).await.map_err(|e| e.to_string())?;
+        hist.saturating_record(t.elapsed().as_nanos() as u64);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    log.close().await.map_err(|e| e.to_string())?;
+    Ok((commits as f64 / secs, Latency::from_nanos(&hist)))
+}
+
+async fn read_back(shard: &ShardStorage) -> Result<f64, String> {
+    let log = shard
+        .open_log(shard.data_dir().join("append"), always())
+        .await
+        .map_err(|e| e.to_string())?;
+    let end = log.log_end();
+    let mut from = Offset(0);
+    let mut bytes = 0u64;
+    let start = Instant::now();
+    while from < end {
+        let got = log.read(from, MIB).await.map_err(|e| e.to_string())?;
+        if got.batches.is_empty() {
+            return Err(format!("read-back stopped at offset {from} before the log end {end}"));
+        }
+        bytes += got.bytes as u64;
+        from = got.next_offset;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    log.close().await.map_err(|e| e.to_string())?;
+    Ok(mib_s(bytes, secs))
+}

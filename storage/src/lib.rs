@@ -1,0 +1,45 @@
+//! `strand-storage`: the storage engine of a Strand broker.
+//!
+//! One [`Log`] per partition replica, driven by the shard (one glommio
+//! executor, one core) that owns the partition. Nothing here is shared
+//! between threads: every type is `!Send` by design and lives on its shard.
+//!
+//! Map of the crate, bottom up:
+//! - [`batch`]: the record batch format (byte layout in its doc), building,
+//!   validating, stamping and iterating batches. Pure functions.
+//! - [`scan`]: the sans-I/O recovery scanner: walks batches in a buffer and
+//!   says where the valid log ends and why.
+//! - [`index`]: the sparse offset and time indexes of a segment and their
+//!   file formats.
+//! - [`segment`]: segment files (naming, the active segment's direct-I/O
+//!   appender, sealed segments).
+//! - [`log`]: the partition log — append, read, find by time, truncate,
+//!   durability (group commit), recovery on open, retention.
+//! - [`retention`]: the pure retention policy (segments, now → cut offset).
+//! - [`shard`]: per-shard resources shared by the logs of one shard: the
+//!   direct-I/O probe file, the file-descriptor cache for sealed segments and
+//!   the tail-cache memory budget.
+
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod fuzzing;
+pub mod index;
+pub mod log;
+mod offset;
+pub mod retention;
+pub mod scan;
+pub mod segment;
+pub mod shard;
+mod tail_cache;
+pub mod testkit;
+pub mod varint;
+
+pub use config::{FsyncPolicy, LogConfig};
+pub use error::{BatchError, Result, StorageError};
+pub use log::{AppendInfo, Log, LogStats, ReadBatches};
+pub use offset::{LeaderEpoch, Offset};
+pub use shard::ShardStorage;
+
+/// Alignment of every direct-I/O write: file position, length and buffer.
+pub const DMA_ALIGN: u64 = 4096;

@@ -1,0 +1,206 @@
+//! Reshaping the log: truncation (replication), retention, close.
+
+use std::collections::BTreeMap;
+
+use super::{now_ms, open_active, Log};
+use crate::error::Result;
+use crate::retention::{cut_offset, RetentionPolicy, SegmentSummary};
+use crate::scan::{scan_one_with, ScanStep};
+use crate::segment::io::{read_range, remove_file, sync_dir};
+use crate::segment::{index_path, log_file_name, time_index_path, SealedSegment};
+use crate::Offset;
+
+impl Log {
+    /// Removes every record at or after `offset`. A batch is never split: if
+    /// `offset` falls inside one, that whole batch goes. Returns the new log
+    /// end. Truncating at or below the log start empties the log and starts
+    /// it again at `offset` (a follower far behind its leader's retention).
+    pub async fn truncate_to(&self, offset: Offset) -> Result<Offset> {
+        let _permit = self.lock().await?;
+        self.inner.state.borrow_mut().reshaping = true;
+        let result = self.truncate_inner(offset).await;
+        self.inner.state.borrow_mut().reshaping = false;
+        result
+    }
+
+    async fn truncate_inner(&self, offset: Offset) -> Result<Offset> {
+        self.write_locked().await?;
+        self.sync_locked().await?;
+        let (log_start, log_end, active_base) = {
+            let st = self.inner.state.borrow();
+            (st.log_start, st.log_end(), st.active.base)
+        };
+        if offset >= log_end {
+            return Ok(log_end);
+        }
+        let config = &self.inner.config;
+        let (keep_base, cut_pos, doomed) = if offset <= log_start {
+            // Start over at `offset` in a fresh segment.
+            let mut doomed = self.take_sealed(|_| true);
+            doomed.push(self.inner.state.borrow().active.path.clone());
+            (offset, None, doomed)
+        } else {
+            let keep_base = if offset >= active_base {
+                active_base
+            } else {
+                let st = self.inner.state.borrow();
+                *st.sealed
+                    .range(..=offset)
+                    .next_back()
+                    .map(|(b, _)| b)
+                    .unwrap_or(&active_base)
+            };
+            let pos = self.batch_position(keep_base, offset).await?;
+            let mut doomed = self.take_sealed(|b| b >= keep_base);
+            if keep_base != active_base {
+                doomed.retain(|p| *p != self.inner.dir.join(log_file_name(keep_base)));
+                doomed.push(self.inner.state.borrow().active.path.clone());
+            }
+            (keep_base, Some(pos), doomed)
+        };
+        for path in &doomed {
+            self.inner.shard.forget(path);
+            remove_segment_files(path).await?;
+        }
+        let path = self.inner.dir.join(log_file_name(keep_base));
+        self.inner.shard.forget(&path);
+        let active = open_active(&path, keep_base, config, Some(cut_pos.unwrap_or(0))).await?;
+        sync_dir(&self.inner.dir).await?;
+        let mut st = self.inner.state.borrow_mut();
+        st.active = active;
+        let end = st.log_end();
+        if cut_pos.is_none() {
+            st.log_start = keep_base;
+        }
+        st.cache.truncate(end);
+        st.flushed = end;
+        st.high_watermark = st.high_watermark.min(end);
+        Ok(end)
+    }
+
+    /// Removes the sealed segments whose base matches `pred` from the map,
+    /// returning their paths.
+    fn take_sealed(&self, pred: impl Fn(Offset) -> bool) -> Vec<std::path::PathBuf> {
+        let mut st = self.inner.state.borrow_mut();
+        let all = std::mem::take(&mut st.sealed);
+        let (gone, kept): (BTreeMap<Offset, SealedSegment>, BTreeMap<Offset, SealedSegment>) =
+            all.into_iter().partition(|(b, _)| pred(*b));
+        st.sealed = kept;
+        gone.into_values().map(|s| s.path).collect()
+    }
+
+    /// File position of the batch holding `offset` in the segment at `base`.
+    async fn batch_position(&self, base: Offset, offset: Offset) -> Result<u64> {
+        let path = self.inner.dir.join(log_file_name(base));
+        let rel = (offset.0 - base.0) as u32;
+        let active = {
+            let st = self.inner.state.borrow();
+            if st.active.base == base {
+                Ok((
+                    st.active.file.clone(),
+                    st.active.index.lookup_offset(rel),
+                    st.active.size(),
+                ))
+            } else {
+                Err(st.sealed.get(&base).cloned().ok_or(crate::StorageError::Closed))
+            }
+        };
+        let (file, entry, end) = match active {
+            Ok(found) => found,
+            Err(seg) => {
+                let seg = seg?;
+                let open = self.inner.shard.sealed(&seg, &self.inner.config).await?;
+                (open.file.clone(), open.index.lookup_offset(rel), seg.size)
+            }
+        };
+        let mut pos = u64::from(entry.1);
+        let mut expected = base.plus(u64::from(entry.0));
+        loop {
+            let head = read_range(&file, &path, pos, crate::batch::HEADER_LEN).await?;
+            let len = crate::batch::batch_length(&head).unwrap_or(0) as u64;
+            let whole = read_range(&file, &path, pos, len as usize).await?;
+            match scan_one_with(
+                &whole,
+                pos,
+                true,
+                Some(expected),
+                self.inner.config.batch_bytes_max,
+                false,
+            ) {
+                ScanStep::Batch(b) if b.header.next_offset() > offset => return Ok(pos),
+                ScanStep::Batch(b) => {
+                    pos = b.end();
+                    expected = b.header.next_offset();
+                }
+                _ if pos >= end => return Ok(end),
+                other => {
+                    return Err(crate::StorageError::CorruptSegment {
+                        path,
+                        position: pos,
+                        reason: format!("{other:?} while looking for offset {offset}"),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Deletes whole sealed segments past the retention policy (never the
+    /// active one) and moves the log start up. Returns the new log start if
+    /// it moved.
+    pub async fn enforce_retention(&self, policy: RetentionPolicy, now_ms: i64) -> Result<Option<Offset>> {
+        let cut = {
+            let st = self.inner.state.borrow();
+            st.check_usable(&self.inner.dir)?;
+            let summaries: Vec<SegmentSummary> = st
+                .sealed
+                .values()
+                .map(|s| SegmentSummary {
+                    base: s.base,
+                    size: s.size,
+                    max_timestamp: s.max_timestamp,
+                })
+                .collect();
+            cut_offset(policy, &summaries, st.active.base, st.active.size(), now_ms)
+        };
+        let Some(cut) = cut else { return Ok(None) };
+        let _permit = self.lock().await?;
+        let doomed = self.take_sealed(|b| b < cut);
+        self.inner.state.borrow_mut().log_start = cut;
+        for path in &doomed {
+            self.inner.shard.forget(path);
+            remove_segment_files(path).await?;
+        }
+        Ok(Some(cut))
+    }
+
+    /// The retention policy of this log's config.
+    pub fn retention_policy(&self) -> RetentionPolicy {
+        RetentionPolicy {
+            time_ms: self.inner.config.retention_ms,
+            bytes: self.inner.config.retention_bytes,
+        }
+    }
+
+    /// Writes and fdatasyncs everything, persists the active index, and
+    /// closes the log: later calls fail with `Closed`.
+    pub async fn close(&self) -> Result<()> {
+        let _permit = self.lock().await?;
+        if self.inner.state.borrow().closed {
+            return Ok(());
+        }
+        self.write_locked().await?;
+        self.sync_locked().await?;
+        self.persist_index_locked(true).await?;
+        let mut st = self.inner.state.borrow_mut();
+        st.closed = true;
+        st.cache.clear();
+        st.last_sync_ms = now_ms();
+        Ok(())
+    }
+}
+
+async fn remove_segment_files(path: &std::path::Path) -> Result<()> {
+    remove_file(path).await?;
+    remove_file(&index_path(path)).await?;
+    remove_file(&time_index_path(path)).await
+}

@@ -1,0 +1,444 @@
+//! The partition log: a run of segments with one API — append, read, find
+//! by time, truncate, make durable, enforce retention.
+//!
+//! Runs on: the shard that owns the partition. A [`Log`] is a cheap,
+//! `!Send` handle (`Rc`); many tasks of the shard may use it at once
+//! (producers appending, consumers reading, the retention timer). State
+//! lives in a `RefCell` that is never borrowed across an `.await`; the file
+//! I/O that reshapes the log (writes, fdatasync, roll, truncate) is
+//! serialised by a one-permit semaphore, the *I/O lock*.
+//!
+//! # Offsets
+//! - *log start*: the first offset still stored (retention moves it up).
+//! - *log end*: the offset the next appended record gets.
+//! - *written*: every offset below it has been handed to the disk.
+//! - *flushed*: every offset below it has been fdatasync'd: durable.
+//! - *high watermark*: set by replication; what consumers may see. With one
+//!   replica the broker moves it to the flushed or written offset.
+//!
+//! # Group commit
+//! `append` only stamps the batch and queues it (memory). A producer with
+//! acks ≥ 1 then awaits [`Log::wait_durable`]. A waiter that finds the I/O
+//! lock free takes it (the *leader*), writes everything queued in one
+//! aligned write and fdatasyncs. Waiters that find it busy do not queue on
+//! the lock: they sleep until it is released, then look again — most find
+//! their batch already durable, and the first that does not leads the next
+//! round with everything appended meanwhile. One fdatasync per round,
+//! however many producers.
+//!
+//! # Memory per partition
+//! An idle open log holds: the `Log` and its state (≈ 1 KiB), its active
+//! segment's partial last block (< 4 KiB), the active segment's index
+//! (8 + 12 bytes per ~32 KiB of data: ≤ 640 KiB for a full 1 GiB segment,
+//! nothing for an empty one), ≈ 100 bytes per sealed segment, and whatever
+//! the tail cache holds (bounded per log and by the shard's budget). The
+//! `many_partitions` test measures it.
+
+mod maintain;
+mod read;
+mod write;
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use glommio::io::{DmaFile, OpenOptions};
+use glommio::sync::Semaphore;
+use tracing::warn;
+
+use crate::config::{FsyncPolicy, LogConfig};
+use crate::error::{Result, StorageError};
+use crate::scan::ScanEnd;
+use crate::segment::active::{ActiveSegment, Recovered};
+use crate::segment::io::{align_down, read_range};
+use crate::segment::recover::{load_sealed, load_segment, write_index_files};
+use crate::segment::{log_file_name, parse_log_file_name, SealedSegment};
+use crate::shard::ShardStorage;
+use crate::tail_cache::TailCache;
+use crate::Offset;
+
+pub use crate::tail_cache::ReadBatches;
+
+/// What an append assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    pub base_offset: Offset,
+    pub last_offset: Offset,
+    /// The batch's max timestamp as stored (the broker's clock on
+    /// log-append-time logs).
+    pub max_timestamp: i64,
+    pub bytes: usize,
+}
+
+/// Counters of the I/O a log has done since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Aligned data writes.
+    pub writes: u64,
+    /// fdatasync calls on the active segment.
+    pub syncs: u64,
+    /// Bytes of batches written.
+    pub bytes_written: u64,
+    /// Segments rolled.
+    pub rolls: u64,
+}
+
+/// A partition log. See the module doc.
+#[derive(Clone)]
+pub struct Log {
+    inner: Rc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    config: LogConfig,
+    shard: ShardStorage,
+    state: RefCell<State>,
+    io_lock: Semaphore,
+    /// Woken whenever the I/O lock is released: durability waiters that did
+    /// not take the lock wait here instead of queueing on it.
+    io_done: Notify,
+}
+
+/// A broadcast wake-up: every waiter registered before `notify_all` is woken.
+#[derive(Default)]
+struct Notify {
+    epoch: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Notify {
+    fn epoch(&self) -> u64 {
+        self.epoch.get()
+    }
+
+    fn notify_all(&self) {
+        self.epoch.set(self.epoch.get() + 1);
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Resolves once `notify_all` ran after the epoch `seen` was read.
+    async fn wait(&self, seen: u64) {
+        std::future::poll_fn(|cx| {
+            if self.epoch.get() != seen {
+                Poll::Ready(())
+            } else {
+                self.wakers.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// Holding the I/O lock; releasing it wakes the durability waiters.
+pub(super) struct IoGuard<'a> {
+    _permit: glommio::sync::Permit<'a>,
+    notify: &'a Notify,
+}
+
+impl Drop for IoGuard<'_> {
+    fn drop(&mut self) {
+        self.notify.notify_all();
+    }
+}
+
+struct State {
+    sealed: BTreeMap<Offset, SealedSegment>,
+    active: ActiveSegment,
+    log_start: Offset,
+    flushed: Offset,
+    high_watermark: Offset,
+    cache: TailCache,
+    unsynced_bytes: u64,
+    last_sync_ms: u64,
+    /// A roll or truncation is moving files: appends wait for the I/O lock.
+    reshaping: bool,
+    stats: LogStats,
+    failed: Option<String>,
+    closed: bool,
+}
+
+impl State {
+    fn log_end(&self) -> Offset {
+        self.active.next_offset()
+    }
+
+    fn check_usable(&self, dir: &Path) -> Result<()> {
+        if let Some(reason) = &self.failed {
+            return Err(StorageError::LogFailed {
+                dir: dir.to_path_buf(),
+                reason: reason.clone(),
+            });
+        }
+        if self.closed {
+            return Err(StorageError::Closed);
+        }
+        Ok(())
+    }
+
+    fn sync_due(&self, policy: FsyncPolicy, now_ms: u64) -> bool {
+        match policy {
+            FsyncPolicy::Always => self.flushed < self.active.written_offset(),
+            FsyncPolicy::Interval {
+                interval_ms,
+                interval_bytes,
+            } => {
+                self.flushed < self.active.written_offset()
+                    && ((interval_bytes > 0 && self.unsynced_bytes >= interval_bytes)
+                        || (interval_ms > 0 && now_ms.saturating_sub(self.last_sync_ms) >= interval_ms))
+            }
+        }
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Log {
+    /// Opens the log in `dir` (created if missing): checks the sealed
+    /// segments, recovers the active one (truncating a torn or corrupt
+    /// tail), rebuilds missing or damaged indexes.
+    pub(crate) async fn open(shard: ShardStorage, dir: PathBuf, config: LogConfig) -> Result<Log> {
+        config.validate()?;
+        std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating", &dir, e))?;
+        let mut bases = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
+            let entry = entry.map_err(|e| StorageError::io("listing", &dir, e))?;
+            if let Some(base) = entry.file_name().to_str().and_then(parse_log_file_name) {
+                bases.push(base);
+            }
+        }
+        bases.sort();
+        let active_base = bases.pop().unwrap_or(Offset::ZERO);
+
+        let mut sealed = BTreeMap::new();
+        let mut expected_next: Option<Offset> = None;
+        for base in bases {
+            let path = dir.join(log_file_name(base));
+            let file = DmaFile::open(&path)
+                .await
+                .map_err(|e| StorageError::glommio("opening", &path, e))?;
+            let loaded = load_sealed(&file, &path, base, config.batch_bytes_max, config.index_interval_bytes).await;
+            file.close()
+                .await
+                .map_err(|e| StorageError::glommio("closing", &path, e))?;
+            let (loaded, size) = loaded?;
+            check_follows(&path, expected_next, base)?;
+            expected_next = Some(loaded.next_offset);
+            sealed.insert(
+                base,
+                SealedSegment {
+                    path,
+                    base,
+                    next_offset: loaded.next_offset,
+                    size,
+                    max_timestamp: loaded.index.max_timestamp(),
+                },
+            );
+        }
+        let active_path = dir.join(log_file_name(active_base));
+        check_follows(&active_path, expected_next, active_base)?;
+        let created = !active_path.exists();
+        let active = open_active(&active_path, active_base, &config, None).await?;
+        if created {
+            crate::segment::io::sync_dir(&dir).await?;
+        }
+        let log_end = active.next_offset();
+        let log_start = sealed.keys().next().copied().unwrap_or(active_base);
+        let state = State {
+            sealed,
+            active,
+            log_start,
+            flushed: log_end,
+            high_watermark: log_end,
+            cache: TailCache::new(config.tail_cache_bytes_max, shard.cache_budget()),
+            unsynced_bytes: 0,
+            last_sync_ms: now_ms(),
+            reshaping: false,
+            stats: LogStats::default(),
+            failed: None,
+            closed: false,
+        };
+        Ok(Log {
+            inner: Rc::new(Inner {
+                dir,
+                config,
+                shard,
+                state: RefCell::new(state),
+                io_lock: Semaphore::new(1),
+                io_done: Notify::default(),
+            }),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+    pub fn config(&self) -> &LogConfig {
+        &self.inner.config
+    }
+    pub fn log_start(&self) -> Offset {
+        self.inner.state.borrow().log_start
+    }
+    pub fn log_end(&self) -> Offset {
+        self.inner.state.borrow().log_end()
+    }
+    /// Every offset below this one is durable (fdatasync'd).
+    pub fn flushed_offset(&self) -> Offset {
+        self.inner.state.borrow().flushed
+    }
+    /// Every offset below this one has been written to the disk.
+    pub fn written_offset(&self) -> Offset {
+        self.inner.state.borrow().active.written_offset()
+    }
+    pub fn high_watermark(&self) -> Offset {
+        self.inner.state.borrow().high_watermark
+    }
+    /// Moves the high watermark (replication decides it); clamped to the log end.
+    pub fn set_high_watermark(&self, offset: Offset) {
+        let mut st = self.inner.state.borrow_mut();
+        st.high_watermark = offset.min(st.log_end());
+    }
+    /// I/O counters since the log was opened.
+    pub fn stats(&self) -> LogStats {
+        self.inner.state.borrow().stats
+    }
+    /// Sealed segments plus the active one.
+    pub fn segment_count(&self) -> usize {
+        self.inner.state.borrow().sealed.len() + 1
+    }
+    /// Bytes stored in all segments.
+    pub fn size_bytes(&self) -> u64 {
+        let st = self.inner.state.borrow();
+        st.sealed.values().map(|s| s.size).sum::<u64>() + st.active.size()
+    }
+    /// Bytes this log's tail cache holds.
+    pub fn cached_bytes(&self) -> usize {
+        self.inner.state.borrow().cache.bytes()
+    }
+    /// Heap bytes held by the active segment's bookkeeping (partial block,
+    /// index, queue), for memory accounting.
+    pub fn active_heap_bytes(&self) -> usize {
+        self.inner.state.borrow().active.heap_bytes()
+    }
+
+    fn fail(&self, reason: String) -> StorageError {
+        let mut st = self.inner.state.borrow_mut();
+        st.failed.get_or_insert(reason.clone());
+        StorageError::LogFailed {
+            dir: self.inner.dir.clone(),
+            reason,
+        }
+    }
+
+    async fn lock(&self) -> Result<IoGuard<'_>> {
+        let permit = self
+            .inner
+            .io_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        Ok(IoGuard {
+            _permit: permit,
+            notify: &self.inner.io_done,
+        })
+    }
+
+    /// The I/O lock if it is free now.
+    fn try_lock(&self) -> Option<IoGuard<'_>> {
+        let permit = self.inner.io_lock.try_acquire_permit(1).ok()?;
+        Some(IoGuard {
+            _permit: permit,
+            notify: &self.inner.io_done,
+        })
+    }
+}
+
+fn check_follows(path: &Path, expected: Option<Offset>, base: Offset) -> Result<()> {
+    match expected {
+        Some(next) if base < next => Err(StorageError::CorruptSegment {
+            path: path.to_path_buf(),
+            position: 0,
+            reason: format!("segment starts at offset {base} but the previous one ends at {next}"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Opens (creating if missing) the segment at `path` as the active one:
+/// loads or rebuilds its index, truncates anything after the last valid
+/// batch (and anything from `limit` on), makes that durable, and reads the
+/// partial last block back into memory.
+async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Option<u64>) -> Result<ActiveSegment> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .dma_open(path)
+        .await
+        .map_err(|e| StorageError::glommio("opening", path, e))?;
+    let file_len = file
+        .file_size()
+        .await
+        .map_err(|e| StorageError::glommio("sizing", path, e))?;
+    let scan_len = limit.map_or(file_len, |l| l.min(file_len));
+    let loaded = load_segment(
+        &file,
+        path,
+        base,
+        scan_len,
+        config.batch_bytes_max,
+        config.index_interval_bytes,
+    )
+    .await?;
+    match &loaded.end {
+        ScanEnd::Torn(why) | ScanEnd::Corrupt(why) => warn!(
+            segment = %path.display(),
+            position = loaded.valid_end,
+            "truncating the log's tail after the last valid batch: {why}"
+        ),
+        ScanEnd::Clean | ScanEnd::ZeroTail => {}
+    }
+    if file_len != loaded.valid_end {
+        file.truncate(loaded.valid_end)
+            .await
+            .map_err(|e| StorageError::glommio("truncating", path, e))?;
+    }
+    // Whatever recovery keeps must be durable before anything new is acknowledged.
+    file.fdatasync()
+        .await
+        .map_err(|e| StorageError::glommio("syncing", path, e))?;
+    let tail_start = align_down(loaded.valid_end);
+    let tail_block = if tail_start == loaded.valid_end {
+        Vec::new()
+    } else {
+        read_range(&file, path, tail_start, (loaded.valid_end - tail_start) as usize)
+            .await?
+            .to_vec()
+    };
+    write_index_files(path, &loaded.index).await?;
+    let persisted = (loaded.index.offset_entries(), loaded.index.time_entries());
+    let mut active = ActiveSegment::new(
+        path.to_path_buf(),
+        base,
+        Rc::new(file),
+        Recovered {
+            next_offset: loaded.next_offset,
+            size: loaded.valid_end,
+            tail_block,
+            index: loaded.index,
+            file_len: loaded.valid_end,
+        },
+    );
+    active.index_persisted = persisted;
+    Ok(active)
+}

@@ -1,0 +1,306 @@
+//! The write side of the log: append, the durability waits (group commit),
+//! writing queued batches, fdatasync, and rolling segments.
+
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use glommio::io::OpenOptions;
+
+use super::{now_ms, AppendInfo, Log};
+use crate::batch::{RecordBatch, Stamp};
+use crate::config::FsyncPolicy;
+use crate::error::{Result, StorageError};
+use crate::index::SegmentIndex;
+use crate::segment::active::{ActiveSegment, Recovered};
+use crate::segment::io::{sync_dir, write_small_file};
+use crate::segment::recover::write_index_files;
+use crate::segment::{index_path, log_file_name, time_index_path, OpenSegment};
+use crate::{LeaderEpoch, Offset};
+
+/// Index entries gathered in memory before they are appended to the files.
+const INDEX_PERSIST_ENTRIES: usize = 64;
+
+enum Blocked {
+    Roll,
+    Write,
+    Reshaping,
+}
+
+impl Log {
+    /// Validates a producer's batch, stamps it with the next offsets and
+    /// `epoch`, and queues it for the disk. Returns at once unless the queue
+    /// is full or the segment must roll; await [`Log::wait_durable`] before
+    /// acknowledging. On a validation error nothing changes.
+    pub async fn append(&self, batch: BytesMut, epoch: LeaderEpoch) -> Result<AppendInfo> {
+        let config = &self.inner.config;
+        let mut batch = Some(batch);
+        loop {
+            let blocked = {
+                let mut st = self.inner.state.borrow_mut();
+                st.check_usable(&self.inner.dir)?;
+                let len = batch.as_ref().map_or(0, |b| b.len());
+                let now = now_ms();
+                if st.reshaping {
+                    Blocked::Reshaping
+                } else if st.active.needs_roll(len, now, config) {
+                    Blocked::Roll
+                } else if st.active.pending_bytes() > 0 && st.active.pending_bytes() + len > config.pending_bytes_max {
+                    Blocked::Write
+                } else {
+                    let Some(bytes) = batch.take() else {
+                        unreachable!("the batch is taken only when appended")
+                    };
+                    let stamp = Stamp {
+                        base_offset: st.log_end(),
+                        leader_epoch: epoch,
+                        log_append_time_ms: config.log_append_time.then_some(now as i64),
+                    };
+                    let rb = RecordBatch::stamped(bytes, config.batch_bytes_max, stamp)?;
+                    st.active.push(&rb, config.index_interval_bytes, now);
+                    let written = st.active.written_offset();
+                    st.cache.push(&rb, written);
+                    return Ok(AppendInfo {
+                        base_offset: rb.base_offset(),
+                        last_offset: rb.last_offset(),
+                        max_timestamp: rb.max_timestamp(),
+                        bytes: rb.len(),
+                    });
+                }
+            };
+            let _permit = self.lock().await?;
+            match blocked {
+                Blocked::Roll => self.roll_locked().await?,
+                Blocked::Write => self.write_locked().await?,
+                Blocked::Reshaping => {}
+            }
+        }
+    }
+
+    /// Resolves once `last_offset` (an offset returned by `append`) is safe
+    /// per the fsync policy: fdatasync'd for `Always`; written to the disk,
+    /// and fdatasync'd if the interval has run out, for `Interval`.
+    pub async fn wait_durable(&self, last_offset: Offset) -> Result<()> {
+        let policy = self.inner.config.fsync;
+        loop {
+            if self.durable_enough(last_offset, policy)? {
+                return Ok(());
+            }
+            let seen = self.inner.io_done.epoch();
+            let Some(_guard) = self.try_lock() else {
+                self.inner.io_done.wait(seen).await;
+                continue;
+            };
+            self.write_locked().await?;
+            if self.inner.state.borrow().sync_due(policy, now_ms()) {
+                self.sync_locked().await?;
+            }
+        }
+    }
+
+    fn durable_enough(&self, last_offset: Offset, policy: FsyncPolicy) -> Result<bool> {
+        let st = self.inner.state.borrow();
+        st.check_usable(&self.inner.dir)?;
+        if last_offset >= st.log_end() {
+            return Err(StorageError::OffsetOutOfRange {
+                requested: last_offset,
+                log_start: st.log_start,
+                log_end: st.log_end(),
+            });
+        }
+        Ok(match policy {
+            FsyncPolicy::Always => st.flushed > last_offset,
+            FsyncPolicy::Interval { .. } => st.active.written_offset() > last_offset && !st.sync_due(policy, now_ms()),
+        })
+    }
+
+    /// Writes everything queued and fdatasyncs it, whatever the policy.
+    pub async fn flush(&self) -> Result<()> {
+        let _permit = self.lock().await?;
+        self.write_locked().await?;
+        self.sync_locked().await
+    }
+
+    /// Periodic work for `Interval` logs: fdatasync once the interval is up.
+    /// The owner calls it from a timer (every few ms).
+    pub async fn tick(&self) -> Result<()> {
+        let policy = self.inner.config.fsync;
+        let due = {
+            let st = self.inner.state.borrow();
+            st.failed.is_none() && !st.closed && (st.active.pending_bytes() > 0 || st.sync_due(policy, now_ms()))
+        };
+        if due {
+            let _permit = self.lock().await?;
+            self.write_locked().await?;
+            if self.inner.state.borrow().sync_due(policy, now_ms()) {
+                self.sync_locked().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes every queued batch in one aligned write. Holds: the I/O lock.
+    pub(super) async fn write_locked(&self) -> Result<()> {
+        let (job, file, path) = {
+            let mut st = self.inner.state.borrow_mut();
+            st.check_usable(&self.inner.dir)?;
+            match st.active.take_write(&self.inner.config) {
+                None => return Ok(()),
+                Some(job) => (job, st.active.file.clone(), st.active.path.clone()),
+            }
+        };
+        let len = job.buf.len();
+        match file.write_at(job.buf, job.pos).await {
+            Ok(n) if n == len => {}
+            Ok(n) => return Err(self.fail(format!("short write of {n} of {len} bytes to {}", path.display()))),
+            Err(e) => return Err(self.fail(StorageError::glommio("writing", &path, e).to_string())),
+        }
+        if let Some((zeros, pos)) = job.zeros {
+            // Zeros only pre-allocate space ahead of the data; a failure here
+            // loses nothing but the fast path, so it is not fatal.
+            if let Err(e) = file.write_at(zeros, pos).await {
+                tracing::warn!(segment = %path.display(), "pre-zeroing failed: {e}");
+            }
+        }
+        {
+            let mut st = self.inner.state.borrow_mut();
+            st.unsynced_bytes += job.done.bytes;
+            st.stats.writes += 1;
+            st.stats.bytes_written += job.done.bytes;
+            let written = job.done.written_offset;
+            st.active.finish_write(job.done);
+            st.cache.evict(written);
+        }
+        self.persist_index_locked(false).await
+    }
+
+    /// fdatasyncs the active segment. Holds: the I/O lock. A failed
+    /// fdatasync stops the log: the kernel may have dropped the dirty
+    /// pages, so retrying could report data durable that is not.
+    pub(super) async fn sync_locked(&self) -> Result<()> {
+        let (file, path, target) = {
+            let st = self.inner.state.borrow();
+            st.check_usable(&self.inner.dir)?;
+            if st.flushed >= st.active.written_offset() {
+                return Ok(());
+            }
+            (
+                st.active.file.clone(),
+                st.active.path.clone(),
+                st.active.written_offset(),
+            )
+        };
+        if let Err(e) = file.fdatasync().await {
+            return Err(self.fail(StorageError::glommio("fdatasync", &path, e).to_string()));
+        }
+        let mut st = self.inner.state.borrow_mut();
+        assert!(target >= st.flushed, "the flushed offset only rises");
+        st.flushed = target;
+        st.stats.syncs += 1;
+        st.unsynced_bytes = 0;
+        st.last_sync_ms = now_ms();
+        Ok(())
+    }
+
+    /// Appends the index entries gathered since the last time to the index
+    /// files (all of them when `all`). Holds: the I/O lock.
+    pub(super) async fn persist_index_locked(&self, all: bool) -> Result<()> {
+        let (path, offsets, times, from, to) = {
+            let st = self.inner.state.borrow();
+            let (po, pt) = st.active.index_persisted;
+            let (no, nt) = (st.active.index.offset_entries(), st.active.index.time_entries());
+            if no == po && nt == pt || (!all && no - po < INDEX_PERSIST_ENTRIES) {
+                return Ok(());
+            }
+            let index = &st.active.index;
+            (
+                st.active.path.clone(),
+                index.encode_offsets(po),
+                index.encode_times(pt),
+                (po, pt),
+                (no, nt),
+            )
+        };
+        write_small_file(
+            &index_path(&path),
+            (from.0 * crate::index::OFFSET_ENTRY_LEN) as u64,
+            offsets,
+            false,
+        )
+        .await?;
+        write_small_file(
+            &time_index_path(&path),
+            (from.1 * crate::index::TIME_ENTRY_LEN) as u64,
+            times,
+            false,
+        )
+        .await?;
+        let mut st = self.inner.state.borrow_mut();
+        if st.active.path == path {
+            st.active.index_persisted = to;
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment and starts a new one at the log end, if the
+    /// active segment still needs it. Holds: the I/O lock.
+    pub(super) async fn roll_locked(&self) -> Result<()> {
+        self.inner.state.borrow_mut().reshaping = true;
+        let result = self.roll_inner().await;
+        self.inner.state.borrow_mut().reshaping = false;
+        result
+    }
+
+    async fn roll_inner(&self) -> Result<()> {
+        self.write_locked().await?;
+        self.sync_locked().await?;
+        let (file, path, size, index, new_base) = {
+            let st = self.inner.state.borrow();
+            if st.active.is_empty() {
+                return Ok(());
+            }
+            (
+                st.active.file.clone(),
+                st.active.path.clone(),
+                st.active.size(),
+                st.active.index.clone(),
+                st.log_end(),
+            )
+        };
+        // The sealed file holds exactly its batches: drop the zero padding.
+        let io = |op, e| self.fail(StorageError::glommio(op, &path, e).to_string());
+        file.truncate(size).await.map_err(|e| io("truncating", e))?;
+        file.fdatasync().await.map_err(|e| io("fdatasync", e))?;
+        write_index_files(&path, &index).await?;
+        let new_path = self.inner.dir.join(log_file_name(new_base));
+        let new_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .dma_open(&new_path)
+            .await
+            .map_err(|e| StorageError::glommio("creating", &new_path, e))?;
+        sync_dir(&self.inner.dir).await?;
+        let mut st = self.inner.state.borrow_mut();
+        let fresh = ActiveSegment::new(
+            new_path,
+            new_base,
+            Rc::new(new_file),
+            Recovered {
+                next_offset: new_base,
+                size: 0,
+                tail_block: Vec::new(),
+                index: SegmentIndex::new(),
+                file_len: 0,
+            },
+        );
+        let old = std::mem::replace(&mut st.active, fresh);
+        let (meta, file, index) = old.seal();
+        self.inner
+            .shard
+            .insert_open(meta.path.clone(), Rc::new(OpenSegment { file, index }));
+        st.sealed.insert(meta.base, meta);
+        st.stats.rolls += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! Resources the logs of one shard share: the direct-I/O probe file, the
+//! bounded cache of open sealed segments (file descriptor + loaded index),
+//! and the tail-cache memory budget.
+//!
+//! Runs on: every shard, one [`ShardStorage`] each, created before any log
+//! is opened on that shard's executor.
+//!
+//! # The probe file
+//! glommio decides whether a device supports polled I/O by reading offset 0
+//! of the first read-write `DmaFile` an executor opens. If that file is
+//! empty the probe wrongly succeeds and every later read fails with
+//! `EOPNOTSUPP` (os error 95). So [`ShardStorage::open`] first opens a
+//! non-empty 4 KiB file, `<data_dir>/.strand-probe`, read-write.
+//!
+//! # File descriptors
+//! An active segment keeps its file open (one descriptor per partition).
+//! Sealed segments are opened on first read and kept in an LRU of at most
+//! `open_sealed_segments_max` entries, so a shard with 1,000 partitions and
+//! many segments each holds about 1,000 + that many descriptors.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::io::{DmaFile, OpenOptions};
+
+use crate::config::LogConfig;
+use crate::error::{Result, StorageError};
+use crate::log::Log;
+use crate::segment::recover::load_sealed;
+use crate::segment::{OpenSegment, SealedSegment};
+use crate::tail_cache::CacheBudget;
+use crate::DMA_ALIGN;
+
+/// Settings shared by all logs of a shard.
+#[derive(Debug, Clone)]
+pub struct ShardStorageConfig {
+    /// Sealed segments kept open at once (each holds a descriptor and its index).
+    pub open_sealed_segments_max: usize,
+    /// Bytes all tail caches of the shard may hold together.
+    pub tail_cache_budget_bytes: usize,
+}
+
+impl Default for ShardStorageConfig {
+    fn default() -> Self {
+        ShardStorageConfig {
+            open_sealed_segments_max: 256,
+            tail_cache_budget_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The storage of one shard. Cheap to clone (shared within the shard).
+#[derive(Clone)]
+pub struct ShardStorage {
+    inner: Rc<Inner>,
+}
+
+struct Inner {
+    data_dir: PathBuf,
+    config: ShardStorageConfig,
+    _probe: DmaFile,
+    open: RefCell<SegmentLru>,
+    budget: Rc<CacheBudget>,
+}
+
+#[derive(Default)]
+struct SegmentLru {
+    entries: HashMap<PathBuf, (Rc<OpenSegment>, u64)>,
+    tick: u64,
+}
+
+impl ShardStorage {
+    /// Prepares `data_dir` (created if missing) for this executor. Must be
+    /// called on the executor that will run the logs, before any of them.
+    pub async fn open(data_dir: impl AsRef<Path>, config: ShardStorageConfig) -> Result<ShardStorage> {
+        let data_dir = data_dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&data_dir).map_err(|e| StorageError::io("creating", &data_dir, e))?;
+        let probe_path = data_dir.join(".strand-probe");
+        // The file must hold data *before* glommio opens it (the probe reads
+        // it during the open), so it is filled through std first.
+        let len = std::fs::metadata(&probe_path).map_or(0, |m| m.len());
+        if len < DMA_ALIGN {
+            std::fs::write(&probe_path, [b'S'; DMA_ALIGN as usize])
+                .map_err(|e| StorageError::io("writing", &probe_path, e))?;
+        }
+        let probe = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .dma_open(&probe_path)
+            .await
+            .map_err(|e| StorageError::glommio("opening", &probe_path, e))?;
+        Ok(ShardStorage {
+            inner: Rc::new(Inner {
+                data_dir,
+                budget: CacheBudget::new(config.tail_cache_budget_bytes),
+                config,
+                _probe: probe,
+                open: RefCell::new(SegmentLru::default()),
+            }),
+        })
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.data_dir
+    }
+
+    /// Opens (creating if missing) the log in `dir`, recovering it.
+    pub async fn open_log(&self, dir: impl AsRef<Path>, config: LogConfig) -> Result<Log> {
+        Log::open(self.clone(), dir.as_ref().to_path_buf(), config).await
+    }
+
+    pub(crate) fn cache_budget(&self) -> Rc<CacheBudget> {
+        self.inner.budget.clone()
+    }
+
+    /// Bytes held by all tail caches of the shard.
+    pub fn tail_cache_bytes(&self) -> usize {
+        self.inner.budget.used()
+    }
+
+    /// Sealed segments currently open.
+    pub fn open_sealed_segments(&self) -> usize {
+        self.inner.open.borrow().entries.len()
+    }
+
+    /// The open file and index of a sealed segment, opening it if needed.
+    pub(crate) async fn sealed(&self, seg: &SealedSegment, config: &LogConfig) -> Result<Rc<OpenSegment>> {
+        {
+            let mut lru = self.inner.open.borrow_mut();
+            lru.tick += 1;
+            let tick = lru.tick;
+            if let Some((open, used)) = lru.entries.get_mut(&seg.path) {
+                *used = tick;
+                return Ok(open.clone());
+            }
+        }
+        let file = DmaFile::open(&seg.path)
+            .await
+            .map_err(|e| StorageError::glommio("opening", &seg.path, e))?;
+        let (loaded, _) = load_sealed(
+            &file,
+            &seg.path,
+            seg.base,
+            config.batch_bytes_max,
+            config.index_interval_bytes,
+        )
+        .await?;
+        let open = Rc::new(OpenSegment {
+            file: Rc::new(file),
+            index: loaded.index,
+        });
+        self.insert_open(seg.path.clone(), open.clone());
+        Ok(open)
+    }
+
+    /// Puts an open segment into the LRU (a segment just sealed keeps its file).
+    pub(crate) fn insert_open(&self, path: PathBuf, open: Rc<OpenSegment>) {
+        let mut lru = self.inner.open.borrow_mut();
+        lru.tick += 1;
+        let tick = lru.tick;
+        lru.entries.insert(path, (open, tick));
+        while lru.entries.len() > self.inner.config.open_sealed_segments_max {
+            let oldest = lru
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(p, _)| p.clone());
+            match oldest {
+                // Dropping the last Rc closes the file (glommio closes it asynchronously).
+                Some(p) => lru.entries.remove(&p),
+                None => break,
+            };
+        }
+    }
+
+    /// Forgets a segment (deleted by retention or truncation).
+    pub(crate) fn forget(&self, path: &Path) {
+        self.inner.open.borrow_mut().entries.remove(path);
+    }
+}

@@ -1,0 +1,49 @@
+//! Helpers shared by the storage tests, the crash-test child process and
+//! the benchmarks: deterministic batches whose content can be re-derived
+//! from the offset, and a way to run a future on a fresh glommio executor.
+
+use std::future::Future;
+
+use bytes::BytesMut;
+
+use crate::batch::BatchBuilder;
+
+/// A batch of `records` records whose values are `value_len` bytes derived
+/// from `tag` and the record's index, with key `k<tag>`.
+pub fn batch(tag: u64, records: u32, value_len: usize, timestamp_ms: i64) -> BytesMut {
+    let mut b = BatchBuilder::with_capacity(records as usize * (value_len + 32) + 64);
+    let key = format!("k{tag}");
+    let mut value = vec![0u8; value_len];
+    for i in 0..records {
+        fill_value(&mut value, tag, i);
+        b.push(Some(key.as_bytes()), Some(&value), &[], timestamp_ms);
+    }
+    b.build()
+}
+
+/// The value [`batch`] puts in record `index` of the batch tagged `tag`.
+pub fn fill_value(out: &mut [u8], tag: u64, index: u32) {
+    let mut x = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(index).wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ 1;
+    for chunk in out.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+}
+
+/// Runs `make()`'s future on a new glommio executor thread and returns its
+/// output. `make` runs on that thread, so the future need not be `Send`.
+pub fn run_on_executor<F, Fut, T>(make: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .spawn(move || async move { make().await })
+        .expect("spawning a glommio executor")
+        .join()
+        .expect("the executor thread panicked")
+}

@@ -1,0 +1,99 @@
+//! LEB128 variable-length integers, as used inside records.
+//!
+//! Unsigned values are plain LEB128 (7 bits a byte, low bits first, the high
+//! bit set on every byte but the last). Signed values are zig-zag mapped first
+//! (`0, -1, 1, -2 …` → `0, 1, 2, 3 …`) so small negative numbers stay short.
+//! A u64 takes at most 10 bytes; a decoder that sees more rejects the input.
+
+/// Most bytes a u64 can take.
+pub const MAX_LEN: usize = 10;
+
+/// Appends `value` to `out`.
+pub fn put_u64(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// Appends `value` zig-zag encoded.
+pub fn put_i64(out: &mut Vec<u8>, value: i64) {
+    put_u64(out, ((value << 1) ^ (value >> 63)) as u64);
+}
+
+/// Bytes `value` takes when encoded.
+pub fn len_u64(mut value: u64) -> usize {
+    let mut n = 1;
+    while value >= 0x80 {
+        value >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// Bytes `value` takes zig-zag encoded.
+pub fn len_i64(value: i64) -> usize {
+    len_u64(((value << 1) ^ (value >> 63)) as u64)
+}
+
+/// Decodes a u64 at the start of `buf`; returns it and the bytes used, or
+/// `None` if `buf` ends first or the encoding is longer than [`MAX_LEN`].
+pub fn get_u64(buf: &[u8]) -> Option<(u64, usize)> {
+    let mut value: u64 = 0;
+    for (i, &byte) in buf.iter().take(MAX_LEN).enumerate() {
+        let bits = u64::from(byte & 0x7f);
+        if i == MAX_LEN - 1 && byte > 1 {
+            return None; // would overflow 64 bits
+        }
+        value |= bits << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
+}
+
+/// Decodes a zig-zag i64 at the start of `buf`.
+pub fn get_i64(buf: &[u8]) -> Option<(i64, usize)> {
+    let (raw, used) = get_u64(buf)?;
+    Some((((raw >> 1) as i64) ^ -((raw & 1) as i64), used))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn u64_round_trips(v in any::<u64>()) {
+            let mut out = Vec::new();
+            put_u64(&mut out, v);
+            prop_assert_eq!(out.len(), len_u64(v));
+            prop_assert_eq!(get_u64(&out), Some((v, out.len())));
+        }
+
+        #[test]
+        fn i64_round_trips(v in any::<i64>()) {
+            let mut out = Vec::new();
+            put_i64(&mut out, v);
+            prop_assert_eq!(out.len(), len_i64(v));
+            prop_assert_eq!(get_i64(&out), Some((v, out.len())));
+        }
+    }
+
+    #[test]
+    fn rejects_truncated_and_overlong() {
+        assert_eq!(get_u64(&[0x80]), None);
+        assert_eq!(get_u64(&[0xff; 11]), None);
+        assert_eq!(
+            get_u64(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02]),
+            None
+        );
+        assert_eq!(
+            get_u64(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
+            Some((u64::MAX, 10))
+        );
+    }
+}

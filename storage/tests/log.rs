@@ -1,0 +1,289 @@
+//! The partition log end to end on a real glommio executor and real files.
+
+mod common;
+
+use std::rc::Rc;
+
+use common::*;
+use strand_storage::config::{FsyncPolicy, LogConfig};
+use strand_storage::retention::RetentionPolicy;
+use strand_storage::{LeaderEpoch, Offset, StorageError};
+
+fn small_segments() -> LogConfig {
+    LogConfig {
+        segment_bytes_max: 64 << 10,
+        index_interval_bytes: 4096,
+        batch_bytes_max: 32 << 10,
+        ..LogConfig::default()
+    }
+}
+
+#[test]
+fn append_read_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (shard, log) = open(&path, small_segments()).await;
+        let mut next = 0;
+        for tag in 0..200u64 {
+            let records = 1 + (tag % 7) as u32;
+            let base = append(&log, tag, records, 100 + (tag as usize * 37) % 900).await;
+            assert_eq!(base, Offset(next));
+            next += u64::from(records);
+        }
+        log.wait_durable(Offset(next - 1)).await.unwrap();
+        assert_eq!(log.log_end(), Offset(next));
+        assert_eq!(log.flushed_offset(), Offset(next));
+        assert!(log.segment_count() > 3, "64 KiB segments must have rolled");
+        let records = read_all(&log).await;
+        assert_eq!(records.len() as u64, next);
+        check_contents(&records, 0);
+
+        // A read from the middle of a batch returns that whole batch.
+        let mid = log.read(Offset(5), 1).await.unwrap();
+        let first = strand_storage::batch::BatchHeader::parse(&mid.batches[0]).unwrap();
+        assert!(first.base_offset <= Offset(5) && first.last_offset() >= Offset(5));
+        assert!(matches!(
+            log.read(Offset(next + 1), 10).await,
+            Err(StorageError::OffsetOutOfRange { .. })
+        ));
+        assert!(log.read(Offset(next), 10).await.unwrap().batches.is_empty());
+
+        log.close().await.unwrap();
+        drop(log);
+        // Reopened, everything comes from disk (the tail cache starts empty).
+        let log = shard.open_log(log_dir(&path), small_segments()).await.unwrap();
+        assert_eq!(log.log_end(), Offset(next));
+        assert_eq!(log.cached_bytes(), 0);
+        let again = read_all(&log).await;
+        assert_eq!(again, records);
+        assert_eq!(append(&log, 999, 3, 10).await, Offset(next));
+    });
+}
+
+#[test]
+fn concurrent_producers_share_fdatasyncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (_shard, log) = open(&path, LogConfig::default()).await;
+        let log = Rc::new(log);
+        let mut tasks = Vec::new();
+        for producer in 0..16u64 {
+            let log = log.clone();
+            tasks.push(glommio::spawn_local(async move {
+                for i in 0..20u64 {
+                    let info = log
+                        .append(
+                            strand_storage::testkit::batch(producer * 1000 + i, 4, 200, TS),
+                            LeaderEpoch(1),
+                        )
+                        .await
+                        .unwrap();
+                    log.wait_durable(info.last_offset).await.unwrap();
+                    assert!(log.flushed_offset() > info.last_offset);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await;
+        }
+        let stats = log.stats();
+        assert_eq!(log.log_end(), Offset(16 * 20 * 4));
+        // 320 acknowledged appends; group commit must have merged them.
+        assert!(stats.syncs < 320 / 2, "{stats:?}");
+        assert_eq!(read_all(&log).await.len(), 16 * 20 * 4);
+    });
+}
+
+#[test]
+fn interval_policy_syncs_on_bytes_and_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let config = LogConfig {
+            fsync: FsyncPolicy::Interval {
+                interval_ms: 50,
+                interval_bytes: 1 << 20,
+            },
+            ..LogConfig::default()
+        };
+        let (_shard, log) = open(&path, config).await;
+        let info = log
+            .append(strand_storage::testkit::batch(1, 10, 100, TS), LeaderEpoch(0))
+            .await
+            .unwrap();
+        log.wait_durable(info.last_offset).await.unwrap();
+        // Written, not yet synced: the interval has not passed.
+        assert!(log.written_offset() > info.last_offset);
+        assert!(log.flushed_offset() <= info.last_offset);
+        glommio::timer::sleep(std::time::Duration::from_millis(60)).await;
+        log.tick().await.unwrap();
+        assert!(log.flushed_offset() > info.last_offset);
+        // Crossing the byte threshold syncs in the produce path.
+        let big = log
+            .append(strand_storage::testkit::batch(2, 1200, 1000, TS), LeaderEpoch(0))
+            .await
+            .unwrap();
+        log.wait_durable(big.last_offset).await.unwrap();
+        assert!(log.flushed_offset() > big.last_offset);
+    });
+}
+
+#[test]
+fn roll_by_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let config = LogConfig {
+            segment_age_ms_max: 20,
+            ..LogConfig::default()
+        };
+        let (_shard, log) = open(&path, config).await;
+        append(&log, 1, 1, 10).await;
+        append(&log, 2, 1, 10).await;
+        assert_eq!(log.segment_count(), 1);
+        glommio::timer::sleep(std::time::Duration::from_millis(30)).await;
+        append(&log, 3, 1, 10).await;
+        assert_eq!(log.segment_count(), 2);
+        let names: Vec<String> = std::fs::read_dir(log_dir(&path))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        assert!(names.contains(&"00000000000000000002.log".to_string()), "{names:?}");
+        check_contents(&read_all(&log).await, 0);
+    });
+}
+
+#[test]
+fn offsets_by_timestamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (_shard, log) = open(&path, small_segments()).await;
+        // Batch `tag` carries timestamp TS + tag * 10, 5 records each.
+        for tag in 0..100u64 {
+            log.append(
+                strand_storage::testkit::batch(tag, 5, 300, TS + tag as i64 * 10),
+                LeaderEpoch(0),
+            )
+            .await
+            .unwrap();
+        }
+        assert!(log.segment_count() > 2);
+        for tag in [0u64, 1, 17, 50, 99] {
+            let ts = TS + tag as i64 * 10;
+            assert_eq!(log.offset_for_timestamp(ts).await.unwrap(), Some(Offset(tag * 5)));
+            assert_eq!(log.offset_for_timestamp(ts - 3).await.unwrap(), Some(Offset(tag * 5)));
+        }
+        assert_eq!(log.offset_for_timestamp(TS + 10_000).await.unwrap(), None);
+        assert_eq!(log.offset_for_timestamp(0).await.unwrap(), Some(Offset(0)));
+    });
+}
+
+#[test]
+fn truncation_in_active_and_sealed_segments_and_below_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (shard, log) = open(&path, small_segments()).await;
+        for tag in 0..120u64 {
+            append(&log, tag, 2, 500).await;
+        }
+        let end = log.log_end().0;
+        // Inside the active segment, mid-batch: the whole batch goes.
+        let new_end = log.truncate_to(Offset(end - 3)).await.unwrap();
+        assert_eq!(new_end, Offset(end - 4));
+        // Into a sealed segment.
+        let segments = log.segment_count();
+        let new_end = log.truncate_to(Offset(41)).await.unwrap();
+        assert_eq!(new_end, Offset(40));
+        assert!(log.segment_count() < segments);
+        assert_eq!(read_all(&log).await.len(), 40);
+        // Appends continue at the new end, and it all survives a reopen.
+        assert_eq!(append(&log, 500, 2, 500).await, Offset(40));
+        log.close().await.unwrap();
+        let log = shard.open_log(log_dir(&path), small_segments()).await.unwrap();
+        let records = read_all(&log).await;
+        assert_eq!(records.len(), 42);
+        check_contents(&records, 0);
+        // Below the log start: empty, restarting at the given offset.
+        let end = log.truncate_to(Offset(0)).await.unwrap();
+        assert_eq!((end, log.log_start(), log.segment_count()), (Offset(0), Offset(0), 1));
+        assert_eq!(append(&log, 7, 1, 5).await, Offset(0));
+    });
+}
+
+#[test]
+fn retention_deletes_whole_sealed_segments_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (_shard, log) = open(&path, small_segments()).await;
+        for tag in 0..200u64 {
+            log.append(
+                strand_storage::testkit::batch(tag, 2, 500, TS + tag as i64),
+                LeaderEpoch(0),
+            )
+            .await
+            .unwrap();
+        }
+        let segments = log.segment_count();
+        let size = log.size_bytes();
+        let by_size = RetentionPolicy {
+            time_ms: None,
+            bytes: Some(size / 2),
+        };
+        let start = log.enforce_retention(by_size, TS).await.unwrap().unwrap();
+        assert!(log.size_bytes() <= size / 2 && log.size_bytes() > size / 2 - (64 << 10));
+        assert_eq!(log.log_start(), start);
+        assert!(matches!(
+            log.read(Offset(0), 100).await,
+            Err(StorageError::OffsetOutOfRange { .. })
+        ));
+        let kept = read_all(&log).await;
+        check_contents(&kept, start.0);
+        // Everything expired: only the active segment is left, data and all.
+        let by_time = RetentionPolicy {
+            time_ms: Some(1),
+            bytes: None,
+        };
+        log.enforce_retention(by_time, TS + 1_000_000).await.unwrap();
+        assert_eq!(log.segment_count(), 1);
+        assert!(log.segment_count() < segments);
+        let logs = std::fs::read_dir(log_dir(&path))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log"))
+            .count();
+        assert_eq!(logs, 1, "only the active segment's file is left");
+        assert_eq!(read_all(&log).await.last().unwrap().0, log.log_end().0 - 1);
+    });
+}
+
+#[test]
+fn invalid_batches_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (_shard, log) = open(&path, LogConfig::default()).await;
+        append(&log, 1, 3, 10).await;
+        let mut bad = strand_storage::testkit::batch(2, 3, 10, TS);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let err = log.append(bad, LeaderEpoch(0)).await.unwrap_err();
+        assert!(matches!(err, StorageError::InvalidBatch(_)), "{err}");
+        let huge = LogConfig {
+            batch_bytes_max: 1000,
+            ..LogConfig::default()
+        };
+        let (_s2, small) = open(&path.join("other"), huge).await;
+        let err = small
+            .append(strand_storage::testkit::batch(3, 10, 200, TS), LeaderEpoch(0))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("over the limit"), "{err}");
+        assert_eq!(log.log_end(), Offset(3));
+        assert_eq!(append(&log, 4, 1, 10).await, Offset(3));
+    });
+}
