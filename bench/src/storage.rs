@@ -1,7 +1,8 @@
 //! `strand-bench storage`: how close the partition log gets to the disk.
 //!
 //! Runs in one process, on one glommio executor, in a temporary directory
-//! (removed at the end):
+//! (removed at the end). Raw and log phases alternate in `--rounds` slices
+//! so that both meet the same conditions on a shared, noisy disk:
 //! 1. raw write: sequential O_DIRECT writes of one 1 MiB aligned buffer
 //!    (queue depth 1) to a fresh file, one fdatasync at the end — the
 //!    physical limit;
@@ -53,6 +54,10 @@ pub struct Args {
     /// Commits measured in the small-batch phase.
     #[arg(long, default_value_t = 3000)]
     small_commits: usize,
+    /// Slices each phase is cut into, raw and log alternating, so both see
+    /// the same conditions of a shared disk.
+    #[arg(long, default_value_t = 8)]
+    rounds: usize,
     /// Repeat the whole scenario and report medians.
     #[arg(long, default_value_t = 1)]
     runs: usize,
@@ -132,11 +137,9 @@ async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
         .await
         .map_err(|e| e.to_string())?;
     let raw_path = dir.join("raw.bin");
-    let raw_mib_s = raw_write(&raw_path, args.mib).await?;
-    let append_mib_s = append_phase(&shard, args).await?;
+    let (raw_mib_s, append_mib_s) = write_phases(&shard, &raw_path, args).await?;
     let (small_commits_s, small) = small_batch_phase(&shard, args.small_commits).await?;
-    let raw_read_mib_s = raw_read(&raw_path, args.mib).await?;
-    let read_mib_s = read_back(&shard).await?;
+    let (raw_read_mib_s, read_mib_s) = read_phases(&shard, &raw_path, args).await?;
     Ok(Figures {
         raw_mib_s,
         append_mib_s,
@@ -147,44 +150,89 @@ async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
     })
 }
 
-async fn raw_write(path: &Path, mib: usize) -> Result<f64, String> {
-    let file = OpenOptions::new()
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Raw writes and log appends, interleaved in `--rounds` slices so that both
+/// see the same disk conditions on a shared machine. Returns (raw MiB/s,
+/// append MiB/s).
+async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Result<(f64, f64), String> {
+    let raw = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
-        .dma_open(path)
+        .dma_open(raw_path)
         .await
-        .map_err(|e| e.to_string())?;
-    let mut buf = file.alloc_dma_buffer(MIB);
-    testkit::fill_value(buf.as_bytes_mut(), 1, 1);
-    let buf = Rc::new(buf);
-    let start = Instant::now();
-    for i in 0..mib {
-        file.write_rc_at(buf.clone(), (i * MIB) as u64)
+        .map_err(err)?;
+    let mut block = raw.alloc_dma_buffer(MIB);
+    testkit::fill_value(block.as_bytes_mut(), 1, 1);
+    let block = Rc::new(block);
+    let log = Rc::new(
+        shard
+            .open_log(shard.data_dir().join("append"), always())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(err)?,
+    );
+    // Producers' batches are built before the clock starts: building them is
+    // the client's work, not the broker's.
+    let batches: Rc<Vec<Cell<Option<BytesMut>>>> = Rc::new(
+        (0..args.mib as u64)
+            .map(|tag| Cell::new(Some(testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 0))))
+            .collect(),
+    );
+    let (mut raw_secs, mut append_secs, mut append_bytes) = (0.0, 0.0, 0u64);
+    for slice in slices(args.mib, args.rounds) {
+        let start = Instant::now();
+        for i in slice.clone() {
+            raw.write_rc_at(block.clone(), (i * MIB) as u64).await.map_err(err)?;
+        }
+        raw.fdatasync().await.map_err(err)?;
+        raw_secs += start.elapsed().as_secs_f64();
+
+        let start = Instant::now();
+        let next = Rc::new(Cell::new(slice.start));
+        let mut tasks = Vec::new();
+        for _ in 0..args.producers {
+            let (log, batches, next, end) = (log.clone(), batches.clone(), next.clone(), slice.end);
+            tasks.push(glommio::spawn_local(async move {
+                let mut bytes = 0u64;
+                while next.get() < end {
+                    let i = next.get();
+                    next.set(i + 1);
+                    let Some(batch) = batches[i].take() else { break };
+                    let info = log.append(batch, LeaderEpoch(1)).await.map_err(err)?;
+                    log.wait_durable(info.last_offset).await.map_err(err)?;
+                    bytes += info.bytes as u64;
+                }
+                Ok::<u64, String>(bytes)
+            }));
+        }
+        for t in tasks {
+            append_bytes += t.await?;
+        }
+        append_secs += start.elapsed().as_secs_f64();
     }
-    file.fdatasync().await.map_err(|e| e.to_string())?;
-    let secs = start.elapsed().as_secs_f64();
-    file.close().await.map_err(|e| e.to_string())?;
-    Ok(mib_s((mib * MIB) as u64, secs))
+    let stats = log.stats();
+    eprintln!(
+        "append: {} writes, {} fdatasyncs, {:.2} MiB per fdatasync",
+        stats.writes,
+        stats.syncs,
+        mib_s(stats.bytes_written, stats.syncs.max(1) as f64)
+    );
+    log.close().await.map_err(err)?;
+    raw.close().await.map_err(err)?;
+    Ok((
+        mib_s((args.mib * MIB) as u64, raw_secs),
+        mib_s(append_bytes, append_secs),
+    ))
 }
 
-async fn raw_read(path: &Path, mib: usize) -> Result<f64, String> {
-    let file = glommio::io::DmaFile::open(path).await.map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut bytes = 0u64;
-    for i in 0..mib {
-        let got = file
-            .read_at_aligned((i * MIB) as u64, MIB)
-            .await
-            .map_err(|e| e.to_string())?;
-        bytes += got.len() as u64;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    file.close().await.map_err(|e| e.to_string())?;
-    Ok(mib_s(bytes, secs))
+/// `0..n` cut into `rounds` consecutive ranges.
+fn slices(n: usize, rounds: usize) -> Vec<std::ops::Range<usize>> {
+    let rounds = rounds.clamp(1, n);
+    (0..rounds).map(|r| r * n / rounds..(r + 1) * n / rounds).collect()
 }
 
 fn always() -> LogConfig {
@@ -194,87 +242,64 @@ fn always() -> LogConfig {
     }
 }
 
-async fn append_phase(shard: &ShardStorage, args: &Args) -> Result<f64, String> {
-    let log = Rc::new(
-        shard
-            .open_log(shard.data_dir().join("append"), always())
-            .await
-            .map_err(|e| e.to_string())?,
-    );
-    // Producers' batches are built before the clock starts: building them is
-    // the client's work, not the broker's.
-    let batches: Rc<Vec<Cell<Option<BytesMut>>>> = Rc::new(
-        (0..args.mib as u64)
-            .map(|tag| Cell::new(Some(testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 0))))
-            .collect(),
-    );
-    let next = Rc::new(Cell::new(0usize));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..args.producers {
-        let (log, batches, next) = (log.clone(), batches.clone(), next.clone());
-        tasks.push(glommio::spawn_local(async move {
-            let mut bytes = 0u64;
-            loop {
-                let i = next.get();
-                let Some(batch) = batches.get(i).and_then(|c| c.take()) else {
-                    return Ok::<u64, String>(bytes);
-                };
-                next.set(i + 1);
-                let info = log.append(batch, LeaderEpoch(1)).await.map_err(|e| e.to_string())?;
-                log.wait_durable(info.last_offset).await.map_err(|e| e.to_string())?;
-                bytes += info.bytes as u64;
-            }
-        }));
-    }
-    let mut bytes = 0;
-    for t in tasks {
-        bytes += t.await?;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    log.close().await.map_err(|e| e.to_string())?;
-    Ok(mib_s(bytes, secs))
-}
-
 async fn small_batch_phase(shard: &ShardStorage, commits: usize) -> Result<(f64, Latency), String> {
     let log = shard
         .open_log(shard.data_dir().join("small"), always())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(err)?;
     let batches: Vec<BytesMut> = (0..commits as u64)
         .map(|tag| testkit::batch(tag, RECORDS_PER_SMALL_BATCH, RECORD_BYTES, 0))
         .collect();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(err)?;
     let start = Instant::now();
     for batch in batches {
         let t = Instant::now();
-        let info = log.append(batch, LeaderEpoch(1)).await.map_err(|e| e.to_string())?;
-        log.wait_durable(info.last_offset).await.map_err(|e| e.to_string())?;
+        let info = log.append(batch, LeaderEpoch(1)).await.map_err(err)?;
+        log.wait_durable(info.last_offset).await.map_err(err)?;
         hist.saturating_record(t.elapsed().as_nanos() as u64);
     }
     let secs = start.elapsed().as_secs_f64();
-    log.close().await.map_err(|e| e.to_string())?;
+    log.close().await.map_err(err)?;
     Ok((commits as f64 / secs, Latency::from_nanos(&hist)))
 }
 
-async fn read_back(shard: &ShardStorage) -> Result<f64, String> {
+/// Raw sequential reads of the raw file and the log's read-back (reopened,
+/// so nothing comes from the tail cache), interleaved like the writes.
+/// Returns (raw read MiB/s, log read MiB/s).
+async fn read_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Result<(f64, f64), String> {
+    let raw = glommio::io::DmaFile::open(raw_path).await.map_err(err)?;
     let log = shard
         .open_log(shard.data_dir().join("append"), always())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(err)?;
     let end = log.log_end();
+    let total = log.size_bytes();
     let mut from = Offset(0);
-    let mut bytes = 0u64;
-    let start = Instant::now();
-    while from < end {
-        let got = log.read(from, MIB).await.map_err(|e| e.to_string())?;
-        if got.batches.is_empty() {
-            return Err(format!("read-back stopped at offset {from} before the log end {end}"));
+    let (mut raw_secs, mut raw_bytes, mut log_secs, mut log_bytes) = (0.0, 0u64, 0.0, 0u64);
+    for slice in slices(args.mib, args.rounds) {
+        let start = Instant::now();
+        for i in slice.clone() {
+            let got = raw.read_at_aligned((i * MIB) as u64, MIB).await.map_err(err)?;
+            raw_bytes += got.len() as u64;
         }
-        bytes += got.bytes as u64;
-        from = got.next_offset;
+        raw_secs += start.elapsed().as_secs_f64();
+
+        let target = total * slice.end as u64 / args.mib as u64;
+        let start = Instant::now();
+        while from < end && log_bytes < target {
+            let got = log.read(from, MIB).await.map_err(err)?;
+            if got.batches.is_empty() {
+                return Err(format!("read-back stopped at offset {from} before the log end {end}"));
+            }
+            log_bytes += got.bytes as u64;
+            from = got.next_offset;
+        }
+        log_secs += start.elapsed().as_secs_f64();
     }
-    let secs = start.elapsed().as_secs_f64();
-    log.close().await.map_err(|e| e.to_string())?;
-    Ok(mib_s(bytes, secs))
+    if from < end {
+        return Err(format!("read-back ended at offset {from}, before the log end {end}"));
+    }
+    log.close().await.map_err(err)?;
+    raw.close().await.map_err(err)?;
+    Ok((mib_s(raw_bytes, raw_secs), mib_s(log_bytes, log_secs)))
 }

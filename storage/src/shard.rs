@@ -108,7 +108,17 @@ impl ShardStorage {
 
     /// Opens (creating if missing) the log in `dir`, recovering it.
     pub async fn open_log(&self, dir: impl AsRef<Path>, config: LogConfig) -> Result<Log> {
-        Log::open(self.clone(), dir.as_ref().to_path_buf(), config).await
+        let dir = dir.as_ref().to_path_buf();
+        // Segments of a log opened here before may still be cached, and
+        // their files may have been replaced since (a repaired segment, a
+        // re-created partition): drop them, so the log reads its files as
+        // they are now.
+        self.inner
+            .open
+            .borrow_mut()
+            .entries
+            .retain(|path, _| path.parent() != Some(dir.as_path()));
+        Log::open(self.clone(), dir, config).await
     }
 
     pub(crate) fn cache_budget(&self) -> Rc<CacheBudget> {

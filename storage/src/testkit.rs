@@ -33,6 +33,12 @@ pub fn fill_value(out: &mut [u8], tag: u64, index: u32) {
     }
 }
 
+/// Registered I/O memory of the executors [`run_on_executor`] makes: large
+/// enough that the log's write buffers (up to `pending_bytes_max` plus a
+/// block) come from glommio's pre-registered, pre-faulted pool rather than
+/// fresh heap pages.
+pub const EXECUTOR_IO_MEMORY: usize = 64 << 20;
+
 /// Runs `make()`'s future on a new glommio executor thread and returns its
 /// output. `make` runs on that thread, so the future need not be `Send`.
 pub fn run_on_executor<F, Fut, T>(make: F) -> T
@@ -42,6 +48,7 @@ where
     T: Send + 'static,
 {
     glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(EXECUTOR_IO_MEMORY)
         .spawn(move || async move { make().await })
         .expect("spawning a glommio executor")
         .join()

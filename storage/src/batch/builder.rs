@@ -141,7 +141,11 @@ impl BatchBuilder {
         buf[field::RECORD_COUNT..field::RECORD_COUNT + 4].copy_from_slice(&self.count.to_le_bytes());
         let crc = crc32fast::hash(&buf[field::BATCH_LENGTH..]);
         buf[field::CRC..field::CRC + 4].copy_from_slice(&crc.to_le_bytes());
-        BytesMut::from(&buf[..])
+        // A uniquely owned Vec converts without a copy.
+        match bytes::Bytes::from(buf).try_into_mut() {
+            Ok(unique) => unique,
+            Err(shared) => BytesMut::from(&shared[..]),
+        }
     }
 }
 

@@ -24,8 +24,12 @@ impl Log {
     }
 
     async fn truncate_inner(&self, offset: Offset) -> Result<Offset> {
+        let _sync = self.lock_sync().await?;
         self.write_locked().await?;
-        self.sync_locked().await?;
+        self.finish_zeroing().await;
+        self.sync_held().await?;
+        // Bytes read ahead may be about to change.
+        self.inner.state.borrow_mut().readahead.clear();
         let (log_start, log_end, active_base) = {
             let st = self.inner.state.borrow();
             (st.log_start, st.log_end(), st.active.base)
@@ -188,8 +192,10 @@ impl Log {
         if self.inner.state.borrow().closed {
             return Ok(());
         }
+        let _sync = self.lock_sync().await?;
         self.write_locked().await?;
-        self.sync_locked().await?;
+        self.finish_zeroing().await;
+        self.sync_held().await?;
         self.persist_index_locked(true).await?;
         let mut st = self.inner.state.borrow_mut();
         st.closed = true;

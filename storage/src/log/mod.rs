@@ -6,7 +6,9 @@
 //! (producers appending, consumers reading, the retention timer). State
 //! lives in a `RefCell` that is never borrowed across an `.await`; the file
 //! I/O that reshapes the log (writes, fdatasync, roll, truncate) is
-//! serialised by a one-permit semaphore, the *I/O lock*.
+//! serialised by a one-permit semaphore, the *I/O lock*; fdatasync by a
+//! second one, the *sync lock* (taken after the I/O lock when both are
+//! needed).
 //!
 //! # Offsets
 //! - *log start*: the first offset still stored (retention moves it up).
@@ -18,13 +20,15 @@
 //!
 //! # Group commit
 //! `append` only stamps the batch and queues it (memory). A producer with
-//! acks ≥ 1 then awaits [`Log::wait_durable`]. A waiter that finds the I/O
-//! lock free takes it (the *leader*), writes everything queued in one
-//! aligned write and fdatasyncs. Waiters that find it busy do not queue on
-//! the lock: they sleep until it is released, then look again — most find
-//! their batch already durable, and the first that does not leads the next
-//! round with everything appended meanwhile. One fdatasync per round,
-//! however many producers.
+//! acks ≥ 1 then awaits [`Log::wait_durable`]. Making a batch durable takes
+//! two steps, each behind its own lock: *write* (everything queued, in one
+//! aligned write; the I/O lock) and *sync* (one fdatasync covering every
+//! write completed before it; the sync lock). A waiter whose step is free
+//! takes it for everyone queued so far; a waiter whose step is busy does not
+//! queue on the lock but sleeps until some lock is released, then looks
+//! again — most find their batch already durable. So one fdatasync serves
+//! every producer of a round, and the next round's write runs while the
+//! previous round's fdatasync is in flight.
 //!
 //! # Memory per partition
 //! An idle open log holds: the `Log` and its state (≈ 1 KiB), its active
@@ -36,6 +40,7 @@
 
 mod maintain;
 mod read;
+mod readahead;
 mod write;
 
 use std::cell::{Cell, RefCell};
@@ -97,7 +102,10 @@ struct Inner {
     shard: ShardStorage,
     state: RefCell<State>,
     io_lock: Semaphore,
-    /// Woken whenever the I/O lock is released: durability waiters that did
+    /// Serialises fdatasync. Taken after `io_lock` when both are needed, so
+    /// a write of the next group can run while the previous one syncs.
+    sync_lock: Semaphore,
+    /// Woken whenever the I/O or sync lock is released: durability waiters that did
     /// not take the lock wait here instead of queueing on it.
     io_done: Notify,
 }
@@ -159,6 +167,10 @@ struct State {
     last_sync_ms: u64,
     /// A roll or truncation is moving files: appends wait for the I/O lock.
     reshaping: bool,
+    /// A background zero-fill ahead of the writer: (start position, task).
+    zeroing: Option<(u64, glommio::Task<()>)>,
+    /// The window after the last disk read, being read in the background.
+    readahead: readahead::ReadAhead,
     stats: LogStats,
     failed: Option<String>,
     closed: bool,
@@ -264,6 +276,8 @@ impl Log {
             unsynced_bytes: 0,
             last_sync_ms: now_ms(),
             reshaping: false,
+            zeroing: None,
+            readahead: readahead::ReadAhead::default(),
             stats: LogStats::default(),
             failed: None,
             closed: false,
@@ -275,6 +289,7 @@ impl Log {
                 shard,
                 state: RefCell::new(state),
                 io_lock: Semaphore::new(1),
+                sync_lock: Semaphore::new(1),
                 io_done: Notify::default(),
             }),
         })
@@ -356,6 +371,27 @@ impl Log {
     /// The I/O lock if it is free now.
     fn try_lock(&self) -> Option<IoGuard<'_>> {
         let permit = self.inner.io_lock.try_acquire_permit(1).ok()?;
+        Some(IoGuard {
+            _permit: permit,
+            notify: &self.inner.io_done,
+        })
+    }
+
+    async fn lock_sync(&self) -> Result<IoGuard<'_>> {
+        let permit = self
+            .inner
+            .sync_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        Ok(IoGuard {
+            _permit: permit,
+            notify: &self.inner.io_done,
+        })
+    }
+
+    fn try_lock_sync(&self) -> Option<IoGuard<'_>> {
+        let permit = self.inner.sync_lock.try_acquire_permit(1).ok()?;
         Some(IoGuard {
             _permit: permit,
             notify: &self.inner.io_done,

@@ -18,7 +18,6 @@ use super::Log;
 use crate::batch::RecordBatch;
 use crate::error::{Result, StorageError};
 use crate::scan::{scan_one_with, ScanEnd, ScanStep};
-use crate::segment::io::read_range;
 use crate::segment::SealedSegment;
 use crate::tail_cache::ReadBatches;
 use crate::Offset;
@@ -92,34 +91,14 @@ impl Log {
                     entry,
                     end,
                 } => {
-                    read_segment(
-                        &file,
-                        &path,
-                        base,
-                        entry,
-                        end,
-                        from,
-                        max_bytes,
-                        upto,
-                        self.inner.config.batch_bytes_max,
-                    )
-                    .await
+                    self.read_segment(&file, &path, base, entry, end, from, max_bytes, upto)
+                        .await
                 }
                 Source::Sealed(seg) => {
                     let open = self.inner.shard.sealed(&seg, &self.inner.config).await?;
                     let entry = open.index.lookup_offset((from.0 - seg.base.0) as u32);
-                    read_segment(
-                        &open.file,
-                        &seg.path,
-                        seg.base,
-                        entry,
-                        seg.size,
-                        from,
-                        max_bytes,
-                        upto,
-                        self.inner.config.batch_bytes_max,
-                    )
-                    .await
+                    self.read_segment(&open.file, &seg.path, seg.base, entry, seg.size, from, max_bytes, upto)
+                        .await
                 }
             };
         }
@@ -167,67 +146,71 @@ impl Log {
             from = got.next_offset;
         }
     }
-}
 
-/// Reads whole batches of one segment from the one holding `from`.
-/// `entry` is the index entry (relative offset, position) to start at and
-/// `end` the bytes of the file that hold written batches.
-#[allow(clippy::too_many_arguments)]
-async fn read_segment(
-    file: &DmaFile,
-    path: &Path,
-    base: Offset,
-    entry: (u32, u32),
-    end: u64,
-    from: Offset,
-    max_bytes: usize,
-    upto: Offset,
-    batch_bytes_max: usize,
-) -> Result<ReadBatches> {
-    let mut out = ReadBatches::empty(from);
-    let mut pos = u64::from(entry.1);
-    let mut expected = base.plus(u64::from(entry.0));
-    // One read covers the index gap (≤ one interval plus a batch) and max_bytes.
-    let mut want = (max_bytes + (64 << 10)).min(batch_bytes_max * 2);
-    let mut buf = Bytes::new();
-    let mut buf_pos = pos;
-    loop {
-        let at = (pos - buf_pos) as usize;
-        let at_eof = buf_pos + buf.len() as u64 >= end;
-        match scan_one_with(&buf[at..], pos, at_eof, Some(expected), batch_bytes_max, false) {
-            ScanStep::Batch(b) => {
-                let next = b.header.next_offset();
-                if next > from {
-                    if next > upto || !out.fits(b.len() as usize, max_bytes) {
-                        return Ok(out);
+    /// Reads whole batches of one segment from the one holding `from`.
+    /// `entry` is the index entry (relative offset, position) to start at
+    /// and `end` the bytes of the file that hold written batches. Disk
+    /// reads go through the read-ahead blocks (`readahead.rs`).
+    #[allow(clippy::too_many_arguments)]
+    async fn read_segment(
+        &self,
+        file: &Rc<DmaFile>,
+        path: &Path,
+        base: Offset,
+        entry: (u32, u32),
+        end: u64,
+        from: Offset,
+        max_bytes: usize,
+        upto: Offset,
+    ) -> Result<ReadBatches> {
+        let batch_bytes_max = self.inner.config.batch_bytes_max;
+        let mut out = ReadBatches::empty(from);
+        let mut pos = u64::from(entry.1);
+        let mut expected = base.plus(u64::from(entry.0));
+        // One read covers the index gap (≤ one interval plus a batch) and max_bytes.
+        let window = (max_bytes + (64 << 10)).min(batch_bytes_max * 2);
+        let mut want = window;
+        let mut buf = Bytes::new();
+        let mut buf_pos = pos;
+        loop {
+            let at = (pos - buf_pos) as usize;
+            let at_eof = buf_pos + buf.len() as u64 >= end;
+            match scan_one_with(&buf[at..], pos, at_eof, Some(expected), batch_bytes_max, false) {
+                ScanStep::Batch(b) => {
+                    let next = b.header.next_offset();
+                    if next > from {
+                        if next > upto || !out.fits(b.len() as usize, max_bytes) {
+                            break;
+                        }
+                        if !out.take(buf.slice(at..at + b.len() as usize), next, max_bytes) {
+                            break;
+                        }
                     }
-                    if !out.take(buf.slice(at..at + b.len() as usize), next, max_bytes) {
-                        return Ok(out);
+                    pos = b.end();
+                    expected = next;
+                }
+                ScanStep::NeedMore(n) => {
+                    // Past the batches asked for: stop rather than read more.
+                    if !out.batches.is_empty() && out.bytes + n > max_bytes {
+                        break;
+                    }
+                    let len = (end - pos).min(n.max(want) as u64) as usize;
+                    buf = self.read_window(file, path, pos, len, end).await?;
+                    buf_pos = pos;
+                    want = max_bytes.saturating_sub(out.bytes).max(64 << 10);
+                    if buf.len() < n.min(len) {
+                        return Err(corrupt(
+                            path,
+                            pos,
+                            format!("file ends {} bytes after position {pos}, {end} expected", buf.len()),
+                        ));
                     }
                 }
-                pos = b.end();
-                expected = next;
+                ScanStep::End(ScanEnd::Clean) => return Ok(out),
+                ScanStep::End(e) => return Err(corrupt(path, pos, format!("{e:?} while reading offset {expected}"))),
             }
-            ScanStep::NeedMore(n) => {
-                // Past the batches asked for: stop rather than read more.
-                if !out.batches.is_empty() && out.bytes + n > max_bytes {
-                    return Ok(out);
-                }
-                let len = (end - pos).min(n.max(want) as u64) as usize;
-                buf = read_range(file, path, pos, len).await?;
-                buf_pos = pos;
-                want = max_bytes.saturating_sub(out.bytes).max(64 << 10);
-                if buf.len() < len {
-                    return Err(corrupt(
-                        path,
-                        pos,
-                        format!("file ends {} bytes after position {pos}, {end} expected", buf.len()),
-                    ));
-                }
-            }
-            ScanStep::End(ScanEnd::Clean) => return Ok(out),
-            ScanStep::End(e) => return Err(corrupt(path, pos, format!("{e:?} while reading offset {expected}"))),
         }
+        Ok(out)
     }
 }
 

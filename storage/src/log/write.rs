@@ -86,13 +86,17 @@ impl Log {
                 return Ok(());
             }
             let seen = self.inner.io_done.epoch();
-            let Some(_guard) = self.try_lock() else {
-                self.inner.io_done.wait(seen).await;
-                continue;
-            };
-            self.write_locked().await?;
-            if self.inner.state.borrow().sync_due(policy, now_ms()) {
-                self.sync_locked().await?;
+            let needs_write = self.inner.state.borrow().active.written_offset() <= last_offset;
+            if needs_write {
+                match self.try_lock() {
+                    Some(_guard) => self.write_locked().await?,
+                    None => self.inner.io_done.wait(seen).await,
+                }
+            } else {
+                match self.try_lock_sync() {
+                    Some(_guard) => self.sync_held().await?,
+                    None => self.inner.io_done.wait(seen).await,
+                }
             }
         }
     }
@@ -118,6 +122,22 @@ impl Log {
         let _permit = self.lock().await?;
         self.write_locked().await?;
         self.sync_locked().await
+    }
+
+    /// Waits for a background zero-fill to land. Holds: the I/O lock (no new
+    /// one can start meanwhile).
+    pub(super) async fn finish_zeroing(&self) {
+        let zeroing = self.inner.state.borrow_mut().zeroing.take();
+        if let Some((_, task)) = zeroing {
+            task.await;
+        }
+    }
+
+    /// fdatasyncs the active segment once the sync lock is free. Holds: the
+    /// I/O lock or nothing.
+    pub(super) async fn sync_locked(&self) -> Result<()> {
+        let _sync = self.lock_sync().await?;
+        self.sync_held().await
     }
 
     /// Periodic work for `Interval` logs: fdatasync once the interval is up.
@@ -149,17 +169,33 @@ impl Log {
             }
         };
         let len = job.buf.len();
+        // A zero-fill still in flight must land before data overwrites its range.
+        let overlapping = {
+            let mut st = self.inner.state.borrow_mut();
+            match &st.zeroing {
+                Some((start, _)) if job.pos + len as u64 > *start => st.zeroing.take(),
+                _ => None,
+            }
+        };
+        if let Some((_, zeroing)) = overlapping {
+            zeroing.await;
+        }
         match file.write_at(job.buf, job.pos).await {
             Ok(n) if n == len => {}
             Ok(n) => return Err(self.fail(format!("short write of {n} of {len} bytes to {}", path.display()))),
             Err(e) => return Err(self.fail(StorageError::glommio("writing", &path, e).to_string())),
         }
         if let Some((zeros, pos)) = job.zeros {
-            // Zeros only pre-allocate space ahead of the data; a failure here
-            // loses nothing but the fast path, so it is not fatal.
-            if let Err(e) = file.write_at(zeros, pos).await {
-                tracing::warn!(segment = %path.display(), "pre-zeroing failed: {e}");
-            }
+            // Off the commit path: the zeros are written in the background and
+            // their extents become durable with a later fdatasync. A failure
+            // loses only the fast path, so it is not fatal.
+            self.finish_zeroing().await;
+            let zeroing = glommio::spawn_local(async move {
+                if let Err(e) = file.write_at(zeros, pos).await {
+                    tracing::warn!(segment = %path.display(), "pre-zeroing failed: {e}");
+                }
+            });
+            self.inner.state.borrow_mut().zeroing = Some((pos, zeroing));
         }
         {
             let mut st = self.inner.state.borrow_mut();
@@ -173,10 +209,10 @@ impl Log {
         self.persist_index_locked(false).await
     }
 
-    /// fdatasyncs the active segment. Holds: the I/O lock. A failed
-    /// fdatasync stops the log: the kernel may have dropped the dirty
+    /// fdatasyncs the active segment: every write completed so far becomes
+    /// durable. Holds: the sync lock. A failed fdatasync stops the log: the kernel may have dropped the dirty
     /// pages, so retrying could report data durable that is not.
-    pub(super) async fn sync_locked(&self) -> Result<()> {
+    pub(super) async fn sync_held(&self) -> Result<()> {
         let (file, path, target) = {
             let st = self.inner.state.borrow();
             st.check_usable(&self.inner.dir)?;
@@ -251,8 +287,10 @@ impl Log {
     }
 
     async fn roll_inner(&self) -> Result<()> {
+        let _sync = self.lock_sync().await?;
         self.write_locked().await?;
-        self.sync_locked().await?;
+        self.finish_zeroing().await;
+        self.sync_held().await?;
         let (file, path, size, index, new_base) = {
             let st = self.inner.state.borrow();
             if st.active.is_empty() {

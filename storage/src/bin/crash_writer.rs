@@ -1,0 +1,68 @@
+//! `strand-storage-crash-writer DIR SEED`: the child process of the crash
+//! test (`tests/crash.rs`). Appends to the log in `DIR/p0` with
+//! `fsync=always` from four concurrent producers and prints one line per
+//! batch once it is durable: `<base offset> <last offset> <tag>`. The parent
+//! kills it with SIGKILL at a random moment and checks that every printed
+//! batch survived. Exits by itself after 20 s so it can never be left
+//! running.
+
+use std::io::Write;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use strand_storage::shard::ShardStorageConfig;
+use strand_storage::{testkit, FsyncPolicy, LeaderEpoch, LogConfig, ShardStorage};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (Some(dir), Some(seed)) = (args.next(), args.next().and_then(|s| s.parse::<u64>().ok())) else {
+        eprintln!("usage: strand-storage-crash-writer DIR SEED");
+        std::process::exit(2);
+    };
+    testkit::run_on_executor(move || async move {
+        let shard = ShardStorage::open(&dir, ShardStorageConfig::default())
+            .await
+            .expect("opening the shard");
+        let config = LogConfig {
+            fsync: FsyncPolicy::Always,
+            segment_bytes_max: 256 << 10,
+            batch_bytes_max: 64 << 10,
+            index_interval_bytes: 4096,
+            ..LogConfig::default()
+        };
+        let log = Rc::new(
+            shard
+                .open_log(format!("{dir}/p0"), config)
+                .await
+                .expect("opening the log"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut producers = Vec::new();
+        for p in 0..4u64 {
+            let log = log.clone();
+            producers.push(glommio::spawn_local(async move {
+                let mut rng = seed.wrapping_mul(31).wrapping_add(p) | 1;
+                for i in 0u64.. {
+                    if Instant::now() > deadline {
+                        return;
+                    }
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let tag = (seed << 40) | (p << 32) | i;
+                    let records = 1 + (rng % 8) as u32;
+                    let value_len = 1 + (rng >> 8) as usize % 3000;
+                    let batch = testkit::batch(tag, records, value_len, 1_700_000_000_000);
+                    let info = log.append(batch, LeaderEpoch(1)).await.expect("append");
+                    log.wait_durable(info.last_offset).await.expect("durable");
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "{} {} {tag}", info.base_offset, info.last_offset).expect("stdout");
+                    out.flush().expect("stdout");
+                }
+            }));
+        }
+        for p in producers {
+            p.await;
+        }
+    });
+}

@@ -1,0 +1,119 @@
+//! Durability under `kill -9`: a child process appends with
+//! `fsync=always` and prints each batch once it is durable; the parent
+//! kills it at a random moment, reopens the log, and every printed batch
+//! must be there, intact, at the offsets printed.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use strand_storage::batch::RecordBatch;
+use strand_storage::{testkit, Offset};
+
+struct Acked {
+    base: u64,
+    last: u64,
+    tag: u64,
+}
+
+/// Runs the child until it has acknowledged a few batches, then kills it
+/// after a seeded random delay; returns the batches it acknowledged.
+fn run_child_and_kill(dir: &std::path::Path, seed: u64) -> Vec<Acked> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strand-storage-crash-writer"))
+        .arg(dir)
+        .arg(seed.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the crash writer");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut line = Vec::new();
+        // Only whole lines count: a line cut by the kill was never acknowledged.
+        while r.read_until(b'\n', &mut line).map(|n| n > 0).unwrap_or(false) {
+            if line.last() == Some(&b'\n') && tx.send(String::from_utf8_lossy(&line).trim().to_string()).is_err() {
+                break;
+            }
+            line.clear();
+        }
+    });
+    let mut lines = Vec::new();
+    // Wait for the first acknowledgements (bounded), then a random delay.
+    while lines.len() < 20 {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => lines.push(l),
+            Err(_) => break,
+        }
+    }
+    let delay_ms = 20 + (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % 400;
+    std::thread::sleep(Duration::from_millis(delay_ms));
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaping the child");
+    reader.join().expect("reader thread");
+    lines.extend(rx.try_iter());
+    lines
+        .iter()
+        .map(|l| {
+            let v: Vec<u64> = l.split(' ').map(|x| x.parse().expect("a number")).collect();
+            Acked {
+                base: v[0],
+                last: v[1],
+                tag: v[2],
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_acknowledged_batch_survives_kill_9() {
+    for seed in 1..=5u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let acked = run_child_and_kill(dir.path(), seed);
+        assert!(
+            acked.len() >= 20,
+            "seed {seed}: the child acknowledged only {} batches",
+            acked.len()
+        );
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let config = strand_storage::LogConfig {
+                segment_bytes_max: 256 << 10,
+                batch_bytes_max: 64 << 10,
+                index_interval_bytes: 4096,
+                ..Default::default()
+            };
+            let (_shard, log) = open(&path, config).await;
+            let max_last = acked.iter().map(|a| a.last).max().unwrap();
+            assert!(
+                log.log_end() > Offset(max_last),
+                "seed {seed}: log end {} lost acknowledged offset {max_last}",
+                log.log_end()
+            );
+            for a in &acked {
+                let got = log.read(Offset(a.base), 1).await.unwrap();
+                let batch = RecordBatch::new(got.batches[0].clone(), 1 << 20).expect("an acknowledged batch is intact");
+                assert_eq!(
+                    (batch.base_offset().0, batch.last_offset().0),
+                    (a.base, a.last),
+                    "seed {seed}"
+                );
+                for (i, r) in batch.records().enumerate() {
+                    let value = r.value.unwrap();
+                    let mut want = vec![0u8; value.len()];
+                    testkit::fill_value(&mut want, a.tag, i as u32);
+                    assert_eq!(&value[..], &want[..], "seed {seed}: offset {}", r.offset);
+                }
+            }
+            // The whole recovered log is readable and the log takes appends.
+            let records = read_all(&log).await;
+            assert_eq!(records.len() as u64, log.log_end().0);
+            let end = log.log_end();
+            assert_eq!(append(&log, 1, 1, 10).await, end);
+        });
+    }
+}
