@@ -113,12 +113,18 @@ impl ShardStorage {
         // their files may have been replaced since (a repaired segment, a
         // re-created partition): drop them, so the log reads its files as
         // they are now.
+        self.forget_dir(&dir);
+        Log::open(self.clone(), dir, config).await
+    }
+
+    /// Drops the cached sealed segments of the log in `dir` (closing their
+    /// files once no read holds them).
+    pub(crate) fn forget_dir(&self, dir: &Path) {
         self.inner
             .open
             .borrow_mut()
             .entries
-            .retain(|path, _| path.parent() != Some(dir.as_path()));
-        Log::open(self.clone(), dir, config).await
+            .retain(|path, _| path.parent() != Some(dir));
     }
 
     pub(crate) fn cache_budget(&self) -> Rc<CacheBudget> {

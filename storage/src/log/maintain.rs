@@ -197,9 +197,11 @@ impl Log {
         self.finish_zeroing().await;
         self.sync_held().await?;
         self.persist_index_locked(true).await?;
+        self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();
         st.closed = true;
         st.cache.clear();
+        st.readahead.clear();
         st.last_sync_ms = now_ms();
         Ok(())
     }

@@ -233,7 +233,7 @@ impl Log {
         let active_base = bases.pop().unwrap_or(Offset::ZERO);
 
         let mut sealed = BTreeMap::new();
-        let mut expected_next: Option<Offset> = None;
+        let mut prev: Option<(PathBuf, Offset, u64)> = None;
         for base in bases {
             let path = dir.join(log_file_name(base));
             let file = DmaFile::open(&path)
@@ -244,8 +244,8 @@ impl Log {
                 .await
                 .map_err(|e| StorageError::glommio("closing", &path, e))?;
             let (loaded, size) = loaded?;
-            check_follows(&path, expected_next, base)?;
-            expected_next = Some(loaded.next_offset);
+            check_follows(prev.as_ref(), &path, base)?;
+            prev = Some((path.clone(), loaded.next_offset, size));
             sealed.insert(
                 base,
                 SealedSegment {
@@ -258,7 +258,7 @@ impl Log {
             );
         }
         let active_path = dir.join(log_file_name(active_base));
-        check_follows(&active_path, expected_next, active_base)?;
+        check_follows(prev.as_ref(), &active_path, active_base)?;
         let created = !active_path.exists();
         let active = open_active(&active_path, active_base, &config, None).await?;
         if created {
@@ -399,12 +399,21 @@ impl Log {
     }
 }
 
-fn check_follows(path: &Path, expected: Option<Offset>, base: Offset) -> Result<()> {
-    match expected {
-        Some(next) if base < next => Err(StorageError::CorruptSegment {
+/// Segments tile the offsets: each starts exactly where the one before it
+/// ends (retention and truncation remove whole segments from the ends, so
+/// no gap can appear in between). `prev` is the previous segment's path and
+/// end; `path` and `base` the next one's.
+fn check_follows(prev: Option<&(PathBuf, Offset, u64)>, path: &Path, base: Offset) -> Result<()> {
+    match prev {
+        Some((_, next, _)) if base < *next => Err(StorageError::CorruptSegment {
             path: path.to_path_buf(),
             position: 0,
             reason: format!("segment starts at offset {base} but the previous one ends at {next}"),
+        }),
+        Some((prev_path, next, size)) if base > *next => Err(StorageError::CorruptSegment {
+            path: prev_path.clone(),
+            position: *size,
+            reason: format!("segment ends at offset {next} but the next one starts at {base}: its tail is missing"),
         }),
         _ => Ok(()),
     }

@@ -2,8 +2,8 @@
 //! the first offset at or after a timestamp.
 //!
 //! Reads near the tail come from the tail cache (no I/O). Older data is read
-//! from the segment file with one aligned direct read of about `max_bytes`
-//! starting at the nearest index entry, copied once into shared bytes that
+//! from the segment file from the nearest index entry on, through the
+//! read-ahead blocks (`readahead.rs`), copied once into shared bytes that
 //! every returned batch slices. The read path checks framing and offsets but
 //! not CRCs: the consumer checks every batch's CRC, and opening a log checks
 //! the CRCs of everything recovery relies on.

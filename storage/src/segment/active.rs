@@ -18,7 +18,9 @@
 //! extending the file ≈ 120 µs plus a journal commit. So when writes are
 //! small (group commits of a few KiB), the appender also writes a chunk of
 //! zeros (`zero_ahead_bytes`, default 1 MiB) ahead of the data once the
-//! zeroed space runs low, and later fdatasyncs only overwrite. Large writes
+//! zeroed space runs low — in the background, off the commit path (a data
+//! write into that range first waits for it) — and later fdatasyncs only
+//! overwrite. Large writes
 //! (≥ a quarter of the chunk) skip it: there, zeroing would double the bytes
 //! written, while one extent allocation per MiB costs little. Recovery reads
 //! the zeros as the end of the log.
@@ -197,15 +199,13 @@ impl ActiveSegment {
         let zero_chunk = config.zero_ahead_bytes;
         let mut zeroed_until = self.zeroed_until.max(data_end);
         let mut zeros = None;
-        if zero_chunk > 0
-            && bytes < zero_chunk / 4
-            && zeroed_until < data_end + zero_chunk / 2
-            && zeroed_until < config.segment_bytes_max
-        {
-            let mut z = self.file.alloc_dma_buffer(zero_chunk as usize);
+        // Never zero past the segment's largest size.
+        let zero_len = zero_chunk.min(align_up(config.segment_bytes_max).saturating_sub(zeroed_until));
+        if zero_len > 0 && bytes < zero_chunk / 4 && zeroed_until < data_end + zero_chunk / 2 {
+            let mut z = self.file.alloc_dma_buffer(zero_len as usize);
             z.as_bytes_mut().fill(0);
             zeros = Some((z, zeroed_until));
-            zeroed_until += zero_chunk;
+            zeroed_until += zero_len;
         }
         const _: () = assert!(DMA_ALIGN.is_power_of_two());
         Some(WriteJob {
