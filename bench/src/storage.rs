@@ -182,7 +182,7 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
             .map(|tag| Cell::new(Some(testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 0))))
             .collect(),
     );
-    let (mut raw_secs, mut append_secs, mut append_bytes) = (0.0, 0.0, 0u64);
+    let (mut raw_secs, mut append_secs, mut append_bytes, mut append_cpu) = (0.0, 0.0, 0u64, 0.0);
     for slice in slices(args.mib, args.rounds) {
         let start = Instant::now();
         for i in slice.clone() {
@@ -192,6 +192,7 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
         raw_secs += start.elapsed().as_secs_f64();
 
         let start = Instant::now();
+        let cpu_start = thread_cpu_secs();
         let next = Rc::new(Cell::new(slice.start));
         let mut tasks = Vec::new();
         for _ in 0..args.producers {
@@ -213,13 +214,17 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
             append_bytes += t.await?;
         }
         append_secs += start.elapsed().as_secs_f64();
+        append_cpu += thread_cpu_secs() - cpu_start;
     }
     let stats = log.stats();
     eprintln!(
-        "append: {} writes, {} fdatasyncs, {:.2} MiB per fdatasync",
+        "append: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, shard thread busy {:.0}% of the time",
         stats.writes,
+        stats.write_ns as f64 / 1e3 / stats.writes.max(1) as f64,
         stats.syncs,
-        mib_s(stats.bytes_written, stats.syncs.max(1) as f64)
+        stats.sync_ns as f64 / 1e3 / stats.syncs.max(1) as f64,
+        mib_s(stats.bytes_written, stats.syncs.max(1) as f64),
+        100.0 * append_cpu / append_secs
     );
     log.close().await.map_err(err)?;
     raw.close().await.map_err(err)?;
@@ -227,6 +232,14 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
         mib_s((args.mib * MIB) as u64, raw_secs),
         mib_s(append_bytes, append_secs),
     ))
+}
+
+/// CPU seconds the calling thread has used (user + system).
+fn thread_cpu_secs() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we pass and nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// `0..n` cut into `rounds` consecutive ranges.

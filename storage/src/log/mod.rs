@@ -88,6 +88,9 @@ pub struct LogStats {
     pub bytes_written: u64,
     /// Segments rolled.
     pub rolls: u64,
+    /// Time spent in data writes and in fdatasync (summed, ns).
+    pub write_ns: u64,
+    pub sync_ns: u64,
 }
 
 /// A partition log. See the module doc.

@@ -180,6 +180,7 @@ impl Log {
         if let Some((_, zeroing)) = overlapping {
             zeroing.await;
         }
+        let started = std::time::Instant::now();
         match file.write_at(job.buf, job.pos).await {
             Ok(n) if n == len => {}
             Ok(n) => return Err(self.fail(format!("short write of {n} of {len} bytes to {}", path.display()))),
@@ -201,6 +202,7 @@ impl Log {
             let mut st = self.inner.state.borrow_mut();
             st.unsynced_bytes += job.done.bytes;
             st.stats.writes += 1;
+            st.stats.write_ns += started.elapsed().as_nanos() as u64;
             st.stats.bytes_written += job.done.bytes;
             let written = job.done.written_offset;
             st.active.finish_write(job.done);
@@ -225,6 +227,7 @@ impl Log {
                 st.active.written_offset(),
             )
         };
+        let started = std::time::Instant::now();
         if let Err(e) = file.fdatasync().await {
             return Err(self.fail(StorageError::glommio("fdatasync", &path, e).to_string()));
         }
@@ -232,6 +235,7 @@ impl Log {
         assert!(target >= st.flushed, "the flushed offset only rises");
         st.flushed = target;
         st.stats.syncs += 1;
+        st.stats.sync_ns += started.elapsed().as_nanos() as u64;
         st.unsynced_bytes = 0;
         st.last_sync_ms = now_ms();
         Ok(())

@@ -4,14 +4,15 @@
 //! Runs on: the shard that owns the log.
 //!
 //! # How bytes reach the disk
-//! Appended batches are kept as shared `Bytes` in `pending` (the same bytes
-//! the tail cache serves). A write ([`ActiveSegment::take_write`]) copies
-//! them — once — into one 4096-aligned DMA buffer that starts with the
-//! in-memory copy of the last partial block already on disk, and writes it
-//! at the aligned position of that block: O_DIRECT needs aligned offsets,
-//! lengths and buffers, so the partial block is rewritten each time with
-//! the same leading bytes (a torn rewrite cannot damage them) and zero
-//! padding after the logical end.
+//! Each appended batch is copied — once, at append time, while the previous
+//! write is still in flight — into a *staging* DMA buffer that starts with
+//! the in-memory copy of the last partial block handed to the disk. A write
+//! ([`ActiveSegment::take_write`]) takes the staging buffer as it is, pads
+//! it with zeros to a 4096-byte boundary and writes it at the aligned
+//! position of that block: O_DIRECT needs aligned offsets, lengths and
+//! buffers, so the partial block is rewritten each time with the same
+//! leading bytes (a torn rewrite cannot damage them). The staging buffer
+//! starts at 64 KiB and doubles as needed; an idle segment holds none.
 //!
 //! # Pre-zeroing
 //! fdatasync after overwriting allocated blocks costs ≈ 54 µs here; after
@@ -28,7 +29,6 @@
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use bytes::Bytes;
 use glommio::io::{DmaBuffer, DmaFile};
 
 use super::io::{align_down, align_up};
@@ -36,7 +36,10 @@ use super::SealedSegment;
 use crate::batch::RecordBatch;
 use crate::config::LogConfig;
 use crate::index::SegmentIndex;
-use crate::{Offset, DMA_ALIGN};
+use crate::Offset;
+
+/// Smallest staging buffer: a few small batches fit before it must grow.
+const STAGING_MIN: u64 = 64 << 10;
 
 /// The segment being appended to.
 #[derive(Debug)]
@@ -51,9 +54,14 @@ pub struct ActiveSegment {
     written_end: u64,
     /// Offset after the last batch handed to the disk.
     written_offset: Offset,
-    /// Bytes `[align_down(written_end), written_end)`: the partial last block.
+    /// Logical bytes taken into writes (completed or in flight).
+    taken_end: u64,
+    /// Bytes `[align_down(taken_end), taken_end)`: the partial last block,
+    /// which the next write starts with.
     tail_block: Vec<u8>,
-    pending: Vec<Bytes>,
+    /// The next write, filled as batches are appended: the partial last
+    /// block, then the pending batches. `None` while nothing is pending.
+    staging: Option<DmaBuffer>,
     pending_bytes: usize,
     pub(crate) index: SegmentIndex,
     /// Index entries already in the `.index` / `.timeindex` files.
@@ -90,8 +98,6 @@ pub(crate) struct WriteJob {
 pub(crate) struct WriteDone {
     pub written_end: u64,
     pub written_offset: Offset,
-    tail_block: Vec<u8>,
-    zeroed_until: u64,
     pub bytes: u64,
 }
 
@@ -107,8 +113,9 @@ impl ActiveSegment {
             size: r.size,
             written_end: r.size,
             written_offset: r.next_offset,
+            taken_end: r.size,
             tail_block: r.tail_block,
-            pending: Vec::new(),
+            staging: None,
             pending_bytes: 0,
             index: r.index,
             index_persisted: (0, 0),
@@ -145,8 +152,9 @@ impl ActiveSegment {
                     .is_some_and(|t| now_ms.saturating_sub(t) >= config.segment_age_ms_max))
     }
 
-    /// Records a stamped batch as appended: it becomes pending (written by the
-    /// next [`take_write`](Self::take_write)).
+    /// Records a stamped batch as appended: it is copied into the staging
+    /// buffer of the next write (while an earlier write may be in flight, so
+    /// the copy is off the disk's critical path).
     pub fn push(&mut self, batch: &RecordBatch, index_interval: u32, now_ms: u64) {
         assert_eq!(
             batch.base_offset(),
@@ -163,84 +171,85 @@ impl ActiveSegment {
             index_interval,
         );
         self.first_append_ms.get_or_insert(now_ms);
+        let staged = self.tail_block.len() + self.pending_bytes;
+        let needed = staged + batch.len();
+        let staging = match self.staging.take() {
+            Some(buf) if buf.len() >= needed => buf,
+            old => {
+                // Grow by doubling (or start): copy what is staged so far.
+                let capacity = align_up((needed as u64).max(STAGING_MIN).next_power_of_two()) as usize;
+                let mut buf = self.file.alloc_dma_buffer(capacity);
+                match old {
+                    Some(old) => buf.as_bytes_mut()[..staged].copy_from_slice(&old.as_bytes()[..staged]),
+                    None => buf.as_bytes_mut()[..staged].copy_from_slice(&self.tail_block),
+                }
+                buf
+            }
+        };
+        let mut staging = staging;
+        staging.as_bytes_mut()[staged..needed].copy_from_slice(batch.bytes());
+        self.staging = Some(staging);
         self.size += batch.len() as u64;
         self.next_offset = batch.next_offset();
         self.pending_bytes += batch.len();
-        self.pending.push(batch.bytes().clone());
     }
 
     /// Prepares one aligned write of everything pending, or `None` if nothing
-    /// is pending. Pending batches move into the job, so appends made while
-    /// it is in flight wait for the next one.
+    /// is pending. The staging buffer becomes the write; appends made while
+    /// it is in flight start the next one.
     pub(crate) fn take_write(&mut self, config: &LogConfig) -> Option<WriteJob> {
-        if self.pending.is_empty() {
-            return None;
-        }
-        let start = align_down(self.written_end);
-        assert_eq!((self.written_end - start) as usize, self.tail_block.len());
+        let mut buf = self.staging.take()?;
+        let start = align_down(self.taken_end);
+        assert_eq!((self.taken_end - start) as usize, self.tail_block.len());
         let total = self.tail_block.len() + self.pending_bytes;
         let aligned = align_up(total as u64) as usize;
-        let mut buf = self.file.alloc_dma_buffer(aligned);
-        let dst = buf.as_bytes_mut();
-        dst[..self.tail_block.len()].copy_from_slice(&self.tail_block);
-        let mut at = self.tail_block.len();
-        for b in self.pending.drain(..) {
-            dst[at..at + b.len()].copy_from_slice(&b);
-            at += b.len();
-        }
-        dst[total..].fill(0);
-        let new_end = self.written_end + self.pending_bytes as u64;
+        buf.trim_to_size(aligned);
+        buf.as_bytes_mut()[total..].fill(0);
+        let new_end = self.taken_end + self.pending_bytes as u64;
         let tail_start = (align_down(new_end) - start) as usize;
-        let tail_block = dst[tail_start..total].to_vec();
+        self.tail_block.clear();
+        self.tail_block.extend_from_slice(&buf.as_bytes()[tail_start..total]);
+        self.taken_end = new_end;
         let bytes = self.pending_bytes as u64;
         self.pending_bytes = 0;
 
         let data_end = start + aligned as u64;
         let zero_chunk = config.zero_ahead_bytes;
-        let mut zeroed_until = self.zeroed_until.max(data_end);
         let mut zeros = None;
+        self.zeroed_until = self.zeroed_until.max(data_end);
         // Never zero past the segment's largest size.
-        let zero_len = zero_chunk.min(align_up(config.segment_bytes_max).saturating_sub(zeroed_until));
-        if zero_len > 0 && bytes < zero_chunk / 4 && zeroed_until < data_end + zero_chunk / 2 {
+        let zero_len = zero_chunk.min(align_up(config.segment_bytes_max).saturating_sub(self.zeroed_until));
+        if zero_len > 0 && bytes < zero_chunk / 4 && self.zeroed_until < data_end + zero_chunk / 2 {
             let mut z = self.file.alloc_dma_buffer(zero_len as usize);
             z.as_bytes_mut().fill(0);
-            zeros = Some((z, zeroed_until));
-            zeroed_until += zero_len;
+            zeros = Some((z, self.zeroed_until));
+            self.zeroed_until += zero_len;
         }
-        const _: () = assert!(DMA_ALIGN.is_power_of_two());
         Some(WriteJob {
             buf,
             pos: start,
             zeros,
             done: WriteDone {
                 written_end: new_end,
-                written_offset: self.next_offset_of_written(),
-                tail_block,
-                zeroed_until,
+                written_offset: self.next_offset,
                 bytes,
             },
         })
     }
 
-    /// The offset after the last batch taken into a write: all pending ones.
-    fn next_offset_of_written(&self) -> Offset {
-        self.next_offset
-    }
-
     /// Applies a completed write.
     pub(crate) fn finish_write(&mut self, done: WriteDone) {
         assert!(done.written_end > self.written_end, "writes complete in order");
+        assert!(done.written_end <= self.taken_end);
         self.written_end = done.written_end;
         self.written_offset = done.written_offset;
-        self.tail_block = done.tail_block;
-        self.zeroed_until = done.zeroed_until;
     }
 
     /// Turns the segment into a sealed one. Everything must be written (and
     /// the file truncated to `size` by the caller).
     pub fn seal(self) -> (SealedSegment, Rc<DmaFile>, SegmentIndex) {
         assert!(
-            self.pending.is_empty() && self.written_end == self.size,
+            self.staging.is_none() && self.written_end == self.size,
             "seal after the last write"
         );
         let meta = SealedSegment {
@@ -257,7 +266,7 @@ impl ActiveSegment {
     /// accounting in tests and docs).
     pub fn heap_bytes(&self) -> usize {
         self.tail_block.capacity()
-            + self.pending.capacity() * std::mem::size_of::<Bytes>()
+            + self.staging.as_ref().map_or(0, |b| b.len())
             + self.index.offset_entries() * 8
             + self.index.time_entries() * 16
     }
