@@ -182,7 +182,7 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
             .map(|tag| Cell::new(Some(testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 0))))
             .collect(),
     );
-    let (mut raw_secs, mut append_secs, mut append_bytes, mut append_cpu) = (0.0, 0.0, 0u64, 0.0);
+    let (mut raw_secs, mut append_secs, mut append_bytes, mut append_cpu, mut append_faults) = (0.0, 0.0, 0u64, 0.0, 0);
     for slice in slices(args.mib, args.rounds) {
         let start = Instant::now();
         for i in slice.clone() {
@@ -193,6 +193,7 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
 
         let start = Instant::now();
         let cpu_start = thread_cpu_secs();
+        let faults_start = minor_faults();
         let next = Rc::new(Cell::new(slice.start));
         let mut tasks = Vec::new();
         for _ in 0..args.producers {
@@ -215,16 +216,18 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
         }
         append_secs += start.elapsed().as_secs_f64();
         append_cpu += thread_cpu_secs() - cpu_start;
+        append_faults += minor_faults() - faults_start;
     }
     let stats = log.stats();
     eprintln!(
-        "append: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, shard thread busy {:.0}% of the time",
+        "append: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, shard thread busy {:.0}% of the time, {:.0} page faults per MiB",
         stats.writes,
         stats.write_ns as f64 / 1e3 / stats.writes.max(1) as f64,
         stats.syncs,
         stats.sync_ns as f64 / 1e3 / stats.syncs.max(1) as f64,
         mib_s(stats.bytes_written, stats.syncs.max(1) as f64),
-        100.0 * append_cpu / append_secs
+        100.0 * append_cpu / append_secs,
+        append_faults as f64 / args.mib as f64
     );
     log.close().await.map_err(err)?;
     raw.close().await.map_err(err)?;
@@ -240,6 +243,14 @@ fn thread_cpu_secs() -> f64 {
     // SAFETY: clock_gettime writes into the timespec we pass and nothing else.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Minor page faults of the process so far.
+fn minor_faults() -> i64 {
+    // SAFETY: getrusage writes into the struct we pass and nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    usage.ru_minflt
 }
 
 /// `0..n` cut into `rounds` consecutive ranges.
