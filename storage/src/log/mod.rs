@@ -36,7 +36,21 @@
 //! (8 + 12 bytes per ~32 KiB of data: ≤ 640 KiB for a full 1 GiB segment,
 //! nothing for an empty one), ≈ 100 bytes per sealed segment, and whatever
 //! the tail cache holds (bounded per log and by the shard's budget). The
-//! `many_partitions` test measures it.
+//! `many_partitions` test measures it: 1,000 partitions with four 64 KiB
+//! segments each cost ≈ 34 KB of RSS per partition, of which ≈ 24.5 KiB is
+//! tail cache (its limit there is 32 KiB) and ≈ 4 KiB the active segment's
+//! bookkeeping. An appending log also holds a staging buffer for its next
+//! write (64 KiB, doubling up to what is pending) and up to four 1 MiB
+//! read-ahead blocks while a reader goes through old data.
+//!
+//! # What opening checks
+//! Sealed segments: the batches after their last index entry (CRC and
+//! offsets) and that the file ends exactly after the last one; a damaged
+//! one fails the open, naming the file. The active segment: every batch
+//! from its last index entry on; the log is cut before the first torn,
+//! zero or corrupt one. Bytes before the last index entry are trusted at
+//! open (as Kafka trusts what precedes its recovery point); reads check
+//! framing and offsets, and consumers check each batch's CRC.
 
 mod maintain;
 mod read;
