@@ -1,0 +1,75 @@
+//! API numbers and the versions this build speaks.
+
+/// The APIs, by the number a frame carries. Numbers are never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Api {
+    ApiVersions = 0,
+    Metadata = 1,
+    CreateQueue = 2,
+    DeleteQueue = 3,
+    AlterQueue = 4,
+    DescribeQueue = 5,
+    Produce = 6,
+    Fetch = 7,
+    ListOffsets = 8,
+}
+
+impl Api {
+    /// Every API this build knows.
+    pub const ALL: [Api; 9] = [
+        Api::ApiVersions,
+        Api::Metadata,
+        Api::CreateQueue,
+        Api::DeleteQueue,
+        Api::AlterQueue,
+        Api::DescribeQueue,
+        Api::Produce,
+        Api::Fetch,
+        Api::ListOffsets,
+    ];
+
+    /// The API a frame's number names, if this build knows it.
+    pub fn from_u16(n: u16) -> Option<Api> {
+        Api::ALL.get(usize::from(n)).copied().filter(|a| *a as u16 == n)
+    }
+
+    /// Oldest and newest version of the API this build speaks.
+    pub fn versions(self) -> (u16, u16) {
+        (0, 0)
+    }
+
+    /// Whether this build speaks `version` of the API.
+    pub fn supports(self, version: u16) -> bool {
+        let (min, max) = self.versions();
+        (min..=max).contains(&version)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::ApiVersions => "ApiVersions",
+            Api::Metadata => "Metadata",
+            Api::CreateQueue => "CreateQueue",
+            Api::DeleteQueue => "DeleteQueue",
+            Api::AlterQueue => "AlterQueue",
+            Api::DescribeQueue => "DescribeQueue",
+            Api::Produce => "Produce",
+            Api::Fetch => "Fetch",
+            Api::ListOffsets => "ListOffsets",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_round_trip() {
+        for api in Api::ALL {
+            assert_eq!(Api::from_u16(api as u16), Some(api));
+        }
+        assert_eq!(Api::from_u16(Api::ALL.len() as u16), None);
+        assert_eq!(Api::from_u16(u16::MAX), None);
+    }
+}

@@ -1,0 +1,17 @@
+//! `strand-net`: how Strand messages travel on a TCP stream.
+//!
+//! Sans-I/O: everything here works on byte buffers, so the broker (on
+//! glommio) and the client (on any runtime, or plain threads) share it.
+//!
+//! - [`frame`]: the frame layout, byte by byte, a streaming decoder with
+//!   limits, and the encoder.
+//! - [`message`]: reading a frame's flatbuffer body as the table its API
+//!   calls for (verified), slicing record batches out of its raw tail, and
+//!   building bodies.
+
+pub mod frame;
+pub mod fuzzing;
+pub mod message;
+
+pub use frame::{Frame, FrameError, FrameHeader, FrameLimits};
+pub use message::{MessageError, OutFrame};
