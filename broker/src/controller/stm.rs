@@ -1,0 +1,272 @@
+//! The controller's state machine: commands, how they apply, snapshots.
+//!
+//! Runs on: shard 0, inside the Raft member's state-machine store.
+//!
+//! # Encodings
+//! A command in a Raft log entry is the JSON of [`Command`]; a snapshot is
+//! the JSON of [`MetadataTable`]. Both are small (metadata, not data) and
+//! JSON keeps them readable with `jq` when an operator must look. The
+//! framing around them on disk (length, CRC) is the Raft store's.
+
+use serde::{Deserialize, Serialize};
+
+use super::table::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings};
+
+/// Most partitions a queue may have.
+pub const PARTITIONS_MAX: u32 = 10_000;
+/// Largest `max_message_bytes` a queue may set.
+pub const MESSAGE_BYTES_MAX: u32 = 64 << 20;
+
+/// A change to the metadata, as proposed to the Raft group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A broker joins (or updates its address).
+    RegisterBroker {
+        id: NodeId,
+        address: String,
+    },
+    CreateQueue {
+        name: String,
+        settings: QueueSettings,
+    },
+    DeleteQueue {
+        name: String,
+    },
+    /// Only the fields that are `Some` change.
+    AlterQueue {
+        name: String,
+        changes: QueueChanges,
+    },
+}
+
+/// The changes of an `AlterQueue`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueChanges {
+    /// The new partition count; it can only grow.
+    pub partitions: Option<u32>,
+    /// `Some(None)` removes the limit.
+    pub retention_ms: Option<Option<u64>>,
+    pub retention_bytes: Option<Option<u64>>,
+    pub fsync: Option<FsyncSetting>,
+    pub max_message_bytes: Option<u32>,
+}
+
+/// Why a command was refused. Refusing changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ControllerError {
+    #[error("queue {0:?} already exists")]
+    QueueExists(String),
+    #[error("queue {0:?} does not exist")]
+    UnknownQueue(String),
+    #[error("invalid queue name: {0}")]
+    InvalidName(String),
+    #[error("invalid queue settings: {0}")]
+    InvalidSettings(String),
+    #[error("replication factor {wanted} needs {wanted} brokers, the cluster has {brokers}")]
+    NotEnoughBrokers { wanted: u16, brokers: usize },
+}
+
+impl ControllerError {
+    /// The wire error code for a client.
+    pub fn code(&self) -> strand_wire::ErrorCode {
+        use strand_wire::ErrorCode;
+        match self {
+            ControllerError::QueueExists(_) => ErrorCode::QueueAlreadyExists,
+            ControllerError::UnknownQueue(_) => ErrorCode::UnknownQueue,
+            ControllerError::InvalidName(_) => ErrorCode::InvalidQueueName,
+            ControllerError::InvalidSettings(_) | ControllerError::NotEnoughBrokers { .. } => ErrorCode::InvalidConfig,
+        }
+    }
+}
+
+/// The state machine: a table and the rules that change it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetadataStm {
+    table: MetadataTable,
+}
+
+impl MetadataStm {
+    pub fn new() -> MetadataStm {
+        MetadataStm::default()
+    }
+
+    pub fn table(&self) -> &MetadataTable {
+        &self.table
+    }
+
+    /// Applies the command committed at Raft log `index`. A refused command
+    /// still moves `applied_index` (it was committed; it just changed
+    /// nothing else), so replay after a restart skips it the same way.
+    pub fn apply(&mut self, index: u64, command: &Command) -> Result<(), ControllerError> {
+        assert!(index > self.table.applied_index, "commands apply in log order, once");
+        self.table.applied_index = index;
+        match command {
+            Command::RegisterBroker { id, address } => {
+                self.table.brokers.insert(
+                    *id,
+                    super::table::BrokerRecord {
+                        id: *id,
+                        address: address.clone(),
+                    },
+                );
+                Ok(())
+            }
+            Command::CreateQueue { name, settings } => self.create_queue(name, settings),
+            Command::DeleteQueue { name } => self
+                .table
+                .queues
+                .remove(name)
+                .map(|_| ())
+                .ok_or_else(|| ControllerError::UnknownQueue(name.clone())),
+            Command::AlterQueue { name, changes } => self.alter_queue(name, changes),
+        }
+    }
+
+    /// Records that a Raft entry with no command (a leader's blank entry, a
+    /// membership change) was applied at `index`.
+    pub fn apply_blank(&mut self, index: u64) {
+        assert!(index > self.table.applied_index, "entries apply in log order, once");
+        self.table.applied_index = index;
+    }
+
+    fn create_queue(&mut self, name: &str, settings: &QueueSettings) -> Result<(), ControllerError> {
+        strand_wire::validate_queue_name(name).map_err(ControllerError::InvalidName)?;
+        if self.table.queues.contains_key(name) {
+            return Err(ControllerError::QueueExists(name.to_string()));
+        }
+        validate_settings(settings)?;
+        let brokers: Vec<NodeId> = self.table.brokers.keys().copied().collect();
+        if usize::from(settings.replication_factor) > brokers.len() {
+            return Err(ControllerError::NotEnoughBrokers {
+                wanted: settings.replication_factor,
+                brokers: brokers.len(),
+            });
+        }
+        let id = self.table.next_queue_id;
+        self.table.next_queue_id += 1;
+        let partitions = (0..settings.partitions)
+            .map(|p| place_partition(&brokers, id, p, settings.replication_factor))
+            .collect();
+        self.table.queues.insert(
+            name.to_string(),
+            QueueRecord {
+                id,
+                name: name.to_string(),
+                settings: settings.clone(),
+                partitions,
+            },
+        );
+        Ok(())
+    }
+
+    fn alter_queue(&mut self, name: &str, changes: &QueueChanges) -> Result<(), ControllerError> {
+        let brokers: Vec<NodeId> = self.table.brokers.keys().copied().collect();
+        let queue = self
+            .table
+            .queues
+            .get(name)
+            .ok_or_else(|| ControllerError::UnknownQueue(name.to_string()))?;
+        let mut settings = queue.settings.clone();
+        if let Some(n) = changes.partitions {
+            if n < settings.partitions {
+                return Err(ControllerError::InvalidSettings(format!(
+                    "partitions can only grow ({} → {n})",
+                    settings.partitions
+                )));
+            }
+            settings.partitions = n;
+        }
+        if let Some(r) = changes.retention_ms {
+            settings.retention_ms = r;
+        }
+        if let Some(r) = changes.retention_bytes {
+            settings.retention_bytes = r;
+        }
+        if let Some(f) = changes.fsync {
+            settings.fsync = f;
+        }
+        if let Some(m) = changes.max_message_bytes {
+            settings.max_message_bytes = m;
+        }
+        validate_settings(&settings)?;
+        let id = queue.id;
+        let have = queue.partitions.len() as u32;
+        let rf = settings.replication_factor;
+        if usize::from(rf) > brokers.len() && settings.partitions > have {
+            return Err(ControllerError::NotEnoughBrokers {
+                wanted: rf,
+                brokers: brokers.len(),
+            });
+        }
+        let queue = self
+            .table
+            .queues
+            .get_mut(name)
+            .ok_or_else(|| ControllerError::UnknownQueue(name.to_string()))?;
+        for p in have..settings.partitions {
+            queue.partitions.push(place_partition(&brokers, id, p, rf));
+        }
+        queue.settings = settings;
+        Ok(())
+    }
+
+    /// The snapshot of the table (JSON).
+    pub fn snapshot(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.table).expect("the table always serialises")
+    }
+
+    /// Replaces the state with a snapshot's.
+    pub fn restore(&mut self, snapshot: &[u8]) -> Result<(), serde_json::Error> {
+        self.table = serde_json::from_slice(snapshot)?;
+        Ok(())
+    }
+}
+
+/// Checks settings on their own (not against the cluster).
+fn validate_settings(s: &QueueSettings) -> Result<(), ControllerError> {
+    let bad = |why: String| Err(ControllerError::InvalidSettings(why));
+    if s.partitions == 0 || s.partitions > PARTITIONS_MAX {
+        return bad(format!(
+            "partitions must be 1 to {PARTITIONS_MAX}, not {}",
+            s.partitions
+        ));
+    }
+    if s.replication_factor == 0 {
+        return bad("replication factor must be at least 1".into());
+    }
+    if s.retention_ms == Some(0) || s.retention_bytes == Some(0) {
+        return bad("a retention limit of 0 would delete everything; leave it unset to keep forever".into());
+    }
+    if let FsyncSetting::Interval { ms, bytes } = s.fsync {
+        if ms == 0 && bytes == 0 {
+            return bad("an fsync interval needs ms or bytes".into());
+        }
+    }
+    if s.max_message_bytes == 0 || s.max_message_bytes > MESSAGE_BYTES_MAX {
+        return bad(format!(
+            "max message bytes must be 1 to {MESSAGE_BYTES_MAX}, not {}",
+            s.max_message_bytes
+        ));
+    }
+    Ok(())
+}
+
+/// Replicas of partition `p` of queue `id`: `rf` consecutive brokers (by
+/// id) starting at `(id + p) mod brokers`, so queues and partitions spread
+/// over the cluster; the first replica leads.
+fn place_partition(brokers: &[NodeId], id: u64, p: u32, rf: u16) -> PartitionRecord {
+    assert!(!brokers.is_empty() && usize::from(rf) <= brokers.len());
+    let start = ((id + u64::from(p)) % brokers.len() as u64) as usize;
+    let replicas: Vec<NodeId> = (0..usize::from(rf))
+        .map(|i| brokers[(start + i) % brokers.len()])
+        .collect();
+    PartitionRecord {
+        leader: replicas[0],
+        leader_epoch: 0,
+        isr: replicas.clone(),
+        replicas,
+    }
+}
+
+#[cfg(test)]
+mod tests;

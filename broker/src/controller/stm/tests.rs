@@ -1,0 +1,215 @@
+use super::*;
+
+fn settings(partitions: u32, rf: u16) -> QueueSettings {
+    QueueSettings {
+        partitions,
+        replication_factor: rf,
+        retention_ms: Some(7 * 24 * 3600 * 1000),
+        retention_bytes: None,
+        fsync: FsyncSetting::Always,
+        max_message_bytes: 1 << 20,
+    }
+}
+
+fn one_node() -> (MetadataStm, u64) {
+    let mut stm = MetadataStm::new();
+    stm.apply(
+        1,
+        &Command::RegisterBroker {
+            id: 1,
+            address: "127.0.0.1:9400".into(),
+        },
+    )
+    .unwrap();
+    (stm, 2)
+}
+
+#[test]
+fn create_alter_delete() {
+    let (mut stm, mut i) = one_node();
+    let create = Command::CreateQueue {
+        name: "orders".into(),
+        settings: settings(3, 1),
+    };
+    stm.apply(i, &create).unwrap();
+    i += 1;
+    let q = stm.table().queue("orders").unwrap();
+    assert_eq!((q.id, q.partitions.len()), (0, 3));
+    assert!(q
+        .partitions
+        .iter()
+        .all(|p| p.leader == 1 && p.replicas == vec![1] && p.isr == vec![1]));
+    assert_eq!(
+        stm.apply(i, &create),
+        Err(ControllerError::QueueExists("orders".into()))
+    );
+    i += 1;
+
+    let grow = Command::AlterQueue {
+        name: "orders".into(),
+        changes: QueueChanges {
+            partitions: Some(5),
+            retention_ms: Some(None),
+            ..QueueChanges::default()
+        },
+    };
+    stm.apply(i, &grow).unwrap();
+    i += 1;
+    let q = stm.table().queue("orders").unwrap();
+    assert_eq!(
+        (q.partitions.len(), q.settings.partitions, q.settings.retention_ms),
+        (5, 5, None)
+    );
+    let shrink = Command::AlterQueue {
+        name: "orders".into(),
+        changes: QueueChanges {
+            partitions: Some(2),
+            ..QueueChanges::default()
+        },
+    };
+    assert!(matches!(
+        stm.apply(i, &shrink),
+        Err(ControllerError::InvalidSettings(_))
+    ));
+    i += 1;
+    assert_eq!(
+        stm.table().queue("orders").unwrap().partitions.len(),
+        5,
+        "a refused command changes nothing"
+    );
+
+    stm.apply(i, &Command::DeleteQueue { name: "orders".into() }).unwrap();
+    i += 1;
+    assert!(stm.table().queue("orders").is_none());
+    // Re-created, it is a new queue.
+    stm.apply(i, &create).unwrap();
+    assert_eq!(stm.table().queue("orders").unwrap().id, 1);
+    assert_eq!(stm.table().applied_index, i);
+}
+
+#[test]
+fn bad_commands_are_refused_with_their_reason() {
+    let (mut stm, mut i) = one_node();
+    let mut next = || {
+        i += 1;
+        i
+    };
+    let create = |name: &str, s: QueueSettings| Command::CreateQueue {
+        name: name.into(),
+        settings: s,
+    };
+    let err = |stm: &mut MetadataStm, at, c| stm.apply(at, &c).unwrap_err();
+    assert!(matches!(
+        err(&mut stm, next(), create("a/b", settings(1, 1))),
+        ControllerError::InvalidName(_)
+    ));
+    assert!(matches!(
+        err(&mut stm, next(), create("..", settings(1, 1))),
+        ControllerError::InvalidName(_)
+    ));
+    assert!(matches!(
+        err(&mut stm, next(), create("q", settings(0, 1))),
+        ControllerError::InvalidSettings(_)
+    ));
+    assert_eq!(
+        err(&mut stm, next(), create("q", settings(1, 3))),
+        ControllerError::NotEnoughBrokers { wanted: 3, brokers: 1 }
+    );
+    let mut s = settings(1, 1);
+    s.fsync = FsyncSetting::Interval { ms: 0, bytes: 0 };
+    assert!(matches!(
+        err(&mut stm, next(), create("q", s)),
+        ControllerError::InvalidSettings(_)
+    ));
+    let mut s = settings(1, 1);
+    s.retention_bytes = Some(0);
+    assert!(matches!(
+        err(&mut stm, next(), create("q", s)),
+        ControllerError::InvalidSettings(_)
+    ));
+    assert!(matches!(
+        err(&mut stm, next(), Command::DeleteQueue { name: "nope".into() }),
+        ControllerError::UnknownQueue(_)
+    ));
+    assert!(stm.table().queues.is_empty());
+    assert_eq!(
+        ControllerError::UnknownQueue("x".into()).code(),
+        strand_wire::ErrorCode::UnknownQueue
+    );
+}
+
+#[test]
+fn snapshot_restore_and_replay_agree() {
+    // Three brokers, a mix of commands (some refused).
+    let mut commands = vec![];
+    for id in 1..=3 {
+        commands.push(Command::RegisterBroker {
+            id,
+            address: format!("10.0.0.{id}:9400"),
+        });
+    }
+    for q in 0..20u32 {
+        commands.push(Command::CreateQueue {
+            name: format!("q{}", q % 15),
+            settings: settings(1 + q % 7, 1 + (q % 3) as u16),
+        });
+        if q % 4 == 0 {
+            commands.push(Command::AlterQueue {
+                name: format!("q{}", q % 15),
+                changes: QueueChanges {
+                    partitions: Some(9),
+                    ..QueueChanges::default()
+                },
+            });
+        }
+        if q % 5 == 0 {
+            commands.push(Command::DeleteQueue {
+                name: format!("q{}", q % 6),
+            });
+        }
+    }
+    let replay = |cmds: &[Command]| {
+        let mut stm = MetadataStm::new();
+        let results: Vec<bool> = cmds
+            .iter()
+            .enumerate()
+            .map(|(i, c)| stm.apply(i as u64 + 1, c).is_ok())
+            .collect();
+        (stm, results)
+    };
+    let (a, results_a) = replay(&commands);
+    let (b, results_b) = replay(&commands);
+    assert_eq!(a, b, "deterministic");
+    assert_eq!(results_a, results_b);
+    assert!(results_a.iter().any(|ok| !ok) && results_a.iter().filter(|ok| **ok).count() > 20);
+
+    // Every partition has distinct replicas, led by its first replica.
+    for q in a.table().queues.values() {
+        for p in &q.partitions {
+            let mut r = p.replicas.clone();
+            r.sort();
+            r.dedup();
+            assert_eq!(r.len(), usize::from(q.settings.replication_factor));
+            assert_eq!(p.leader, p.replicas[0]);
+        }
+    }
+
+    // A snapshot taken halfway, restored, then the rest replayed: same table.
+    let half = commands.len() / 2;
+    let (mid, _) = replay(&commands[..half]);
+    let mut restored = MetadataStm::new();
+    restored.restore(&mid.snapshot()).unwrap();
+    assert_eq!(restored, mid);
+    for (i, c) in commands.iter().enumerate().skip(half) {
+        let _ = restored.apply(i as u64 + 1, c);
+    }
+    assert_eq!(restored, a);
+    assert!(MetadataStm::new().restore(b"{not json").is_err());
+}
+
+#[test]
+#[should_panic(expected = "log order")]
+fn applying_out_of_order_is_a_bug() {
+    let (mut stm, _) = one_node();
+    stm.apply_blank(1);
+}

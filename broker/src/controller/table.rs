@@ -1,0 +1,90 @@
+//! The cluster metadata table: brokers, queues, partitions.
+//!
+//! Runs on: built on shard 0 by the controller's state machine, then shared
+//! read-only with every shard (an `Arc<MetadataTable>` per change).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A node's id in the cluster (also its Raft node id).
+pub type NodeId = u64;
+
+/// A broker that registered with the controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerRecord {
+    pub id: NodeId,
+    /// Where clients reach it, `host:port`.
+    pub address: String,
+}
+
+/// When a queue's appended data is fdatasync'd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsyncSetting {
+    Always,
+    Interval { ms: u64, bytes: u64 },
+}
+
+/// A queue's settings, every one resolved (no "default" left).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSettings {
+    pub partitions: u32,
+    pub replication_factor: u16,
+    /// `None`: kept forever.
+    pub retention_ms: Option<u64>,
+    /// `None`: no size limit.
+    pub retention_bytes: Option<u64>,
+    pub fsync: FsyncSetting,
+    pub max_message_bytes: u32,
+}
+
+/// One partition: where its replicas live and who leads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRecord {
+    pub replicas: Vec<NodeId>,
+    pub leader: NodeId,
+    /// Bumped on every leader change.
+    pub leader_epoch: u32,
+    /// In-sync replicas.
+    pub isr: Vec<NodeId>,
+}
+
+/// A queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueRecord {
+    /// Unique for the cluster's lifetime: a queue deleted and created again
+    /// under the same name gets a new id.
+    pub id: u64,
+    pub name: String,
+    pub settings: QueueSettings,
+    /// Indexed by partition number.
+    pub partitions: Vec<PartitionRecord>,
+}
+
+/// Everything the controller knows. Cloned into every shard on change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataTable {
+    /// Raft log index of the last command applied (0: none).
+    pub applied_index: u64,
+    pub brokers: BTreeMap<NodeId, BrokerRecord>,
+    pub queues: BTreeMap<String, QueueRecord>,
+    /// The id the next created queue gets.
+    pub next_queue_id: u64,
+}
+
+impl MetadataTable {
+    pub fn queue(&self, name: &str) -> Option<&QueueRecord> {
+        self.queues.get(name)
+    }
+
+    /// The partitions (queue, partition) led by `node`.
+    pub fn led_by(&self, node: NodeId) -> impl Iterator<Item = (&QueueRecord, u32)> {
+        self.queues.values().flat_map(move |q| {
+            q.partitions
+                .iter()
+                .enumerate()
+                .filter(move |(_, p)| p.leader == node)
+                .map(move |(i, _)| (q, i as u32))
+        })
+    }
+}
