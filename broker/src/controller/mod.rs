@@ -6,13 +6,21 @@
 //!
 //! Runs on: shard 0 (the Raft member); the table is read on every shard.
 //!
-//! This module is the sans-I/O core: [`stm`] applies commands and takes and
-//! restores snapshots; [`table`] is the state. Deterministic: the same
-//! commands in the same order give the same table on every node, so all
-//! validation needs only the table and the command.
+//! - [`stm`] and [`table`]: the sans-I/O core — commands, the table, how
+//!   commands apply, snapshots. Deterministic: the same commands in the same
+//!   order give the same table on every node, so all validation needs only
+//!   the table and the command.
+//! - [`store`]: the Raft log, vote and snapshots on disk (byte layout there)
+//!   and the openraft state-machine store around [`stm`].
+//! - [`runtime`]: openraft's async runtime on glommio.
+//! - [`node`]: starting this node's member, proposing commands.
 
+pub mod node;
+pub mod runtime;
 pub mod stm;
+pub mod store;
 pub mod table;
 
-pub use stm::{Command, ControllerError, MetadataStm};
+pub use node::{Controller, ProposeError};
+pub use stm::{Command, ControllerError, MetadataStm, QueueChanges};
 pub use table::{BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings};

@@ -1,0 +1,183 @@
+//! The broker's settings: built-in defaults, overridden by a TOML file
+//! (`--config`), overridden by command-line flags.
+//!
+//! ```toml
+//! node_id = 1
+//! data_dir = "./strand-data"
+//! listen = "127.0.0.1:9400"
+//! metrics_listen = "127.0.0.1:9401"
+//! cores = 2                     # default: every core
+//! max_message_bytes = 1048576   # largest record batch a queue accepts by default
+//! max_frame_bytes = 16777216    # largest frame on a connection
+//! default_partitions = 1
+//! default_retention_ms = 604800000
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Everything `strand serve` needs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    pub node_id: u64,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    /// Shards (one per core); `None`: every core of the machine.
+    pub cores: Option<usize>,
+    pub max_message_bytes: u32,
+    pub max_frame_bytes: u32,
+    pub default_partitions: u32,
+    /// `None` in the file is not expressible in TOML; 0 means "keep forever".
+    pub default_retention_ms: u64,
+    /// Bounded queue between two shards (requests in flight from one to another).
+    pub shard_channel_capacity: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            node_id: 1,
+            data_dir: PathBuf::from("./strand-data"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9401)),
+            cores: None,
+            max_message_bytes: 1 << 20,
+            max_frame_bytes: 16 << 20,
+            default_partitions: 1,
+            default_retention_ms: 7 * 24 * 3600 * 1000,
+            shard_channel_capacity: 1024,
+        }
+    }
+}
+
+/// Why the settings are unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+/// Flags given on the command line; each `Some` overrides the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub cores: Option<usize>,
+    pub node_id: Option<u64>,
+}
+
+impl BrokerConfig {
+    /// Defaults, then the file (if any), then the flags; then checks.
+    pub fn load(file: Option<&Path>, flags: &Overrides) -> Result<BrokerConfig, ConfigError> {
+        let mut config = match file {
+            None => BrokerConfig::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?
+            }
+        };
+        if let Some(v) = &flags.data_dir {
+            config.data_dir = v.clone();
+        }
+        if let Some(v) = flags.listen {
+            config.listen = v;
+        }
+        if let Some(v) = flags.metrics_listen {
+            config.metrics_listen = v;
+        }
+        if let Some(v) = flags.cores {
+            config.cores = Some(v);
+        }
+        if let Some(v) = flags.node_id {
+            config.node_id = v;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.cores == Some(0) {
+            return bad("cores must be at least 1".into());
+        }
+        if self.cores.is_some_and(|c| c > usize::from(u16::MAX)) {
+            return bad("cores must fit in 16 bits".into());
+        }
+        if self.max_frame_bytes < 1024 {
+            return bad(format!("max_frame_bytes {} is below 1 KiB", self.max_frame_bytes));
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes >= self.max_frame_bytes {
+            return bad(format!(
+                "max_message_bytes {} must be > 0 and below max_frame_bytes {}",
+                self.max_message_bytes, self.max_frame_bytes
+            ));
+        }
+        if self.default_partitions == 0 {
+            return bad("default_partitions must be at least 1".into());
+        }
+        if self.shard_channel_capacity == 0 {
+            return bad("shard_channel_capacity must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Shards to run: the configured count, else one per core.
+    pub fn shard_count(&self) -> usize {
+        self.cores
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("strand.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\n").unwrap();
+        let flags = Overrides {
+            cores: Some(2),
+            ..Overrides::default()
+        };
+        let c = BrokerConfig::load(Some(&file), &flags).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
+        assert_eq!((c.cores, c.node_id), (Some(2), 5));
+        assert_eq!(c.data_dir, PathBuf::from("./strand-data"));
+    }
+
+    #[test]
+    fn bad_files_and_values_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("strand.toml");
+        std::fs::write(&file, "lisen = \"x\"\n").unwrap();
+        let err = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+        let flags = Overrides {
+            cores: Some(0),
+            ..Overrides::default()
+        };
+        assert!(BrokerConfig::load(None, &flags).is_err());
+        assert!(BrokerConfig::load(Some(&dir.path().join("missing.toml")), &Overrides::default()).is_err());
+    }
+}
