@@ -25,21 +25,8 @@ enum Scenario {
     Storage(storage::Args),
 }
 
-/// Keeps freed large buffers in the heap for reuse instead of returning them
-/// to the kernel: reads hand out a fresh ~1 MiB buffer per fetch, and
-/// faulting in new zeroed pages for each cost a quarter of the CPU time in
-/// profiles. The broker's process does the same.
-fn tune_allocator() {
-    // SAFETY: mallopt only changes glibc malloc tunables; called before any
-    // thread is started.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-    }
-}
-
 fn main() {
-    tune_allocator();
+    strand_storage::tune_process_allocator();
     let cli = Cli::parse();
     let result = match cli.scenario {
         Scenario::Storage(args) => storage::run(args),

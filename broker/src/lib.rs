@@ -1,10 +1,17 @@
-//! `strand-broker`: the broker. So far the parts that are plain code:
+//! `strand-broker`: the broker and the `strand` binary.
 //!
+//! - [`server`]: the process — one glommio shard per core, start-up,
+//!   shutdown; per shard its partitions, connections and the mesh to the
+//!   other shards.
+//! - `handlers`: one file per API.
 //! - [`routing`]: which shard of a node owns a partition (pure function,
 //!   known to every shard).
-//! - [`controller`]: the cluster metadata as a replicated state machine —
-//!   commands, the table they build, snapshots (sans-I/O; the openraft glue
-//!   comes with the controller's runtime).
+//! - [`controller`]: the cluster metadata kept by openraft — commands, the
+//!   table they build, the Raft storage, the glommio runtime shim.
+//! - [`config`]: defaults < TOML file < flags.
 
+pub mod config;
 pub mod controller;
+mod handlers;
 pub mod routing;
+pub mod server;

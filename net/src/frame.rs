@@ -101,6 +101,42 @@ pub fn decode(buf: &mut BytesMut, limits: FrameLimits) -> Result<Option<Frame>, 
     }))
 }
 
+/// A decoded frame whose tail stays mutable and uniquely owned, so the
+/// record batches in it can be split off and stamped in place by the
+/// broker without a copy.
+#[derive(Debug)]
+pub struct FrameMut {
+    pub header: FrameHeader,
+    pub body: Bytes,
+    pub tail: BytesMut,
+}
+
+/// [`decode`], keeping the tail as `BytesMut`.
+pub fn decode_mut(buf: &mut BytesMut, limits: FrameLimits) -> Result<Option<FrameMut>, FrameError> {
+    let Some(total) = check(buf, limits)? else {
+        return Ok(None);
+    };
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(total);
+    frame.advance(4);
+    let api = frame.get_u16_le();
+    let version = frame.get_u16_le();
+    let correlation_id = frame.get_u32_le();
+    let body_len = frame.get_u32_le() as usize;
+    let body = frame.split_to(body_len).freeze();
+    Ok(Some(FrameMut {
+        header: FrameHeader {
+            api,
+            version,
+            correlation_id,
+        },
+        body,
+        tail: frame,
+    }))
+}
+
 /// Bytes the next frame needs in all (length field included), once its
 /// fixed fields are in `buf`; checks them.
 fn check(buf: &[u8], limits: FrameLimits) -> Result<Option<usize>, FrameError> {

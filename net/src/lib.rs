@@ -13,5 +13,5 @@ pub mod frame;
 pub mod fuzzing;
 pub mod message;
 
-pub use frame::{Frame, FrameError, FrameHeader, FrameLimits};
+pub use frame::{Frame, FrameError, FrameHeader, FrameLimits, FrameMut};
 pub use message::{MessageError, OutFrame};

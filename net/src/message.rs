@@ -69,7 +69,15 @@ pub fn body<'a, T>(frame: &'a Frame) -> Result<T::Inner, MessageError>
 where
     T: Follow<'a> + Verifiable + 'a,
 {
-    flatbuffers::root_with_opts::<T>(&verifier_options(), &frame.body).map_err(|e| MessageError::BadBody {
+    read_body::<T>(&frame.body)
+}
+
+/// A flatbuffer body read as table `T`, after verifying it.
+pub fn read_body<'a, T>(body: &'a [u8]) -> Result<T::Inner, MessageError>
+where
+    T: Follow<'a> + Verifiable + 'a,
+{
+    flatbuffers::root_with_opts::<T>(&verifier_options(), body).map_err(|e| MessageError::BadBody {
         table: short_type_name::<T>(),
         reason: e.to_string(),
     })
@@ -92,6 +100,29 @@ pub fn tail_slice(frame: &Frame, offset: u32, len: u32) -> Result<Bytes, Message
         });
     }
     Ok(frame.tail.slice(start..end))
+}
+
+/// Splits `(offset, length)` pieces off a frame's mutable tail, each
+/// uniquely owned (no copy). Pieces must come in tail order and must not
+/// overlap; gaps are skipped.
+pub fn split_tail(mut tail: BytesMut, pieces: &[(u32, u32)]) -> Result<Vec<BytesMut>, MessageError> {
+    let total = tail.len();
+    let mut at = 0usize;
+    let mut out = Vec::with_capacity(pieces.len());
+    for &(offset, len) in pieces {
+        let (start, end) = (offset as usize, offset as usize + len as usize);
+        if start < at || end > total {
+            return Err(MessageError::TailOverrun {
+                offset,
+                len,
+                tail_len: total,
+            });
+        }
+        let _gap = tail.split_to(start - at);
+        out.push(tail.split_to(len as usize));
+        at = end;
+    }
+    Ok(out)
 }
 
 /// Gathers the pieces of a frame's tail and tells where each one lands.
@@ -236,6 +267,23 @@ mod tests {
             tail_slice(&frame, 5, 100),
             Err(MessageError::TailOverrun { .. })
         ));
+    }
+
+    #[test]
+    fn tails_split_in_order_without_copies() {
+        let tail = BytesMut::from(&b"aaabbbbcc"[..]);
+        let base = tail.as_ptr() as usize;
+        let parts = split_tail(tail.clone(), &[(0, 3), (3, 4), (7, 2)]).unwrap();
+        assert_eq!(
+            parts.iter().map(|p| &p[..]).collect::<Vec<_>>(),
+            vec![&b"aaa"[..], b"bbbb", b"cc"]
+        );
+        let parts = split_tail(tail.clone(), &[(3, 4)]).unwrap();
+        assert_eq!(&parts[0][..], b"bbbb");
+        let _ = base;
+        assert!(split_tail(tail.clone(), &[(3, 4), (0, 3)]).is_err(), "out of order");
+        assert!(split_tail(tail.clone(), &[(0, 4), (3, 2)]).is_err(), "overlapping");
+        assert!(split_tail(tail, &[(8, 2)]).is_err(), "past the end");
     }
 
     #[test]

@@ -57,11 +57,10 @@ mod read;
 mod readahead;
 mod write;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::task::{Poll, Waker};
 
 use glommio::io::{DmaFile, OpenOptions};
 use glommio::sync::Semaphore;
@@ -69,6 +68,7 @@ use tracing::warn;
 
 use crate::config::{FsyncPolicy, LogConfig};
 use crate::error::{Result, StorageError};
+use crate::notify::Notify;
 use crate::scan::ScanEnd;
 use crate::segment::active::{ActiveSegment, Recovered};
 use crate::segment::io::{align_down, read_range};
@@ -125,40 +125,6 @@ struct Inner {
     /// Woken whenever the I/O or sync lock is released: durability waiters that did
     /// not take the lock wait here instead of queueing on it.
     io_done: Notify,
-}
-
-/// A broadcast wake-up: every waiter registered before `notify_all` is woken.
-#[derive(Default)]
-struct Notify {
-    epoch: Cell<u64>,
-    wakers: RefCell<Vec<Waker>>,
-}
-
-impl Notify {
-    fn epoch(&self) -> u64 {
-        self.epoch.get()
-    }
-
-    fn notify_all(&self) {
-        self.epoch.set(self.epoch.get() + 1);
-        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
-        for w in wakers {
-            w.wake();
-        }
-    }
-
-    /// Resolves once `notify_all` ran after the epoch `seen` was read.
-    async fn wait(&self, seen: u64) {
-        std::future::poll_fn(|cx| {
-            if self.epoch.get() != seen {
-                Poll::Ready(())
-            } else {
-                self.wakers.borrow_mut().push(cx.waker().clone());
-                Poll::Pending
-            }
-        })
-        .await
-    }
 }
 
 /// Holding the I/O lock; releasing it wakes the durability waiters.

@@ -1,0 +1,73 @@
+//! CreateQueue: commit a new queue through the controller.
+
+use std::rc::Rc;
+
+use strand_net::frame::FrameHeader;
+use strand_net::message::TailBuilder;
+use strand_net::OutFrame;
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+use super::{error_table, propose_error, queue_name, request, respond, retention};
+use crate::controller::{Command, FsyncSetting, QueueSettings};
+use crate::server::messages::WireError;
+use crate::server::shard::Shard;
+
+pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+    let command = {
+        let req = request::<CreateQueueRequest>(body)?;
+        let name = queue_name(req.name())?;
+        let settings = settings(shard, req.config())?;
+        Command::CreateQueue { name, settings }
+    };
+    let result = shard.propose(command).await.map_err(propose_error);
+    let mut fbb = FlatBufferBuilder::new();
+    let error = error_table(&mut fbb, result.as_ref().err());
+    let root = CreateQueueResponse::create(&mut fbb, &CreateQueueResponseArgs { error });
+    fbb.finish_minimal(root);
+    Ok(respond(header, &fbb, TailBuilder::default()))
+}
+
+/// A new queue's settings: what the request gives, the broker's defaults
+/// for the rest.
+fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSettings, WireError> {
+    let defaults = &shard.config;
+    let default_retention = (defaults.default_retention_ms > 0).then_some(defaults.default_retention_ms);
+    let Some(c) = config else {
+        return Ok(QueueSettings {
+            partitions: defaults.default_partitions,
+            replication_factor: 1,
+            retention_ms: default_retention,
+            retention_bytes: None,
+            fsync: FsyncSetting::Always,
+            max_message_bytes: defaults.max_message_bytes,
+        });
+    };
+    Ok(QueueSettings {
+        partitions: if c.partitions() == 0 {
+            defaults.default_partitions
+        } else {
+            c.partitions()
+        },
+        replication_factor: c.replication_factor(),
+        retention_ms: retention(c.retention_ms(), default_retention, "retention_ms")?,
+        retention_bytes: retention(c.retention_bytes(), None, "retention_bytes")?,
+        fsync: fsync(c.fsync(), c.fsync_interval_ms(), c.fsync_interval_bytes())?,
+        max_message_bytes: c.max_message_bytes().unwrap_or(defaults.max_message_bytes),
+    })
+}
+
+/// The fsync setting from its wire fields.
+pub fn fsync(mode: FsyncMode, ms: u32, bytes: u64) -> Result<FsyncSetting, WireError> {
+    match mode {
+        FsyncMode::Always => Ok(FsyncSetting::Always),
+        FsyncMode::Interval => Ok(FsyncSetting::Interval {
+            ms: u64::from(ms),
+            bytes,
+        }),
+        other => Err(WireError::new(
+            ErrorCode::InvalidConfig,
+            format!("unknown fsync mode {}", other.0),
+        )),
+    }
+}

@@ -1,0 +1,102 @@
+//! Metadata: brokers, queues, partitions and their leaders.
+
+use std::rc::Rc;
+
+use strand_net::frame::FrameHeader;
+use strand_net::message::TailBuilder;
+use strand_net::OutFrame;
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+use super::{config_table, error_table, request, respond};
+use crate::server::messages::WireError;
+use crate::server::shard::Shard;
+
+pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+    let req = request::<MetadataRequest>(body)?;
+    let table = shard.table();
+    let wanted: Vec<String> = match req.queues() {
+        Some(names) if !names.is_empty() => names.iter().map(str::to_string).collect(),
+        _ => table.queues.keys().cloned().collect(),
+    };
+    let mut fbb = FlatBufferBuilder::new();
+    let brokers: Vec<_> = table
+        .brokers
+        .values()
+        .map(|b| {
+            let (host, port) = match b.address.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), p.parse().unwrap_or(0)),
+                None => (b.address.clone(), 0),
+            };
+            let host = fbb.create_string(&host);
+            BrokerInfo::create(
+                &mut fbb,
+                &BrokerInfoArgs {
+                    node_id: b.id as u32,
+                    host: Some(host),
+                    port,
+                },
+            )
+        })
+        .collect();
+    let brokers = fbb.create_vector(&brokers);
+    let mut queues = Vec::new();
+    for name in &wanted {
+        let name_off = fbb.create_string(name);
+        let Some(q) = table.queue(name) else {
+            let err = WireError::new(ErrorCode::UnknownQueue, format!("queue {name:?} does not exist"));
+            let error = error_table(&mut fbb, Some(&err));
+            queues.push(QueueMetadata::create(
+                &mut fbb,
+                &QueueMetadataArgs {
+                    name: Some(name_off),
+                    error,
+                    partitions: None,
+                    config: None,
+                },
+            ));
+            continue;
+        };
+        let parts: Vec<_> = q
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let replicas: Vec<u32> = p.replicas.iter().map(|r| *r as u32).collect();
+                let replicas = fbb.create_vector(&replicas);
+                PartitionInfo::create(
+                    &mut fbb,
+                    &PartitionInfoArgs {
+                        partition: i as u32,
+                        leader: p.leader as u32,
+                        leader_epoch: p.leader_epoch,
+                        replicas: Some(replicas),
+                    },
+                )
+            })
+            .collect();
+        let parts = fbb.create_vector(&parts);
+        let config = config_table(&mut fbb, &q.settings);
+        queues.push(QueueMetadata::create(
+            &mut fbb,
+            &QueueMetadataArgs {
+                name: Some(name_off),
+                error: None,
+                partitions: Some(parts),
+                config: Some(config),
+            },
+        ));
+    }
+    let queues = fbb.create_vector(&queues);
+    let root = MetadataResponse::create(
+        &mut fbb,
+        &MetadataResponseArgs {
+            error: None,
+            brokers: Some(brokers),
+            controller: shard.config.node_id as u32,
+            queues: Some(queues),
+        },
+    );
+    fbb.finish_minimal(root);
+    Ok(respond(header, &fbb, TailBuilder::default()))
+}

@@ -1,0 +1,174 @@
+//! Request handlers, one file per API. Each reads its request table from
+//! the frame (verified), does the work on this shard or the owning shards,
+//! and builds its response table.
+//!
+//! Runs on: the shard that holds the connection.
+//!
+//! Every response table's first field is `error: Error`. A request that
+//! fails before its API's handler can read it (unknown API, unsupported
+//! version, a body that fails verification) is answered with a body that
+//! has only that field set, which reads as any API's response with the
+//! error filled in.
+
+mod alter_queue;
+mod api_versions;
+mod create_queue;
+mod delete_queue;
+mod describe_queue;
+mod fetch;
+mod list_offsets;
+mod metadata;
+mod produce;
+
+use std::rc::Rc;
+
+use futures_channel::oneshot;
+use strand_net::frame::FrameHeader;
+use strand_net::message::{check_api, read_body, MessageError, TailBuilder};
+use strand_net::{FrameMut, OutFrame};
+use strand_wire::flatbuffers::{FlatBufferBuilder, WIPOffset};
+use strand_wire::{Api, ApiVersionsResponse, ApiVersionsResponseArgs, Error, ErrorArgs, ErrorCode};
+
+use crate::controller::{ControllerError, ProposeError};
+use crate::server::messages::{PartitionRequest, Reply, WireError};
+use crate::server::shard::Shard;
+
+/// Serves one request; `None` when no response is due (produce, acks=0).
+pub async fn dispatch(shard: &Rc<Shard>, frame: FrameMut) -> Option<OutFrame> {
+    let header = frame.header;
+    let api = match check_api(&header) {
+        Ok(api) => api,
+        Err(e) => return Some(error_response(header, &WireError::new(e.code(), e.to_string()))),
+    };
+    let result = match api {
+        Api::ApiVersions => api_versions::handle(header),
+        Api::Metadata => metadata::handle(shard, header, &frame.body),
+        Api::CreateQueue => create_queue::handle(shard, header, &frame.body).await,
+        Api::DeleteQueue => delete_queue::handle(shard, header, &frame.body).await,
+        Api::AlterQueue => alter_queue::handle(shard, header, &frame.body).await,
+        Api::DescribeQueue => describe_queue::handle(shard, header, &frame.body).await,
+        Api::Produce => {
+            return produce::handle(shard, header, frame)
+                .await
+                .unwrap_or_else(|e| Some(error_response(header, &e)))
+        }
+        Api::Fetch => fetch::handle(shard, header, &frame.body).await,
+        Api::ListOffsets => list_offsets::handle(shard, header, &frame.body).await,
+    };
+    Some(result.unwrap_or_else(|e| error_response(header, &e)))
+}
+
+/// Reads a request body, turning a verification failure into the error to
+/// answer with.
+fn request<'a, T>(body: &'a [u8]) -> Result<T::Inner, WireError>
+where
+    T: strand_wire::flatbuffers::Follow<'a> + strand_wire::flatbuffers::Verifiable + 'a,
+{
+    read_body::<T>(body).map_err(|e: MessageError| WireError::new(e.code(), e.to_string()))
+}
+
+/// An `Error` table, or none for success.
+fn error_table<'b>(fbb: &mut FlatBufferBuilder<'b>, err: Option<&WireError>) -> Option<WIPOffset<Error<'b>>> {
+    let err = err?;
+    let message = fbb.create_string(&err.message);
+    Some(Error::create(
+        fbb,
+        &ErrorArgs {
+            code: err.code,
+            message: Some(message),
+        },
+    ))
+}
+
+/// A response carrying only an error (see the module doc).
+fn error_response(header: FrameHeader, err: &WireError) -> OutFrame {
+    let mut fbb = FlatBufferBuilder::new();
+    let error = error_table(&mut fbb, Some(err));
+    let root = ApiVersionsResponse::create(&mut fbb, &ApiVersionsResponseArgs { error, apis: None });
+    fbb.finish_minimal(root);
+    OutFrame::new(header, fbb.finished_data(), TailBuilder::default())
+}
+
+/// Frames a finished body.
+fn respond(header: FrameHeader, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> OutFrame {
+    OutFrame::new(header, fbb.finished_data(), tail)
+}
+
+/// Sends a partition request to its owner and waits for the answer.
+async fn ask<T>(
+    shard: &Rc<Shard>,
+    queue: String,
+    partition: u32,
+    make: impl FnOnce(Reply<T>) -> PartitionRequest,
+) -> Result<T, WireError> {
+    let (tx, rx) = oneshot::channel();
+    shard.route(queue, partition, make(tx)).await;
+    rx.await.unwrap_or_else(|_| {
+        Err(WireError::new(
+            ErrorCode::Internal,
+            "the owning shard dropped the request",
+        ))
+    })
+}
+
+/// The wire error for a failed proposal.
+fn propose_error(e: ProposeError) -> WireError {
+    match e {
+        ProposeError::Refused(c) => WireError::new(c.code(), c.to_string()),
+        ProposeError::Unavailable(m) => WireError::new(ErrorCode::ControllerUnavailable, m),
+    }
+}
+
+/// Checks a queue name from a request.
+fn queue_name(name: Option<&str>) -> Result<String, WireError> {
+    let name = name.ok_or_else(|| WireError::new(ErrorCode::InvalidRequest, "queue name missing"))?;
+    strand_wire::validate_queue_name(name).map_err(|m| {
+        let e = ControllerError::InvalidName(m);
+        WireError::new(e.code(), e.to_string())
+    })?;
+    Ok(name.to_string())
+}
+
+/// A queue's settings as a `QueueConfig` table.
+fn config_table<'b>(
+    fbb: &mut FlatBufferBuilder<'b>,
+    s: &crate::controller::QueueSettings,
+) -> WIPOffset<strand_wire::QueueConfig<'b>> {
+    use crate::controller::FsyncSetting;
+    let (fsync, fsync_interval_ms, fsync_interval_bytes) = match s.fsync {
+        FsyncSetting::Always => (strand_wire::FsyncMode::Always, 0, 0),
+        FsyncSetting::Interval { ms, bytes } => (
+            strand_wire::FsyncMode::Interval,
+            ms.min(u64::from(u32::MAX)) as u32,
+            bytes,
+        ),
+    };
+    let unlimited = |v: Option<u64>| Some(v.map_or(-1, |v| v.min(i64::MAX as u64) as i64));
+    strand_wire::QueueConfig::create(
+        fbb,
+        &strand_wire::QueueConfigArgs {
+            partitions: s.partitions,
+            replication_factor: s.replication_factor,
+            retention_ms: unlimited(s.retention_ms),
+            retention_bytes: unlimited(s.retention_bytes),
+            fsync,
+            fsync_interval_ms,
+            fsync_interval_bytes,
+            max_message_bytes: Some(s.max_message_bytes),
+        },
+    )
+}
+
+/// A retention limit from the wire: absent → `default`, -1 → none, > 0 →
+/// that; anything else is refused.
+fn retention(value: Option<i64>, default: Option<u64>, what: &str) -> Result<Option<u64>, WireError> {
+    match value {
+        None => Ok(default),
+        Some(-1) => Ok(None),
+        Some(v) if v > 0 => Ok(Some(v as u64)),
+        Some(v) => Err(WireError::new(
+            ErrorCode::InvalidConfig,
+            format!("{what} must be -1 (no limit) or positive, not {v}"),
+        )),
+    }
+}

@@ -1,0 +1,84 @@
+//! The `strand` command.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use strand_broker::config::{BrokerConfig, Overrides};
+
+#[derive(Parser)]
+#[command(name = "strand", version, about = "Strand: a partitioned, replicated message queue")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a broker. Flags override the config file, which overrides defaults.
+    Serve {
+        /// TOML config file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Where queues, the controller's log and snapshots live [default: ./strand-data].
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Client port [default: 127.0.0.1:9400].
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Prometheus endpoint address [default: 127.0.0.1:9401] (served once the metrics land).
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
+        /// Shards, one per core [default: every core].
+        #[arg(long)]
+        cores: Option<usize>,
+        /// This node's id in the cluster [default: 1].
+        #[arg(long)]
+        node_id: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    strand_storage::tune_process_allocator();
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+        )
+        .init();
+    match cli.command {
+        Command::Serve {
+            config,
+            data_dir,
+            listen,
+            metrics_listen,
+            cores,
+            node_id,
+        } => {
+            let flags = Overrides {
+                data_dir,
+                listen,
+                metrics_listen,
+                cores,
+                node_id,
+            };
+            let config = match BrokerConfig::load(config.as_deref(), &flags) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("strand: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match strand_broker::server::run(config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("strand: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The partitions one shard owns: opened, closed and deleted to match the
+//! metadata table, plus the shard-wide "new data" signal for long polls.
+//!
+//! Runs on: every shard, for the partitions `routing::shard_for` gives it
+//! (and that this node leads).
+//!
+//! On disk a partition is `<data_dir>/<queue>/<partition>/` with a
+//! `.queue-id` file holding the queue's id: a queue deleted and created
+//! again while this node was down has a new id, so its old data is removed
+//! instead of being served as the new queue's.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use strand_storage::notify::Notify;
+use strand_storage::{FsyncPolicy, Log, LogConfig, ShardStorage};
+
+use crate::controller::{FsyncSetting, MetadataTable, QueueSettings};
+use crate::routing::{shard_for, ShardId};
+
+/// An open partition.
+pub struct Partition {
+    pub queue_id: u64,
+    pub log: Log,
+    pub settings: QueueSettings,
+}
+
+pub struct Partitions {
+    storage: ShardStorage,
+    data_dir: PathBuf,
+    node_id: u64,
+    shard: ShardId,
+    shards: u16,
+    open: RefCell<HashMap<(String, u32), Rc<Partition>>>,
+    /// Notified whenever a partition's high watermark moves.
+    pub new_data: Notify,
+}
+
+/// The log settings of a queue.
+pub fn log_config(settings: &QueueSettings) -> LogConfig {
+    LogConfig {
+        fsync: match settings.fsync {
+            FsyncSetting::Always => FsyncPolicy::Always,
+            FsyncSetting::Interval { ms, bytes } => FsyncPolicy::Interval {
+                interval_ms: ms,
+                interval_bytes: bytes,
+            },
+        },
+        retention_ms: settings.retention_ms,
+        retention_bytes: settings.retention_bytes,
+        batch_bytes_max: settings.max_message_bytes as usize,
+        ..LogConfig::default()
+    }
+}
+
+impl Partitions {
+    pub fn new(storage: ShardStorage, data_dir: PathBuf, node_id: u64, shard: ShardId, shards: u16) -> Partitions {
+        Partitions {
+            storage,
+            data_dir,
+            node_id,
+            shard,
+            shards,
+            open: RefCell::new(HashMap::new()),
+            new_data: Notify::default(),
+        }
+    }
+
+    pub fn get(&self, queue: &str, partition: u32) -> Option<Rc<Partition>> {
+        self.open.borrow().get(&(queue.to_string(), partition)).cloned()
+    }
+
+    /// Every open partition.
+    pub fn all(&self) -> Vec<((String, u32), Rc<Partition>)> {
+        self.open.borrow().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    fn dir(&self, queue: &str, partition: u32) -> PathBuf {
+        self.data_dir.join(queue).join(partition.to_string())
+    }
+
+    /// Opens, closes and deletes partitions so that this shard holds exactly
+    /// the ones the table gives it. Errors are logged per partition: one bad
+    /// partition does not keep the others from opening.
+    pub async fn apply(&self, table: &MetadataTable) {
+        let mut wanted: HashMap<(String, u32), (u64, QueueSettings)> = HashMap::new();
+        for q in table.queues.values() {
+            for (p, record) in q.partitions.iter().enumerate() {
+                let p = p as u32;
+                if record.leader == self.node_id && shard_for(&q.name, p, self.shards) == self.shard {
+                    wanted.insert((q.name.clone(), p), (q.id, q.settings.clone()));
+                }
+            }
+        }
+        // Close what is no longer ours; delete what no longer exists.
+        let current = self.all();
+        for (key, part) in current {
+            let keep = wanted
+                .get(&key)
+                .is_some_and(|(id, s)| *id == part.queue_id && *s == part.settings);
+            if keep {
+                continue;
+            }
+            self.open.borrow_mut().remove(&key);
+            if let Err(e) = part.log.close().await {
+                tracing::warn!(queue = %key.0, partition = key.1, "closing: {e}");
+            }
+            let gone = table.queues.get(&key.0).is_none_or(|q| q.id != part.queue_id);
+            if gone {
+                self.delete_dir(&key.0, key.1);
+            }
+        }
+        for ((queue, p), (id, settings)) in wanted {
+            if self.open.borrow().contains_key(&(queue.clone(), p)) {
+                continue;
+            }
+            match self.open_partition(&queue, p, id, &settings).await {
+                Ok(part) => {
+                    self.open.borrow_mut().insert((queue, p), Rc::new(part));
+                }
+                Err(e) => tracing::error!(queue = %queue, partition = p, "cannot open partition: {e}"),
+            }
+        }
+    }
+
+    async fn open_partition(
+        &self,
+        queue: &str,
+        p: u32,
+        id: u64,
+        settings: &QueueSettings,
+    ) -> Result<Partition, String> {
+        let dir = self.dir(queue, p);
+        let marker = dir.join(".queue-id");
+        match std::fs::read_to_string(&marker) {
+            Ok(found) if found.trim() != id.to_string() => {
+                tracing::info!(
+                    queue,
+                    partition = p,
+                    "removing data of an earlier queue of the same name"
+                );
+                std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+            }
+            _ => {}
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::write(&marker, id.to_string()).map_err(|e| format!("writing {}: {e}", marker.display()))?;
+        let log = self
+            .storage
+            .open_log(&dir, log_config(settings))
+            .await
+            .map_err(|e| e.to_string())?;
+        log.set_high_watermark(log.flushed_offset());
+        Ok(Partition {
+            queue_id: id,
+            log,
+            settings: settings.clone(),
+        })
+    }
+
+    fn delete_dir(&self, queue: &str, p: u32) {
+        let dir = self.dir(queue, p);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), "deleting: {e}");
+            }
+        }
+        // The queue's directory goes once its last partition has.
+        let _ = std::fs::remove_dir(self.data_dir.join(queue));
+    }
+
+    /// Closes every partition (shutdown): everything written is flushed.
+    pub async fn close_all(&self) {
+        let all = std::mem::take(&mut *self.open.borrow_mut());
+        for ((queue, p), part) in all {
+            if let Err(e) = part.log.close().await {
+                tracing::warn!(queue = %queue, partition = p, "closing: {e}");
+            }
+        }
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+}

@@ -1,0 +1,391 @@
+//! One shard: a glommio executor pinned to a core, with its own storage,
+//! partitions, listener and connections. Shard 0 also hosts the controller.
+//!
+//! Runs on: every shard (one per core).
+//!
+//! Requests for a partition another shard owns are forwarded over the
+//! bounded mesh (`try_send`: a full queue is an `Overloaded` error, never a
+//! blocked reactor). Shard 0 pushes every new metadata table to the other
+//! shards and answers a metadata change only once all of them applied it.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_channel::oneshot;
+use glommio::channels::channel_mesh::{Full, Receivers, Senders};
+use strand_storage::notify::Notify;
+use strand_storage::{LeaderEpoch, Offset, StorageError};
+use strand_wire::ErrorCode;
+
+use super::messages::*;
+use super::partitions::Partitions;
+use crate::config::BrokerConfig;
+use crate::controller::{Command, Controller, MetadataTable, ProposeError};
+use crate::routing::{shard_for, ShardId};
+
+/// Everything a shard's tasks share.
+pub struct Shard {
+    pub id: ShardId,
+    pub shards: u16,
+    pub config: Arc<BrokerConfig>,
+    pub partitions: Partitions,
+    pub table: RefCell<Arc<MetadataTable>>,
+    peers: Senders<ShardMessage>,
+    /// Shard 0: the controller member.
+    pub controller: RefCell<Option<Rc<Controller>>>,
+    /// Shard 0: highest table version every shard has applied.
+    all_applied: Cell<u64>,
+    all_applied_event: Notify,
+    /// Shard 0: version of the newest table handed to `publish`.
+    latest_published: Cell<u64>,
+    /// Requests being served (shutdown waits for them).
+    pub in_flight: Cell<usize>,
+    pub stopping: Cell<bool>,
+}
+
+impl Shard {
+    pub fn new(
+        id: ShardId,
+        shards: u16,
+        config: Arc<BrokerConfig>,
+        partitions: Partitions,
+        peers: Senders<ShardMessage>,
+    ) -> Shard {
+        Shard {
+            id,
+            shards,
+            config,
+            partitions,
+            table: RefCell::new(Arc::new(MetadataTable::default())),
+            peers,
+            controller: RefCell::new(None),
+            all_applied: Cell::new(0),
+            all_applied_event: Notify::default(),
+            latest_published: Cell::new(0),
+            in_flight: Cell::new(0),
+            stopping: Cell::new(false),
+        }
+    }
+
+    pub fn table(&self) -> Arc<MetadataTable> {
+        self.table.borrow().clone()
+    }
+
+    /// Installs a table here and opens/closes partitions to match (tables
+    /// older than the one held are ignored).
+    pub async fn apply_table(&self, table: Arc<MetadataTable>) {
+        if table.applied_index < self.table.borrow().applied_index {
+            return;
+        }
+        *self.table.borrow_mut() = table.clone();
+        self.partitions.apply(&table).await;
+    }
+
+    /// Shard 0: sends `table` to every other shard, applies it here, and
+    /// records when all have.
+    pub fn publish(self: &Rc<Self>, table: Arc<MetadataTable>) {
+        self.latest_published
+            .set(self.latest_published.get().max(table.applied_index));
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            let mut acks = Vec::new();
+            for peer in 0..usize::from(shard.shards) {
+                if peer == usize::from(shard.id.0) {
+                    continue;
+                }
+                let (tx, rx) = oneshot::channel();
+                let msg = ShardMessage::Metadata {
+                    table: table.clone(),
+                    applied: tx,
+                };
+                if shard.peers.send_to(peer, msg).await.is_ok() {
+                    acks.push(rx);
+                }
+            }
+            shard.apply_table(table.clone()).await;
+            for ack in acks {
+                let _ = ack.await;
+            }
+            if table.applied_index > shard.all_applied.get() {
+                shard.all_applied.set(table.applied_index);
+                shard.all_applied_event.notify_all();
+            }
+        })
+        .detach();
+    }
+
+    /// Commits a controller command (on shard 0, directly; elsewhere
+    /// forwarded there) and resolves once every shard applied it.
+    pub async fn propose(&self, command: Command) -> Result<(), ProposeError> {
+        if self.id.0 != 0 {
+            let (tx, rx) = oneshot::channel();
+            self.peers
+                .try_send_to(0, ShardMessage::Propose { command, reply: tx })
+                .map_err(|_| ProposeError::Unavailable("shard 0 is overloaded".into()))?;
+            return rx
+                .await
+                .unwrap_or_else(|_| Err(ProposeError::Unavailable("shard 0 dropped the request".into())));
+        }
+        let controller = self
+            .controller
+            .borrow()
+            .clone()
+            .ok_or_else(|| ProposeError::Unavailable("the controller is not running".into()))?;
+        let result = controller.propose(command).await;
+        // Refused commands change nothing, but still wait: the caller then
+        // sees every shard at least as new as this commit.
+        let target = self.latest_published.get();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.all_applied.get() < target && Instant::now() < deadline {
+            let seen = self.all_applied_event.epoch();
+            if self.all_applied.get() >= target {
+                break;
+            }
+            let _ = glommio::timer::timeout(Duration::from_millis(100), async {
+                self.all_applied_event.wait(seen).await;
+                Ok(())
+            })
+            .await;
+        }
+        result
+    }
+
+    /// The shard that owns a partition.
+    pub fn owner(&self, queue: &str, partition: u32) -> ShardId {
+        shard_for(queue, partition, self.shards)
+    }
+
+    /// Serves `request` here if this shard owns the partition, else
+    /// forwards it to the owner.
+    pub async fn route(self: &Rc<Self>, queue: String, partition: u32, request: PartitionRequest) {
+        let owner = self.owner(&queue, partition);
+        if owner == self.id {
+            self.serve_partition(&queue, partition, request).await;
+            return;
+        }
+        let msg = ShardMessage::Partition {
+            queue,
+            partition,
+            request,
+        };
+        if let Err(e) = self.peers.try_send_to(usize::from(owner.0), msg) {
+            let err = WireError::new(ErrorCode::Overloaded, format!("{owner} has too many requests queued"));
+            let returned = match e {
+                glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(m))
+                | glommio::GlommioError::Closed(glommio::ResourceType::Channel(m)) => Some(m),
+                _ => None,
+            };
+            if let Some(ShardMessage::Partition { request, .. }) = returned {
+                reply_error(request, err);
+            }
+        }
+    }
+
+    /// Serves a partition request on the owning shard.
+    pub async fn serve_partition(self: &Rc<Self>, queue: &str, partition: u32, request: PartitionRequest) {
+        let Some(part) = self.partitions.get(queue, partition) else {
+            let table = self.table();
+            let err = match table.queue(queue) {
+                None => WireError::new(ErrorCode::UnknownQueue, format!("queue {queue:?} does not exist")),
+                Some(q) if partition as usize >= q.partitions.len() => WireError::new(
+                    ErrorCode::UnknownPartition,
+                    format!("queue {queue:?} has {} partitions", q.partitions.len()),
+                ),
+                Some(q) => WireError::new(
+                    ErrorCode::NotLeader,
+                    format!(
+                        "broker {} leads {queue}/{partition}",
+                        q.partitions[partition as usize].leader
+                    ),
+                ),
+            };
+            reply_error(request, err);
+            return;
+        };
+        match request {
+            PartitionRequest::Produce { records, acks, reply } => {
+                let result = self.produce(&part.log, records, acks).await;
+                let _ = reply.send(result);
+            }
+            PartitionRequest::Fetch {
+                offset,
+                max_bytes,
+                reply,
+            } => {
+                let log = &part.log;
+                let hw = log.high_watermark();
+                let result = log
+                    .read_below(Offset(offset), max_bytes as usize, hw)
+                    .await
+                    .map(|got| Fetched {
+                        bytes: got.bytes,
+                        batches: got.batches,
+                        high_watermark: hw.0,
+                        log_start: log.log_start().0,
+                    })
+                    .map_err(storage_error);
+                let _ = reply.send(result);
+            }
+            PartitionRequest::ListOffsets { query, reply } => {
+                let log = &part.log;
+                let result = match query {
+                    OffsetQuery::Earliest => Ok((log.log_start().0, true)),
+                    OffsetQuery::Latest => Ok((log.high_watermark().0, true)),
+                    OffsetQuery::Timestamp(ts) => match log.offset_for_timestamp(ts).await {
+                        Ok(Some(o)) if o < log.high_watermark() => Ok((o.0, true)),
+                        Ok(_) => Ok((log.high_watermark().0, false)),
+                        Err(e) => Err(storage_error(e)),
+                    },
+                };
+                let _ = reply.send(result);
+            }
+            PartitionRequest::Describe { reply } => {
+                let log = &part.log;
+                let _ = reply.send(Ok(PartitionStats {
+                    log_start: log.log_start().0,
+                    log_end: log.log_end().0,
+                    high_watermark: log.high_watermark().0,
+                    stored_bytes: log.size_bytes(),
+                    segments: log.segment_count() as u32,
+                }));
+            }
+        }
+    }
+
+    /// Appends the batches in `records` and, for acks ≥ 1, waits until they
+    /// are durable per the queue's policy; then moves the high watermark
+    /// (one replica: what is durable is committed).
+    async fn produce(
+        self: &Rc<Self>,
+        log: &strand_storage::Log,
+        mut records: bytes::BytesMut,
+        acks: i8,
+    ) -> Result<Produced, WireError> {
+        if records.is_empty() {
+            return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
+        }
+        let max = log.config().batch_bytes_max;
+        let mut first = None;
+        let mut last = None;
+        while !records.is_empty() {
+            let len = strand_storage::batch::batch_length(&records).unwrap_or(0) as usize;
+            if len > max {
+                return Err(WireError::new(
+                    ErrorCode::MessageTooLarge,
+                    format!("record batch of {len} bytes is over the queue's limit of {max}"),
+                ));
+            }
+            if len < strand_storage::batch::HEADER_LEN || len > records.len() {
+                return Err(WireError::new(
+                    ErrorCode::CorruptBatch,
+                    format!(
+                        "record batch length {len} does not fit the {} bytes sent",
+                        records.len()
+                    ),
+                ));
+            }
+            let batch = records.split_to(len);
+            let info = log.append(batch, LeaderEpoch(0)).await.map_err(storage_error)?;
+            first.get_or_insert(info);
+            last = Some(info);
+        }
+        let (Some(first), Some(last)) = (first, last) else {
+            return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
+        };
+        let commit = {
+            let (log, shard) = (log.clone(), self.clone());
+            async move {
+                let result = log.wait_durable(last.last_offset).await;
+                if result.is_ok() {
+                    let hw = log.high_watermark().max(last.last_offset.plus(1));
+                    log.set_high_watermark(hw);
+                    shard.partitions.new_data.notify_all();
+                }
+                result
+            }
+        };
+        if acks == 0 {
+            glommio::spawn_local(async move {
+                if let Err(e) = commit.await {
+                    tracing::warn!("acks=0 append failed to become durable: {e}");
+                }
+            })
+            .detach();
+        } else {
+            commit.await.map_err(storage_error)?;
+        }
+        Ok(Produced {
+            base_offset: first.base_offset.0,
+            last_offset: last.last_offset.0,
+            log_append_time_ms: if log.config().log_append_time {
+                last.max_timestamp
+            } else {
+                -1
+            },
+            log_start: log.log_start().0,
+        })
+    }
+
+    /// Serves messages from other shards until they all hang up.
+    pub fn start_mesh_receivers(self: &Rc<Self>, receivers: Receivers<ShardMessage>) {
+        let receivers = Rc::new(receivers);
+        for peer in 0..usize::from(self.shards) {
+            if peer == usize::from(self.id.0) {
+                continue;
+            }
+            let (shard, receivers) = (self.clone(), receivers.clone());
+            glommio::spawn_local(async move {
+                while let Ok(Some(msg)) = receivers.recv_from(peer).await {
+                    let shard = shard.clone();
+                    glommio::spawn_local(async move { shard.on_message(msg).await }).detach();
+                }
+            })
+            .detach();
+        }
+    }
+
+    async fn on_message(self: Rc<Self>, msg: ShardMessage) {
+        match msg {
+            ShardMessage::Partition {
+                queue,
+                partition,
+                request,
+            } => self.serve_partition(&queue, partition, request).await,
+            ShardMessage::Propose { command, reply } => {
+                let _ = reply.send(self.propose(command).await);
+            }
+            ShardMessage::Metadata { table, applied } => {
+                self.apply_table(table).await;
+                let _ = applied.send(());
+            }
+        }
+    }
+}
+
+/// Answers a partition request with an error.
+pub fn reply_error(request: PartitionRequest, err: WireError) {
+    match request {
+        PartitionRequest::Produce { reply, .. } => drop(reply.send(Err(err))),
+        PartitionRequest::Fetch { reply, .. } => drop(reply.send(Err(err))),
+        PartitionRequest::ListOffsets { reply, .. } => drop(reply.send(Err(err))),
+        PartitionRequest::Describe { reply } => drop(reply.send(Err(err))),
+    }
+}
+
+/// The wire error for a storage error.
+pub fn storage_error(e: StorageError) -> WireError {
+    use strand_storage::BatchError;
+    let code = match &e {
+        StorageError::InvalidBatch(BatchError::TooLarge { .. }) => ErrorCode::MessageTooLarge,
+        StorageError::InvalidBatch(_) => ErrorCode::CorruptBatch,
+        StorageError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
+        StorageError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => ErrorCode::StorageFull,
+        _ => ErrorCode::StorageError,
+    };
+    WireError::new(code, e.to_string())
+}
+
+/// A mesh of `shards` peers for `ShardMessage`s.
+pub type Mesh = glommio::channels::channel_mesh::MeshBuilder<ShardMessage, Full>;
