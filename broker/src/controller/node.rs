@@ -69,15 +69,28 @@ impl Controller {
         let raft = Raft::new(node_id, Arc::new(config), NoPeers, log, sm.clone())
             .await
             .map_err(|e| unavailable("starting Raft", &e))?;
-        let members = BTreeMap::from([(node_id, BasicNode::new(address.clone()))]);
-        match raft.initialize(members).await {
-            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-            Err(e) => return Err(unavailable("initialising the Raft group", &e)),
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| unavailable("reading the Raft state", &e))?;
+        if !initialized {
+            let members = BTreeMap::from([(node_id, BasicNode::new(address.clone()))]);
+            match raft.initialize(members).await {
+                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(unavailable("initialising the Raft group", &e)),
+            }
         }
-        raft.wait(Some(Duration::from_secs(10)))
+        let wait = || raft.wait(Some(Duration::from_secs(10)));
+        wait()
             .current_leader(node_id, "the single controller member becomes leader")
             .await
             .map_err(|e| unavailable("electing a controller leader", &e))?;
+        // Apply everything already in the log before serving from the table.
+        let last = raft.metrics().borrow().last_log_index;
+        wait()
+            .applied_index_at_least(last, "the controller replays its log")
+            .await
+            .map_err(|e| unavailable("replaying the controller log", &e))?;
         let controller = Controller { raft, node_id };
         let registered = sm.table().brokers.get(&node_id).is_some_and(|b| b.address == address);
         if !registered {

@@ -159,6 +159,10 @@ async fn shard_main(
         .await
         .map_err(|e| format!("starting the controller: {e}"))?;
         *shard.controller.borrow_mut() = Some(Rc::new(controller));
+        // Ready only once every shard holds everything the log had.
+        if !shard.wait_all_applied(Duration::from_secs(30)).await {
+            return Err("the shards did not apply the metadata within 30 s".into());
+        }
     }
     // Serve only once this shard holds the metadata (and its partitions).
     let deadline = Instant::now() + Duration::from_secs(30);

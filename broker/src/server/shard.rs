@@ -40,6 +40,8 @@ pub struct Shard {
     all_applied_event: Notify,
     /// Shard 0: version of the newest table handed to `publish`.
     latest_published: Cell<u64>,
+    /// One table is applied at a time.
+    applying: glommio::sync::Semaphore,
     /// Requests being served (shutdown waits for them).
     pub in_flight: Cell<usize>,
     pub stopping: Cell<bool>,
@@ -64,6 +66,7 @@ impl Shard {
             all_applied: Cell::new(0),
             all_applied_event: Notify::default(),
             latest_published: Cell::new(0),
+            applying: glommio::sync::Semaphore::new(1),
             in_flight: Cell::new(0),
             stopping: Cell::new(false),
         }
@@ -75,12 +78,40 @@ impl Shard {
 
     /// Installs a table here and opens/closes partitions to match (tables
     /// older than the one held are ignored).
+    /// Tables apply one at a time; the partitions change first, so a
+    /// request that sees a queue in the table finds its partitions open.
     pub async fn apply_table(&self, table: Arc<MetadataTable>) {
+        let Ok(_turn) = self.applying.acquire_permit(1).await else {
+            return;
+        };
         if table.applied_index < self.table.borrow().applied_index {
             return;
         }
-        *self.table.borrow_mut() = table.clone();
         self.partitions.apply(&table).await;
+        *self.table.borrow_mut() = table;
+    }
+
+    /// Shard 0: waits (up to `limit`) until every shard applied the newest
+    /// table published so far.
+    pub async fn wait_all_applied(&self, limit: Duration) -> bool {
+        let target = self.latest_published.get();
+        let deadline = Instant::now() + limit;
+        while self.all_applied.get() < target {
+            let seen = self.all_applied_event.epoch();
+            if self.all_applied.get() >= target {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let _ = glommio::timer::timeout(left.min(Duration::from_millis(100)), async {
+                self.all_applied_event.wait(seen).await;
+                Ok(())
+            })
+            .await;
+        }
+        true
     }
 
     /// Shard 0: sends `table` to every other shard, applies it here, and
@@ -136,19 +167,7 @@ impl Shard {
         let result = controller.propose(command).await;
         // Refused commands change nothing, but still wait: the caller then
         // sees every shard at least as new as this commit.
-        let target = self.latest_published.get();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.all_applied.get() < target && Instant::now() < deadline {
-            let seen = self.all_applied_event.epoch();
-            if self.all_applied.get() >= target {
-                break;
-            }
-            let _ = glommio::timer::timeout(Duration::from_millis(100), async {
-                self.all_applied_event.wait(seen).await;
-                Ok(())
-            })
-            .await;
-        }
+        self.wait_all_applied(Duration::from_secs(10)).await;
         result
     }
 

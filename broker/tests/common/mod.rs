@@ -1,0 +1,360 @@
+//! A broker process and a tiny protocol client for the integration tests:
+//! the real `strand` binary on an ephemeral loopback port, spoken to over
+//! std TCP with strand-net's codec.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use strand_net::frame::{self, FrameHeader, FrameLimits};
+use strand_net::message::{body, TailBuilder};
+use strand_net::{Frame, OutFrame};
+use strand_storage::batch::RecordBatch;
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+pub const TS: i64 = 1_700_000_000_000;
+
+/// A running `strand serve`; killed (SIGKILL) if still running when dropped.
+pub struct Broker {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+}
+
+impl Broker {
+    pub fn start(data_dir: &Path) -> Broker {
+        Self::start_with(data_dir, &[])
+    }
+
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Broker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strand"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--cores", "2", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting strand");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("strand printed no ready line");
+        assert!(line.contains("ready"), "{line}");
+        let addr = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+        Broker {
+            child,
+            addr,
+            data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// SIGTERM, then the exit status (bounded wait).
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill sends a signal to our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "strand did not stop within 15 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A blocking protocol client on one connection.
+pub struct Client {
+    pub stream: TcpStream,
+    next_id: u32,
+    buf: BytesMut,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client {
+            stream,
+            next_id: 1,
+            buf: BytesMut::new(),
+        }
+    }
+
+    pub fn send(&mut self, api: Api, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let out = OutFrame::new(
+            FrameHeader {
+                api: api as u16,
+                version: 0,
+                correlation_id: id,
+            },
+            fbb.finished_data(),
+            tail,
+        );
+        self.stream.write_all(&out.to_bytes()).unwrap();
+        id
+    }
+
+    pub fn recv(&mut self) -> Frame {
+        loop {
+            if let Some(f) = frame::decode(&mut self.buf, FrameLimits::default()).unwrap() {
+                return f;
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "the broker closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    pub fn call(&mut self, api: Api, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> Frame {
+        let id = self.send(api, fbb, tail);
+        let f = self.recv();
+        assert_eq!(f.header.correlation_id, id);
+        assert_eq!(f.header.api, api as u16);
+        f
+    }
+
+    pub fn create_queue(&mut self, name: &str, partitions: u32) -> ErrorCode {
+        self.create_queue_rf(name, partitions, 1)
+    }
+
+    pub fn create_queue_rf(&mut self, name: &str, partitions: u32, rf: u16) -> ErrorCode {
+        let mut fbb = FlatBufferBuilder::new();
+        let n = fbb.create_string(name);
+        let config = QueueConfig::create(
+            &mut fbb,
+            &QueueConfigArgs {
+                partitions,
+                replication_factor: rf,
+                ..Default::default()
+            },
+        );
+        let root = CreateQueueRequest::create(
+            &mut fbb,
+            &CreateQueueRequestArgs {
+                name: Some(n),
+                config: Some(config),
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = self.call(Api::CreateQueue, &fbb, TailBuilder::default());
+        error_code(body::<CreateQueueResponse>(&f).unwrap().error())
+    }
+
+    pub fn delete_queue(&mut self, name: &str) -> ErrorCode {
+        let mut fbb = FlatBufferBuilder::new();
+        let n = fbb.create_string(name);
+        let root = DeleteQueueRequest::create(&mut fbb, &DeleteQueueRequestArgs { name: Some(n) });
+        fbb.finish_minimal(root);
+        let f = self.call(Api::DeleteQueue, &fbb, TailBuilder::default());
+        error_code(body::<DeleteQueueResponse>(&f).unwrap().error())
+    }
+
+    /// Produces `batch` to one partition; returns (base, last) or the error.
+    pub fn produce(
+        &mut self,
+        queue: &str,
+        partition: u32,
+        batch: Bytes,
+        acks: i8,
+    ) -> Result<(u64, u64), (ErrorCode, String)> {
+        let mut fbb = FlatBufferBuilder::new();
+        let mut tail = TailBuilder::default();
+        let (records_offset, records_len) = tail.push(batch);
+        let part = ProducePartition::create(
+            &mut fbb,
+            &ProducePartitionArgs {
+                partition,
+                records_offset,
+                records_len,
+            },
+        );
+        let parts = fbb.create_vector(&[part]);
+        let name = fbb.create_string(queue);
+        let q = ProduceQueue::create(
+            &mut fbb,
+            &ProduceQueueArgs {
+                name: Some(name),
+                partitions: Some(parts),
+            },
+        );
+        let queues = fbb.create_vector(&[q]);
+        let root = ProduceRequest::create(
+            &mut fbb,
+            &ProduceRequestArgs {
+                acks,
+                timeout_ms: 10_000,
+                queues: Some(queues),
+            },
+        );
+        fbb.finish_minimal(root);
+        if acks == 0 {
+            self.send(Api::Produce, &fbb, tail);
+            return Ok((0, 0));
+        }
+        let f = self.call(Api::Produce, &fbb, tail);
+        let resp = body::<ProduceResponse>(&f).unwrap();
+        if let Some(e) = resp.error() {
+            return Err((e.code(), e.message().unwrap_or_default().to_string()));
+        }
+        let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
+        match p.error() {
+            Some(e) => Err((e.code(), e.message().unwrap_or_default().to_string())),
+            None => Ok((p.base_offset(), p.last_offset())),
+        }
+    }
+
+    /// Fetches from one partition: the batches, and the high watermark.
+    pub fn fetch(
+        &mut self,
+        queue: &str,
+        partition: u32,
+        offset: u64,
+        max_wait_ms: u32,
+        min_bytes: u32,
+    ) -> Result<(Vec<RecordBatch>, u64), ErrorCode> {
+        let mut fbb = FlatBufferBuilder::new();
+        let part = FetchPartition::create(
+            &mut fbb,
+            &FetchPartitionArgs {
+                partition,
+                offset,
+                max_bytes: 1 << 20,
+            },
+        );
+        let parts = fbb.create_vector(&[part]);
+        let name = fbb.create_string(queue);
+        let q = FetchQueue::create(
+            &mut fbb,
+            &FetchQueueArgs {
+                name: Some(name),
+                partitions: Some(parts),
+            },
+        );
+        let queues = fbb.create_vector(&[q]);
+        let root = FetchRequest::create(
+            &mut fbb,
+            &FetchRequestArgs {
+                max_wait_ms,
+                min_bytes,
+                max_bytes: 4 << 20,
+                queues: Some(queues),
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = self.call(Api::Fetch, &fbb, TailBuilder::default());
+        let resp = body::<FetchResponse>(&f).unwrap();
+        let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
+        if let Some(e) = p.error() {
+            return Err(e.code());
+        }
+        let mut records = strand_net::message::tail_slice(&f, p.records_offset(), p.records_len()).unwrap();
+        let mut batches = Vec::new();
+        while !records.is_empty() {
+            let len = strand_storage::batch::batch_length(&records).unwrap() as usize;
+            batches.push(RecordBatch::new(records.split_to(len), 1 << 24).expect("fetched batches are valid"));
+        }
+        Ok((batches, p.high_watermark()))
+    }
+
+    /// Every record of a partition from `from`: (offset, value).
+    pub fn fetch_all(&mut self, queue: &str, partition: u32, from: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut offset = from;
+        loop {
+            let (batches, hw) = self.fetch(queue, partition, offset, 0, 0).unwrap();
+            for b in &batches {
+                for r in b.records() {
+                    if r.offset.0 >= offset {
+                        out.push((r.offset.0, r.value.unwrap().to_vec()));
+                    }
+                }
+            }
+            match batches.last() {
+                Some(b) => offset = b.next_offset().0,
+                None => return out,
+            }
+            if offset >= hw {
+                return out;
+            }
+        }
+    }
+
+    pub fn list_offset(&mut self, queue: &str, partition: u32, spec: OffsetSpec, timestamp_ms: i64) -> (u64, bool) {
+        let mut fbb = FlatBufferBuilder::new();
+        let part = ListOffsetsPartition::create(
+            &mut fbb,
+            &ListOffsetsPartitionArgs {
+                partition,
+                spec,
+                timestamp_ms,
+            },
+        );
+        let parts = fbb.create_vector(&[part]);
+        let name = fbb.create_string(queue);
+        let q = ListOffsetsQueue::create(
+            &mut fbb,
+            &ListOffsetsQueueArgs {
+                name: Some(name),
+                partitions: Some(parts),
+            },
+        );
+        let queues = fbb.create_vector(&[q]);
+        let root = ListOffsetsRequest::create(&mut fbb, &ListOffsetsRequestArgs { queues: Some(queues) });
+        fbb.finish_minimal(root);
+        let f = self.call(Api::ListOffsets, &fbb, TailBuilder::default());
+        let resp = body::<ListOffsetsResponse>(&f).unwrap();
+        let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
+        assert!(p.error().is_none(), "{:?}", p.error().map(|e| e.message()));
+        (p.offset(), p.found())
+    }
+}
+
+pub fn error_code(e: Option<Error<'_>>) -> ErrorCode {
+    e.map_or(ErrorCode::None, |e| e.code())
+}
+
+/// A batch of `n` records with values `"<tag>-<i>"`, all at `ts`.
+pub fn batch(tag: &str, n: u32, ts: i64) -> Bytes {
+    let mut b = strand_storage::batch::BatchBuilder::new();
+    for i in 0..n {
+        let v = format!("{tag}-{i}");
+        b.push(Some(tag.as_bytes()), Some(v.as_bytes()), &[], ts);
+    }
+    b.build().freeze()
+}

@@ -1,0 +1,81 @@
+//! Hostile input: hundreds of random, truncated and oversize frames on many
+//! connections must not disturb the broker; a normal produce and fetch
+//! afterwards still work.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::*;
+use strand_wire::ErrorCode;
+
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn garbage_frames_close_only_their_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let mut good = broker.client();
+    assert_eq!(good.create_queue("ok", 2), ErrorCode::None);
+    good.produce("ok", 0, batch("before", 2, TS), 1).unwrap();
+
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let addr = broker.addr;
+            std::thread::spawn(move || {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                for i in 0..50 {
+                    let Ok(mut s) = TcpStream::connect(addr) else { continue };
+                    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+                    let kind = xorshift(&mut rng) % 5;
+                    let mut frame = Vec::new();
+                    match kind {
+                        // Random bytes.
+                        0 => (0..(xorshift(&mut rng) % 300)).for_each(|_| frame.push(xorshift(&mut rng) as u8)),
+                        // A length far over the frame limit.
+                        1 => frame.extend_from_slice(&u32::MAX.to_le_bytes()),
+                        // A plausible header with a random body and API.
+                        2 | 3 => {
+                            let body: Vec<u8> = (0..(xorshift(&mut rng) % 200))
+                                .map(|_| xorshift(&mut rng) as u8)
+                                .collect();
+                            frame.extend_from_slice(&((12 + body.len()) as u32).to_le_bytes());
+                            frame.extend_from_slice(&((xorshift(&mut rng) % 12) as u16).to_le_bytes());
+                            frame.extend_from_slice(&((xorshift(&mut rng) % 2) as u16).to_le_bytes());
+                            frame.extend_from_slice(&(i as u32).to_le_bytes());
+                            frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+                            frame.extend_from_slice(&body);
+                        }
+                        // A truncated frame, then hang up.
+                        _ => {
+                            frame.extend_from_slice(&1000u32.to_le_bytes());
+                            frame.extend_from_slice(&[1, 0, 0, 0, 9, 9]);
+                        }
+                    }
+                    let _ = s.write_all(&frame);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // The broker still serves everyone else, and lost nothing.
+    good.produce("ok", 0, batch("after", 2, TS), 1).unwrap();
+    let records = good.fetch_all("ok", 0, 0);
+    let values: Vec<String> = records
+        .iter()
+        .map(|(_, v)| String::from_utf8(v.clone()).unwrap())
+        .collect();
+    assert_eq!(values, ["before-0", "before-1", "after-0", "after-1"]);
+    let mut fresh = broker.client();
+    assert_eq!(fresh.produce("ok", 1, batch("new", 1, TS), 1).unwrap(), (0, 0));
+    assert_eq!(broker.terminate().code(), Some(0));
+}
