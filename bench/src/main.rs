@@ -5,7 +5,10 @@
 //! Scenarios:
 //! - `storage`: the storage engine against the raw disk, in one process
 //!   (see [`storage`]).
+//! - `produce`: a running broker over the raw protocol, beside the raw disk
+//!   (see [`produce`]).
 
+mod produce;
 mod report;
 mod storage;
 
@@ -23,6 +26,9 @@ enum Scenario {
     /// Raw O_DIRECT writes and reads vs the partition log (append with
     /// fsync=always, small-batch commit latency, read-back).
     Storage(storage::Args),
+    /// Produce throughput and request latency against a running broker,
+    /// beside the raw O_DIRECT write limit measured in the same run.
+    Produce(produce::Args),
 }
 
 fn main() {
@@ -30,6 +36,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.scenario {
         Scenario::Storage(args) => storage::run(args),
+        Scenario::Produce(args) => produce::run(args),
     };
     if let Err(e) = result {
         eprintln!("strand-bench: {e}");

@@ -33,10 +33,10 @@ use strand_storage::{testkit, FsyncPolicy, LeaderEpoch, LogConfig, Offset, Shard
 
 use crate::report::{median, mib_s, round2, table, Latency};
 
-const MIB: usize = 1 << 20;
-const RECORD_BYTES: usize = 1000;
+pub const MIB: usize = 1 << 20;
+pub const RECORD_BYTES: usize = 1000;
 /// Records per "1 MiB" batch: 1,000-byte values plus ~14 bytes of framing each.
-const RECORDS_PER_MIB_BATCH: u32 = 1034;
+pub const RECORDS_PER_MIB_BATCH: u32 = 1034;
 /// Records per 16 KiB batch.
 const RECORDS_PER_SMALL_BATCH: u32 = 16;
 
@@ -150,7 +150,7 @@ async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
     })
 }
 
-fn err(e: impl std::fmt::Display) -> String {
+pub fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
@@ -184,12 +184,7 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
     );
     let (mut raw_secs, mut append_secs, mut append_bytes, mut append_cpu, mut append_faults) = (0.0, 0.0, 0u64, 0.0, 0);
     for slice in slices(args.mib, args.rounds) {
-        let start = Instant::now();
-        for i in slice.clone() {
-            raw.write_rc_at(block.clone(), (i * MIB) as u64).await.map_err(err)?;
-        }
-        raw.fdatasync().await.map_err(err)?;
-        raw_secs += start.elapsed().as_secs_f64();
+        raw_secs += raw_write_slice(&raw, &block, slice.clone()).await?;
 
         let start = Instant::now();
         let cpu_start = thread_cpu_secs();
@@ -237,6 +232,21 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
     ))
 }
 
+/// Writes 1 MiB blocks `slice` of the raw file sequentially (queue depth 1),
+/// then one fdatasync; returns the seconds it took.
+pub async fn raw_write_slice(
+    raw: &glommio::io::DmaFile,
+    block: &Rc<glommio::io::DmaBuffer>,
+    slice: std::ops::Range<usize>,
+) -> Result<f64, String> {
+    let start = Instant::now();
+    for i in slice {
+        raw.write_rc_at(block.clone(), (i * MIB) as u64).await.map_err(err)?;
+    }
+    raw.fdatasync().await.map_err(err)?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
 /// CPU seconds the calling thread has used (user + system).
 fn thread_cpu_secs() -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -254,7 +264,7 @@ fn minor_faults() -> i64 {
 }
 
 /// `0..n` cut into `rounds` consecutive ranges.
-fn slices(n: usize, rounds: usize) -> Vec<std::ops::Range<usize>> {
+pub fn slices(n: usize, rounds: usize) -> Vec<std::ops::Range<usize>> {
     let rounds = rounds.clamp(1, n);
     (0..rounds).map(|r| r * n / rounds..(r + 1) * n / rounds).collect()
 }
