@@ -1,4 +1,5 @@
 //! Metadata, DescribeQueue and AlterQueue against the real binary.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
