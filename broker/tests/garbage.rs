@@ -67,6 +67,27 @@ fn garbage_frames_close_only_their_connections() {
     for t in threads {
         t.join().unwrap();
     }
+    // An oversize frame is answered with a typed error, then closed.
+    let mut s = TcpStream::connect(broker.addr).unwrap();
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&(64u32 << 20).to_le_bytes());
+    frame.extend_from_slice(&(strand_wire::Api::Produce as u16).to_le_bytes());
+    frame.extend_from_slice(&0u16.to_le_bytes());
+    frame.extend_from_slice(&4242u32.to_le_bytes());
+    s.write_all(&frame).unwrap();
+    let mut reply = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut reply).unwrap();
+    let mut buf = bytes::BytesMut::from(&reply[..]);
+    let f = strand_net::frame::decode(&mut buf, Default::default())
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.header.correlation_id, 4242);
+    let e = strand_net::message::body::<strand_wire::ProduceResponse>(&f)
+        .unwrap()
+        .error()
+        .unwrap();
+    assert_eq!(e.code(), ErrorCode::FrameTooLarge);
+
     // The broker still serves everyone else, and lost nothing.
     good.produce("ok", 0, batch("after", 2, TS), 1).unwrap();
     let records = good.fetch_all("ok", 0, 0);

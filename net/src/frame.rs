@@ -164,6 +164,17 @@ fn check(buf: &[u8], limits: FrameLimits) -> Result<Option<usize>, FrameError> {
     Ok(Some(total as usize))
 }
 
+/// The fixed fields of the frame at the start of `buf`, if they arrived,
+/// whether or not the frame is valid (to answer a malformed frame with an
+/// error that names its correlation id).
+pub fn peek_header(buf: &[u8]) -> Option<FrameHeader> {
+    (buf.len() >= 12).then(|| FrameHeader {
+        api: u16::from_le_bytes([buf[4], buf[5]]),
+        version: u16::from_le_bytes([buf[6], buf[7]]),
+        correlation_id: u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]),
+    })
+}
+
 /// How many bytes `buf` must hold before [`decode`] can return the next
 /// frame (at least the length field); errors as [`decode`] does.
 pub fn needed(buf: &[u8], limits: FrameLimits) -> Result<usize, FrameError> {

@@ -89,6 +89,12 @@ fn error_response(header: FrameHeader, err: &WireError) -> OutFrame {
     OutFrame::new(header, fbb.finished_data(), TailBuilder::default())
 }
 
+/// A response carrying only `code` and `message` (for frames the
+/// connection cannot serve).
+pub fn error_frame(header: FrameHeader, code: ErrorCode, message: String) -> OutFrame {
+    error_response(header, &WireError::new(code, message))
+}
+
 /// Frames a finished body.
 fn respond(header: FrameHeader, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> OutFrame {
     OutFrame::new(header, fbb.finished_data(), tail)

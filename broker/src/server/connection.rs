@@ -45,6 +45,15 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
             Ok(None) => {}
             Err(e) => {
                 tracing::info!(%peer, "closing the connection: malformed frame: {e}");
+                // Say why, if the frame's fixed fields arrived, then close.
+                if let Some(header) = frame::peek_header(&buf) {
+                    let code = match e {
+                        frame::FrameError::TooLarge { .. } => strand_wire::ErrorCode::FrameTooLarge,
+                        _ => strand_wire::ErrorCode::MalformedFrame,
+                    };
+                    let out = handlers::error_frame(header, code, e.to_string());
+                    let _ = write_all(&mut stream, &out).await;
+                }
                 return;
             }
         }

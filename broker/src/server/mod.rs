@@ -183,6 +183,8 @@ async fn accept_until_stopped(shard: &Rc<Shard>, listener: &TcpListener, stop: &
     loop {
         if stop.load(Ordering::SeqCst) {
             shard.stopping.set(true);
+            // Long polls end now instead of at their deadline.
+            shard.partitions.new_data.notify_all();
             return;
         }
         match glommio::timer::timeout(Duration::from_millis(50), listener.accept()).await {

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 19;
+pub const ENUM_MAX_ERROR_CODE: u16 = 21;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 20] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 22] = [
   ErrorCode::None,
   ErrorCode::InvalidRequest,
   ErrorCode::UnsupportedApi,
@@ -37,6 +37,8 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 20] = [
   ErrorCode::Timeout,
   ErrorCode::ControllerUnavailable,
   ErrorCode::Internal,
+  ErrorCode::FrameTooLarge,
+  ErrorCode::MalformedFrame,
 ];
 
 /// Every error the broker reports. 0 is success.
@@ -71,9 +73,13 @@ impl ErrorCode {
   /// The controller cannot commit the change now (no quorum, shutting down).
   pub const ControllerUnavailable: Self = Self(18);
   pub const Internal: Self = Self(19);
+  /// The frame is over the broker's frame limit; the connection is closed.
+  pub const FrameTooLarge: Self = Self(20);
+  /// The frame's fixed fields are inconsistent; the connection is closed.
+  pub const MalformedFrame: Self = Self(21);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 19;
+  pub const ENUM_MAX: u16 = 21;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::InvalidRequest,
@@ -95,6 +101,8 @@ impl ErrorCode {
     Self::Timeout,
     Self::ControllerUnavailable,
     Self::Internal,
+    Self::FrameTooLarge,
+    Self::MalformedFrame,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -119,6 +127,8 @@ impl ErrorCode {
       Self::Timeout => Some("Timeout"),
       Self::ControllerUnavailable => Some("ControllerUnavailable"),
       Self::Internal => Some("Internal"),
+      Self::FrameTooLarge => Some("FrameTooLarge"),
+      Self::MalformedFrame => Some("MalformedFrame"),
       _ => None,
     }
   }
