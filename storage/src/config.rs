@@ -69,6 +69,14 @@ impl Default for LogConfig {
 }
 
 impl LogConfig {
+    /// Largest batch the log will *read* (recovery, reads): any batch that
+    /// fits in a segment. Not `batch_bytes_max`, which limits only new
+    /// appends: lowering a queue's message limit must not turn batches
+    /// stored under the old limit into "corruption".
+    pub fn stored_batch_bytes_max(&self) -> usize {
+        self.segment_bytes_max as usize
+    }
+
     /// Checks the relations between settings; the log refuses to open with a
     /// config that fails.
     pub fn validate(&self) -> Result<()> {

@@ -30,7 +30,7 @@ pub enum BatchError {
     BadRecord { index: u32, reason: &'static str },
     #[error("batch declares {declared} records but holds {found}")]
     RecordCount { declared: u32, found: u32 },
-    #[error("offset deltas must rise strictly; record {index} has delta {delta}")]
+    #[error("offset deltas must be 0, 1, 2 …; record {index} has delta {delta}")]
     OffsetDelta { index: u32, delta: u32 },
     #[error("last offset delta is {declared} in the header but {found} in the records")]
     LastOffsetDelta { declared: u32, found: u32 },

@@ -159,7 +159,7 @@ impl ShardStorage {
             &file,
             &seg.path,
             seg.base,
-            config.batch_bytes_max,
+            config.stored_batch_bytes_max(),
             config.index_interval_bytes,
         )
         .await?;

@@ -18,6 +18,9 @@ use bytes::Bytes;
 use crate::batch::RecordBatch;
 use crate::Offset;
 
+/// Batches smaller than this are copied into the cache rather than shared.
+const COPY_BELOW: usize = 64 << 10;
+
 /// The byte budget of all tail caches of one shard.
 #[derive(Debug)]
 pub struct CacheBudget {
@@ -111,10 +114,17 @@ impl TailCache {
         }
         self.bytes += batch.len();
         self.budget.used.set(self.budget.used.get() + batch.len());
+        // A small batch may be a slice of a much larger receive buffer;
+        // holding the slice would pin all of it, so small ones are copied.
+        let bytes = if batch.len() < COPY_BELOW {
+            Bytes::copy_from_slice(batch.bytes())
+        } else {
+            batch.bytes().clone()
+        };
         self.batches.push_back(Cached {
             base: batch.base_offset(),
             next: batch.next_offset(),
-            bytes: batch.bytes().clone(),
+            bytes,
         });
         self.evict(written);
     }

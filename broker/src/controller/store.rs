@@ -164,6 +164,18 @@ impl LogStore {
             .await
             .map_err(io_err)?;
         if valid < data.len() {
+            // A record cut short at the end is a torn write; a bad record with
+            // more records after it is corruption: refuse to guess.
+            let declared = data
+                .get(valid..valid + 4)
+                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+            if valid + 8 + declared < data.len() {
+                return Err(std::io::Error::other(format!(
+                    "{}: corrupt record at byte {valid} with {} bytes after it",
+                    path.display(),
+                    data.len() - valid - 8 - declared
+                )));
+            }
             tracing::warn!(file = %path.display(), valid, len = data.len(), "dropping a torn tail of the controller log");
             file.truncate(valid as u64).await.map_err(io_err)?;
             file.fdatasync().await.map_err(io_err)?;

@@ -53,6 +53,20 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             req.max_bytes() as usize,
         )
     };
+    super::check_entries(wants.len())?;
+    // Nothing may ask for more than a frame can carry back.
+    let frame_room = (shard.config.max_frame_bytes as usize)
+        .saturating_sub(1 << 20)
+        .max(1 << 20);
+    let max_bytes = max_bytes.min(frame_room);
+    let min_bytes = min_bytes.min(max_bytes);
+    let wants: Vec<Want> = wants
+        .into_iter()
+        .map(|w| Want {
+            max_bytes: w.max_bytes.min(max_bytes as u32),
+            ..w
+        })
+        .collect();
     let deadline = Instant::now() + max_wait;
     let all_local = wants.iter().all(|w| shard.owner(&w.queue, w.partition) == shard.id);
     let results = loop {

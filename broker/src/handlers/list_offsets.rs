@@ -35,6 +35,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             }
         }
     }
+    super::check_entries(wants.len())?;
     let mut tasks = Vec::new();
     for (queue, partition, query) in &wants {
         let (shard, queue, partition, query) = (shard.clone(), queue.clone(), *partition, *query);

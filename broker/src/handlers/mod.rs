@@ -58,6 +58,20 @@ pub async fn dispatch(shard: &Rc<Shard>, frame: FrameMut) -> Option<OutFrame> {
     Some(result.unwrap_or_else(|e| error_response(header, &e)))
 }
 
+/// Most (queue, partition) entries one request may name.
+pub const PARTITIONS_PER_REQUEST_MAX: usize = 10_000;
+
+/// Refuses a request naming more partitions than [`PARTITIONS_PER_REQUEST_MAX`].
+fn check_entries(n: usize) -> Result<(), WireError> {
+    if n > PARTITIONS_PER_REQUEST_MAX {
+        return Err(WireError::new(
+            ErrorCode::InvalidRequest,
+            format!("{n} partitions in one request; at most {PARTITIONS_PER_REQUEST_MAX}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Reads a request body, turning a verification failure into the error to
 /// answer with.
 fn request<'a, T>(body: &'a [u8]) -> Result<T::Inner, WireError>

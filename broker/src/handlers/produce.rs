@@ -45,10 +45,22 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
         }
         (acks, parts)
     };
+    super::check_entries(parts.len())?;
     // Split the tail into each partition's batches, uniquely owned (no copy).
+    // The pieces must tile the tail exactly: a batch kept in memory then
+    // pins only bytes that are batches.
     let mut order: Vec<usize> = (0..parts.len()).collect();
     order.sort_by_key(|&i| parts[i].offset);
     let slices: Vec<(u32, u32)> = order.iter().map(|&i| (parts[i].offset, parts[i].len)).collect();
+    let tiled = slices.iter().try_fold(0u64, |at, &(offset, len)| {
+        (u64::from(offset) == at).then_some(at + u64::from(len))
+    });
+    if tiled != Some(frame.tail.len() as u64) {
+        return Err(WireError::new(
+            ErrorCode::InvalidRequest,
+            "record slices must cover the frame's tail exactly, without gaps or overlaps",
+        ));
+    }
     let pieces = split_tail(frame.tail, &slices).map_err(|e| WireError::new(e.code(), e.to_string()))?;
     let mut records: Vec<Option<bytes::BytesMut>> = (0..parts.len()).map(|_| None).collect();
     for (i, piece) in order.into_iter().zip(pieces) {

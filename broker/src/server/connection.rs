@@ -21,6 +21,8 @@ use crate::handlers;
 
 /// Bytes read from the socket at a time (at least).
 const READ_CHUNK: usize = 64 << 10;
+/// Most the read buffer grows by in one read.
+const READ_GROW: usize = 1 << 20;
 
 pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -60,8 +62,10 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
         if shard.stopping.get() {
             return;
         }
+        // Grow by at most READ_GROW a read: a header claiming a large frame
+        // costs memory only as its bytes arrive.
         let needed = frame::needed(&buf, limits).unwrap_or(READ_CHUNK);
-        let want = needed.saturating_sub(buf.len()).max(READ_CHUNK);
+        let want = needed.saturating_sub(buf.len()).clamp(READ_CHUNK, READ_GROW);
         let start = buf.len();
         buf.resize(start + want, 0);
         match stream.read(&mut buf[start..]).await {

@@ -87,7 +87,10 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
             .map_err(|e| ServeError::Startup(format!("starting shard {id}: {e}")))
     };
     let mut handles = vec![spawn(0, config.listen)?];
-    let addr = match events.recv() {
+    // A shard that dies in start-up may leave others waiting for it: give
+    // up after a while rather than hang (returning ends the process).
+    let startup = Duration::from_secs(120);
+    let addr = match events.recv_timeout(startup) {
         Ok(Event::Bound(addr)) => addr,
         Ok(Event::Failed(e)) => return Err(ServeError::Startup(e)),
         _ => return Err(ServeError::Startup("shard 0 stopped before binding".into())),
@@ -95,19 +98,16 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
     for id in 1..shards {
         handles.push(spawn(id, addr)?);
     }
+    drop(events_tx);
     let mut ready = 0;
     while ready < shards {
-        match events.recv() {
+        match events.recv_timeout(startup) {
             Ok(Event::Ready) => ready += 1,
             Ok(Event::Bound(_)) => {}
-            Ok(Event::Failed(e)) => {
-                stop.store(true, Ordering::SeqCst);
-                for h in handles {
-                    let _ = h.join();
-                }
-                return Err(ServeError::Startup(e));
-            }
-            Err(_) => return Err(ServeError::Startup("a shard stopped during start-up".into())),
+            // Other shards may be stuck waiting for the failed one: do not
+            // join them; returning ends the process.
+            Ok(Event::Failed(e)) => return Err(ServeError::Startup(e)),
+            Err(_) => return Err(ServeError::Startup("a shard stopped or hung during start-up".into())),
         }
     }
     println!("strand ready on {addr} with {shards} shards");

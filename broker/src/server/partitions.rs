@@ -97,9 +97,14 @@ impl Partitions {
         // Close what is no longer ours; delete what no longer exists.
         let current = self.all();
         for (key, part) in current {
-            let keep = wanted
-                .get(&key)
-                .is_some_and(|(id, s)| *id == part.queue_id && *s == part.settings);
+            // A new partition count alone leaves existing partitions open.
+            let same = |s: &QueueSettings| {
+                QueueSettings {
+                    partitions: part.settings.partitions,
+                    ..s.clone()
+                } == part.settings
+            };
+            let keep = wanted.get(&key).is_some_and(|(id, s)| *id == part.queue_id && same(s));
             if keep {
                 continue;
             }
@@ -134,8 +139,19 @@ impl Partitions {
     ) -> Result<Partition, String> {
         let dir = self.dir(queue, p);
         let marker = dir.join(".queue-id");
-        match std::fs::read_to_string(&marker) {
-            Ok(found) if found.trim() != id.to_string() => {
+        // Queue ids only grow: data of a lower id is an earlier queue of the
+        // same name (deleted while this node was down) and goes; data of a
+        // higher id means this table is older than the disk — leave it.
+        let found = std::fs::read_to_string(&marker)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        if let Some(found) = found {
+            if found > id {
+                return Err(format!(
+                    "the data on disk belongs to a newer queue (id {found}) than this table's ({id})"
+                ));
+            }
+            if found < id {
                 tracing::info!(
                     queue,
                     partition = p,
@@ -143,7 +159,6 @@ impl Partitions {
                 );
                 std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
             }
-            _ => {}
         }
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         std::fs::write(&marker, id.to_string()).map_err(|e| format!("writing {}: {e}", marker.display()))?;

@@ -286,6 +286,19 @@ impl Shard {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
         }
         let max = log.config().batch_bytes_max;
+        // Several batches in one request: check them all before appending
+        // any, so a bad one cannot leave the request half applied.
+        let mut rest = &records[..];
+        let mut count = 0;
+        while !rest.is_empty() {
+            let len = (strand_storage::batch::batch_length(rest).unwrap_or(0) as usize).min(rest.len());
+            if count > 0 || len < rest.len() {
+                strand_storage::batch::validate(&rest[..len], max)
+                    .map_err(|e| storage_error(StorageError::InvalidBatch(e)))?;
+            }
+            count += 1;
+            rest = &rest[len.max(1).min(rest.len())..];
+        }
         let mut first = None;
         let mut last = None;
         while !records.is_empty() {

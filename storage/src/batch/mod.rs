@@ -45,7 +45,7 @@
 //! varint  length             bytes of the record after this field
 //! u8      attributes         0
 //! zigzag  timestamp_delta    ms after first_timestamp
-//! varint  offset_delta       0, 1, 2 … (strictly rising; the last equals last_offset_delta)
+//! varint  offset_delta       0, 1, 2 … (the record's index; the last equals last_offset_delta)
 //! zigzag  key_length         -1 = no key
 //! bytes   key
 //! zigzag  value_length       -1 = null value
@@ -282,7 +282,9 @@ pub fn validate(buf: &[u8], max_len: usize) -> Result<(BatchHeader, crc32fast::H
     let mut max_ts = i64::MIN;
     while pos < buf.len() && found < declared {
         let raw = records::parse_record(buf, pos).map_err(|reason| BatchError::BadRecord { index: found, reason })?;
-        if last_delta.is_some_and(|d| raw.offset_delta <= d) || (last_delta.is_none() && raw.offset_delta != 0) {
+        // Deltas are dense (0, 1, 2 …): a batch spans exactly its record
+        // count of offsets, so no batch can push a segment past 2^32 offsets.
+        if raw.offset_delta != found {
             return Err(BatchError::OffsetDelta {
                 index: found,
                 delta: raw.offset_delta,

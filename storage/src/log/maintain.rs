@@ -62,7 +62,10 @@ impl Log {
             }
             (keep_base, Some(pos), doomed)
         };
-        for path in &doomed {
+        // Newest first: a crash part-way leaves a shorter log, never a gap.
+        let mut doomed = doomed;
+        doomed.sort();
+        for path in doomed.iter().rev() {
             self.inner.shard.forget(path);
             remove_segment_files(path).await?;
         }
@@ -128,7 +131,7 @@ impl Log {
                 pos,
                 true,
                 Some(expected),
-                self.inner.config.batch_bytes_max,
+                self.inner.config.stored_batch_bytes_max(),
                 false,
             ) {
                 ScanStep::Batch(b) if b.header.next_offset() > offset => return Ok(pos),
@@ -152,6 +155,7 @@ impl Log {
     /// active one) and moves the log start up. Returns the new log start if
     /// it moved.
     pub async fn enforce_retention(&self, policy: RetentionPolicy, now_ms: i64) -> Result<Option<Offset>> {
+        let _permit = self.lock().await?;
         let cut = {
             let st = self.inner.state.borrow();
             st.check_usable(&self.inner.dir)?;
@@ -167,9 +171,11 @@ impl Log {
             cut_offset(policy, &summaries, st.active.base, st.active.size(), now_ms)
         };
         let Some(cut) = cut else { return Ok(None) };
-        let _permit = self.lock().await?;
         let doomed = self.take_sealed(|b| b < cut);
-        self.inner.state.borrow_mut().log_start = cut;
+        {
+            let mut st = self.inner.state.borrow_mut();
+            st.log_start = st.log_start.max(cut);
+        }
         for path in &doomed {
             self.inner.shard.forget(path);
             remove_segment_files(path).await?;

@@ -222,7 +222,14 @@ impl Log {
             let file = DmaFile::open(&path)
                 .await
                 .map_err(|e| StorageError::glommio("opening", &path, e))?;
-            let loaded = load_sealed(&file, &path, base, config.batch_bytes_max, config.index_interval_bytes).await;
+            let loaded = load_sealed(
+                &file,
+                &path,
+                base,
+                config.stored_batch_bytes_max(),
+                config.index_interval_bytes,
+            )
+            .await;
             file.close()
                 .await
                 .map_err(|e| StorageError::glommio("closing", &path, e))?;
@@ -424,7 +431,7 @@ async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Optio
         path,
         base,
         scan_len,
-        config.batch_bytes_max,
+        config.stored_batch_bytes_max(),
         config.index_interval_bytes,
     )
     .await?;

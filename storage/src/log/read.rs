@@ -139,7 +139,7 @@ impl Log {
             }
             for bytes in got.batches {
                 if crate::batch::BatchHeader::parse(&bytes).is_some_and(|h| h.max_timestamp >= timestamp_ms) {
-                    let batch = RecordBatch::new(bytes, self.inner.config.batch_bytes_max)?;
+                    let batch = RecordBatch::new(bytes, self.inner.config.stored_batch_bytes_max())?;
                     return Ok(batch.records().find(|r| r.timestamp >= timestamp_ms).map(|r| r.offset));
                 }
             }
@@ -163,7 +163,7 @@ impl Log {
         max_bytes: usize,
         upto: Offset,
     ) -> Result<ReadBatches> {
-        let batch_bytes_max = self.inner.config.batch_bytes_max;
+        let batch_bytes_max = self.inner.config.stored_batch_bytes_max();
         let mut out = ReadBatches::empty(from);
         let mut pos = u64::from(entry.1);
         let mut expected = base.plus(u64::from(entry.0));

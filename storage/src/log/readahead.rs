@@ -47,6 +47,8 @@ struct Block {
 #[derive(Default)]
 pub(super) struct ReadAhead {
     blocks: VecDeque<Block>,
+    /// Bumped by `clear`: a block read before a clear is not put back.
+    generation: u64,
 }
 
 impl ReadAhead {
@@ -73,6 +75,7 @@ impl ReadAhead {
     /// Forgets every block (the files may change: truncation).
     pub(super) fn clear(&mut self) {
         self.blocks.clear();
+        self.generation += 1;
     }
 }
 
@@ -121,6 +124,7 @@ impl Log {
     /// One block, from the cache or read now.
     async fn block(&self, file: &Rc<DmaFile>, path: &Path, index: u64, end: u64) -> Result<Rc<ReadResult>> {
         let full = (index + 1) * BLOCK <= end;
+        let generation = self.inner.state.borrow().readahead.generation;
         let found = self.inner.state.borrow_mut().readahead.take(path, index);
         let block = match found {
             Some(BlockState::Ready(block)) => block,
@@ -137,12 +141,9 @@ impl Log {
                 )
             }
         };
-        if full {
-            self.inner
-                .state
-                .borrow_mut()
-                .readahead
-                .put(path, index, BlockState::Ready(block.clone()));
+        let mut st = self.inner.state.borrow_mut();
+        if full && st.readahead.generation == generation {
+            st.readahead.put(path, index, BlockState::Ready(block.clone()));
         }
         Ok(block)
     }

@@ -68,8 +68,13 @@ impl Log {
                 }
             };
             let _permit = self.lock().await?;
+            let len = batch.as_ref().map_or(0, |b| b.len());
             match blocked {
-                Blocked::Roll => self.roll_locked().await?,
+                // Another producer may have rolled while this one waited.
+                Blocked::Roll if self.inner.state.borrow().active.needs_roll(len, now_ms(), config) => {
+                    self.roll_locked().await?
+                }
+                Blocked::Roll => {}
                 Blocked::Write => self.write_locked().await?,
                 Blocked::Reshaping => {}
             }

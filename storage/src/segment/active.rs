@@ -147,6 +147,7 @@ impl ActiveSegment {
     pub fn needs_roll(&self, len: usize, now_ms: u64, config: &LogConfig) -> bool {
         !self.is_empty()
             && (self.size + len as u64 > config.segment_bytes_max
+                || self.next_offset.0 - self.base.0 + len as u64 > u64::from(u32::MAX)
                 || self
                     .first_append_ms
                     .is_some_and(|t| now_ms.saturating_sub(t) >= config.segment_age_ms_max))
