@@ -97,3 +97,45 @@ fn alter_describe_and_metadata() {
         Api::ALL.len()
     );
 }
+
+#[test]
+fn lowering_the_message_limit_keeps_stored_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let mut c = broker.client();
+    assert_eq!(c.create_queue("limits", 1), ErrorCode::None);
+    let big = {
+        let mut b = strand_storage::batch::BatchBuilder::new();
+        b.push(None, Some(&vec![3u8; 200_000]), &[], TS);
+        b.build().freeze()
+    };
+    c.produce("limits", 0, big, 1).unwrap();
+    let mut fbb = FlatBufferBuilder::new();
+    let n = fbb.create_string("limits");
+    let root = AlterQueueRequest::create(
+        &mut fbb,
+        &AlterQueueRequestArgs {
+            name: Some(n),
+            max_message_bytes: Some(1000),
+            ..Default::default()
+        },
+    );
+    fbb.finish_minimal(root);
+    let f = c.call(Api::AlterQueue, &fbb, TailBuilder::default());
+    assert_eq!(
+        error_code(body::<AlterQueueResponse>(&f).unwrap().error()),
+        ErrorCode::None
+    );
+    // The stored 200 KB batch is still served (reopened under the new limit)…
+    let records = c.fetch_all("limits", 0, 0);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].1.len(), 200_000);
+    // …while new batches over the limit are refused.
+    let err = c.produce("limits", 0, batch(&"x".repeat(2000), 1, TS), 1).unwrap_err();
+    assert_eq!(err.0, ErrorCode::MessageTooLarge);
+    // And after a restart too.
+    drop(c);
+    assert_eq!(broker.terminate().code(), Some(0));
+    let broker = Broker::start(dir.path());
+    assert_eq!(broker.client().fetch_all("limits", 0, 0).len(), 1);
+}

@@ -158,3 +158,27 @@ fn header_lies_are_rejected() {
     ));
     assert!(matches!(validate(&good[..10], MAX), Err(BatchError::TooShort { .. })));
 }
+
+#[test]
+fn offset_deltas_must_be_dense() {
+    // Two records, same timestamp: record 2 is [len][attr][ts delta 0][offset delta 1]…
+    let records: Vec<Rec> = vec![
+        (None, Some(b"a".to_vec()), vec![], 5),
+        (None, Some(b"b".to_vec()), vec![], 5),
+    ];
+    let mut buf = build(&records);
+    let first_len = buf[HEADER_LEN] as usize; // one-byte varint (short record)
+    let second = HEADER_LEN + 1 + first_len;
+    let delta_at = second + 3;
+    assert_eq!(buf[delta_at], 1, "the layout this test relies on");
+    // A gap (0, 5) that keeps the header consistent is still refused: dense
+    // deltas keep a batch from spanning more offsets than it has records.
+    buf[delta_at] = 5;
+    buf[field::LAST_OFFSET_DELTA] = 5;
+    let crc = crc32fast::hash(&buf[field::BATCH_LENGTH..]);
+    buf[..4].copy_from_slice(&crc.to_le_bytes());
+    assert!(matches!(
+        validate(&buf, MAX),
+        Err(BatchError::OffsetDelta { index: 1, delta: 5 })
+    ));
+}
