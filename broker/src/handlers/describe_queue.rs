@@ -27,7 +27,9 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     }
     let mut stats = Vec::new();
     for t in tasks {
-        stats.push(t.await.unwrap_or_default());
+        // A partition that cannot answer (overloaded, not open) fails the
+        // whole describe with its error rather than showing zeros.
+        stats.push(t.await?);
     }
     let mut fbb = FlatBufferBuilder::new();
     let parts: Vec<_> = stats

@@ -211,6 +211,7 @@ fn start_timers(shard: &Rc<Shard>) {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
             for ((queue, p), part) in s.partitions.all() {
+                part.log.release_idle_readahead(10_000);
                 if let Err(e) = part.log.enforce_retention(part.log.retention_policy(), now).await {
                     tracing::warn!(queue = %queue, partition = p, "retention: {e}");
                 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{now_ms, open_active, Log};
+use super::{mono_ms, open_active, Log};
 use crate::error::Result;
 use crate::retention::{cut_offset, RetentionPolicy, SegmentSummary};
 use crate::scan::{scan_one_with, ScanStep};
@@ -208,7 +208,7 @@ impl Log {
         st.closed = true;
         st.cache.clear();
         st.readahead.clear();
-        st.last_sync_ms = now_ms();
+        st.last_sync_ms = mono_ms();
         Ok(())
     }
 }

@@ -192,6 +192,15 @@ impl State {
     }
 }
 
+/// Milliseconds on a monotonic clock (since the first call in this
+/// process): fsync intervals and segment ages do not jump with the wall
+/// clock.
+pub(crate) fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
+}
+
+/// Wall-clock milliseconds since the Unix epoch (record timestamps).
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -264,7 +273,7 @@ impl Log {
             high_watermark: log_end,
             cache: TailCache::new(config.tail_cache_bytes_max, shard.cache_budget()),
             unsynced_bytes: 0,
-            last_sync_ms: now_ms(),
+            last_sync_ms: mono_ms(),
             reshaping: false,
             zeroing: None,
             readahead: readahead::ReadAhead::default(),

@@ -49,6 +49,8 @@ pub(super) struct ReadAhead {
     blocks: VecDeque<Block>,
     /// Bumped by `clear`: a block read before a clear is not put back.
     generation: u64,
+    /// Monotonic ms of the last read through this cache.
+    last_used_ms: u64,
 }
 
 impl ReadAhead {
@@ -80,6 +82,16 @@ impl ReadAhead {
 }
 
 impl Log {
+    /// Frees the read-ahead blocks if nothing read through them for
+    /// `idle_ms` (the shard calls this periodically, so a reader that went
+    /// away does not keep up to 4 MiB per log).
+    pub fn release_idle_readahead(&self, idle_ms: u64) {
+        let mut st = self.inner.state.borrow_mut();
+        if super::mono_ms().saturating_sub(st.readahead.last_used_ms) >= idle_ms {
+            st.readahead.clear();
+        }
+    }
+
     /// Bytes `[pos, pos + len)` of the file, clamped to `end` (the readable
     /// end), copied once into shared bytes; then reads ahead.
     pub(super) async fn read_window(
@@ -90,6 +102,7 @@ impl Log {
         len: usize,
         end: u64,
     ) -> Result<Bytes> {
+        self.inner.state.borrow_mut().readahead.last_used_ms = super::mono_ms();
         let stop = (pos + len as u64).min(end);
         let mut out = BytesMut::with_capacity(stop.saturating_sub(pos) as usize);
         let mut last = pos / BLOCK;

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use bytes::BytesMut;
 use glommio::io::OpenOptions;
 
-use super::{now_ms, AppendInfo, Log};
+use super::{mono_ms, now_ms, AppendInfo, Log};
 use crate::batch::{RecordBatch, Stamp};
 use crate::config::FsyncPolicy;
 use crate::error::{Result, StorageError};
@@ -39,7 +39,7 @@ impl Log {
                 let mut st = self.inner.state.borrow_mut();
                 st.check_usable(&self.inner.dir)?;
                 let len = batch.as_ref().map_or(0, |b| b.len());
-                let now = now_ms();
+                let now = mono_ms();
                 if st.reshaping {
                     Blocked::Reshaping
                 } else if st.active.needs_roll(len, now, config) {
@@ -53,7 +53,7 @@ impl Log {
                     let stamp = Stamp {
                         base_offset: st.log_end(),
                         leader_epoch: epoch,
-                        log_append_time_ms: config.log_append_time.then_some(now as i64),
+                        log_append_time_ms: config.log_append_time.then(|| now_ms() as i64),
                     };
                     let rb = RecordBatch::stamped(bytes, config.batch_bytes_max, stamp)?;
                     st.active.push(&rb, config.index_interval_bytes, now);
@@ -71,7 +71,7 @@ impl Log {
             let len = batch.as_ref().map_or(0, |b| b.len());
             match blocked {
                 // Another producer may have rolled while this one waited.
-                Blocked::Roll if self.inner.state.borrow().active.needs_roll(len, now_ms(), config) => {
+                Blocked::Roll if self.inner.state.borrow().active.needs_roll(len, mono_ms(), config) => {
                     self.roll_locked().await?
                 }
                 Blocked::Roll => {}
@@ -118,7 +118,7 @@ impl Log {
         }
         Ok(match policy {
             FsyncPolicy::Always => st.flushed > last_offset,
-            FsyncPolicy::Interval { .. } => st.active.written_offset() > last_offset && !st.sync_due(policy, now_ms()),
+            FsyncPolicy::Interval { .. } => st.active.written_offset() > last_offset && !st.sync_due(policy, mono_ms()),
         })
     }
 
@@ -151,7 +151,7 @@ impl Log {
         let policy = self.inner.config.fsync;
         let due = {
             let st = self.inner.state.borrow();
-            st.failed.is_none() && !st.closed && (st.active.pending_bytes() > 0 || st.sync_due(policy, now_ms()))
+            st.failed.is_none() && !st.closed && (st.active.pending_bytes() > 0 || st.sync_due(policy, mono_ms()))
         };
         if due {
             let _permit = self.lock().await?;
@@ -242,7 +242,7 @@ impl Log {
         st.stats.syncs += 1;
         st.stats.sync_ns += started.elapsed().as_nanos() as u64;
         st.unsynced_bytes = 0;
-        st.last_sync_ms = now_ms();
+        st.last_sync_ms = mono_ms();
         Ok(())
     }
 

@@ -68,7 +68,7 @@ pub struct ActiveSegment {
     pub(crate) index_persisted: (usize, usize),
     /// File bytes already allocated (written with data or zeros).
     zeroed_until: u64,
-    /// Wall-clock ms of the first batch appended since the segment was
+    /// Monotonic ms of the first batch appended since the segment was
     /// created or opened; drives rolling by age.
     first_append_ms: Option<u64>,
 }
