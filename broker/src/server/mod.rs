@@ -19,7 +19,7 @@ pub mod shard;
 
 use std::net::SocketAddr;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,14 @@ pub enum ServeError {
     Shard(String),
 }
 
+/// Process-wide shutdown state shared by the shards.
+struct Lifecycle {
+    /// Set by SIGTERM/SIGINT.
+    stop: Arc<AtomicBool>,
+    /// Shards that have finished their in-flight requests.
+    drained: Arc<AtomicUsize>,
+}
+
 enum Event {
     Bound(SocketAddr),
     Ready,
@@ -64,6 +72,7 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Startup(format!("creating {}: {e}", config.data_dir.display())))?;
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
+    let drained = Arc::new(AtomicUsize::new(0));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone())
             .map_err(|e| ServeError::Startup(format!("installing the signal handler: {e}")))?;
@@ -72,13 +81,17 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
     let (events_tx, events) = mpsc::channel();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let spawn = |id: u16, listen: SocketAddr| {
-        let (config, mesh, events_tx, stop) = (config.clone(), mesh.clone(), events_tx.clone(), stop.clone());
+        let (config, mesh, events_tx) = (config.clone(), mesh.clone(), events_tx.clone());
+        let lifecycle = Lifecycle {
+            stop: stop.clone(),
+            drained: drained.clone(),
+        };
         LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cpus))
             .name(&format!("shard-{id}"))
             .spin_before_park(SPIN_BEFORE_PARK)
             .io_memory(SHARD_IO_MEMORY)
             .spawn(move || async move {
-                let result = shard_main(ShardId(id), shards, config, mesh, listen, &events_tx, stop).await;
+                let result = shard_main(ShardId(id), shards, config, mesh, listen, &events_tx, lifecycle).await;
                 if let Err(e) = &result {
                     let _ = events_tx.send(Event::Failed(format!("shard {id}: {e}")));
                 }
@@ -129,7 +142,7 @@ async fn shard_main(
     mesh: Mesh,
     listen: SocketAddr,
     events: &mpsc::Sender<Event>,
-    stop: Arc<AtomicBool>,
+    lifecycle: Lifecycle,
 ) -> Result<(), String> {
     let listener = TcpListener::bind(listen).map_err(|e| format!("binding {listen}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -174,8 +187,8 @@ async fn shard_main(
     }
     start_timers(&shard);
     let _ = events.send(Event::Ready);
-    accept_until_stopped(&shard, &listener, &stop).await;
-    shutdown(&shard).await;
+    accept_until_stopped(&shard, &listener, &lifecycle.stop).await;
+    shutdown(&shard, &lifecycle.drained).await;
     Ok(())
 }
 
@@ -242,9 +255,17 @@ fn start_timers(shard: &Rc<Shard>) {
     .detach();
 }
 
-async fn shutdown(shard: &Rc<Shard>) {
+/// Two phases: every shard first finishes its own in-flight requests
+/// (which include the ones it forwarded), then waits until all shards have;
+/// only then are logs closed, so no shard closes a partition another shard
+/// still has a request for.
+async fn shutdown(shard: &Rc<Shard>, drained: &AtomicUsize) {
     let deadline = Instant::now() + DRAIN;
     while shard.in_flight.get() > 0 && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    drained.fetch_add(1, Ordering::SeqCst);
+    while drained.load(Ordering::SeqCst) < usize::from(shard.shards) && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     shard.partitions.close_all().await;
