@@ -9,7 +9,9 @@
 //! - [`controller`]: the cluster metadata kept by openraft — commands, the
 //!   table they build, the Raft storage, the glommio runtime shim.
 //! - [`config`]: defaults < TOML file < flags.
+//! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 
+pub mod cli;
 pub mod config;
 pub mod controller;
 mod handlers;

@@ -16,6 +16,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Manage queues on a running cluster.
+    Queue {
+        #[command(subcommand)]
+        command: strand_broker::cli::queue::QueueCommand,
+        /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
+        #[arg(long, global = true)]
+        brokers: Option<String>,
+        /// Output format: table (default) or json.
+        #[arg(long, global = true, default_value = "table")]
+        output: String,
+    },
     /// Run a broker. Flags override the config file, which overrides defaults.
     Serve {
         /// TOML config file.
@@ -50,6 +61,28 @@ fn main() -> ExitCode {
         )
         .init();
     match cli.command {
+        Command::Queue {
+            command,
+            brokers,
+            output,
+        } => {
+            let json = match output.as_str() {
+                "json" => true,
+                "table" => false,
+                other => {
+                    eprintln!("strand: --output must be table or json, not {other:?}");
+                    return ExitCode::from(2);
+                }
+            };
+            let brokers = strand_broker::cli::brokers(brokers);
+            match strand_broker::cli::queue::run(command, &brokers, json) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("strand: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve {
             config,
             data_dir,

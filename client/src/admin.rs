@@ -1,0 +1,224 @@
+//! Queue administration: create, delete, alter, describe, list.
+
+use strand_net::message::{read_body, TailBuilder};
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+use crate::connection::Connection;
+use crate::error::ClientError;
+
+/// When a queue's data is fdatasync'd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncSpec {
+    Always,
+    Interval { ms: u32, bytes: u64 },
+}
+
+/// Settings for a new queue; `None` takes the broker's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueSpec {
+    pub partitions: Option<u32>,
+    pub replication_factor: Option<u16>,
+    /// `Some(None)`: keep forever.
+    pub retention_ms: Option<Option<u64>>,
+    pub retention_bytes: Option<Option<u64>>,
+    pub fsync: Option<FsyncSpec>,
+    pub max_message_bytes: Option<u32>,
+}
+
+/// One partition of a described queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionDescription {
+    pub partition: u32,
+    pub leader: u32,
+    pub log_start: u64,
+    pub log_end: u64,
+    pub high_watermark: u64,
+    pub stored_bytes: u64,
+    pub segments: u32,
+}
+
+/// A queue's settings and partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueDescription {
+    pub name: String,
+    pub partitions: Vec<PartitionDescription>,
+    /// -1: no limit.
+    pub retention_ms: i64,
+    pub retention_bytes: i64,
+    pub replication_factor: u16,
+    pub fsync: FsyncSpec,
+    pub max_message_bytes: u32,
+}
+
+/// The admin client.
+#[derive(Clone)]
+pub struct Admin {
+    conn: Connection,
+}
+
+fn limit(v: Option<Option<u64>>) -> Option<i64> {
+    v.map(|l| l.map_or(-1, |n| n.min(i64::MAX as u64) as i64))
+}
+
+fn response<'a, T>(frame: &'a strand_net::Frame) -> Result<T::Inner, ClientError>
+where
+    T: strand_wire::flatbuffers::Follow<'a> + strand_wire::flatbuffers::Verifiable + 'a,
+{
+    read_body::<T>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))
+}
+
+impl Admin {
+    /// Connects to a broker (`host:port`).
+    pub fn connect(addr: &str) -> Result<Admin, ClientError> {
+        Ok(Admin {
+            conn: Connection::connect(addr)?,
+        })
+    }
+
+    pub async fn create_queue(&self, name: &str, spec: &QueueSpec) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let n = fbb.create_string(name);
+        let (fsync, fsync_interval_ms, fsync_interval_bytes) = match spec.fsync {
+            None | Some(FsyncSpec::Always) => (FsyncMode::Always, 0, 0),
+            Some(FsyncSpec::Interval { ms, bytes }) => (FsyncMode::Interval, ms, bytes),
+        };
+        let config = QueueConfig::create(
+            &mut fbb,
+            &QueueConfigArgs {
+                partitions: spec.partitions.unwrap_or(0),
+                replication_factor: spec.replication_factor.unwrap_or(1),
+                retention_ms: limit(spec.retention_ms),
+                retention_bytes: limit(spec.retention_bytes),
+                fsync,
+                fsync_interval_ms,
+                fsync_interval_bytes,
+                max_message_bytes: spec.max_message_bytes,
+            },
+        );
+        let root = CreateQueueRequest::create(
+            &mut fbb,
+            &CreateQueueRequestArgs {
+                name: Some(n),
+                config: Some(config),
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = self
+            .conn
+            .request(Api::CreateQueue, fbb.finished_data(), TailBuilder::default())
+            .await?;
+        ClientError::check(response::<CreateQueueResponse>(&f)?.error())
+    }
+
+    pub async fn delete_queue(&self, name: &str) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let n = fbb.create_string(name);
+        let root = DeleteQueueRequest::create(&mut fbb, &DeleteQueueRequestArgs { name: Some(n) });
+        fbb.finish_minimal(root);
+        let f = self
+            .conn
+            .request(Api::DeleteQueue, fbb.finished_data(), TailBuilder::default())
+            .await?;
+        ClientError::check(response::<DeleteQueueResponse>(&f)?.error())
+    }
+
+    /// Changes what `spec` sets (partitions can only grow).
+    pub async fn alter_queue(&self, name: &str, spec: &QueueSpec) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let n = fbb.create_string(name);
+        let (fsync, fsync_interval_ms, fsync_interval_bytes) = match spec.fsync {
+            None => (None, None, None),
+            Some(FsyncSpec::Always) => (Some(FsyncMode::Always), None, None),
+            Some(FsyncSpec::Interval { ms, bytes }) => (Some(FsyncMode::Interval), Some(ms), Some(bytes)),
+        };
+        let root = AlterQueueRequest::create(
+            &mut fbb,
+            &AlterQueueRequestArgs {
+                name: Some(n),
+                partitions: spec.partitions,
+                retention_ms: limit(spec.retention_ms),
+                retention_bytes: limit(spec.retention_bytes),
+                fsync,
+                fsync_interval_ms,
+                fsync_interval_bytes,
+                max_message_bytes: spec.max_message_bytes,
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = self
+            .conn
+            .request(Api::AlterQueue, fbb.finished_data(), TailBuilder::default())
+            .await?;
+        ClientError::check(response::<AlterQueueResponse>(&f)?.error())
+    }
+
+    pub async fn describe_queue(&self, name: &str) -> Result<QueueDescription, ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let n = fbb.create_string(name);
+        let root = DescribeQueueRequest::create(&mut fbb, &DescribeQueueRequestArgs { name: Some(n) });
+        fbb.finish_minimal(root);
+        let f = self
+            .conn
+            .request(Api::DescribeQueue, fbb.finished_data(), TailBuilder::default())
+            .await?;
+        let resp = response::<DescribeQueueResponse>(&f)?;
+        ClientError::check(resp.error())?;
+        let config = resp
+            .config()
+            .ok_or_else(|| ClientError::Protocol("describe without a config".into()))?;
+        Ok(QueueDescription {
+            name: resp.name().unwrap_or(name).to_string(),
+            partitions: resp
+                .partitions()
+                .iter()
+                .flatten()
+                .map(|p| PartitionDescription {
+                    partition: p.partition(),
+                    leader: p.leader(),
+                    log_start: p.log_start(),
+                    log_end: p.log_end(),
+                    high_watermark: p.high_watermark(),
+                    stored_bytes: p.stored_bytes(),
+                    segments: p.segments(),
+                })
+                .collect(),
+            retention_ms: config.retention_ms().unwrap_or(-1),
+            retention_bytes: config.retention_bytes().unwrap_or(-1),
+            replication_factor: config.replication_factor(),
+            fsync: if config.fsync() == FsyncMode::Interval {
+                FsyncSpec::Interval {
+                    ms: config.fsync_interval_ms(),
+                    bytes: config.fsync_interval_bytes(),
+                }
+            } else {
+                FsyncSpec::Always
+            },
+            max_message_bytes: config.max_message_bytes().unwrap_or(0),
+        })
+    }
+
+    /// Every queue's name and partition count.
+    pub async fn list_queues(&self) -> Result<Vec<(String, u32)>, ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let root = MetadataRequest::create(&mut fbb, &MetadataRequestArgs { queues: None });
+        fbb.finish_minimal(root);
+        let f = self
+            .conn
+            .request(Api::Metadata, fbb.finished_data(), TailBuilder::default())
+            .await?;
+        let resp = response::<MetadataResponse>(&f)?;
+        ClientError::check(resp.error())?;
+        Ok(resp
+            .queues()
+            .iter()
+            .flatten()
+            .map(|q| {
+                (
+                    q.name().unwrap_or_default().to_string(),
+                    q.partitions().map_or(0, |p| p.len() as u32),
+                )
+            })
+            .collect())
+    }
+}

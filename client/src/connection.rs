@@ -1,0 +1,195 @@
+//! One broker connection with its own reader thread.
+//!
+//! Runs on: the caller's threads (writes, under a mutex) and one reader
+//! thread per connection, which matches each response to its request by
+//! correlation id and completes that request's future. Requests are
+//! pipelined: many may be in flight on one connection.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+
+use bytes::BytesMut;
+use futures_channel::oneshot;
+use strand_net::frame::{self, FrameHeader, FrameLimits};
+use strand_net::message::TailBuilder;
+use strand_net::{Frame, OutFrame};
+use strand_wire::Api;
+
+use crate::error::ClientError;
+
+type Pending = Arc<Mutex<PendingState>>;
+
+#[derive(Default)]
+struct PendingState {
+    waiting: HashMap<u32, oneshot::Sender<Result<Frame, ClientError>>>,
+    /// Set when the reader stops: every later request fails at once.
+    closed: Option<ClientError>,
+}
+
+/// A connection to one broker. Cheap to clone; closes when the last clone
+/// goes (the reader thread then ends).
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: String,
+    writer: Mutex<(TcpStream, u32)>,
+    pending: Pending,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(w) = self.writer.lock() {
+            let _ = w.0.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Connection {
+    /// Connects to `addr` (`host:port`).
+    pub fn connect(addr: &str) -> Result<Connection, ClientError> {
+        let io = |e: std::io::Error| ClientError::Io {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        };
+        let sock: SocketAddr = addr
+            .to_socket_addrs()
+            .map_err(io)?
+            .next()
+            .ok_or_else(|| ClientError::Invalid(format!("{addr} resolves to no address")))?;
+        let stream = TcpStream::connect(sock).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        let reader = stream.try_clone().map_err(io)?;
+        let pending: Pending = Arc::default();
+        let p = pending.clone();
+        let name = addr.to_string();
+        std::thread::Builder::new()
+            .name(format!("strand-client {addr}"))
+            .spawn(move || read_loop(reader, p, name))
+            .map_err(io)?;
+        Ok(Connection {
+            inner: Arc::new(Inner {
+                addr: addr.to_string(),
+                writer: Mutex::new((stream, 1)),
+                pending,
+            }),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Sends a request (a finished flatbuffer body and its tail) and returns
+    /// the future of its response frame.
+    pub fn request(
+        &self,
+        api: Api,
+        body: &[u8],
+        tail: TailBuilder,
+    ) -> impl std::future::Future<Output = Result<Frame, ClientError>> + Send + 'static {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.send(api, body, tail, tx);
+        async move {
+            sent?;
+            rx.await.unwrap_or_else(|_| {
+                Err(ClientError::Protocol(
+                    "the connection closed before the response".into(),
+                ))
+            })
+        }
+    }
+
+    fn send(
+        &self,
+        api: Api,
+        body: &[u8],
+        tail: TailBuilder,
+        reply: oneshot::Sender<Result<Frame, ClientError>>,
+    ) -> Result<(), ClientError> {
+        let mut w = self
+            .inner
+            .writer
+            .lock()
+            .map_err(|_| ClientError::Protocol("connection lock poisoned".into()))?;
+        let id = w.1;
+        w.1 = w.1.wrapping_add(1);
+        {
+            let mut p = self
+                .inner
+                .pending
+                .lock()
+                .map_err(|_| ClientError::Protocol("connection lock poisoned".into()))?;
+            if let Some(e) = &p.closed {
+                return Err(e.clone());
+            }
+            p.waiting.insert(id, reply);
+        }
+        let header = FrameHeader {
+            api: api as u16,
+            version: 0,
+            correlation_id: id,
+        };
+        let out = OutFrame::new(header, body, tail);
+        let written = write_frame(&mut w.0, &out);
+        if let Err(e) = written {
+            let err = ClientError::Io {
+                addr: self.inner.addr.clone(),
+                message: e.to_string(),
+            };
+            if let Ok(mut p) = self.inner.pending.lock() {
+                p.waiting.remove(&id);
+            }
+            return Err(err);
+        }
+        Ok(())
+    }
+}
+
+fn write_frame(stream: &mut TcpStream, out: &OutFrame) -> std::io::Result<()> {
+    stream.write_all(&out.head)?;
+    for piece in &out.tail {
+        stream.write_all(piece)?;
+    }
+    Ok(())
+}
+
+fn read_loop(mut stream: TcpStream, pending: Pending, addr: String) {
+    let mut buf = BytesMut::with_capacity(64 << 10);
+    let limits = FrameLimits {
+        max_frame_bytes: u32::MAX,
+    };
+    let failure = loop {
+        match frame::decode(&mut buf, limits) {
+            Ok(Some(f)) => {
+                let waiter = pending
+                    .lock()
+                    .ok()
+                    .and_then(|mut p| p.waiting.remove(&f.header.correlation_id));
+                if let Some(w) = waiter {
+                    let _ = w.send(Ok(f));
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => break format!("malformed frame from the broker: {e}"),
+        }
+        let mut chunk = vec![0u8; 64 << 10];
+        match stream.read(&mut chunk) {
+            Ok(0) => break "the broker closed the connection".to_string(),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => break e.to_string(),
+        }
+    };
+    let err = ClientError::Io { addr, message: failure };
+    if let Ok(mut p) = pending.lock() {
+        p.closed = Some(err.clone());
+        for (_, w) in p.waiting.drain() {
+            let _ = w.send(Err(err.clone()));
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The one error type of the client.
+
+use strand_wire::ErrorCode;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    /// The broker answered with an error.
+    #[error("{message} ({code:?})")]
+    Broker { code: ErrorCodeName, message: String },
+    #[error("connection to {addr}: {message}")]
+    Io { addr: String, message: String },
+    /// The broker's answer could not be read.
+    #[error("bad response: {0}")]
+    Protocol(String),
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+/// An error code with its name, for messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCodeName(pub ErrorCode);
+
+impl std::fmt::Debug for ErrorCodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.variant_name().unwrap_or("unknown error"))
+    }
+}
+
+impl ClientError {
+    pub fn broker(code: ErrorCode, message: impl Into<String>) -> ClientError {
+        ClientError::Broker {
+            code: ErrorCodeName(code),
+            message: message.into(),
+        }
+    }
+
+    /// The broker's error code, if the broker answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Broker { code, .. } => Some(code.0),
+            _ => None,
+        }
+    }
+
+    /// Turns an `Error` table from a response into a result.
+    pub fn check(error: Option<strand_wire::Error<'_>>) -> Result<(), ClientError> {
+        match error {
+            Some(e) if e.code() != ErrorCode::None => {
+                Err(ClientError::broker(e.code(), e.message().unwrap_or_default()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
