@@ -4,6 +4,9 @@
 //!   table per API, the error codes, queue settings.
 //! - `src/generated/` is what flatc 25.12.19 makes of it (`flatbuffers/regen`;
 //!   CI fails if it is stale). Never edit it by hand.
+//! - [`batch`]: the record batch — the bytes a producer builds, the broker
+//!   stores and a consumer reads (layout byte by byte in its doc), with
+//!   [`varint`] and the [`Offset`] / [`LeaderEpoch`] newtypes.
 //! - [`Api`] numbers the APIs and says which versions this build speaks;
 //!   [`validate_queue_name`] is the one rule for queue names, shared by the
 //!   broker and the client.
@@ -12,7 +15,10 @@
 //! body length, body, raw tail) is `strand-net`'s business.
 
 mod api;
+pub mod batch;
 mod names;
+mod offset;
+pub mod varint;
 
 #[allow(
     clippy::all,
@@ -29,6 +35,7 @@ mod generated;
 pub use api::Api;
 pub use generated::strand::wire::*;
 pub use names::{validate_queue_name, QUEUE_NAME_MAX};
+pub use offset::{LeaderEpoch, Offset};
 
 /// Re-exported so users build and read messages with the same version.
 pub use flatbuffers;

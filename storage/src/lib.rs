@@ -6,7 +6,8 @@
 //!
 //! Map of the crate, bottom up:
 //! - [`batch`]: the record batch format (byte layout in its doc), building,
-//!   validating, stamping and iterating batches. Pure functions.
+//!   validating, stamping and iterating batches. Pure functions, defined in
+//!   `strand-wire` (the client uses them too) and re-exported here.
 //! - [`scan`]: the sans-I/O recovery scanner: walks batches in a buffer and
 //!   says where the valid log ends and why.
 //! - [`index`]: the sparse offset and time indexes of a segment and their
@@ -20,27 +21,25 @@
 //!   direct-I/O probe file, the file-descriptor cache for sealed segments and
 //!   the tail-cache memory budget.
 
-pub mod batch;
 pub mod config;
 pub mod error;
 pub mod fuzzing;
 pub mod index;
 pub mod log;
 pub mod notify;
-mod offset;
 pub mod retention;
 pub mod scan;
 pub mod segment;
 pub mod shard;
 mod tail_cache;
 pub mod testkit;
-pub mod varint;
 
 pub use config::{FsyncPolicy, LogConfig};
 pub use error::{BatchError, Result, StorageError};
 pub use log::{AppendInfo, Log, LogStats, ReadBatches};
-pub use offset::{LeaderEpoch, Offset};
 pub use shard::ShardStorage;
+pub use strand_wire::{batch, varint};
+pub use strand_wire::{LeaderEpoch, Offset};
 
 /// Keeps freed large buffers in the heap for reuse instead of handing them
 /// back to the kernel. Readers get a fresh ~1 MiB buffer per fetch from

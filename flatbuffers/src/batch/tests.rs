@@ -2,7 +2,6 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
-use crate::error::BatchError;
 
 const MAX: usize = 1 << 24;
 

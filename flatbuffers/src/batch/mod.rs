@@ -4,7 +4,8 @@
 //!
 //! Runs on: the client (encode), every shard (validate, stamp), recovery
 //! (frame check) and consumers (iterate). All of it is plain code over byte
-//! slices, no I/O.
+//! slices, no I/O — which is why it lives in `strand-wire`, usable by the
+//! client without the broker's storage stack (`strand-storage` re-exports it).
 //!
 //! # Batch layout (all integers little-endian)
 //!
@@ -58,14 +59,15 @@
 //! [`crate::varint`]).
 
 mod builder;
+mod error;
 mod records;
 
 pub use builder::BatchBuilder;
+pub use error::BatchError;
 pub use records::{Header, HeaderIter, Record, RecordIter};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::error::BatchError;
 use crate::{LeaderEpoch, Offset};
 
 /// Bytes in the fixed batch header.
@@ -187,16 +189,7 @@ pub fn batch_length(buf: &[u8]) -> Option<u32> {
 /// `[20, len)` (used to restamp without a second pass). Does not look at the
 /// records; [`validate`] does.
 pub fn check_frame(buf: &[u8], max_len: usize) -> Result<(BatchHeader, crc32fast::Hasher), BatchError> {
-    let header = BatchHeader::parse(buf).ok_or(BatchError::TooShort {
-        len: buf.len(),
-        min: HEADER_LEN,
-    })?;
-    if header.batch_length as usize != buf.len() {
-        return Err(BatchError::LengthMismatch {
-            field: header.batch_length,
-            actual: buf.len(),
-        });
-    }
+    let header = check_header(buf)?;
     if buf.len() > max_len {
         return Err(BatchError::TooLarge {
             len: buf.len(),
@@ -211,12 +204,6 @@ pub fn check_frame(buf: &[u8], max_len: usize) -> Result<(BatchHeader, crc32fast
             stored: header.crc,
             computed,
         });
-    }
-    if header.magic != MAGIC {
-        return Err(BatchError::BadMagic(header.magic));
-    }
-    if header.reserved != 0 {
-        return Err(BatchError::BadReserved(header.reserved));
     }
     Ok((header, body))
 }

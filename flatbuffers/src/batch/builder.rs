@@ -9,7 +9,7 @@ use crate::varint;
 /// leader epoch 0 (the broker stamps both).
 ///
 /// ```
-/// use strand_storage::batch::{BatchBuilder, RecordBatch};
+/// use strand_wire::batch::{BatchBuilder, RecordBatch};
 /// let mut b = BatchBuilder::new();
 /// b.push(Some(b"user-7"), Some(b"hello"), &[(b"trace", Some(b"abc"))], 1_700_000_000_000);
 /// let batch = RecordBatch::new(b.build().freeze(), 1 << 20).unwrap();
