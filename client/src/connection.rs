@@ -163,6 +163,7 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String) {
     let limits = FrameLimits {
         max_frame_bytes: u32::MAX,
     };
+    let mut chunk = vec![0u8; 64 << 10];
     let failure = loop {
         match frame::decode(&mut buf, limits) {
             Ok(Some(f)) => {
@@ -178,7 +179,6 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String) {
             Ok(None) => {}
             Err(e) => break format!("malformed frame from the broker: {e}"),
         }
-        let mut chunk = vec![0u8; 64 << 10];
         match stream.read(&mut chunk) {
             Ok(0) => break "the broker closed the connection".to_string(),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),

@@ -77,27 +77,10 @@ pub enum FrameError {
 /// [`needed`] to size its next read), and an error when the frame is
 /// malformed. The frame's bytes are split off `buf` without copying.
 pub fn decode(buf: &mut BytesMut, limits: FrameLimits) -> Result<Option<Frame>, FrameError> {
-    let Some(total) = check(buf, limits)? else {
-        return Ok(None);
-    };
-    if buf.len() < total {
-        return Ok(None);
-    }
-    let mut frame = buf.split_to(total).freeze();
-    frame.advance(4);
-    let api = frame.get_u16_le();
-    let version = frame.get_u16_le();
-    let correlation_id = frame.get_u32_le();
-    let body_len = frame.get_u32_le() as usize;
-    let body = frame.split_to(body_len);
-    Ok(Some(Frame {
-        header: FrameHeader {
-            api,
-            version,
-            correlation_id,
-        },
-        body,
-        tail: frame,
+    Ok(decode_mut(buf, limits)?.map(|f| Frame {
+        header: f.header,
+        body: f.body,
+        tail: f.tail.freeze(),
     }))
 }
 
@@ -120,18 +103,12 @@ pub fn decode_mut(buf: &mut BytesMut, limits: FrameLimits) -> Result<Option<Fram
         return Ok(None);
     }
     let mut frame = buf.split_to(total);
-    frame.advance(4);
-    let api = frame.get_u16_le();
-    let version = frame.get_u16_le();
-    let correlation_id = frame.get_u32_le();
+    let header = peek_header(&frame).expect("check() saw the fixed fields");
+    frame.advance(12);
     let body_len = frame.get_u32_le() as usize;
     let body = frame.split_to(body_len).freeze();
     Ok(Some(FrameMut {
-        header: FrameHeader {
-            api,
-            version,
-            correlation_id,
-        },
+        header,
         body,
         tail: frame,
     }))

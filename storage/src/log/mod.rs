@@ -354,44 +354,31 @@ impl Log {
         }
     }
 
+    /// Waits for the I/O lock.
     async fn lock(&self) -> Result<IoGuard<'_>> {
-        let permit = self
-            .inner
-            .io_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| StorageError::Closed)?;
-        Ok(IoGuard {
-            _permit: permit,
-            notify: &self.inner.io_done,
-        })
+        self.guard(self.inner.io_lock.acquire_permit(1).await.ok())
+            .ok_or(StorageError::Closed)
     }
 
     /// The I/O lock if it is free now.
     fn try_lock(&self) -> Option<IoGuard<'_>> {
-        let permit = self.inner.io_lock.try_acquire_permit(1).ok()?;
-        Some(IoGuard {
-            _permit: permit,
-            notify: &self.inner.io_done,
-        })
+        self.guard(self.inner.io_lock.try_acquire_permit(1).ok())
     }
 
+    /// Waits for the sync lock.
     async fn lock_sync(&self) -> Result<IoGuard<'_>> {
-        let permit = self
-            .inner
-            .sync_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| StorageError::Closed)?;
-        Ok(IoGuard {
-            _permit: permit,
-            notify: &self.inner.io_done,
-        })
+        self.guard(self.inner.sync_lock.acquire_permit(1).await.ok())
+            .ok_or(StorageError::Closed)
     }
 
+    /// The sync lock if it is free now.
     fn try_lock_sync(&self) -> Option<IoGuard<'_>> {
-        let permit = self.inner.sync_lock.try_acquire_permit(1).ok()?;
-        Some(IoGuard {
+        self.guard(self.inner.sync_lock.try_acquire_permit(1).ok())
+    }
+
+    /// Wraps a permit so that releasing it wakes the durability waiters.
+    fn guard<'a>(&'a self, permit: Option<glommio::sync::Permit<'a>>) -> Option<IoGuard<'a>> {
+        permit.map(|permit| IoGuard {
             _permit: permit,
             notify: &self.inner.io_done,
         })
