@@ -1,5 +1,6 @@
 //! `strand-bench produce`: produce throughput and latency against a running
-//! broker, over the raw protocol (strand-net frames over std TCP), beside
+//! broker, over the raw protocol (single Produce requests through
+//! strand-client's connection, no producer batching), beside
 //! the raw O_DIRECT write limit of the machine measured in the same run.
 //!
 //! `--connections` threads each send 1 MiB batches of 1,000-byte records
@@ -13,21 +14,17 @@
 //! `p999_us`, `max_us` (request latency), `raw_mib_s` and `ratio`
 //! (produce ÷ raw).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use hdrhistogram::Histogram;
-use strand_net::frame::{self, FrameHeader, FrameLimits};
-use strand_net::message::{body, TailBuilder};
-use strand_net::OutFrame;
+use strand_client::{block_on, requests, Admin, Connection, FsyncSpec, QueueSpec};
 use strand_storage::testkit;
-use strand_wire::flatbuffers::FlatBufferBuilder;
-use strand_wire::*;
+use strand_wire::{Api, ErrorCode};
 
 use crate::report::{mib_s, round2, table, Latency};
 use crate::storage::{err, raw_write_slice, slices, MIB, RECORDS_PER_MIB_BATCH, RECORD_BYTES};
@@ -55,122 +52,26 @@ pub struct Args {
     raw_dir: PathBuf,
 }
 
-/// One connection speaking the protocol, one request at a time.
-struct Conn {
-    stream: TcpStream,
-    buf: BytesMut,
-    next_id: u32,
+/// Produces one run of batches and waits for the answer.
+fn produce(conn: &Connection, queue: &str, partition: u32, batch: Bytes) -> Result<(), String> {
+    let (body, tail) = requests::produce(queue, partition, 1, batch);
+    let frame = block_on(conn.request(Api::Produce, &body, tail)).map_err(err)?;
+    requests::produced(&frame)
+        .map(|_| ())
+        .map_err(|e| format!("produce failed: {e}"))
 }
 
-impl Conn {
-    fn connect(addr: SocketAddr) -> Result<Conn, String> {
-        let stream = TcpStream::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
-        stream.set_nodelay(true).map_err(err)?;
-        stream.set_read_timeout(Some(Duration::from_secs(60))).map_err(err)?;
-        Ok(Conn {
-            stream,
-            buf: BytesMut::new(),
-            next_id: 1,
-        })
-    }
-
-    fn call(&mut self, api: Api, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> Result<strand_net::Frame, String> {
-        let header = FrameHeader {
-            api: api as u16,
-            version: 0,
-            correlation_id: self.next_id,
-        };
-        self.next_id += 1;
-        let out = OutFrame::new(header, fbb.finished_data(), tail);
-        self.stream.write_all(&out.head).map_err(err)?;
-        for piece in &out.tail {
-            self.stream.write_all(piece).map_err(err)?;
-        }
-        loop {
-            if let Some(f) = frame::decode(&mut self.buf, FrameLimits::default()).map_err(err)? {
-                return Ok(f);
-            }
-            let mut chunk = [0u8; 16 << 10];
-            let n = self.stream.read(&mut chunk).map_err(err)?;
-            if n == 0 {
-                return Err("the broker closed the connection".into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    fn create_queue(&mut self, name: &str, partitions: u32) -> Result<(), String> {
-        let mut fbb = FlatBufferBuilder::new();
-        let n = fbb.create_string(name);
-        let config = QueueConfig::create(
-            &mut fbb,
-            &QueueConfigArgs {
-                partitions,
-                fsync: FsyncMode::Always,
-                ..Default::default()
-            },
-        );
-        let root = CreateQueueRequest::create(
-            &mut fbb,
-            &CreateQueueRequestArgs {
-                name: Some(n),
-                config: Some(config),
-            },
-        );
-        fbb.finish_minimal(root);
-        let f = self.call(Api::CreateQueue, &fbb, TailBuilder::default())?;
-        match body::<CreateQueueResponse>(&f).map_err(err)?.error() {
-            Some(e) if e.code() != ErrorCode::QueueAlreadyExists => {
-                Err(format!("creating {name}: {}", e.message().unwrap_or_default()))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    fn produce(&mut self, queue: &str, partition: u32, batch: Bytes) -> Result<(), String> {
-        let mut fbb = FlatBufferBuilder::new();
-        let mut tail = TailBuilder::default();
-        let (records_offset, records_len) = tail.push(batch);
-        let part = ProducePartition::create(
-            &mut fbb,
-            &ProducePartitionArgs {
-                partition,
-                records_offset,
-                records_len,
-            },
-        );
-        let parts = fbb.create_vector(&[part]);
-        let name = fbb.create_string(queue);
-        let q = ProduceQueue::create(
-            &mut fbb,
-            &ProduceQueueArgs {
-                name: Some(name),
-                partitions: Some(parts),
-            },
-        );
-        let queues = fbb.create_vector(&[q]);
-        let root = ProduceRequest::create(
-            &mut fbb,
-            &ProduceRequestArgs {
-                acks: 1,
-                timeout_ms: 30_000,
-                queues: Some(queues),
-            },
-        );
-        fbb.finish_minimal(root);
-        let f = self.call(Api::Produce, &fbb, tail)?;
-        let resp = body::<ProduceResponse>(&f).map_err(err)?;
-        let error = resp.error().or_else(|| {
-            resp.queues()
-                .and_then(|q| q.iter().next())
-                .and_then(|q| q.partitions())
-                .and_then(|p| p.iter().next())
-                .and_then(|p| p.error())
-        });
-        match error {
-            Some(e) => Err(format!("produce failed: {}", e.message().unwrap_or_default())),
-            None => Ok(()),
-        }
+/// Creates the queue (fsync=always) unless it exists.
+fn create_queue(addr: &str, name: &str, partitions: u32) -> Result<(), String> {
+    let admin = Admin::connect(addr).map_err(err)?;
+    let spec = QueueSpec {
+        partitions: Some(partitions),
+        fsync: Some(FsyncSpec::Always),
+        ..QueueSpec::default()
+    };
+    match block_on(admin.create_queue(name, &spec)) {
+        Err(e) if e.code() != Some(ErrorCode::QueueAlreadyExists) => Err(format!("creating {name}: {e}")),
+        _ => Ok(()),
     }
 }
 
@@ -178,7 +79,8 @@ pub fn run(args: Args) -> Result<(), String> {
     if args.mib == 0 || args.connections == 0 || args.partitions == 0 {
         return Err("--mib, --connections and --partitions must be > 0".into());
     }
-    Conn::connect(args.brokers)?.create_queue(&args.queue, args.partitions)?;
+    let addr = args.brokers.to_string();
+    create_queue(&addr, &args.queue, args.partitions)?;
     // Batches are built before the clock starts (client work).
     let batches: Vec<Bytes> = (0..args.mib as u64)
         .map(|tag| testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 1_700_000_000_000).freeze())
@@ -189,8 +91,8 @@ pub fn run(args: Args) -> Result<(), String> {
         .tempdir_in(&args.raw_dir)
         .map_err(|e| format!("temporary directory in {}: {e}", args.raw_dir.display()))?;
     let raw_path = raw_dir.path().join("raw.bin");
-    let mut conns: Vec<Conn> = (0..args.connections)
-        .map(|_| Conn::connect(args.brokers))
+    let conns: Vec<Connection> = (0..args.connections)
+        .map(|_| Connection::connect(&addr).map_err(err))
         .collect::<Result<_, _>>()?;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).map_err(err)?;
     let (mut raw_secs, mut produce_secs) = (0.0, 0.0);
@@ -216,7 +118,7 @@ pub fn run(args: Args) -> Result<(), String> {
         let start = Instant::now();
         std::thread::scope(|scope| -> Result<(), String> {
             let mut handles = Vec::new();
-            for (c, conn) in conns.iter_mut().enumerate() {
+            for (c, conn) in conns.iter().enumerate() {
                 let (next, latencies, batches, queue) = (next.clone(), latencies.clone(), &batches, &args.queue);
                 let (end, partitions) = (slice.end, args.partitions);
                 handles.push(scope.spawn(move || -> Result<(), String> {
@@ -231,7 +133,7 @@ pub fn run(args: Args) -> Result<(), String> {
                             *n - 1
                         };
                         let t = Instant::now();
-                        conn.produce(queue, (i as u32 + c as u32) % partitions, batches[i].clone())?;
+                        produce(conn, queue, (i as u32 + c as u32) % partitions, batches[i].clone())?;
                         mine.push(t.elapsed().as_nanos() as u64);
                     }
                     latencies.lock().map_err(err)?.extend(mine);

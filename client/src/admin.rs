@@ -69,6 +69,13 @@ where
 }
 
 impl Admin {
+    /// Sends a finished request body and waits for its response.
+    async fn call(&self, api: Api, fbb: &FlatBufferBuilder<'_>) -> Result<strand_net::Frame, ClientError> {
+        self.conn
+            .request(api, fbb.finished_data(), TailBuilder::default())
+            .await
+    }
+
     /// Connects to a broker (`host:port`).
     pub fn connect(addr: &str) -> Result<Admin, ClientError> {
         Ok(Admin {
@@ -104,10 +111,7 @@ impl Admin {
             },
         );
         fbb.finish_minimal(root);
-        let f = self
-            .conn
-            .request(Api::CreateQueue, fbb.finished_data(), TailBuilder::default())
-            .await?;
+        let f = self.call(Api::CreateQueue, &fbb).await?;
         ClientError::check(response::<CreateQueueResponse>(&f)?.error())
     }
 
@@ -116,10 +120,7 @@ impl Admin {
         let n = fbb.create_string(name);
         let root = DeleteQueueRequest::create(&mut fbb, &DeleteQueueRequestArgs { name: Some(n) });
         fbb.finish_minimal(root);
-        let f = self
-            .conn
-            .request(Api::DeleteQueue, fbb.finished_data(), TailBuilder::default())
-            .await?;
+        let f = self.call(Api::DeleteQueue, &fbb).await?;
         ClientError::check(response::<DeleteQueueResponse>(&f)?.error())
     }
 
@@ -146,10 +147,7 @@ impl Admin {
             },
         );
         fbb.finish_minimal(root);
-        let f = self
-            .conn
-            .request(Api::AlterQueue, fbb.finished_data(), TailBuilder::default())
-            .await?;
+        let f = self.call(Api::AlterQueue, &fbb).await?;
         ClientError::check(response::<AlterQueueResponse>(&f)?.error())
     }
 
@@ -158,10 +156,7 @@ impl Admin {
         let n = fbb.create_string(name);
         let root = DescribeQueueRequest::create(&mut fbb, &DescribeQueueRequestArgs { name: Some(n) });
         fbb.finish_minimal(root);
-        let f = self
-            .conn
-            .request(Api::DescribeQueue, fbb.finished_data(), TailBuilder::default())
-            .await?;
+        let f = self.call(Api::DescribeQueue, &fbb).await?;
         let resp = response::<DescribeQueueResponse>(&f)?;
         ClientError::check(resp.error())?;
         let config = resp
@@ -203,10 +198,7 @@ impl Admin {
         let mut fbb = FlatBufferBuilder::new();
         let root = MetadataRequest::create(&mut fbb, &MetadataRequestArgs { queues: None });
         fbb.finish_minimal(root);
-        let f = self
-            .conn
-            .request(Api::Metadata, fbb.finished_data(), TailBuilder::default())
-            .await?;
+        let f = self.call(Api::Metadata, &fbb).await?;
         let resp = response::<MetadataResponse>(&f)?;
         ClientError::check(resp.error())?;
         Ok(resp

@@ -8,12 +8,14 @@
 //! - [`Connection`]: one broker connection, pipelined requests matched to
 //!   responses by correlation id.
 //! - [`Admin`]: create, delete, alter, describe and list queues.
+//! - [`requests`]: request bodies and response readers for the data APIs.
 //!
 //! The producer and consumer come next (issue 4).
 
 mod admin;
 mod connection;
 mod error;
+pub mod requests;
 
 pub use admin::{Admin, FsyncSpec, PartitionDescription, QueueDescription, QueueSpec};
 pub use connection::Connection;

@@ -114,6 +114,10 @@ impl Client {
     }
 
     pub fn send(&mut self, api: Api, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> u32 {
+        self.send_body(api, fbb.finished_data(), tail)
+    }
+
+    pub fn send_body(&mut self, api: Api, body: &[u8], tail: TailBuilder) -> u32 {
         let id = self.next_id;
         self.next_id += 1;
         let out = OutFrame::new(
@@ -122,7 +126,7 @@ impl Client {
                 version: 0,
                 correlation_id: id,
             },
-            fbb.finished_data(),
+            body,
             tail,
         );
         self.stream.write_all(&out.to_bytes()).unwrap();
@@ -142,7 +146,11 @@ impl Client {
     }
 
     pub fn call(&mut self, api: Api, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> Frame {
-        let id = self.send(api, fbb, tail);
+        self.call_body(api, fbb.finished_data(), tail)
+    }
+
+    pub fn call_body(&mut self, api: Api, body: &[u8], tail: TailBuilder) -> Frame {
+        let id = self.send_body(api, body, tail);
         let f = self.recv();
         assert_eq!(f.header.correlation_id, id);
         assert_eq!(f.header.api, api as u16);
@@ -193,50 +201,13 @@ impl Client {
         batch: Bytes,
         acks: i8,
     ) -> Result<(u64, u64), (ErrorCode, String)> {
-        let mut fbb = FlatBufferBuilder::new();
-        let mut tail = TailBuilder::default();
-        let (records_offset, records_len) = tail.push(batch);
-        let part = ProducePartition::create(
-            &mut fbb,
-            &ProducePartitionArgs {
-                partition,
-                records_offset,
-                records_len,
-            },
-        );
-        let parts = fbb.create_vector(&[part]);
-        let name = fbb.create_string(queue);
-        let q = ProduceQueue::create(
-            &mut fbb,
-            &ProduceQueueArgs {
-                name: Some(name),
-                partitions: Some(parts),
-            },
-        );
-        let queues = fbb.create_vector(&[q]);
-        let root = ProduceRequest::create(
-            &mut fbb,
-            &ProduceRequestArgs {
-                acks,
-                timeout_ms: 10_000,
-                queues: Some(queues),
-            },
-        );
-        fbb.finish_minimal(root);
+        let (body, tail) = strand_client::requests::produce(queue, partition, acks, batch);
         if acks == 0 {
-            self.send(Api::Produce, &fbb, tail);
+            self.send_body(Api::Produce, &body, tail);
             return Ok((0, 0));
         }
-        let f = self.call(Api::Produce, &fbb, tail);
-        let resp = body::<ProduceResponse>(&f).unwrap();
-        if let Some(e) = resp.error() {
-            return Err((e.code(), e.message().unwrap_or_default().to_string()));
-        }
-        let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
-        match p.error() {
-            Some(e) => Err((e.code(), e.message().unwrap_or_default().to_string())),
-            None => Ok((p.base_offset(), p.last_offset())),
-        }
+        let f = self.call_body(Api::Produce, &body, tail);
+        strand_client::requests::produced(&f).map_err(|e| (e.code().unwrap_or(ErrorCode::Internal), e.to_string()))
     }
 
     /// Fetches from one partition: the batches, and the high watermark.

@@ -1,0 +1,62 @@
+//! Request bodies and response readers for the data APIs, below the
+//! producer and consumer: one place that knows how a produce request is laid
+//! out, used by the bench harness and the broker's tests too.
+
+use bytes::Bytes;
+use strand_net::message::{read_body, TailBuilder};
+use strand_net::Frame;
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+use crate::error::ClientError;
+
+/// A Produce request of one record-batch run (`records`: one or more whole
+/// batches) for one partition: the body and the tail to send with it.
+pub fn produce(queue: &str, partition: u32, acks: i8, records: Bytes) -> (Vec<u8>, TailBuilder) {
+    let mut fbb = FlatBufferBuilder::new();
+    let mut tail = TailBuilder::default();
+    let (records_offset, records_len) = tail.push(records);
+    let part = ProducePartition::create(
+        &mut fbb,
+        &ProducePartitionArgs {
+            partition,
+            records_offset,
+            records_len,
+        },
+    );
+    let parts = fbb.create_vector(&[part]);
+    let name = fbb.create_string(queue);
+    let q = ProduceQueue::create(
+        &mut fbb,
+        &ProduceQueueArgs {
+            name: Some(name),
+            partitions: Some(parts),
+        },
+    );
+    let queues = fbb.create_vector(&[q]);
+    let root = ProduceRequest::create(
+        &mut fbb,
+        &ProduceRequestArgs {
+            acks,
+            timeout_ms: 30_000,
+            queues: Some(queues),
+        },
+    );
+    fbb.finish_minimal(root);
+    (fbb.finished_data().to_vec(), tail)
+}
+
+/// The (base offset, last offset) of the first partition in a Produce
+/// response, or its error.
+pub fn produced(frame: &Frame) -> Result<(u64, u64), ClientError> {
+    let resp = read_body::<ProduceResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    ClientError::check(resp.error())?;
+    let part = resp
+        .queues()
+        .and_then(|q| q.iter().next())
+        .and_then(|q| q.partitions())
+        .and_then(|p| p.iter().next())
+        .ok_or_else(|| ClientError::Protocol("produce response without a partition".into()))?;
+    ClientError::check(part.error())?;
+    Ok((part.base_offset(), part.last_offset()))
+}
