@@ -27,6 +27,22 @@ enum Command {
         #[arg(long, global = true, default_value = "table")]
         output: String,
     },
+    /// Send stdin to a queue, one message per line.
+    Produce {
+        #[command(flatten)]
+        args: strand_broker::cli::produce::ProduceArgs,
+        /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
+        #[arg(long)]
+        brokers: Option<String>,
+    },
+    /// Print a queue's messages as they arrive.
+    Consume {
+        #[command(flatten)]
+        args: strand_broker::cli::consume::ConsumeArgs,
+        /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
+        #[arg(long)]
+        brokers: Option<String>,
+    },
     /// Run a broker. Flags override the config file, which overrides defaults.
     Serve {
         /// TOML config file.
@@ -75,13 +91,16 @@ fn main() -> ExitCode {
                 }
             };
             let brokers = strand_broker::cli::brokers(brokers);
-            match strand_broker::cli::queue::run(command, &brokers, json) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("strand: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            finish(strand_broker::cli::queue::run(command, &brokers, json))
+        }
+        Command::Produce { args, brokers } => {
+            let brokers = strand_broker::cli::brokers(brokers).join(",");
+            let stdin = std::io::stdin();
+            finish(strand_broker::cli::produce::run(args, &brokers, stdin.lock()))
+        }
+        Command::Consume { args, brokers } => {
+            let brokers = strand_broker::cli::brokers(brokers).join(",");
+            finish(strand_broker::cli::consume::run(args, &brokers))
         }
         Command::Serve {
             config,
@@ -112,6 +131,17 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// Exit 0, or print the one-line error and exit 1.
+fn finish(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strand: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -23,15 +23,7 @@ impl fmt::Display for ShardId {
     }
 }
 
-/// 64-bit FNV-1a of `bytes`.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
-}
+pub use strand_wire::fnv1a64;
 
 /// The shard that owns `partition` of `queue` on a node with `shards`
 /// shards. Panics if `shards` is 0 (a node has at least one).
@@ -45,14 +37,6 @@ pub fn shard_for(queue: &str, partition: u32, shards: u16) -> ShardId {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn fnv_matches_its_definition() {
-        // Published FNV-1a 64 test vectors.
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
-    }
 
     #[test]
     fn one_shard_owns_everything() {

@@ -21,9 +21,13 @@ use crate::error::ClientError;
 
 type Pending = Arc<Mutex<PendingState>>;
 
+/// What to do with a response (or the failure that replaces it); runs on
+/// the connection's reader thread, so it must be quick.
+pub type OnResponse = Box<dyn FnOnce(Result<Frame, ClientError>) + Send>;
+
 #[derive(Default)]
 struct PendingState {
-    waiting: HashMap<u32, oneshot::Sender<Result<Frame, ClientError>>>,
+    waiting: HashMap<u32, OnResponse>,
     /// Set when the reader stops: every later request fails at once.
     closed: Option<ClientError>,
 }
@@ -84,6 +88,11 @@ impl Connection {
         &self.inner.addr
     }
 
+    /// Whether the connection has ended (its reader stopped).
+    pub fn is_closed(&self) -> bool {
+        self.inner.pending.lock().map_or(true, |p| p.closed.is_some())
+    }
+
     /// Sends a request (a finished flatbuffer body and its tail) and returns
     /// the future of its response frame.
     pub fn request(
@@ -93,7 +102,14 @@ impl Connection {
         tail: TailBuilder,
     ) -> impl std::future::Future<Output = Result<Frame, ClientError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
-        let sent = self.send(api, body, tail, tx);
+        let sent = self.send(
+            api,
+            body,
+            tail,
+            Some(Box::new(move |r| {
+                let _ = tx.send(r);
+            })),
+        );
         async move {
             sent?;
             rx.await.unwrap_or_else(|_| {
@@ -104,12 +120,15 @@ impl Connection {
         }
     }
 
-    fn send(
+    /// Sends a request; `on_response` runs on the reader thread with its
+    /// response, or with the error that ended the connection. `None`: no
+    /// response is expected (a produce with acks=0), and `Ok` means written.
+    pub fn send(
         &self,
         api: Api,
         body: &[u8],
         tail: TailBuilder,
-        reply: oneshot::Sender<Result<Frame, ClientError>>,
+        on_response: Option<OnResponse>,
     ) -> Result<(), ClientError> {
         let mut w = self
             .inner
@@ -118,6 +137,7 @@ impl Connection {
             .map_err(|_| ClientError::Protocol("connection lock poisoned".into()))?;
         let id = w.1;
         w.1 = w.1.wrapping_add(1);
+        let mut expects_response = false;
         {
             let mut p = self
                 .inner
@@ -127,7 +147,10 @@ impl Connection {
             if let Some(e) = &p.closed {
                 return Err(e.clone());
             }
-            p.waiting.insert(id, reply);
+            if let Some(f) = on_response {
+                expects_response = true;
+                p.waiting.insert(id, f);
+            }
         }
         let header = FrameHeader {
             api: api as u16,
@@ -141,10 +164,14 @@ impl Connection {
                 addr: self.inner.addr.clone(),
                 message: e.to_string(),
             };
-            if let Ok(mut p) = self.inner.pending.lock() {
-                p.waiting.remove(&id);
+            let still_waiting = match self.inner.pending.lock() {
+                Ok(mut p) => p.waiting.remove(&id).is_some(),
+                Err(_) => true,
+            };
+            // If the reader already failed the request, it has been told.
+            if still_waiting || !expects_response {
+                return Err(err);
             }
-            return Err(err);
         }
         Ok(())
     }
@@ -172,7 +199,7 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String) {
                     .ok()
                     .and_then(|mut p| p.waiting.remove(&f.header.correlation_id));
                 if let Some(w) = waiter {
-                    let _ = w.send(Ok(f));
+                    w(Ok(f));
                 }
                 continue;
             }
@@ -186,10 +213,15 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String) {
         }
     };
     let err = ClientError::Io { addr, message: failure };
-    if let Ok(mut p) = pending.lock() {
-        p.closed = Some(err.clone());
-        for (_, w) in p.waiting.drain() {
-            let _ = w.send(Err(err.clone()));
+    let waiting: Vec<OnResponse> = match pending.lock() {
+        Ok(mut p) => {
+            p.closed = Some(err.clone());
+            p.waiting.drain().map(|(_, w)| w).collect()
         }
+        Err(_) => Vec::new(),
+    };
+    // Outside the lock: a callback may send on a new connection.
+    for w in waiting {
+        w(Err(err.clone()));
     }
 }

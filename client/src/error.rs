@@ -14,6 +14,18 @@ pub enum ClientError {
     Protocol(String),
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A record is larger than the queue (or the producer's buffer) takes.
+    #[error("a record of {bytes} bytes (as a batch) is over the limit of {limit} bytes (MessageTooLarge)")]
+    MessageTooLarge { bytes: usize, limit: usize },
+    /// The producer's buffer is full and it was told not to wait.
+    #[error("the producer's buffer is full ({buffered} of {limit} bytes waiting for acknowledgement)")]
+    BufferFull { buffered: usize, limit: usize },
+    /// Retries ran out of time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The producer or consumer was dropped or closed.
+    #[error("the client was closed")]
+    Closed,
 }
 
 /// An error code with its name, for messages.
@@ -40,6 +52,11 @@ impl ClientError {
             ClientError::Broker { code, .. } => Some(code.0),
             _ => None,
         }
+    }
+
+    /// Whether the connection failed (as opposed to an answer).
+    pub fn is_io(&self) -> bool {
+        matches!(self, ClientError::Io { .. })
     }
 
     /// Turns an `Error` table from a response into a result.

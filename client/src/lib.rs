@@ -3,23 +3,35 @@
 //! No async runtime is required: each broker connection has its own I/O
 //! thread (std sockets), requests are pipelined on it, and every call
 //! returns a plain future (resolved from that thread) that tokio, glommio,
-//! or a blocking wrapper can await. So far:
+//! or a blocking wrapper ([`block_on`]) can await.
 //!
+//! - [`Producer`]: records in, (partition, offset) out; batching with
+//!   batch bytes + linger, the key partitioner, a bounded buffer, retries.
+//! - [`Consumer`]: assign partitions, seek, long-poll with pipelined fetches.
+//! - [`Admin`]: create, delete, alter, describe and list queues.
+//! - [`Cluster`]: bootstrap brokers, connections per broker, queue metadata.
 //! - [`Connection`]: one broker connection, pipelined requests matched to
 //!   responses by correlation id.
-//! - [`Admin`]: create, delete, alter, describe and list queues.
 //! - [`requests`]: request bodies and response readers for the data APIs.
 //!
-//! The producer and consumer come next (issue 4).
+//! Errors are one enum, [`ClientError`], carrying the broker's error codes
+//! and messages. `examples/` shows use from a plain thread, tokio and
+//! glommio.
 
 mod admin;
+mod cluster;
 mod connection;
+mod consumer;
 mod error;
+mod producer;
 pub mod requests;
 
 pub use admin::{Admin, FsyncSpec, PartitionDescription, QueueDescription, QueueSpec};
+pub use cluster::{parse_brokers, Cluster, QueueInfo, METADATA_MAX_AGE};
 pub use connection::Connection;
-pub use error::ClientError;
+pub use consumer::{ConsumedRecord, Consumer, ConsumerConfig, Seek};
+pub use error::{ClientError, ErrorCodeName};
+pub use producer::{Acks, Delivered, Delivery, Producer, ProducerConfig, WhenFull};
 
 /// Runs a future to completion on the current thread (the blocking API).
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {

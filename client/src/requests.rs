@@ -13,9 +13,24 @@ use crate::error::ClientError;
 /// A Produce request of one record-batch run (`records`: one or more whole
 /// batches) for one partition: the body and the tail to send with it.
 pub fn produce(queue: &str, partition: u32, acks: i8, records: Bytes) -> (Vec<u8>, TailBuilder) {
+    produce_batches(queue, partition, acks, 30_000, [records])
+}
+
+/// A Produce request of consecutive batches for one partition; the broker
+/// appends them together, so their offsets follow each other.
+pub fn produce_batches(
+    queue: &str,
+    partition: u32,
+    acks: i8,
+    timeout_ms: u32,
+    batches: impl IntoIterator<Item = Bytes>,
+) -> (Vec<u8>, TailBuilder) {
     let mut fbb = FlatBufferBuilder::new();
     let mut tail = TailBuilder::default();
-    let (records_offset, records_len) = tail.push(records);
+    for b in batches {
+        tail.push(b);
+    }
+    let (records_offset, records_len) = (0, tail.len() as u32);
     let part = ProducePartition::create(
         &mut fbb,
         &ProducePartitionArgs {
@@ -38,7 +53,7 @@ pub fn produce(queue: &str, partition: u32, acks: i8, records: Bytes) -> (Vec<u8
         &mut fbb,
         &ProduceRequestArgs {
             acks,
-            timeout_ms: 30_000,
+            timeout_ms,
             queues: Some(queues),
         },
     );

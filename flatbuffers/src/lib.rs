@@ -9,13 +9,15 @@
 //!   [`varint`] and the [`Offset`] / [`LeaderEpoch`] newtypes.
 //! - [`Api`] numbers the APIs and says which versions this build speaks;
 //!   [`validate_queue_name`] is the one rule for queue names, shared by the
-//!   broker and the client.
+//!   broker and the client; [`partition_for_key`] (over [`fnv1a64`]) is the
+//!   one key → partition rule.
 //!
 //! The frame that carries a message (length, API, version, correlation id,
 //! body length, body, raw tail) is `strand-net`'s business.
 
 mod api;
 pub mod batch;
+mod hash;
 mod names;
 mod offset;
 pub mod varint;
@@ -34,6 +36,7 @@ mod generated;
 
 pub use api::Api;
 pub use generated::strand::wire::*;
+pub use hash::{fnv1a64, partition_for_key};
 pub use names::{validate_queue_name, QUEUE_NAME_MAX};
 pub use offset::{LeaderEpoch, Offset};
 

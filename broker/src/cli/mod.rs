@@ -3,7 +3,9 @@
 //! `$STRAND_BROKERS`, else `127.0.0.1:9400`), exits 0 on success and
 //! otherwise prints one line to stderr and exits non-zero.
 
+pub mod consume;
 pub mod parse;
+pub mod produce;
 pub mod queue;
 
 /// Where to reach the cluster: the flag, else `$STRAND_BROKERS`, else the

@@ -1,20 +1,33 @@
-//! One client connection: read frames, serve them one at a time in order,
-//! write the responses.
+//! One client connection: read frames, serve up to [`MAX_IN_FLIGHT`] of
+//! them at once, write the responses in request order.
 //!
 //! Runs on: the shard whose listener accepted the connection (the kernel
-//! spreads connections over the shards' SO_REUSEPORT listeners).
+//! spreads connections over the shards' SO_REUSEPORT listeners). Two tasks
+//! per connection: this reader, which decodes frames and spawns one handler
+//! task per request, and a writer, which awaits those tasks in the order the
+//! requests came and writes each response. So a client may pipeline: a long
+//! poll does not hold up a produce behind it, and produce requests for
+//! different partitions share group commits. Handler tasks start in arrival
+//! order (glommio runs a queue's tasks first in, first out), so two produce
+//! requests for one partition on one connection append in the order sent.
 //!
-//! A malformed frame (bad length, body past the frame) ends the connection:
-//! the stream can no longer be trusted to be in step. Everything else —
-//! unknown API, bad version, a body that fails verification, a bad batch —
-//! is answered with a typed error and the connection goes on.
+//! A malformed frame (bad length, body past the frame) ends the connection
+//! (after the responses before it): the stream can no longer be trusted to
+//! be in step. Everything else — unknown API, bad version, a body that fails
+//! verification, a bad batch — is answered with a typed error and the
+//! connection goes on.
 
+use std::cell::Cell;
 use std::rc::Rc;
 
 use bytes::BytesMut;
+use futures_lite::io::{ReadHalf, WriteHalf};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel;
 use glommio::net::TcpStream;
+use glommio::task::JoinHandle;
 use strand_net::frame::{self, FrameLimits};
+use strand_net::OutFrame;
 
 use super::shard::Shard;
 use crate::handlers;
@@ -23,9 +36,54 @@ use crate::handlers;
 const READ_CHUNK: usize = 64 << 10;
 /// Most the read buffer grows by in one read.
 const READ_GROW: usize = 1 << 20;
+/// Requests of one connection served at once; the reader waits when this
+/// many are unanswered (backpressure to the client through TCP).
+pub const MAX_IN_FLIGHT: usize = 64;
 
-pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
+/// A response in the making, in request order.
+enum Pending {
+    Task(JoinHandle<Option<OutFrame>>),
+    Ready(OutFrame),
+}
+
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let (reader, writer) = futures_lite::io::split(stream);
+    let (to_writer, responses) = local_channel::new_bounded::<Pending>(MAX_IN_FLIGHT);
+    let writer_failed = Rc::new(Cell::new(false));
+    let failed = writer_failed.clone();
+    let peer_w = peer.clone();
+    let writing = glommio::spawn_local(async move {
+        let mut writer = writer;
+        while let Some(next) = responses.recv().await {
+            let out = match next {
+                Pending::Task(task) => task.await.flatten(),
+                Pending::Ready(out) => Some(out),
+            };
+            if let Some(out) = out {
+                if failed.get() {
+                    continue; // drain the rest so every handler finishes
+                }
+                if let Err(e) = write_all(&mut writer, &out).await {
+                    tracing::debug!(peer = %peer_w, "write failed: {e}");
+                    failed.set(true);
+                    let _ = writer.close().await;
+                }
+            }
+        }
+    });
+    read_requests(&shard, reader, &to_writer, &writer_failed, &peer).await;
+    drop(to_writer);
+    writing.await;
+}
+
+async fn read_requests(
+    shard: &Rc<Shard>,
+    mut stream: ReadHalf<TcpStream>,
+    to_writer: &local_channel::LocalSender<Pending>,
+    writer_failed: &Cell<bool>,
+    peer: &str,
+) {
     let limits = FrameLimits {
         max_frame_bytes: shard.config.max_frame_bytes,
     };
@@ -33,14 +91,17 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
     loop {
         match frame::decode_mut(&mut buf, limits) {
             Ok(Some(request)) => {
+                // Counted from now: shutdown waits for every accepted request.
                 shard.in_flight.set(shard.in_flight.get() + 1);
-                let response = handlers::dispatch(&shard, request).await;
-                shard.in_flight.set(shard.in_flight.get() - 1);
-                if let Some(out) = response {
-                    if let Err(e) = write_all(&mut stream, &out).await {
-                        tracing::debug!(%peer, "write failed: {e}");
-                        return;
-                    }
+                let s = shard.clone();
+                let task = glommio::spawn_local(async move {
+                    let response = handlers::dispatch(&s, request).await;
+                    s.in_flight.set(s.in_flight.get() - 1);
+                    response
+                })
+                .detach();
+                if to_writer.send(Pending::Task(task)).await.is_err() {
+                    return;
                 }
                 continue;
             }
@@ -54,12 +115,12 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
                         _ => strand_wire::ErrorCode::MalformedFrame,
                     };
                     let out = handlers::error_frame(header, code, e.to_string());
-                    let _ = write_all(&mut stream, &out).await;
+                    let _ = to_writer.send(Pending::Ready(out)).await;
                 }
                 return;
             }
         }
-        if shard.stopping.get() {
+        if shard.stopping.get() || writer_failed.get() {
             return;
         }
         // Grow by at most READ_GROW a read: a header claiming a large frame
@@ -79,7 +140,7 @@ pub async fn serve(shard: Rc<Shard>, mut stream: TcpStream) {
     }
 }
 
-async fn write_all(stream: &mut TcpStream, out: &strand_net::OutFrame) -> std::io::Result<()> {
+async fn write_all(stream: &mut WriteHalf<TcpStream>, out: &OutFrame) -> std::io::Result<()> {
     stream.write_all(&out.head).await?;
     for piece in &out.tail {
         stream.write_all(piece).await?;

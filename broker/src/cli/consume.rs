@@ -1,0 +1,173 @@
+//! `strand consume QUEUE`: print messages as they arrive, from every
+//! partition of the queue.
+//!
+//! `--format value` prints each value and a newline; `--format json` prints
+//! one object per line: `queue`, `partition`, `offset`, `key` (string or
+//! null), `value` (string or null; bytes that are not UTF-8 are replaced by
+//! U+FFFD), `timestamp_ms` and `headers` (an object). Exits after `--max`
+//! messages, or after `--idle-exit-ms` without any, or when stdout closes.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use strand_client::{block_on, ConsumedRecord, Consumer, ConsumerConfig, Seek};
+
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    pub queue: String,
+    /// earliest, latest, offset:N (every partition) or time:RFC3339.
+    #[arg(long, default_value = "latest")]
+    pub from: String,
+    /// Exit after this many messages.
+    #[arg(long)]
+    pub max: Option<u64>,
+    /// Exit after this long without a message.
+    #[arg(long)]
+    pub idle_exit_ms: Option<u64>,
+    /// value or json.
+    #[arg(long, default_value = "value")]
+    pub format: String,
+}
+
+/// Parses `--from`.
+pub fn start(text: &str) -> Result<Seek, String> {
+    match text {
+        "earliest" => return Ok(Seek::Earliest),
+        "latest" => return Ok(Seek::Latest),
+        _ => {}
+    }
+    if let Some(n) = text.strip_prefix("offset:") {
+        return n
+            .parse()
+            .map(Seek::Offset)
+            .map_err(|_| format!("bad offset in --from {text:?}"));
+    }
+    if let Some(t) = text.strip_prefix("time:") {
+        return chrono::DateTime::parse_from_rfc3339(t)
+            .map(|d| Seek::Timestamp(d.timestamp_millis()))
+            .map_err(|e| format!("bad time in --from {text:?} ({e}; e.g. time:2026-11-29T12:00:00Z)"));
+    }
+    Err(format!(
+        "--from must be earliest, latest, offset:N or time:RFC3339, not {text:?}"
+    ))
+}
+
+fn text(b: &Option<bytes::Bytes>) -> serde_json::Value {
+    b.as_ref().map_or(serde_json::Value::Null, |b| {
+        serde_json::Value::String(String::from_utf8_lossy(b).into_owned())
+    })
+}
+
+/// One record as a JSON line.
+pub fn json_line(r: &ConsumedRecord) -> String {
+    let headers: serde_json::Map<String, serde_json::Value> = r
+        .headers
+        .iter()
+        .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), text(v)))
+        .collect();
+    serde_json::json!({
+        "queue": &*r.queue,
+        "partition": r.partition,
+        "offset": r.offset,
+        "key": text(&r.key),
+        "value": text(&r.value),
+        "timestamp_ms": r.timestamp_ms,
+        "headers": headers,
+    })
+    .to_string()
+}
+
+pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
+    let json = match args.format.as_str() {
+        "json" => true,
+        "value" => false,
+        other => return Err(format!("--format must be value or json, not {other:?}")),
+    };
+    let idle = args.idle_exit_ms.map(Duration::from_millis);
+    let config = ConsumerConfig {
+        // Short enough to notice the idle deadline on time.
+        max_wait: idle.map_or(Duration::from_millis(500), |d| {
+            d.clamp(Duration::from_millis(1), Duration::from_millis(500))
+        }),
+        start: start(&args.from)?,
+        // A consumer that fell behind retention goes on from what is left.
+        reset_out_of_range: Some(Seek::Earliest),
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
+    block_on(consumer.assign_all(&args.queue)).map_err(|e| e.to_string())?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut printed = 0u64;
+    let mut last_message = Instant::now();
+    loop {
+        if args.max.is_some_and(|m| printed >= m) {
+            break;
+        }
+        if idle.is_some_and(|d| last_message.elapsed() >= d) {
+            break;
+        }
+        let records = block_on(consumer.poll()).map_err(|e| e.to_string())?;
+        if !records.is_empty() {
+            last_message = Instant::now();
+        }
+        for r in &records {
+            if args.max.is_some_and(|m| printed >= m) {
+                break;
+            }
+            let written = if json {
+                writeln!(out, "{}", json_line(r))
+            } else {
+                out.write_all(r.value.as_deref().unwrap_or_default())
+                    .and_then(|()| out.write_all(b"\n"))
+            };
+            if written.is_err() {
+                return Ok(()); // stdout closed (e.g. piped into head)
+            }
+            printed += 1;
+        }
+        if out.flush().is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_parses() {
+        assert_eq!(start("earliest"), Ok(Seek::Earliest));
+        assert_eq!(start("latest"), Ok(Seek::Latest));
+        assert_eq!(start("offset:42"), Ok(Seek::Offset(42)));
+        assert_eq!(start("time:1970-01-01T00:00:01Z"), Ok(Seek::Timestamp(1000)));
+        assert_eq!(start("time:1970-01-01T01:00:01+01:00"), Ok(Seek::Timestamp(1000)));
+        assert!(start("offset:x").is_err());
+        assert!(start("time:yesterday").is_err());
+        assert!(start("beginning").is_err());
+    }
+
+    #[test]
+    fn json_lines_have_the_contract_fields() {
+        let r = ConsumedRecord {
+            queue: "q".into(),
+            partition: 2,
+            offset: 7,
+            timestamp_ms: 123,
+            key: None,
+            value: Some(bytes::Bytes::from_static(b"hi")),
+            headers: vec![(bytes::Bytes::from_static(b"h"), None)],
+        };
+        let v: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
+        assert_eq!(v["queue"], "q");
+        assert_eq!(v["partition"], 2);
+        assert_eq!(v["offset"], 7);
+        assert_eq!(v["key"], serde_json::Value::Null);
+        assert_eq!(v["value"], "hi");
+        assert_eq!(v["timestamp_ms"], 123);
+        assert_eq!(v["headers"]["h"], serde_json::Value::Null);
+    }
+}

@@ -1,0 +1,471 @@
+//! The consumer (without a group): assign partitions, seek, poll records.
+//!
+//! Runs on: the caller's task ([`Consumer`] is used from one task at a time:
+//! its methods take `&mut self`) and the connections' reader threads, which
+//! complete fetch responses.
+//!
+//! Fetches are long polls (the broker answers once `min_bytes` are there or
+//! `max_wait` passed) and are pipelined: as soon as a response arrives, the
+//! next fetch — from the positions just past the records handed back — is
+//! sent before those records are returned, so the network round trip and
+//! the broker's work overlap the application's processing. A `seek` or
+//! `assign` drops the fetch in flight (its answer would be for positions
+//! that no longer hold).
+//!
+//! Every batch is checked (CRC and record framing) before its records are
+//! handed out; records below the position (a fetch returns whole batches,
+//! so the first may start earlier) are skipped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use strand_net::message::{read_body, TailBuilder};
+use strand_net::Frame;
+use strand_wire::batch::{batch_length, RecordBatch};
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+use crate::cluster::Cluster;
+use crate::connection::Connection;
+use crate::error::ClientError;
+
+/// Where to read a partition from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seek {
+    /// The oldest record still stored.
+    Earliest,
+    /// Only records produced from now on.
+    Latest,
+    Offset(u64),
+    /// The first record with a timestamp at or after this (ms since the Unix
+    /// epoch); the log end if there is none.
+    Timestamp(i64),
+}
+
+/// Consumer settings.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// How long the broker may hold a fetch open waiting for data.
+    pub max_wait: Duration,
+    /// Bytes a fetch waits for before answering.
+    pub min_bytes: u32,
+    /// Most bytes per partition in one fetch (at least one whole batch).
+    pub partition_max_bytes: u32,
+    /// Most bytes in one fetch over all partitions.
+    pub max_bytes: u32,
+    /// Where partitions assigned without a seek start.
+    pub start: Seek,
+    /// Where to go when a position is outside the log (retention removed it,
+    /// or it is past the end); `None`: `poll` fails with OffsetOutOfRange.
+    pub reset_out_of_range: Option<Seek>,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        ConsumerConfig {
+            max_wait: Duration::from_millis(500),
+            min_bytes: 1,
+            partition_max_bytes: 1 << 20,
+            max_bytes: 16 << 20,
+            start: Seek::Latest,
+            reset_out_of_range: None,
+        }
+    }
+}
+
+/// One record as consumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumedRecord {
+    pub queue: Arc<str>,
+    pub partition: u32,
+    pub offset: u64,
+    /// Milliseconds since the Unix epoch (producer's or broker's time, per
+    /// the queue's setting).
+    pub timestamp_ms: i64,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    pub headers: Vec<(Bytes, Option<Bytes>)>,
+}
+
+/// A partition's read position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    At(u64),
+    /// To be looked up before the next fetch.
+    Pending(Seek),
+}
+
+type Key = (Arc<str>, u32);
+type FrameFuture = Pin<Box<dyn Future<Output = Result<Frame, ClientError>> + Send>>;
+
+/// A fetch that was sent and not yet read: the offsets it asked for and the
+/// responses to come (one per leader).
+struct InFlight {
+    asked: Vec<(Key, u64)>,
+    responses: Vec<FrameFuture>,
+}
+
+/// A consumer of assigned partitions.
+pub struct Consumer {
+    cluster: Arc<Cluster>,
+    config: ConsumerConfig,
+    positions: BTreeMap<Key, Position>,
+    in_flight: Option<InFlight>,
+}
+
+impl Consumer {
+    /// A consumer for the cluster at `brokers` (`HOST:PORT[,HOST:PORT...]`).
+    pub fn new(brokers: &str, config: ConsumerConfig) -> Result<Consumer, ClientError> {
+        Ok(Consumer {
+            cluster: Cluster::new(brokers)?,
+            config,
+            positions: BTreeMap::new(),
+            in_flight: None,
+        })
+    }
+
+    /// Reads these partitions of `queue` (added to what is assigned), from
+    /// the configured start unless sought.
+    pub fn assign(&mut self, queue: &str, partitions: &[u32]) {
+        let q: Arc<str> = Arc::from(queue);
+        for &p in partitions {
+            self.positions
+                .entry((q.clone(), p))
+                .or_insert(Position::Pending(self.config.start));
+        }
+        self.in_flight = None;
+    }
+
+    /// Reads every partition of `queue` (asks for its partition count);
+    /// returns how many there are.
+    pub async fn assign_all(&mut self, queue: &str) -> Result<u32, ClientError> {
+        let info = self.cluster.refresh(queue).await?;
+        let all: Vec<u32> = (0..info.partitions()).collect();
+        self.assign(queue, &all);
+        Ok(info.partitions())
+    }
+
+    /// Stops reading a partition.
+    pub fn unassign(&mut self, queue: &str, partition: u32) {
+        self.positions.remove(&(Arc::from(queue), partition));
+        self.in_flight = None;
+    }
+
+    /// Moves an assigned partition's position (looked up on the next poll).
+    pub fn seek(&mut self, queue: &str, partition: u32, to: Seek) -> Result<(), ClientError> {
+        let pos = self
+            .positions
+            .get_mut(&(Arc::from(queue), partition))
+            .ok_or_else(|| ClientError::Invalid(format!("{queue}/{partition} is not assigned")))?;
+        *pos = match to {
+            Seek::Offset(o) => Position::At(o),
+            other => Position::Pending(other),
+        };
+        self.in_flight = None;
+        Ok(())
+    }
+
+    /// Every assigned partition to `to`.
+    pub fn seek_all(&mut self, to: Seek) {
+        for pos in self.positions.values_mut() {
+            *pos = match to {
+                Seek::Offset(o) => Position::At(o),
+                other => Position::Pending(other),
+            };
+        }
+        self.in_flight = None;
+    }
+
+    /// The offset of the next record to be returned for a partition, once
+    /// known.
+    pub fn position(&self, queue: &str, partition: u32) -> Option<u64> {
+        match self.positions.get(&(Arc::from(queue), partition)) {
+            Some(Position::At(o)) => Some(*o),
+            _ => None,
+        }
+    }
+
+    /// The next records of the assigned partitions, in offset order per
+    /// partition; empty if none came within `max_wait`.
+    pub async fn poll(&mut self) -> Result<Vec<ConsumedRecord>, ClientError> {
+        if self.positions.is_empty() {
+            return Err(ClientError::Invalid("no partition is assigned".into()));
+        }
+        self.resolve_pending().await?;
+        let queues: Vec<Arc<str>> = self.positions.keys().map(|k| k.0.clone()).collect();
+        for q in queues {
+            self.cluster.queue(&q).await?; // leaders, cached
+        }
+        let in_flight = match self.in_flight.take() {
+            Some(f) if self.still_current(&f) => f,
+            _ => self.send_fetch()?,
+        };
+        let mut frames = Vec::new();
+        for r in in_flight.responses {
+            frames.push(r.await);
+        }
+        let mut records = Vec::new();
+        let mut first_error = None;
+        for frame in frames {
+            if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut records)) {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        // Pipelining: the next fetch is on its way while these are processed.
+        if self.positions.values().all(|p| matches!(p, Position::At(_))) {
+            self.in_flight = self.send_fetch().ok();
+        }
+        Ok(records)
+    }
+
+    fn still_current(&self, f: &InFlight) -> bool {
+        f.asked.len() == self.positions.len()
+            && f.asked
+                .iter()
+                .all(|(k, o)| self.positions.get(k) == Some(&Position::At(*o)))
+    }
+
+    /// Looks up the offsets of positions given as earliest/latest/timestamp.
+    async fn resolve_pending(&mut self) -> Result<(), ClientError> {
+        let pending: Vec<(Key, Seek)> = self
+            .positions
+            .iter()
+            .filter_map(|(k, p)| match p {
+                Position::Pending(s) => Some((k.clone(), *s)),
+                Position::At(_) => None,
+            })
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let found = list_offsets(&self.cluster.any_connection()?, &pending).await?;
+        for (key, offset) in found {
+            self.positions.insert(key, Position::At(offset));
+        }
+        Ok(())
+    }
+
+    /// Sends one fetch per leader for every assigned partition.
+    fn send_fetch(&self) -> Result<InFlight, ClientError> {
+        let mut by_conn: HashMap<String, (Connection, Vec<(Key, u64)>)> = HashMap::new();
+        let mut asked = Vec::new();
+        for (key, pos) in &self.positions {
+            let Position::At(offset) = *pos else { continue };
+            let conn = self.leader_of(&key.0, key.1)?;
+            by_conn
+                .entry(conn.addr().to_string())
+                .or_insert_with(|| (conn, Vec::new()))
+                .1
+                .push((key.clone(), offset));
+            asked.push((key.clone(), offset));
+        }
+        let mut responses: Vec<FrameFuture> = Vec::new();
+        for (_, (conn, wants)) in by_conn {
+            let body = fetch_request(&self.config, &wants);
+            responses.push(Box::pin(conn.request(Api::Fetch, &body, TailBuilder::default())));
+        }
+        Ok(InFlight { asked, responses })
+    }
+
+    fn leader_of(&self, queue: &str, partition: u32) -> Result<Connection, ClientError> {
+        match self.cluster.cached(queue) {
+            Some(info) => self.cluster.leader_connection(&info, partition),
+            None => self.cluster.any_connection(),
+        }
+    }
+
+    /// Takes the records out of one fetch response and moves positions.
+    fn read_fetch(&mut self, frame: &Frame, out: &mut Vec<ConsumedRecord>) -> Result<(), ClientError> {
+        let resp = read_body::<FetchResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        ClientError::check(resp.error())?;
+        for q in resp.queues().iter().flatten() {
+            let name = q.name().unwrap_or_default();
+            for p in q.partitions().iter().flatten() {
+                let key: Key = (Arc::from(name), p.partition());
+                let Some(Position::At(position)) = self.positions.get(&key).copied() else {
+                    continue; // unassigned meanwhile
+                };
+                if let Err(e) = ClientError::check(p.error()) {
+                    match e.code() {
+                        Some(ErrorCode::NotLeader | ErrorCode::UnknownPartition) => {
+                            self.cluster.forget_queue(name);
+                            continue;
+                        }
+                        Some(ErrorCode::OffsetOutOfRange) => {
+                            if let Some(reset) = self.config.reset_out_of_range {
+                                let to = match reset {
+                                    Seek::Offset(o) => Position::At(o),
+                                    s => Position::Pending(s),
+                                };
+                                self.positions.insert(key, to);
+                                continue;
+                            }
+                            return Err(ClientError::broker(
+                                ErrorCode::OffsetOutOfRange,
+                                format!(
+                                    "{name}/{}: offset {position} is outside the log (start {}, high watermark {})",
+                                    p.partition(),
+                                    p.log_start(),
+                                    p.high_watermark()
+                                ),
+                            ));
+                        }
+                        _ => return Err(e),
+                    }
+                }
+                let start = p.records_offset() as usize;
+                let end = start + p.records_len() as usize;
+                let run = frame
+                    .tail
+                    .get(start..end)
+                    .map(|_| frame.tail.slice(start..end))
+                    .ok_or_else(|| ClientError::Protocol("fetch records past the frame's tail".into()))?;
+                let next = read_batches(&key, position, run, out)?;
+                self.positions.insert(key, Position::At(next));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends the records at or after `position` from a run of whole batches;
+/// returns the next position.
+fn read_batches(
+    key: &Key,
+    mut position: u64,
+    mut run: Bytes,
+    out: &mut Vec<ConsumedRecord>,
+) -> Result<u64, ClientError> {
+    while !run.is_empty() {
+        let len = batch_length(&run)
+            .map(|l| l as usize)
+            .filter(|&l| l > 0 && l <= run.len())
+            .ok_or_else(|| ClientError::Protocol(format!("{}/{}: a torn batch in a fetch", key.0, key.1)))?;
+        let bytes = run.split_to(len);
+        let batch = RecordBatch::new(bytes, len)
+            .map_err(|e| ClientError::Protocol(format!("{}/{}: corrupt batch in a fetch: {e}", key.0, key.1)))?;
+        for r in batch.records() {
+            if r.offset.0 < position {
+                continue;
+            }
+            out.push(ConsumedRecord {
+                queue: key.0.clone(),
+                partition: key.1,
+                offset: r.offset.0,
+                timestamp_ms: r.timestamp,
+                key: r.key,
+                value: r.value,
+                headers: r.headers.map(|h| (h.key, h.value)).collect(),
+            });
+        }
+        position = position.max(batch.next_offset().0);
+    }
+    Ok(position)
+}
+
+fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::new();
+    let mut by_queue: BTreeMap<&str, Vec<_>> = BTreeMap::new();
+    for ((queue, partition), offset) in wants {
+        let p = FetchPartition::create(
+            &mut fbb,
+            &FetchPartitionArgs {
+                partition: *partition,
+                offset: *offset,
+                max_bytes: config.partition_max_bytes,
+            },
+        );
+        by_queue.entry(queue).or_default().push(p);
+    }
+    let queues: Vec<_> = by_queue
+        .into_iter()
+        .map(|(name, parts)| {
+            let parts = fbb.create_vector(&parts);
+            let name = fbb.create_string(name);
+            FetchQueue::create(
+                &mut fbb,
+                &FetchQueueArgs {
+                    name: Some(name),
+                    partitions: Some(parts),
+                },
+            )
+        })
+        .collect();
+    let queues = fbb.create_vector(&queues);
+    let root = FetchRequest::create(
+        &mut fbb,
+        &FetchRequestArgs {
+            max_wait_ms: config.max_wait.as_millis().min(u128::from(u32::MAX)) as u32,
+            min_bytes: config.min_bytes,
+            max_bytes: config.max_bytes,
+            queues: Some(queues),
+        },
+    );
+    fbb.finish_minimal(root);
+    fbb.finished_data().to_vec()
+}
+
+/// Asks for the offsets of `seeks` (earliest, latest or by timestamp).
+async fn list_offsets(conn: &Connection, seeks: &[(Key, Seek)]) -> Result<Vec<(Key, u64)>, ClientError> {
+    let mut fbb = FlatBufferBuilder::new();
+    let mut by_queue: BTreeMap<&str, Vec<_>> = BTreeMap::new();
+    for ((queue, partition), seek) in seeks {
+        let (spec, timestamp_ms) = match seek {
+            Seek::Earliest => (OffsetSpec::Earliest, 0),
+            Seek::Latest | Seek::Offset(_) => (OffsetSpec::Latest, 0),
+            Seek::Timestamp(t) => (OffsetSpec::Timestamp, *t),
+        };
+        let p = ListOffsetsPartition::create(
+            &mut fbb,
+            &ListOffsetsPartitionArgs {
+                partition: *partition,
+                spec,
+                timestamp_ms,
+            },
+        );
+        by_queue.entry(queue).or_default().push(p);
+    }
+    let queues: Vec<_> = by_queue
+        .into_iter()
+        .map(|(name, parts)| {
+            let parts = fbb.create_vector(&parts);
+            let name = fbb.create_string(name);
+            ListOffsetsQueue::create(
+                &mut fbb,
+                &ListOffsetsQueueArgs {
+                    name: Some(name),
+                    partitions: Some(parts),
+                },
+            )
+        })
+        .collect();
+    let queues = fbb.create_vector(&queues);
+    let root = ListOffsetsRequest::create(&mut fbb, &ListOffsetsRequestArgs { queues: Some(queues) });
+    fbb.finish_minimal(root);
+    let frame = conn
+        .request(Api::ListOffsets, fbb.finished_data(), TailBuilder::default())
+        .await?;
+    let resp = read_body::<ListOffsetsResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    ClientError::check(resp.error())?;
+    let mut found = Vec::new();
+    for q in resp.queues().iter().flatten() {
+        let name: Arc<str> = Arc::from(q.name().unwrap_or_default());
+        for p in q.partitions().iter().flatten() {
+            ClientError::check(p.error()).map_err(|e| {
+                ClientError::broker(
+                    e.code().unwrap_or(ErrorCode::Internal),
+                    format!("{name}/{}: {e}", p.partition()),
+                )
+            })?;
+            found.push(((name.clone(), p.partition()), p.offset()));
+        }
+    }
+    Ok(found)
+}

@@ -1,0 +1,752 @@
+//! The producer: records in, acknowledged (partition, offset) out.
+//!
+//! Runs on: the caller's threads ([`Producer::send`] / [`Producer::enqueue`]
+//! append to a partition's open batch under one mutex), one sender thread
+//! per producer (closes batches whose linger ran out, retries, refreshes
+//! metadata, writes requests), and the connections' reader threads (which
+//! complete deliveries from the responses).
+//!
+//! How a record travels:
+//!
+//! 1. **Partition.** With a key: `fnv1a64(key) mod partitions`
+//!    ([`strand_wire::partition_for_key`]) — the same key always goes to the
+//!    same partition while the count stays the same. Without a key: the
+//!    queue's *sticky* partition, which moves on (round robin) each time its
+//!    batch is closed, so keyless records form full batches and spread
+//!    evenly over the partitions.
+//! 2. **Batch.** Records join their partition's open batch. A batch is sent
+//!    when it reaches [`ProducerConfig::batch_bytes`], when it has waited
+//!    [`ProducerConfig::linger`], or on [`Producer::flush`] — and only while
+//!    the partition has fewer than `max_in_flight_per_partition` requests
+//!    out. With linger 0 a record goes at once if the partition is idle, and
+//!    records that arrive while a request is out ride together in the next
+//!    one: batching grows exactly as fast as the broker falls behind.
+//!    These two settings are THE throughput/latency knob.
+//! 3. **Buffer.** Records take [`ProducerConfig::buffer_bytes`] from enqueue
+//!    to acknowledgement. When it is full, `enqueue` waits for room or fails
+//!    with [`ClientError::BufferFull`] ([`WhenFull`]).
+//! 4. **Retry.** Retriable failures (lost connection, NOT_LEADER, unknown
+//!    partition, overloaded, timeout) put the batch back at the head of its
+//!    partition and resend it after a backoff (doubling from
+//!    `retry_backoff` to `retry_backoff_max`), refreshing metadata first when
+//!    the broker said the partition moved, until `delivery_timeout` from the
+//!    oldest record's enqueue. With the default one request in flight per
+//!    partition a retry can never reorder records of a key. A request whose
+//!    answer was lost with the connection is sent again: delivery is at least
+//!    once (no idempotent producer yet), never lost, never reordered.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+use strand_wire::batch::{BatchBuilder, HEADER_LEN};
+use strand_wire::{partition_for_key, Api, ErrorCode};
+
+use crate::cluster::{Cluster, QueueInfo};
+use crate::error::ClientError;
+use crate::requests;
+
+/// How many replicas must have a record before it counts as sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// Fire and forget: done once written to the socket (no offset).
+    None,
+    /// The leader stored it (per the queue's fsync policy).
+    Leader,
+    /// Every in-sync replica stored it.
+    All,
+}
+
+impl Acks {
+    fn wire(self) -> i8 {
+        match self {
+            Acks::None => 0,
+            Acks::Leader => 1,
+            Acks::All => -1,
+        }
+    }
+}
+
+/// What `enqueue` does when the buffer is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait until acknowledgements free room (backpressure).
+    Wait,
+    /// Fail at once with [`ClientError::BufferFull`].
+    Fail,
+}
+
+/// Producer settings.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    pub acks: Acks,
+    /// A batch is sent once it holds this many bytes (capped by the queue's
+    /// largest message).
+    pub batch_bytes: usize,
+    /// The longest a record waits for its batch to fill.
+    pub linger: Duration,
+    /// Bytes of records enqueued but not yet acknowledged, at most.
+    pub buffer_bytes: usize,
+    pub when_full: WhenFull,
+    /// Requests out per partition. Above 1, a retry may reorder records.
+    pub max_in_flight_per_partition: usize,
+    pub retry_backoff: Duration,
+    pub retry_backoff_max: Duration,
+    /// A record that is not acknowledged this long after enqueue fails.
+    pub delivery_timeout: Duration,
+    /// The broker's time limit for a request (replication waits).
+    pub request_timeout: Duration,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig {
+            acks: Acks::All,
+            batch_bytes: 256 << 10,
+            linger: Duration::ZERO,
+            buffer_bytes: 64 << 20,
+            when_full: WhenFull::Wait,
+            max_in_flight_per_partition: 1,
+            retry_backoff: Duration::from_millis(50),
+            retry_backoff_max: Duration::from_secs(1),
+            delivery_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where a record was stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub partition: u32,
+    /// `None` only with [`Acks::None`].
+    pub offset: Option<u64>,
+}
+
+type Waiter = oneshot::Sender<Result<Delivered, ClientError>>;
+
+/// The future of one record's acknowledgement.
+pub struct Delivery {
+    rx: oneshot::Receiver<Result<Delivered, ClientError>>,
+}
+
+impl Future for Delivery {
+    type Output = Result<Delivered, ClientError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(ClientError::Closed)))
+    }
+}
+
+/// A producer: cheap to clone, all clones share one buffer and sender
+/// thread. Dropping the last clone stops the sender thread; records not yet
+/// sent then fail with [`ClientError::Closed`] (call [`Producer::flush`]
+/// first to wait for them).
+#[derive(Clone)]
+pub struct Producer {
+    handle: Arc<Handle>,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+struct Shared {
+    cluster: Arc<Cluster>,
+    config: ProducerConfig,
+    state: Mutex<State>,
+    /// Wakes the sender thread.
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    queues: HashMap<String, QueueState>,
+    /// Bytes of records enqueued and not yet completed.
+    buffered: usize,
+    /// Records enqueued and not yet completed.
+    outstanding: usize,
+    space_waiters: Vec<Waker>,
+    flush_waiters: Vec<Waker>,
+    /// A flush is waiting: send open batches regardless of linger.
+    flushing: bool,
+    /// Queues whose metadata must be asked for again before sending.
+    stale: HashSet<String>,
+    closed: bool,
+}
+
+struct QueueState {
+    info: Arc<QueueInfo>,
+    sticky: u32,
+    parts: Vec<PartState>,
+}
+
+#[derive(Default)]
+struct PartState {
+    open: Option<OpenBatch>,
+    ready: VecDeque<ReadyBatch>,
+    in_flight: usize,
+}
+
+struct OpenBatch {
+    builder: BatchBuilder,
+    since: Instant,
+    deadline: Instant,
+    waiters: Vec<Waiter>,
+    accounted: usize,
+}
+
+struct ReadyBatch {
+    bytes: Bytes,
+    waiters: Vec<Waiter>,
+    accounted: usize,
+    attempts: u32,
+    not_before: Instant,
+    deadline: Instant,
+}
+
+impl OpenBatch {
+    fn close(self) -> ReadyBatch {
+        ReadyBatch {
+            bytes: self.builder.build().freeze(),
+            waiters: self.waiters,
+            accounted: self.accounted,
+            attempts: 0,
+            not_before: self.since,
+            deadline: self.deadline,
+        }
+    }
+}
+
+/// Batches for one partition, on their way.
+struct Outgoing {
+    queue: String,
+    partition: u32,
+    info: Arc<QueueInfo>,
+    batches: Vec<ReadyBatch>,
+}
+
+/// Most bytes put into one produce request for one partition.
+const MAX_REQUEST_BYTES: usize = 8 << 20;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Producer {
+    /// A producer for the cluster at `brokers` (`HOST:PORT[,HOST:PORT...]`).
+    /// Connects on first use.
+    pub fn new(brokers: &str, config: ProducerConfig) -> Result<Producer, ClientError> {
+        if config.batch_bytes == 0 || config.buffer_bytes == 0 || config.max_in_flight_per_partition == 0 {
+            return Err(ClientError::Invalid(
+                "batch_bytes, buffer_bytes and max_in_flight_per_partition must be above 0".into(),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            cluster: Cluster::new(brokers)?,
+            config,
+            state: Mutex::default(),
+            wake: Condvar::new(),
+        });
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("strand-producer".into())
+            .spawn(move || sender_loop(&s))
+            .map_err(|e| ClientError::Invalid(format!("cannot start the sender thread: {e}")))?;
+        Ok(Producer {
+            handle: Arc::new(Handle { shared }),
+        })
+    }
+
+    /// Sends a record and waits for its acknowledgement.
+    pub async fn send(
+        &self,
+        queue: &str,
+        key: Option<&[u8]>,
+        value: &[u8],
+        headers: &[(&str, &[u8])],
+    ) -> Result<Delivered, ClientError> {
+        self.enqueue(queue, key, value, headers).await?.await
+    }
+
+    /// Puts a record into its partition's batch (waiting for buffer room if
+    /// it is full and [`WhenFull::Wait`]) and returns the future of its
+    /// acknowledgement. Records enqueued one after another by one task are
+    /// stored in that order within their partition.
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        key: Option<&[u8]>,
+        value: &[u8],
+        headers: &[(&str, &[u8])],
+    ) -> Result<Delivery, ClientError> {
+        let shared = &self.handle.shared;
+        let info = shared.cluster.queue(queue).await?;
+        let headers: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(k, v)| (k.as_bytes(), Some(*v))).collect();
+        let size = BatchBuilder::record_size(key, Some(value), &headers);
+        let limit = (info.max_message_bytes as usize).min(shared.config.buffer_bytes);
+        if size + HEADER_LEN > limit {
+            return Err(ClientError::MessageTooLarge {
+                bytes: size + HEADER_LEN,
+                limit,
+            });
+        }
+        let mut record = Some((key, value, headers));
+        futures_lite::future::poll_fn(|cx| {
+            let mut st = shared.lock();
+            if st.closed {
+                return Poll::Ready(Err(ClientError::Closed));
+            }
+            if st.buffered > 0 && st.buffered + size > shared.config.buffer_bytes {
+                if shared.config.when_full == WhenFull::Fail {
+                    return Poll::Ready(Err(ClientError::BufferFull {
+                        buffered: st.buffered,
+                        limit: shared.config.buffer_bytes,
+                    }));
+                }
+                st.space_waiters.push(cx.waker().clone());
+                return Poll::Pending;
+            }
+            let Some((key, value, headers)) = record.take() else {
+                return Poll::Ready(Err(ClientError::Closed));
+            };
+            let (tx, rx) = oneshot::channel();
+            let partition = shared.append(&mut st, &info, key, value, &headers, size, tx);
+            // With no linger, an idle partition sends at once from here.
+            let inline = if shared.config.linger.is_zero() {
+                shared.take_partition(&mut st, queue, partition, Instant::now())
+            } else {
+                shared.wake.notify_one();
+                None
+            };
+            drop(st);
+            if let Some(out) = inline {
+                shared.dispatch(out);
+            }
+            Poll::Ready(Ok(Delivery { rx }))
+        })
+        .await
+    }
+
+    /// Sends every open batch now and waits until every record enqueued so
+    /// far is acknowledged or failed.
+    pub async fn flush(&self) {
+        let shared = &self.handle.shared;
+        {
+            let mut st = shared.lock();
+            st.flushing = true;
+        }
+        shared.wake.notify_one();
+        futures_lite::future::poll_fn(|cx| {
+            let mut st = shared.lock();
+            if st.outstanding == 0 || st.closed {
+                return Poll::Ready(());
+            }
+            st.flushing = true;
+            st.flush_waiters.push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Bytes of records enqueued and not yet acknowledged.
+    pub fn buffered_bytes(&self) -> usize {
+        self.handle.shared.lock().buffered
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update keeps the state whole before it can panic.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a record to its partition's open batch; returns the partition.
+    #[allow(clippy::too_many_arguments)]
+    fn append(
+        &self,
+        st: &mut State,
+        info: &Arc<QueueInfo>,
+        key: Option<&[u8]>,
+        value: &[u8],
+        headers: &[(&[u8], Option<&[u8]>)],
+        size: usize,
+        waiter: Waiter,
+    ) -> u32 {
+        let cfg = &self.config;
+        let batch_limit = cfg.batch_bytes.min(info.max_message_bytes as usize).max(HEADER_LEN + 1);
+        let now = Instant::now();
+        let qs = st.queues.entry(info.name.clone()).or_insert_with(|| QueueState {
+            info: info.clone(),
+            sticky: (now_ms() as u32) % info.partitions(),
+            parts: Vec::new(),
+        });
+        if qs.info.partitions() < info.partitions() {
+            qs.info = info.clone();
+        }
+        let partitions = qs.info.partitions();
+        qs.parts.resize_with(partitions as usize, PartState::default);
+        let fits = |p: &PartState| {
+            p.open
+                .as_ref()
+                .is_none_or(|o| o.builder.size_bytes() + size <= batch_limit)
+        };
+        let partition = match key {
+            Some(k) => partition_for_key(k, partitions),
+            None => {
+                if !fits(&qs.parts[qs.sticky as usize]) {
+                    // The sticky batch is full: close it, move on.
+                    let part = &mut qs.parts[qs.sticky as usize];
+                    if let Some(open) = part.open.take() {
+                        part.ready.push_back(open.close());
+                    }
+                    qs.sticky = (qs.sticky + 1) % partitions;
+                }
+                qs.sticky
+            }
+        };
+        let part = &mut qs.parts[partition as usize];
+        if !fits(part) {
+            if let Some(open) = part.open.take() {
+                part.ready.push_back(open.close());
+            }
+        }
+        let open = part.open.get_or_insert_with(|| OpenBatch {
+            builder: BatchBuilder::with_capacity((size + HEADER_LEN).max(4096).min(batch_limit)),
+            since: now,
+            deadline: now + cfg.delivery_timeout,
+            waiters: Vec::new(),
+            accounted: 0,
+        });
+        open.builder.push(key, Some(value), headers, now_ms());
+        open.waiters.push(waiter);
+        open.accounted += size;
+        let full = open.builder.size_bytes() >= batch_limit;
+        if full {
+            if let Some(open) = part.open.take() {
+                part.ready.push_back(open.close());
+            }
+            if key.is_none() {
+                qs.sticky = (qs.sticky + 1) % partitions;
+            }
+        }
+        st.buffered += size;
+        st.outstanding += 1;
+        partition
+    }
+
+    /// The batches of one partition that may go now, if any: ready ones
+    /// first, then the open one once its linger ran out (or on flush).
+    fn take_partition(&self, st: &mut State, queue: &str, partition: u32, now: Instant) -> Option<Outgoing> {
+        let flushing = st.flushing;
+        let cfg = &self.config;
+        let qs = st.queues.get_mut(queue)?;
+        let part = qs.parts.get_mut(partition as usize)?;
+        if part.in_flight >= cfg.max_in_flight_per_partition {
+            return None;
+        }
+        if part.ready.front().is_some_and(|b| b.not_before > now) {
+            return None;
+        }
+        let mut batches = Vec::new();
+        let mut bytes = 0;
+        while let Some(b) = part.ready.front() {
+            if !batches.is_empty() && (bytes + b.bytes.len() > MAX_REQUEST_BYTES || b.not_before > now) {
+                break;
+            }
+            bytes += b.bytes.len();
+            batches.extend(part.ready.pop_front());
+        }
+        let linger_over = part
+            .open
+            .as_ref()
+            .is_some_and(|o| flushing || o.since + cfg.linger <= now);
+        if linger_over && bytes < MAX_REQUEST_BYTES {
+            if let Some(open) = part.open.take() {
+                batches.push(open.close());
+                if qs.sticky == partition {
+                    qs.sticky = (qs.sticky + 1) % qs.info.partitions();
+                }
+            }
+        }
+        if batches.is_empty() {
+            return None;
+        }
+        part.in_flight += 1;
+        Some(Outgoing {
+            queue: queue.to_string(),
+            partition,
+            info: qs.info.clone(),
+            batches,
+        })
+    }
+
+    /// Everything that may go now, and when to look again.
+    fn take_sendable(&self, st: &mut State, now: Instant) -> (Vec<Outgoing>, Option<Instant>) {
+        let mut out = Vec::new();
+        let keys: Vec<(String, u32)> = st
+            .queues
+            .iter()
+            .flat_map(|(q, qs)| {
+                qs.parts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.open.is_some() || !p.ready.is_empty())
+                    .map(move |(i, _)| (q.clone(), i as u32))
+            })
+            .collect();
+        for (q, p) in keys {
+            out.extend(self.take_partition(st, &q, p, now));
+        }
+        // The next moment something may become sendable.
+        let mut next: Option<Instant> = None;
+        for qs in st.queues.values() {
+            for p in &qs.parts {
+                if p.in_flight >= self.config.max_in_flight_per_partition {
+                    continue;
+                }
+                let t = match (p.ready.front(), &p.open) {
+                    (Some(b), _) => Some(b.not_before),
+                    (None, Some(o)) => Some(o.since + self.config.linger),
+                    (None, None) => None,
+                };
+                next = match (next, t) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
+        (out, next)
+    }
+
+    /// Writes one partition's batches to its leader; the response completes
+    /// them on the connection's reader thread.
+    fn dispatch(self: &Arc<Self>, out: Outgoing) {
+        let conn = match self.cluster.leader_connection(&out.info, out.partition) {
+            Ok(c) => c,
+            Err(e) => return self.complete(out, Err(e)),
+        };
+        let acks = self.config.acks;
+        let timeout_ms = self.config.request_timeout.as_millis().min(u128::from(u32::MAX)) as u32;
+        let (body, tail) = requests::produce_batches(
+            &out.queue,
+            out.partition,
+            acks.wire(),
+            timeout_ms,
+            out.batches.iter().map(|b| b.bytes.clone()),
+        );
+        if acks == Acks::None {
+            let sent = conn.send(Api::Produce, &body, tail, None).map(|()| None);
+            return self.complete(out, sent);
+        }
+        let (me, slot) = (self.clone(), Arc::new(Mutex::new(Some(out))));
+        let s = slot.clone();
+        let on_response = Box::new(move |r: Result<strand_net::Frame, ClientError>| {
+            let out = s.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(out) = out {
+                me.complete(out, r.and_then(|f| requests::produced(&f)).map(|(base, _)| Some(base)));
+            }
+        });
+        if let Err(e) = conn.send(Api::Produce, &body, tail, Some(on_response)) {
+            let out = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(out) = out {
+                self.complete(out, Err(e));
+            }
+        }
+    }
+
+    /// Finishes a request: hands out offsets, or schedules a retry, or
+    /// fails the records.
+    fn complete(&self, out: Outgoing, result: Result<Option<u64>, ClientError>) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        if let Some(part) = st
+            .queues
+            .get_mut(&out.queue)
+            .and_then(|q| q.parts.get_mut(out.partition as usize))
+        {
+            part.in_flight = part.in_flight.saturating_sub(1);
+        }
+        let mut done = 0usize;
+        match result {
+            Ok(base) => {
+                let mut next = base;
+                for b in out.batches {
+                    for w in b.waiters {
+                        let _ = w.send(Ok(Delivered {
+                            partition: out.partition,
+                            offset: next,
+                        }));
+                        next = next.map(|o| o + 1);
+                        done += 1;
+                    }
+                    st.buffered -= b.accounted;
+                }
+            }
+            Err(e) if retriable(&e) && !st.closed => {
+                if matches!(e.code(), Some(ErrorCode::NotLeader | ErrorCode::UnknownPartition)) || e.is_io() {
+                    st.stale.insert(out.queue.clone());
+                }
+                let mut again = Vec::new();
+                for mut b in out.batches {
+                    if now >= b.deadline {
+                        let err = ClientError::Timeout(format!(
+                            "not acknowledged within {:?} ({} attempts; last error: {e})",
+                            self.config.delivery_timeout,
+                            b.attempts + 1
+                        ));
+                        for w in b.waiters.drain(..) {
+                            let _ = w.send(Err(err.clone()));
+                            done += 1;
+                        }
+                        st.buffered -= b.accounted;
+                    } else {
+                        b.attempts += 1;
+                        let shift = b.attempts.min(16);
+                        let backoff = self
+                            .config
+                            .retry_backoff
+                            .saturating_mul(1 << (shift - 1))
+                            .min(self.config.retry_backoff_max);
+                        b.not_before = now + backoff;
+                        again.push(b);
+                    }
+                }
+                if let Some(part) = st
+                    .queues
+                    .get_mut(&out.queue)
+                    .and_then(|q| q.parts.get_mut(out.partition as usize))
+                {
+                    for b in again.into_iter().rev() {
+                        part.ready.push_front(b);
+                    }
+                }
+            }
+            Err(e) => {
+                for b in out.batches {
+                    for w in b.waiters {
+                        let _ = w.send(Err(e.clone()));
+                        done += 1;
+                    }
+                    st.buffered -= b.accounted;
+                }
+            }
+        }
+        st.outstanding -= done;
+        let mut wake: Vec<Waker> = st.space_waiters.drain(..).collect();
+        if st.outstanding == 0 {
+            st.flushing = false;
+            wake.append(&mut st.flush_waiters);
+        }
+        drop(st);
+        self.wake.notify_one();
+        for w in wake {
+            w.wake();
+        }
+    }
+
+    /// Fails every record not yet sent (the producer is gone).
+    fn fail_unsent(&self, st: &mut State) {
+        let mut failed = 0;
+        let mut freed = 0;
+        for qs in st.queues.values_mut() {
+            for p in &mut qs.parts {
+                let batches = p.open.take().map(OpenBatch::close).into_iter();
+                for b in batches.chain(p.ready.drain(..)) {
+                    freed += b.accounted;
+                    for w in b.waiters {
+                        let _ = w.send(Err(ClientError::Closed));
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        st.buffered -= freed;
+        st.outstanding -= failed;
+        for w in st.space_waiters.drain(..).chain(st.flush_waiters.drain(..)) {
+            w.wake();
+        }
+    }
+}
+
+/// Whether sending again may succeed.
+fn retriable(e: &ClientError) -> bool {
+    match e {
+        ClientError::Io { .. } => true,
+        ClientError::Broker { code, .. } => matches!(
+            code.0,
+            ErrorCode::NotLeader
+                | ErrorCode::UnknownPartition
+                | ErrorCode::Overloaded
+                | ErrorCode::Timeout
+                | ErrorCode::NotEnoughReplicas
+                | ErrorCode::ControllerUnavailable
+        ),
+        _ => false,
+    }
+}
+
+/// The sender thread: sends what lingered long enough, retries after their
+/// backoff, refreshes stale metadata; sleeps until the next of those moments
+/// or until woken.
+fn sender_loop(shared: &Arc<Shared>) {
+    loop {
+        let (outgoing, stale) = {
+            let mut st = shared.lock();
+            loop {
+                if st.closed {
+                    shared.fail_unsent(&mut st);
+                    return;
+                }
+                let stale: Vec<String> = st.stale.drain().collect();
+                let (out, next) = shared.take_sendable(&mut st, Instant::now());
+                if !out.is_empty() || !stale.is_empty() {
+                    break (out, stale);
+                }
+                st = match next {
+                    Some(t) => {
+                        let wait = t
+                            .saturating_duration_since(Instant::now())
+                            .max(Duration::from_micros(50));
+                        shared
+                            .wake
+                            .wait_timeout(st, wait)
+                            .map_or_else(|p| p.into_inner().0, |r| r.0)
+                    }
+                    None => shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
+                };
+            }
+        };
+        for queue in stale {
+            // A failed refresh leaves the old metadata; the retry's backoff
+            // paces the next attempt.
+            if let Ok(info) = crate::block_on(shared.cluster.refresh(&queue)) {
+                let mut st = shared.lock();
+                if let Some(qs) = st.queues.get_mut(&queue) {
+                    if info.partitions() >= qs.info.partitions() {
+                        qs.parts.resize_with(info.partitions() as usize, PartState::default);
+                        qs.info = info;
+                    }
+                }
+            }
+        }
+        for out in outgoing {
+            shared.dispatch(out);
+        }
+    }
+}
