@@ -150,6 +150,7 @@ impl Cluster {
     /// Asks a broker for the queue's metadata now (after NOT_LEADER, an
     /// unknown partition or a lost connection).
     pub async fn refresh(&self, name: &str) -> Result<Arc<QueueInfo>, ClientError> {
+        validate_queue_name(name).map_err(|e| ClientError::broker(ErrorCode::InvalidQueueName, e))?;
         let conn = self.any_connection()?;
         let mut fbb = FlatBufferBuilder::new();
         let n = fbb.create_string(name);

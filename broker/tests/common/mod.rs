@@ -32,8 +32,13 @@ impl Broker {
     }
 
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Broker {
+        Self::start_at(data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// A broker listening on `listen` (to restart one on the same port).
+    pub fn start_at(data_dir: &Path, listen: &str, extra: &[&str]) -> Broker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_strand"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--cores", "2", "--data-dir"])
+            .args(["serve", "--listen", listen, "--cores", "2", "--data-dir"])
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -77,6 +82,12 @@ impl Broker {
             assert!(Instant::now() < deadline, "strand did not stop within 15 s of SIGTERM");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends a signal (SIGSTOP / SIGCONT to pause and resume it).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill sends a signal to our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 
     pub fn kill9(mut self) {

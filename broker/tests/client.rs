@@ -1,0 +1,381 @@
+//! strand-client's producer and consumer against the real broker: per-key
+//! order and partitioner stability, linger batching, retries across a
+//! broker restart, backpressure, seeking by timestamp, acks=0.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use strand_client::*;
+use strand_wire::{partition_for_key, ErrorCode};
+
+fn create(broker: &Broker, queue: &str, partitions: u32) {
+    assert_eq!(broker.client().create_queue(queue, partitions), ErrorCode::None);
+}
+
+/// Polls until `n` records came (or panics after 30 s).
+fn consume_n(consumer: &mut Consumer, n: usize) -> Vec<ConsumedRecord> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut out = Vec::new();
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} records came", out.len());
+        out.extend(block_on(consumer.poll()).unwrap());
+    }
+    out
+}
+
+fn earliest_consumer(broker: &Broker, queue: &str) -> Consumer {
+    let mut c = Consumer::new(
+        &broker.addr.to_string(),
+        ConsumerConfig {
+            start: Seek::Earliest,
+            max_wait: Duration::from_millis(100),
+            ..ConsumerConfig::default()
+        },
+    )
+    .unwrap();
+    block_on(c.assign_all(queue)).unwrap();
+    c
+}
+
+fn value(r: &ConsumedRecord) -> String {
+    String::from_utf8(r.value.as_ref().unwrap().to_vec()).unwrap()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn keyed_records_keep_their_order_and_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "orders", 4);
+    let addr = broker.addr.to_string();
+    let (keys, per_key) = (20, 100);
+    let mut seen_partition: HashMap<String, u32> = HashMap::new();
+    // Two producers one after the other: the same key lands on the same
+    // partition in both (the partitioner depends on the key alone).
+    for round in 0..2 {
+        let producer = Producer::new(&addr, ProducerConfig::default()).unwrap();
+        let mut deliveries = Vec::new();
+        for i in 0..per_key {
+            for k in 0..keys {
+                let key = format!("customer-{k}");
+                let v = format!("{key}:{}", round * per_key + i);
+                let d = block_on(producer.enqueue("orders", Some(key.as_bytes()), v.as_bytes(), &[])).unwrap();
+                deliveries.push((key, d));
+            }
+        }
+        let mut last_offset: HashMap<String, u64> = HashMap::new();
+        for (key, d) in deliveries {
+            let got = block_on(d).unwrap();
+            assert_eq!(got.partition, partition_for_key(key.as_bytes(), 4));
+            assert_eq!(
+                *seen_partition.entry(key.clone()).or_insert(got.partition),
+                got.partition
+            );
+            let offset = got.offset.unwrap();
+            if let Some(prev) = last_offset.insert(key.clone(), offset) {
+                assert!(offset > prev, "{key}: offset {offset} after {prev}");
+            }
+        }
+    }
+    let used: std::collections::HashSet<u32> = seen_partition.values().copied().collect();
+    assert!(used.len() > 1, "20 keys all on one partition: {used:?}");
+    // Read back: every key's values in the order they were sent.
+    let mut consumer = earliest_consumer(&broker, "orders");
+    let records = consume_n(&mut consumer, keys * per_key * 2);
+    let mut per_key_values: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for r in &records {
+        let key = String::from_utf8(r.key.as_ref().unwrap().to_vec()).unwrap();
+        assert_eq!(r.partition, seen_partition[&key]);
+        let v = value(r);
+        let (k, seq) = v.split_once(':').unwrap();
+        assert_eq!(k, key);
+        per_key_values.entry(key).or_default().push(seq.parse().unwrap());
+    }
+    assert_eq!(per_key_values.len(), keys);
+    for (key, seqs) in per_key_values {
+        assert_eq!(seqs, (0..per_key * 2).collect::<Vec<_>>(), "{key}");
+    }
+}
+
+#[test]
+fn linger_gathers_small_sends_into_few_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "small", 1);
+    let producer = Producer::new(
+        &broker.addr.to_string(),
+        ProducerConfig {
+            linger: Duration::from_millis(200),
+            batch_bytes: 1 << 20,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut deliveries = Vec::new();
+    for i in 0..1000 {
+        let v = format!("m{i}");
+        deliveries.push(block_on(producer.enqueue("small", None, v.as_bytes(), &[])).unwrap());
+    }
+    for d in deliveries {
+        block_on(d).unwrap();
+    }
+    let mut client = broker.client();
+    let (batches, hw) = client.fetch("small", 0, 0, 0, 0).unwrap();
+    assert_eq!(hw, 1000);
+    let records: usize = batches.iter().map(|b| b.records().count()).sum();
+    assert_eq!(records, 1000);
+    // 1,000 sends within far less than the linger: one batch, or a few if
+    // the machine stalled.
+    assert!(batches.len() <= 5, "{} batches for 1,000 small sends", batches.len());
+
+    // A full batch goes without waiting for the linger.
+    let big = Producer::new(
+        &broker.addr.to_string(),
+        ProducerConfig {
+            linger: Duration::from_secs(3600),
+            batch_bytes: 4096,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let payload = vec![7u8; 1000];
+    let mut deliveries = Vec::new();
+    for _ in 0..8 {
+        deliveries.push(block_on(big.enqueue("small", None, &payload, &[])).unwrap());
+    }
+    // The first four fill a 4 KiB batch; flush sends the rest.
+    block_on(deliveries.remove(0)).unwrap();
+    block_on(big.flush());
+    for d in deliveries {
+        block_on(d).unwrap();
+    }
+}
+
+#[test]
+fn sends_survive_a_broker_restart_without_loss_or_reorder() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let broker = Broker::start_at(dir.path(), &listen, &[]);
+    create(&broker, "events", 3);
+    let producer = Producer::new(
+        &listen,
+        ProducerConfig {
+            acks: Acks::All,
+            linger: Duration::from_millis(2),
+            retry_backoff: Duration::from_millis(20),
+            retry_backoff_max: Duration::from_millis(200),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let keys = 6;
+    let per_key = 400;
+    let mut deliveries = Vec::new();
+    let mut broker = Some(broker);
+    for i in 0..per_key {
+        for k in 0..keys {
+            let key = format!("k{k}");
+            let v = format!("{key}:{i}");
+            deliveries.push(block_on(producer.enqueue("events", Some(key.as_bytes()), v.as_bytes(), &[])).unwrap());
+        }
+        if i == per_key / 3 {
+            // Mid-stream: the broker dies (acknowledged data is fsync'd) and
+            // comes back on the same port a moment later.
+            broker.take().unwrap().kill9();
+        }
+        if i == per_key / 2 {
+            broker = Some(Broker::start_at(dir.path(), &listen, &[]));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    for d in deliveries {
+        let got = block_on(d).expect("every send is acknowledged after the restart");
+        assert!(got.offset.is_some());
+    }
+    let broker = broker.unwrap();
+    // Read everything back: nothing lost; within a key, first appearances
+    // are in send order (a resent batch may appear twice: at least once).
+    let mut consumer = earliest_consumer(&broker, "events");
+    let mut records = Vec::new();
+    let mut idle_since = Instant::now();
+    while idle_since.elapsed() < Duration::from_secs(1) {
+        let got = block_on(consumer.poll()).unwrap();
+        if !got.is_empty() {
+            idle_since = Instant::now();
+        }
+        records.extend(got);
+    }
+    let mut firsts: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for r in &records {
+        let v = value(r);
+        if seen.insert(v.clone()) {
+            let (k, i) = v.split_once(':').unwrap();
+            firsts.entry(k.to_string()).or_default().push(i.parse().unwrap());
+        }
+    }
+    assert_eq!(firsts.len(), keys);
+    for (k, seqs) in firsts {
+        assert_eq!(seqs, (0..per_key).collect::<Vec<_>>(), "key {k}: lost or reordered");
+    }
+}
+
+#[test]
+fn a_full_buffer_fails_or_waits_as_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "slow", 1);
+    let addr = broker.addr.to_string();
+    let payload = vec![1u8; 10_000];
+    // Learn the metadata while the broker answers.
+    let failing = Producer::new(
+        &addr,
+        ProducerConfig {
+            buffer_bytes: 64 << 10,
+            when_full: WhenFull::Fail,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let waiting = Producer::new(
+        &addr,
+        ProducerConfig {
+            buffer_bytes: 64 << 10,
+            when_full: WhenFull::Wait,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    block_on(failing.send("slow", None, b"warm-up", &[])).unwrap();
+    block_on(waiting.send("slow", None, b"warm-up", &[])).unwrap();
+
+    // A paused broker acknowledges nothing: the buffer fills.
+    broker.signal(libc::SIGSTOP);
+    let mut pending = Vec::new();
+    let full = loop {
+        match block_on(failing.enqueue("slow", None, &payload, &[])) {
+            Ok(d) => pending.push(d),
+            Err(e) => break e,
+        }
+        assert!(pending.len() < 100, "the buffer never filled");
+    };
+    assert!(matches!(full, ClientError::BufferFull { .. }), "{full}");
+    assert!(failing.buffered_bytes() <= 64 << 10);
+
+    // The waiting producer blocks instead of failing...
+    let blocked = std::thread::spawn(move || {
+        let mut ds = Vec::new();
+        for _ in 0..20 {
+            ds.push(block_on(waiting.enqueue("slow", None, &[2u8; 10_000], &[])).unwrap());
+        }
+        ds.into_iter()
+            .map(|d| block_on(d).unwrap().offset.unwrap())
+            .collect::<Vec<_>>()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!blocked.is_finished(), "enqueue did not wait for room");
+    // ...and goes on once the broker does.
+    broker.signal(libc::SIGCONT);
+    let offsets = blocked.join().unwrap();
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]));
+    for d in pending {
+        block_on(d).unwrap();
+    }
+    assert_eq!(failing.buffered_bytes(), 0);
+}
+
+#[test]
+fn a_consumer_seeks_by_timestamp_offset_and_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "timeline", 1);
+    let producer = Producer::new(&broker.addr.to_string(), ProducerConfig::default()).unwrap();
+    let headers: [(&str, &[u8]); 1] = [("trace", b"t-1")];
+    for i in 0..10 {
+        block_on(producer.send("timeline", None, format!("early-{i}").as_bytes(), &headers)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    let middle = now_ms();
+    std::thread::sleep(Duration::from_millis(30));
+    for i in 0..10 {
+        block_on(producer.send("timeline", None, format!("late-{i}").as_bytes(), &[])).unwrap();
+    }
+    let mut consumer = earliest_consumer(&broker, "timeline");
+    consumer.seek("timeline", 0, Seek::Timestamp(middle)).unwrap();
+    let got = consume_n(&mut consumer, 10);
+    assert_eq!(value(&got[0]), "late-0");
+    assert_eq!(got[0].offset, 10);
+    assert!(got[0].timestamp_ms >= middle);
+
+    consumer.seek("timeline", 0, Seek::Earliest).unwrap();
+    let got = consume_n(&mut consumer, 20);
+    assert_eq!(value(&got[0]), "early-0");
+    assert_eq!(
+        got[0].headers,
+        vec![("trace".into(), Some(bytes::Bytes::from_static(b"t-1")))]
+    );
+    assert_eq!(
+        got.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        (0..20).collect::<Vec<_>>()
+    );
+
+    consumer.seek("timeline", 0, Seek::Offset(15)).unwrap();
+    assert_eq!(value(&consume_n(&mut consumer, 1)[0]), "late-5");
+
+    // Latest: only what comes after.
+    consumer.seek("timeline", 0, Seek::Latest).unwrap();
+    assert!(block_on(consumer.poll()).unwrap().is_empty());
+    block_on(producer.send("timeline", None, b"newest", &[])).unwrap();
+    let got = consume_n(&mut consumer, 1);
+    assert_eq!((value(&got[0]).as_str(), got[0].offset), ("newest", 20));
+
+    // Past the end is a typed error unless a reset is configured.
+    consumer.seek("timeline", 0, Seek::Offset(1000)).unwrap();
+    let err = block_on(consumer.poll()).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::OffsetOutOfRange), "{err}");
+}
+
+#[test]
+fn acks_zero_sends_without_answers_and_bad_input_is_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "fire", 2);
+    let addr = broker.addr.to_string();
+    let producer = Producer::new(
+        &addr,
+        ProducerConfig {
+            acks: Acks::None,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 0..50 {
+        let got = block_on(producer.send("fire", Some(b"k"), format!("{i}").as_bytes(), &[])).unwrap();
+        assert_eq!(got.offset, None);
+    }
+    let mut consumer = earliest_consumer(&broker, "fire");
+    let got = consume_n(&mut consumer, 50);
+    assert_eq!(value(&got[49]), "49");
+
+    let p = Producer::new(&addr, ProducerConfig::default()).unwrap();
+    let err = block_on(p.send("no-such-queue", None, b"x", &[])).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::UnknownQueue), "{err}");
+    let err = block_on(p.send("fire", None, &vec![0u8; 2 << 20], &[])).unwrap_err();
+    assert!(matches!(err, ClientError::MessageTooLarge { .. }), "{err}");
+    // The producer goes on after both.
+    assert!(block_on(p.send("fire", None, b"fine", &[])).unwrap().offset.is_some());
+    assert!(Producer::new("not-an-address", ProducerConfig::default()).is_err());
+}
