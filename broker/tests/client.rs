@@ -342,6 +342,18 @@ fn a_consumer_seeks_by_timestamp_offset_and_ends() {
     let got = consume_n(&mut consumer, 1);
     assert_eq!((value(&got[0]).as_str(), got[0].offset), ("newest", 20));
 
+    // A start offset in the config applies to partitions assigned later.
+    let mut from_five = Consumer::new(
+        &broker.addr.to_string(),
+        ConsumerConfig {
+            start: Seek::Offset(5),
+            ..ConsumerConfig::default()
+        },
+    )
+    .unwrap();
+    from_five.assign("timeline", &[0]);
+    assert_eq!(consume_n(&mut from_five, 1)[0].offset, 5);
+
     // Past the end is a typed error unless a reset is configured.
     consumer.seek("timeline", 0, Seek::Offset(1000)).unwrap();
     let err = block_on(consumer.poll()).unwrap_err();

@@ -98,7 +98,15 @@ impl Cluster {
             }
         }
         let c = Connection::connect(addr)?;
-        self.state().connections.insert(addr.to_string(), c.clone());
+        let mut st = self.state();
+        // Another thread may have connected meanwhile: keep one connection
+        // (dropping the other closes it before it carried anything).
+        if let Some(existing) = st.connections.get(addr) {
+            if !existing.is_closed() {
+                return Ok(existing.clone());
+            }
+        }
+        st.connections.insert(addr.to_string(), c.clone());
         Ok(c)
     }
 

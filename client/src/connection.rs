@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_channel::oneshot;
@@ -21,13 +22,23 @@ use crate::error::ClientError;
 
 type Pending = Arc<Mutex<PendingState>>;
 
+/// A request unanswered this long fails its connection (and so every
+/// request on it, which producers then retry on a new one). Above the
+/// broker's longest long poll (30 s) and its produce timeout (30 s).
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long connecting to a broker may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the reader looks for overdue requests while the socket is quiet.
+const OVERDUE_CHECK: Duration = Duration::from_secs(1);
+
 /// What to do with a response (or the failure that replaces it); runs on
 /// the connection's reader thread, so it must be quick.
 pub type OnResponse = Box<dyn FnOnce(Result<Frame, ClientError>) + Send>;
 
 #[derive(Default)]
 struct PendingState {
-    waiting: HashMap<u32, OnResponse>,
+    /// Requests awaiting a response: when each was sent, and its handler.
+    waiting: HashMap<u32, (Instant, OnResponse)>,
     /// Set when the reader stops: every later request fails at once.
     closed: Option<ClientError>,
 }
@@ -65,7 +76,8 @@ impl Connection {
             .map_err(io)?
             .next()
             .ok_or_else(|| ClientError::Invalid(format!("{addr} resolves to no address")))?;
-        let stream = TcpStream::connect(sock).map_err(io)?;
+        let stream = TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT).map_err(io)?;
+        stream.set_read_timeout(Some(OVERDUE_CHECK)).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
         let reader = stream.try_clone().map_err(io)?;
         let pending: Pending = Arc::default();
@@ -149,7 +161,7 @@ impl Connection {
             }
             if let Some(f) = on_response {
                 expects_response = true;
-                p.waiting.insert(id, f);
+                p.waiting.insert(id, (Instant::now(), f));
             }
         }
         let header = FrameHeader {
@@ -198,7 +210,7 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String) {
                     .lock()
                     .ok()
                     .and_then(|mut p| p.waiting.remove(&f.header.correlation_id));
-                if let Some(w) = waiter {
+                if let Some((_, w)) = waiter {
                     w(Ok(f));
                 }
                 continue;
@@ -209,14 +221,24 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String) {
         match stream.read(&mut chunk) {
             Ok(0) => break "the broker closed the connection".to_string(),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                let overdue = pending
+                    .lock()
+                    .is_ok_and(|p| p.waiting.values().any(|(sent, _)| sent.elapsed() > RESPONSE_TIMEOUT));
+                if overdue {
+                    break format!("no response within {RESPONSE_TIMEOUT:?}");
+                }
+            }
             Err(e) => break e.to_string(),
         }
     };
+    // Writers fail from now on too.
+    let _ = stream.shutdown(std::net::Shutdown::Both);
     let err = ClientError::Io { addr, message: failure };
     let waiting: Vec<OnResponse> = match pending.lock() {
         Ok(mut p) => {
             p.closed = Some(err.clone());
-            p.waiting.drain().map(|(_, w)| w).collect()
+            p.waiting.drain().map(|(_, (_, w))| w).collect()
         }
         Err(_) => Vec::new(),
     };

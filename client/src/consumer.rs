@@ -99,6 +99,15 @@ enum Position {
     Pending(Seek),
 }
 
+impl Position {
+    fn of(seek: Seek) -> Position {
+        match seek {
+            Seek::Offset(o) => Position::At(o),
+            other => Position::Pending(other),
+        }
+    }
+}
+
 type Key = (Arc<str>, u32);
 type FrameFuture = Pin<Box<dyn Future<Output = Result<Frame, ClientError>> + Send>>;
 
@@ -115,6 +124,9 @@ pub struct Consumer {
     config: ConsumerConfig,
     positions: BTreeMap<Key, Position>,
     in_flight: Option<InFlight>,
+    /// A failure met while other partitions had records: reported by the
+    /// next poll.
+    deferred_error: Option<ClientError>,
 }
 
 impl Consumer {
@@ -125,6 +137,7 @@ impl Consumer {
             config,
             positions: BTreeMap::new(),
             in_flight: None,
+            deferred_error: None,
         })
     }
 
@@ -135,7 +148,7 @@ impl Consumer {
         for &p in partitions {
             self.positions
                 .entry((q.clone(), p))
-                .or_insert(Position::Pending(self.config.start));
+                .or_insert(Position::of(self.config.start));
         }
         self.in_flight = None;
     }
@@ -161,10 +174,7 @@ impl Consumer {
             .positions
             .get_mut(&(Arc::from(queue), partition))
             .ok_or_else(|| ClientError::Invalid(format!("{queue}/{partition} is not assigned")))?;
-        *pos = match to {
-            Seek::Offset(o) => Position::At(o),
-            other => Position::Pending(other),
-        };
+        *pos = Position::of(to);
         self.in_flight = None;
         Ok(())
     }
@@ -172,10 +182,7 @@ impl Consumer {
     /// Every assigned partition to `to`.
     pub fn seek_all(&mut self, to: Seek) {
         for pos in self.positions.values_mut() {
-            *pos = match to {
-                Seek::Offset(o) => Position::At(o),
-                other => Position::Pending(other),
-            };
+            *pos = Position::of(to);
         }
         self.in_flight = None;
     }
@@ -192,6 +199,9 @@ impl Consumer {
     /// The next records of the assigned partitions, in offset order per
     /// partition; empty if none came within `max_wait`.
     pub async fn poll(&mut self) -> Result<Vec<ConsumedRecord>, ClientError> {
+        if let Some(e) = self.deferred_error.take() {
+            return Err(e);
+        }
         if self.positions.is_empty() {
             return Err(ClientError::Invalid("no partition is assigned".into()));
         }
@@ -208,15 +218,19 @@ impl Consumer {
         for r in in_flight.responses {
             frames.push(r.await);
         }
+        // Each partition's records and position move together: a failure
+        // elsewhere in the fetch neither drops nor skips them. An error is
+        // returned once there are no records to hand out first.
         let mut records = Vec::new();
-        let mut first_error = None;
         for frame in frames {
             if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut records)) {
-                first_error.get_or_insert(e);
+                self.deferred_error.get_or_insert(e);
             }
         }
-        if let Some(e) = first_error {
-            return Err(e);
+        if records.is_empty() {
+            if let Some(e) = self.deferred_error.take() {
+                return Err(e);
+            }
         }
         // Pipelining: the next fetch is on its way while these are processed.
         if self.positions.values().all(|p| matches!(p, Position::At(_))) {
@@ -300,14 +314,10 @@ impl Consumer {
                         }
                         Some(ErrorCode::OffsetOutOfRange) => {
                             if let Some(reset) = self.config.reset_out_of_range {
-                                let to = match reset {
-                                    Seek::Offset(o) => Position::At(o),
-                                    s => Position::Pending(s),
-                                };
-                                self.positions.insert(key, to);
+                                self.positions.insert(key, Position::of(reset));
                                 continue;
                             }
-                            return Err(ClientError::broker(
+                            self.deferred_error.get_or_insert(ClientError::broker(
                                 ErrorCode::OffsetOutOfRange,
                                 format!(
                                     "{name}/{}: offset {position} is outside the log (start {}, high watermark {})",
@@ -316,8 +326,14 @@ impl Consumer {
                                     p.high_watermark()
                                 ),
                             ));
+                            continue;
                         }
-                        _ => return Err(e),
+                        // Busy or timed out: this partition is asked again next time.
+                        Some(ErrorCode::Overloaded | ErrorCode::Timeout) => continue,
+                        _ => {
+                            self.deferred_error.get_or_insert(e);
+                            continue;
+                        }
                     }
                 }
                 let start = p.records_offset() as usize;
@@ -327,7 +343,9 @@ impl Consumer {
                     .get(start..end)
                     .map(|_| frame.tail.slice(start..end))
                     .ok_or_else(|| ClientError::Protocol("fetch records past the frame's tail".into()))?;
-                let next = read_batches(&key, position, run, out)?;
+                let mut mine = Vec::new();
+                let next = read_batches(&key, position, run, &mut mine)?;
+                out.append(&mut mine);
                 self.positions.insert(key, Position::At(next));
             }
         }

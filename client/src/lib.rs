@@ -20,7 +20,7 @@
 
 mod admin;
 mod cluster;
-mod connection;
+pub mod connection;
 mod consumer;
 mod error;
 mod producer;

@@ -34,6 +34,19 @@
 //!    partition a retry can never reorder records of a key. A request whose
 //!    answer was lost with the connection is sent again: delivery is at least
 //!    once (no idempotent producer yet), never lost, never reordered.
+//! 5. **Requests.** One batch per produce request (the broker appends a
+//!    request's batches one at a time, so only a lone batch's offsets follow
+//!    from the base it reports; the producer checks the count). A request
+//!    unanswered for [`crate::connection::RESPONSE_TIMEOUT`] fails its
+//!    connection, and with it every request on it, which are then retried.
+//!
+//! Threads: with linger 0 the calling thread writes an idle partition's
+//! batch itself (a blocking socket write of at most one batch: the lowest
+//! latency); everything else is written by the sender thread. With more
+//! than one request in flight per partition, those two writers may also
+//! swap two batches of a partition — keep the default of 1 where per-key
+//! order matters. [`Producer::flush`] waits until the producer has nothing
+//! outstanding, including records enqueued while it waits.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -238,9 +251,6 @@ struct Outgoing {
     info: Arc<QueueInfo>,
     batches: Vec<ReadyBatch>,
 }
-
-/// Most bytes put into one produce request for one partition.
-const MAX_REQUEST_BYTES: usize = 8 << 20;
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -463,20 +473,17 @@ impl Shared {
         if part.ready.front().is_some_and(|b| b.not_before > now) {
             return None;
         }
+        // One batch per request: the broker appends a request's batches for
+        // a partition one by one, so only a single batch's offsets follow
+        // from the base offset it reports.
         let mut batches = Vec::new();
-        let mut bytes = 0;
-        while let Some(b) = part.ready.front() {
-            if !batches.is_empty() && (bytes + b.bytes.len() > MAX_REQUEST_BYTES || b.not_before > now) {
-                break;
-            }
-            bytes += b.bytes.len();
-            batches.extend(part.ready.pop_front());
-        }
-        let linger_over = part
+        if let Some(b) = part.ready.pop_front() {
+            batches.push(b);
+        } else if part
             .open
             .as_ref()
-            .is_some_and(|o| flushing || o.since + cfg.linger <= now);
-        if linger_over && bytes < MAX_REQUEST_BYTES {
+            .is_some_and(|o| flushing || o.since + cfg.linger <= now)
+        {
             if let Some(open) = part.open.take() {
                 batches.push(open.close());
                 if qs.sticky == partition {
@@ -559,7 +566,7 @@ impl Shared {
         let on_response = Box::new(move |r: Result<strand_net::Frame, ClientError>| {
             let out = s.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(out) = out {
-                me.complete(out, r.and_then(|f| requests::produced(&f)).map(|(base, _)| Some(base)));
+                me.complete(out, r.and_then(|f| requests::produced(&f)).map(Some));
             }
         });
         if let Err(e) = conn.send(Api::Produce, &body, tail, Some(on_response)) {
@@ -572,7 +579,7 @@ impl Shared {
 
     /// Finishes a request: hands out offsets, or schedules a retry, or
     /// fails the records.
-    fn complete(&self, out: Outgoing, result: Result<Option<u64>, ClientError>) {
+    fn complete(&self, out: Outgoing, result: Result<Option<(u64, u64)>, ClientError>) {
         let now = Instant::now();
         let mut st = self.lock();
         if let Some(part) = st
@@ -583,6 +590,13 @@ impl Shared {
             part.in_flight = part.in_flight.saturating_sub(1);
         }
         let mut done = 0usize;
+        let records: usize = out.batches.iter().map(|b| b.waiters.len()).sum();
+        let result = match result {
+            Ok(Some((base, last))) if last.checked_sub(base).map(|d| d + 1) != Some(records as u64) => Err(
+                ClientError::Protocol(format!("{records} records stored at offsets {base}..={last}")),
+            ),
+            other => other.map(|r| r.map(|(base, _)| base)),
+        };
         match result {
             Ok(base) => {
                 let mut next = base;
