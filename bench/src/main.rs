@@ -8,6 +8,7 @@
 //! - `produce`: a running broker over the raw protocol, beside the raw disk
 //!   (see [`produce`]).
 
+mod client;
 mod produce;
 mod report;
 mod storage;
@@ -29,6 +30,10 @@ enum Scenario {
     /// Produce throughput and request latency against a running broker,
     /// beside the raw O_DIRECT write limit measured in the same run.
     Produce(produce::Args),
+    /// What an application gets through strand-client's producer: small
+    /// message latency at a fixed rate (open loop) and batched throughput
+    /// beside the raw-protocol figure.
+    Client(client::Args),
 }
 
 fn main() {
@@ -37,6 +42,7 @@ fn main() {
     let result = match cli.scenario {
         Scenario::Storage(args) => storage::run(args),
         Scenario::Produce(args) => produce::run(args),
+        Scenario::Client(args) => client::run(args),
     };
     if let Err(e) = result {
         eprintln!("strand-bench: {e}");

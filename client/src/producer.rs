@@ -401,16 +401,26 @@ impl Shared {
         let cfg = &self.config;
         let batch_limit = cfg.batch_bytes.min(info.max_message_bytes as usize).max(HEADER_LEN + 1);
         let now = Instant::now();
-        let qs = st.queues.entry(info.name.clone()).or_insert_with(|| QueueState {
-            info: info.clone(),
-            sticky: (now_ms() as u32) % info.partitions(),
-            parts: Vec::new(),
-        });
+        if !st.queues.contains_key(&info.name) {
+            st.queues.insert(
+                info.name.clone(),
+                QueueState {
+                    info: info.clone(),
+                    sticky: (now_ms() as u32) % info.partitions(),
+                    parts: Vec::new(),
+                },
+            );
+        }
+        let Some(qs) = st.queues.get_mut(&info.name) else {
+            unreachable!("inserted above")
+        };
         if qs.info.partitions() < info.partitions() {
             qs.info = info.clone();
         }
         let partitions = qs.info.partitions();
-        qs.parts.resize_with(partitions as usize, PartState::default);
+        if qs.parts.len() != partitions as usize {
+            qs.parts.resize_with(partitions as usize, PartState::default);
+        }
         let fits = |p: &PartState| {
             p.open
                 .as_ref()

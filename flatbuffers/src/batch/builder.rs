@@ -25,7 +25,6 @@ pub struct BatchBuilder {
     producer_epoch: i16,
     base_sequence: i32,
     attributes: u16,
-    scratch: Vec<u8>,
 }
 
 impl Default for BatchBuilder {
@@ -51,7 +50,6 @@ impl BatchBuilder {
             producer_epoch: -1,
             base_sequence: -1,
             attributes: 0,
-            scratch: Vec::with_capacity(64),
         }
     }
 
@@ -105,8 +103,13 @@ impl BatchBuilder {
         }
         self.max_timestamp = self.max_timestamp.max(timestamp_ms);
         let ts_delta = timestamp_ms.saturating_sub(self.first_timestamp);
-        let s = &mut self.scratch;
-        s.clear();
+        // Written in place: the body's length is computed first, so the
+        // payload is copied once.
+        let body = record_body_len(ts_delta, self.count, key, value, headers);
+        let s = &mut self.buf;
+        s.reserve(varint::len_u64(body as u64) + body);
+        varint::put_u64(s, body as u64);
+        let start = s.len();
         s.push(0); // record attributes
         varint::put_i64(s, ts_delta);
         varint::put_u64(s, u64::from(self.count));
@@ -118,8 +121,7 @@ impl BatchBuilder {
             s.extend_from_slice(k);
             put_nullable(s, *v);
         }
-        varint::put_u64(&mut self.buf, s.len() as u64);
-        self.buf.extend_from_slice(s);
+        debug_assert_eq!(s.len() - start, body);
         self.count += 1;
     }
 

@@ -1,0 +1,259 @@
+//! `strand-bench client`: what an application gets through strand-client's
+//! [`Producer`], against a running broker.
+//!
+//! 1. **Small-message latency.** One producer (acks=1, linger 0) sends
+//!    `--small-bytes` records at a fixed `--rate` for `--seconds`, open
+//!    loop: each record's latency runs from the moment it was *due* to its
+//!    acknowledgement, so a stall counts against every record it delayed
+//!    (no coordinated omission). Run once on a queue with `fsync=interval`
+//!    (acknowledged when stored in the page cache's path, like Kafka's
+//!    acks=1) and once with `fsync=always` (acknowledged when fdatasync'd).
+//! 2. **Batched throughput.** `--mib` MiB of 1,000-byte keyless records
+//!    through the producer (batch bytes 1 MiB, acks=1, fsync=always,
+//!    `--partitions` partitions), alternating in `--rounds` slices with the
+//!    raw-protocol figure: pre-built 1 MiB batches sent as produce requests
+//!    over one connection each per partition, one request in flight each —
+//!    the same pattern the producer uses, without its per-record work.
+//!
+//! Last stdout line: JSON with `small_p50_us`, `small_p99_us`,
+//! `small_p999_us`, `small_max_us` (fsync=interval), the same with
+//! `small_always_` prefixes, `producer_mib_s`, `raw_mib_s` and
+//! `producer_vs_raw`.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use strand_client::{
+    block_on, requests, Acks, Admin, ClientError, Connection, Delivery, FsyncSpec, Producer, ProducerConfig, QueueSpec,
+};
+use strand_storage::testkit;
+use strand_wire::{Api, ErrorCode};
+
+use crate::report::{mib_s, round2, table, Latency};
+use crate::storage::{err, slices, RECORDS_PER_MIB_BATCH, RECORD_BYTES};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// The broker.
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    brokers: String,
+    /// Small records per second.
+    #[arg(long, default_value_t = 5000)]
+    rate: u64,
+    /// Seconds of small records, per fsync policy.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Bytes per small record's value.
+    #[arg(long, default_value_t = 100)]
+    small_bytes: usize,
+    /// MiB through the producer (and as many raw).
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Partitions of the throughput queue.
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
+}
+
+/// Creates a queue with a fresh name (so runs do not mix).
+fn fresh_queue(admin: &Admin, prefix: &str, partitions: u32, fsync: FsyncSpec) -> Result<String, String> {
+    for n in 0.. {
+        let name = format!("{prefix}-{n}");
+        let spec = QueueSpec {
+            partitions: Some(partitions),
+            fsync: Some(fsync),
+            ..QueueSpec::default()
+        };
+        match block_on(admin.create_queue(&name, &spec)) {
+            Ok(()) => return Ok(name),
+            Err(e) if e.code() == Some(ErrorCode::QueueAlreadyExists) => continue,
+            Err(e) => return Err(format!("creating {name}: {e}")),
+        }
+    }
+    Err("no free queue name".into())
+}
+
+/// Open-loop small sends; latency from due time to acknowledgement.
+fn small_latency(args: &Args, queue: &str) -> Result<Latency, String> {
+    let producer = Producer::new(
+        &args.brokers,
+        ProducerConfig {
+            acks: Acks::Leader,
+            linger: Duration::ZERO,
+            ..ProducerConfig::default()
+        },
+    )
+    .map_err(err)?;
+    let value = vec![b'v'; args.small_bytes];
+    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    // Warm up: metadata, connection, first segment writes.
+    for _ in 0..200 {
+        block_on(producer.send(queue, None, &value, &[])).map_err(err)?;
+    }
+    let total = args.rate * args.seconds;
+    let interval = Duration::from_nanos(1_000_000_000 / args.rate.max(1));
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Instant, Delivery)>(1 << 16);
+    // Acknowledgements are awaited on their own thread, in order (one
+    // partition: they complete in order).
+    let waiter = std::thread::spawn(move || -> Result<Histogram<u64>, String> {
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(err)?;
+        for (due, d) in rx {
+            block_on(d).map_err(err)?;
+            hist.saturating_record(due.elapsed().as_nanos() as u64);
+        }
+        Ok(hist)
+    });
+    let start = Instant::now();
+    for i in 0..total {
+        let due = start + interval * i as u32;
+        // Sleep (not spin: on a small machine the broker and the client's
+        // threads need the cores) with a 1 µs timer slack, so sends leave
+        // within microseconds of their due time.
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        let d = block_on(producer.enqueue(queue, None, &value, &[])).map_err(err)?;
+        tx.send((due, d)).map_err(err)?;
+    }
+    drop(tx);
+    let hist = waiter.join().map_err(|_| "the waiter thread panicked".to_string())??;
+    Ok(Latency::from_nanos(&hist))
+}
+
+/// Seconds to push `mib` MiB of 1,000-byte records through the producer.
+fn producer_slice(producer: &Producer, queue: &str, mib: usize) -> Result<f64, ClientError> {
+    let value = vec![b'p'; RECORD_BYTES];
+    let records = mib * RECORDS_PER_MIB_BATCH as usize;
+    let start = Instant::now();
+    let mut waiting: VecDeque<Delivery> = VecDeque::new();
+    for _ in 0..records {
+        waiting.push_back(block_on(producer.enqueue(queue, None, &value, &[]))?);
+        while let Some(d) = waiting.front_mut() {
+            match block_on(futures_lite::future::poll_once(d)) {
+                Some(r) => {
+                    r?;
+                    waiting.pop_front();
+                }
+                None => break,
+            }
+        }
+    }
+    block_on(producer.flush());
+    for d in waiting {
+        block_on(d)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Seconds to send `batches` as raw produce requests, one connection per
+/// partition with one request in flight each.
+fn raw_slice(conns: &[Connection], queue: &str, batches: &[Bytes]) -> Result<f64, String> {
+    let start = Instant::now();
+    std::thread::scope(|scope| -> Result<(), String> {
+        let handles: Vec<_> = conns
+            .iter()
+            .enumerate()
+            .map(|(p, conn)| {
+                scope.spawn(move || -> Result<(), String> {
+                    for b in batches.iter().skip(p).step_by(conns.len()) {
+                        let (body, tail) = requests::produce(queue, p as u32, 1, b.clone());
+                        let frame = block_on(conn.request(Api::Produce, &body, tail)).map_err(err)?;
+                        requests::produced(&frame).map_err(err)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| "a raw sender panicked".to_string())??;
+        }
+        Ok(())
+    })?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    if args.rate == 0 || args.seconds == 0 || args.mib == 0 || args.partitions == 0 {
+        return Err("--rate, --seconds, --mib and --partitions must be > 0".into());
+    }
+    let first = strand_client::parse_brokers(&args.brokers).map_err(err)?[0].clone();
+    let admin = Admin::connect(&first).map_err(err)?;
+
+    let q = fresh_queue(&admin, "bench-small", 1, FsyncSpec::Interval { ms: 100, bytes: 0 })?;
+    let small = small_latency(&args, &q)?;
+    let q = fresh_queue(&admin, "bench-small-always", 1, FsyncSpec::Always)?;
+    let small_always = small_latency(&args, &q)?;
+
+    let queue = fresh_queue(&admin, "bench-batched", args.partitions, FsyncSpec::Always)?;
+    let producer = Producer::new(
+        &args.brokers,
+        ProducerConfig {
+            acks: Acks::Leader,
+            batch_bytes: 1 << 20,
+            ..ProducerConfig::default()
+        },
+    )
+    .map_err(err)?;
+    block_on(producer.send(&queue, None, b"warm-up", &[])).map_err(err)?;
+    let conns: Vec<Connection> = (0..args.partitions)
+        .map(|_| Connection::connect(&first).map_err(err))
+        .collect::<Result<_, _>>()?;
+    let (mut producer_secs, mut raw_secs, mut raw_bytes) = (0.0, 0.0, 0u64);
+    let mut producer_bytes = 0u64;
+    for slice in slices(args.mib, args.rounds) {
+        let mib = slice.len();
+        producer_secs += producer_slice(&producer, &queue, mib).map_err(err)?;
+        producer_bytes += (mib * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
+        // Batches are built before the clock starts (client work the raw
+        // figure leaves out).
+        let batches: Vec<Bytes> = slice
+            .map(|tag| testkit::batch(tag as u64, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 1_700_000_000_000).freeze())
+            .collect();
+        raw_secs += raw_slice(&conns, &queue, &batches)?;
+        raw_bytes += (batches.len() * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
+    }
+    let producer_mib = mib_s(producer_bytes, producer_secs);
+    let raw_mib = mib_s(raw_bytes, raw_secs);
+    table(
+        &format!(
+            "strand-client against {} ({} B records at {}/s for {} s; {} MiB of 1,000 B records over {} partitions)",
+            args.brokers, args.small_bytes, args.rate, args.seconds, args.mib, args.partitions
+        ),
+        &[
+            ("small, fsync=interval: p50", small.p50_us, "us"),
+            ("  p99", small.p99_us, "us"),
+            ("  p99.9", small.p999_us, "us"),
+            ("  max", small.max_us, "us"),
+            ("small, fsync=always: p50", small_always.p50_us, "us"),
+            ("  p99", small_always.p99_us, "us"),
+            ("  p99.9", small_always.p999_us, "us"),
+            ("  max", small_always.max_us, "us"),
+            ("producer, 1 MiB batches (record values)", producer_mib, "MiB/s"),
+            ("raw protocol, 1 MiB batches (record values)", raw_mib, "MiB/s"),
+            ("  ratio producer / raw", producer_mib / raw_mib, ""),
+        ],
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "client",
+            "small_p50_us": round2(small.p50_us),
+            "small_p99_us": round2(small.p99_us),
+            "small_p999_us": round2(small.p999_us),
+            "small_max_us": round2(small.max_us),
+            "small_always_p50_us": round2(small_always.p50_us),
+            "small_always_p99_us": round2(small_always.p99_us),
+            "small_always_p999_us": round2(small_always.p999_us),
+            "small_always_max_us": round2(small_always.max_us),
+            "producer_mib_s": round2(producer_mib),
+            "raw_mib_s": round2(raw_mib),
+            "producer_vs_raw": round2(producer_mib / raw_mib),
+        })
+    );
+    Ok(())
+}
