@@ -56,11 +56,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures_channel::oneshot;
 use strand_wire::batch::{BatchBuilder, HEADER_LEN};
 use strand_wire::{partition_for_key, Api, ErrorCode};
 
-use crate::cluster::{Cluster, QueueInfo};
+use crate::cluster::{Cluster, QueueInfo, METADATA_MAX_AGE};
 use crate::error::ClientError;
 use crate::requests;
 
@@ -141,19 +140,64 @@ pub struct Delivered {
     pub offset: Option<u64>,
 }
 
-type Waiter = oneshot::Sender<Result<Delivered, ClientError>>;
+/// The fate of one batch, shared by its records' [`Delivery`] futures: one
+/// allocation and one completion per batch, not per record.
+struct Outcome {
+    partition: u32,
+    state: Mutex<OutcomeState>,
+}
+
+#[derive(Default)]
+struct OutcomeState {
+    /// The base offset (`None` for acks=0), or the failure.
+    result: Option<Result<Option<u64>, ClientError>>,
+    wakers: Vec<Waker>,
+}
+
+impl Outcome {
+    fn new(partition: u32) -> Arc<Outcome> {
+        Arc::new(Outcome {
+            partition,
+            state: Mutex::default(),
+        })
+    }
+
+    fn finish(&self, result: Result<Option<u64>, ClientError>) {
+        let wakers = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.result = Some(result);
+            std::mem::take(&mut st.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
 
 /// The future of one record's acknowledgement.
 pub struct Delivery {
-    rx: oneshot::Receiver<Result<Delivered, ClientError>>,
+    outcome: Arc<Outcome>,
+    /// The record's place in its batch.
+    index: u32,
 }
 
 impl Future for Delivery {
     type Output = Result<Delivered, ClientError>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx)
-            .poll(cx)
-            .map(|r| r.unwrap_or(Err(ClientError::Closed)))
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.outcome.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &st.result {
+            Some(Ok(base)) => Poll::Ready(Ok(Delivered {
+                partition: self.outcome.partition,
+                offset: base.map(|b| b + u64::from(self.index)),
+            })),
+            Some(Err(e)) => Poll::Ready(Err(e.clone())),
+            None => {
+                if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    st.wakers.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
     }
 }
 
@@ -218,13 +262,14 @@ struct OpenBatch {
     builder: BatchBuilder,
     since: Instant,
     deadline: Instant,
-    waiters: Vec<Waiter>,
+    outcome: Arc<Outcome>,
     accounted: usize,
 }
 
 struct ReadyBatch {
     bytes: Bytes,
-    waiters: Vec<Waiter>,
+    outcome: Arc<Outcome>,
+    records: usize,
     accounted: usize,
     attempts: u32,
     not_before: Instant,
@@ -234,8 +279,9 @@ struct ReadyBatch {
 impl OpenBatch {
     fn close(self) -> ReadyBatch {
         ReadyBatch {
+            records: self.builder.len() as usize,
             bytes: self.builder.build().freeze(),
-            waiters: self.waiters,
+            outcome: self.outcome,
             accounted: self.accounted,
             attempts: 0,
             not_before: self.since,
@@ -244,12 +290,12 @@ impl OpenBatch {
     }
 }
 
-/// Batches for one partition, on their way.
+/// A batch on its way to its partition's leader.
 struct Outgoing {
     queue: String,
     partition: u32,
     info: Arc<QueueInfo>,
-    batches: Vec<ReadyBatch>,
+    batch: ReadyBatch,
 }
 
 fn now_ms() -> i64 {
@@ -306,7 +352,13 @@ impl Producer {
         headers: &[(&str, &[u8])],
     ) -> Result<Delivery, ClientError> {
         let shared = &self.handle.shared;
-        let info = shared.cluster.queue(queue).await?;
+        // The producer's own copy first (the sender thread refreshes it); the
+        // cluster's cache (or a Metadata request) for a queue new to it.
+        let known = shared.lock().queues.get(queue).map(|q| q.info.clone());
+        let info = match known {
+            Some(info) => info,
+            None => shared.cluster.queue(queue).await?,
+        };
         let headers: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(k, v)| (k.as_bytes(), Some(*v))).collect();
         let size = BatchBuilder::record_size(key, Some(value), &headers);
         let limit = (info.max_message_bytes as usize).min(shared.config.buffer_bytes);
@@ -335,8 +387,7 @@ impl Producer {
             let Some((key, value, headers)) = record.take() else {
                 return Poll::Ready(Err(ClientError::Closed));
             };
-            let (tx, rx) = oneshot::channel();
-            let partition = shared.append(&mut st, &info, key, value, &headers, size, tx);
+            let (partition, delivery) = shared.append(&mut st, &info, key, value, &headers, size);
             // With no linger, an idle partition sends at once from here.
             let inline = if shared.config.linger.is_zero() {
                 shared.take_partition(&mut st, queue, partition, Instant::now())
@@ -348,7 +399,7 @@ impl Producer {
             if let Some(out) = inline {
                 shared.dispatch(out);
             }
-            Poll::Ready(Ok(Delivery { rx }))
+            Poll::Ready(Ok(delivery))
         })
         .await
     }
@@ -386,8 +437,8 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a record to its partition's open batch; returns the partition.
-    #[allow(clippy::too_many_arguments)]
+    /// Adds a record to its partition's open batch; returns the partition
+    /// and the record's delivery.
     fn append(
         &self,
         st: &mut State,
@@ -396,11 +447,9 @@ impl Shared {
         value: &[u8],
         headers: &[(&[u8], Option<&[u8]>)],
         size: usize,
-        waiter: Waiter,
-    ) -> u32 {
+    ) -> (u32, Delivery) {
         let cfg = &self.config;
         let batch_limit = cfg.batch_bytes.min(info.max_message_bytes as usize).max(HEADER_LEN + 1);
-        let now = Instant::now();
         if !st.queues.contains_key(&info.name) {
             st.queues.insert(
                 info.name.clone(),
@@ -446,15 +495,21 @@ impl Shared {
                 part.ready.push_back(open.close());
             }
         }
-        let open = part.open.get_or_insert_with(|| OpenBatch {
-            builder: BatchBuilder::with_capacity((size + HEADER_LEN).max(4096).min(batch_limit)),
-            since: now,
-            deadline: now + cfg.delivery_timeout,
-            waiters: Vec::new(),
-            accounted: 0,
+        let open = part.open.get_or_insert_with(|| {
+            let now = Instant::now();
+            OpenBatch {
+                builder: BatchBuilder::with_capacity((size + HEADER_LEN).max(4096).min(batch_limit)),
+                since: now,
+                deadline: now + cfg.delivery_timeout,
+                outcome: Outcome::new(partition),
+                accounted: 0,
+            }
         });
+        let delivery = Delivery {
+            outcome: open.outcome.clone(),
+            index: open.builder.len(),
+        };
         open.builder.push(key, Some(value), headers, now_ms());
-        open.waiters.push(waiter);
         open.accounted += size;
         let full = open.builder.size_bytes() >= batch_limit;
         if full {
@@ -467,7 +522,7 @@ impl Shared {
         }
         st.buffered += size;
         st.outstanding += 1;
-        partition
+        (partition, delivery)
     }
 
     /// The batches of one partition that may go now, if any: ready ones
@@ -486,30 +541,28 @@ impl Shared {
         // One batch per request: the broker appends a request's batches for
         // a partition one by one, so only a single batch's offsets follow
         // from the base offset it reports.
-        let mut batches = Vec::new();
+        let mut batch = None;
         if let Some(b) = part.ready.pop_front() {
-            batches.push(b);
+            batch = Some(b);
         } else if part
             .open
             .as_ref()
             .is_some_and(|o| flushing || o.since + cfg.linger <= now)
         {
             if let Some(open) = part.open.take() {
-                batches.push(open.close());
+                batch = Some(open.close());
                 if qs.sticky == partition {
                     qs.sticky = (qs.sticky + 1) % qs.info.partitions();
                 }
             }
         }
-        if batches.is_empty() {
-            return None;
-        }
+        let batch = batch?;
         part.in_flight += 1;
         Some(Outgoing {
             queue: queue.to_string(),
             partition,
             info: qs.info.clone(),
-            batches,
+            batch,
         })
     }
 
@@ -565,7 +618,7 @@ impl Shared {
             out.partition,
             acks.wire(),
             timeout_ms,
-            out.batches.iter().map(|b| b.bytes.clone()),
+            [out.batch.bytes.clone()],
         );
         if acks == Acks::None {
             let sent = conn.send(Api::Produce, &body, tail, None).map(|()| None);
@@ -591,94 +644,73 @@ impl Shared {
     /// fails the records.
     fn complete(&self, out: Outgoing, result: Result<Option<(u64, u64)>, ClientError>) {
         let now = Instant::now();
-        let mut st = self.lock();
-        if let Some(part) = st
-            .queues
-            .get_mut(&out.queue)
-            .and_then(|q| q.parts.get_mut(out.partition as usize))
-        {
-            part.in_flight = part.in_flight.saturating_sub(1);
-        }
-        let mut done = 0usize;
-        let records: usize = out.batches.iter().map(|b| b.waiters.len()).sum();
+        let mut b = out.batch;
         let result = match result {
-            Ok(Some((base, last))) if last.checked_sub(base).map(|d| d + 1) != Some(records as u64) => Err(
-                ClientError::Protocol(format!("{records} records stored at offsets {base}..={last}")),
+            Ok(Some((base, last))) if last.checked_sub(base).map(|d| d + 1) != Some(b.records as u64) => Err(
+                ClientError::Protocol(format!("{} records stored at offsets {base}..={last}", b.records)),
             ),
             other => other.map(|r| r.map(|(base, _)| base)),
         };
-        match result {
-            Ok(base) => {
-                let mut next = base;
-                for b in out.batches {
-                    for w in b.waiters {
-                        let _ = w.send(Ok(Delivered {
-                            partition: out.partition,
-                            offset: next,
-                        }));
-                        next = next.map(|o| o + 1);
-                        done += 1;
-                    }
-                    st.buffered -= b.accounted;
-                }
-            }
-            Err(e) if retriable(&e) && !st.closed => {
+        let mut st = self.lock();
+        let known = st
+            .queues
+            .get(&out.queue)
+            .is_some_and(|q| (out.partition as usize) < q.parts.len());
+        let finished = match result {
+            Err(e) if retriable(&e) && now < b.deadline && known && !st.closed => {
                 if matches!(e.code(), Some(ErrorCode::NotLeader | ErrorCode::UnknownPartition)) || e.is_io() {
                     st.stale.insert(out.queue.clone());
                 }
-                let mut again = Vec::new();
-                for mut b in out.batches {
-                    if now >= b.deadline {
-                        let err = ClientError::Timeout(format!(
-                            "not acknowledged within {:?} ({} attempts; last error: {e})",
-                            self.config.delivery_timeout,
-                            b.attempts + 1
-                        ));
-                        for w in b.waiters.drain(..) {
-                            let _ = w.send(Err(err.clone()));
-                            done += 1;
-                        }
-                        st.buffered -= b.accounted;
-                    } else {
-                        b.attempts += 1;
-                        let shift = b.attempts.min(16);
-                        let backoff = self
-                            .config
-                            .retry_backoff
-                            .saturating_mul(1 << (shift - 1))
-                            .min(self.config.retry_backoff_max);
-                        b.not_before = now + backoff;
-                        again.push(b);
-                    }
-                }
+                b.attempts += 1;
+                let shift = b.attempts.min(16);
+                let backoff = self
+                    .config
+                    .retry_backoff
+                    .saturating_mul(1 << (shift - 1))
+                    .min(self.config.retry_backoff_max);
+                b.not_before = now + backoff;
                 if let Some(part) = st
                     .queues
                     .get_mut(&out.queue)
                     .and_then(|q| q.parts.get_mut(out.partition as usize))
                 {
-                    for b in again.into_iter().rev() {
-                        part.ready.push_front(b);
-                    }
+                    part.in_flight = part.in_flight.saturating_sub(1);
+                    // At the head: nothing of this partition overtakes it.
+                    part.ready.push_front(b);
                 }
+                None
             }
-            Err(e) => {
-                for b in out.batches {
-                    for w in b.waiters {
-                        let _ = w.send(Err(e.clone()));
-                        done += 1;
-                    }
-                    st.buffered -= b.accounted;
-                }
+            Err(e) if retriable(&e) && now >= b.deadline => Some((
+                b,
+                Err(ClientError::Timeout(format!(
+                    "not acknowledged within {:?} (last error: {e})",
+                    self.config.delivery_timeout
+                ))),
+            )),
+            other => Some((b, other)),
+        };
+        let mut wake = Vec::new();
+        if let Some((b, _)) = &finished {
+            if let Some(part) = st
+                .queues
+                .get_mut(&out.queue)
+                .and_then(|q| q.parts.get_mut(out.partition as usize))
+            {
+                part.in_flight = part.in_flight.saturating_sub(1);
             }
-        }
-        st.outstanding -= done;
-        let mut wake: Vec<Waker> = st.space_waiters.drain(..).collect();
-        if st.outstanding == 0 {
-            st.flushing = false;
-            wake.append(&mut st.flush_waiters);
+            st.buffered -= b.accounted;
+            st.outstanding -= b.records;
+            wake.append(&mut st.space_waiters);
+            if st.outstanding == 0 {
+                st.flushing = false;
+                wake.append(&mut st.flush_waiters);
+            }
         }
         drop(st);
         self.wake.notify_one();
+        if let Some((b, result)) = finished {
+            b.outcome.finish(result);
+        }
         for w in wake {
             w.wake();
         }
@@ -686,22 +718,18 @@ impl Shared {
 
     /// Fails every record not yet sent (the producer is gone).
     fn fail_unsent(&self, st: &mut State) {
-        let mut failed = 0;
-        let mut freed = 0;
+        let mut failed = Vec::new();
         for qs in st.queues.values_mut() {
             for p in &mut qs.parts {
-                let batches = p.open.take().map(OpenBatch::close).into_iter();
-                for b in batches.chain(p.ready.drain(..)) {
-                    freed += b.accounted;
-                    for w in b.waiters {
-                        let _ = w.send(Err(ClientError::Closed));
-                        failed += 1;
-                    }
-                }
+                let open = p.open.take().map(OpenBatch::close).into_iter();
+                failed.extend(open.chain(p.ready.drain(..)));
             }
         }
-        st.buffered -= freed;
-        st.outstanding -= failed;
+        for b in failed {
+            st.buffered -= b.accounted;
+            st.outstanding -= b.records;
+            b.outcome.finish(Err(ClientError::Closed));
+        }
         for w in st.space_waiters.drain(..).chain(st.flush_waiters.drain(..)) {
             w.wake();
         }
@@ -729,6 +757,7 @@ fn retriable(e: &ClientError) -> bool {
 /// backoff, refreshes stale metadata; sleeps until the next of those moments
 /// or until woken.
 fn sender_loop(shared: &Arc<Shared>) {
+    let mut last_refresh = Instant::now();
     loop {
         let (outgoing, stale) = {
             let mut st = shared.lock();
@@ -737,23 +766,27 @@ fn sender_loop(shared: &Arc<Shared>) {
                     shared.fail_unsent(&mut st);
                     return;
                 }
+                // Now and then every queue's metadata is asked for again, so
+                // added partitions get used (enqueue reads only our copy).
+                let refresh_due = last_refresh + METADATA_MAX_AGE;
+                if Instant::now() >= refresh_due {
+                    let names: Vec<String> = st.queues.keys().cloned().collect();
+                    st.stale.extend(names);
+                    last_refresh = Instant::now();
+                }
                 let stale: Vec<String> = st.stale.drain().collect();
                 let (out, next) = shared.take_sendable(&mut st, Instant::now());
                 if !out.is_empty() || !stale.is_empty() {
                     break (out, stale);
                 }
-                st = match next {
-                    Some(t) => {
-                        let wait = t
-                            .saturating_duration_since(Instant::now())
-                            .max(Duration::from_micros(50));
-                        shared
-                            .wake
-                            .wait_timeout(st, wait)
-                            .map_or_else(|p| p.into_inner().0, |r| r.0)
-                    }
-                    None => shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
-                };
+                let until = next.map_or(refresh_due, |t| t.min(refresh_due));
+                let wait = until
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_micros(50));
+                st = shared
+                    .wake
+                    .wait_timeout(st, wait)
+                    .map_or_else(|p| p.into_inner().0, |r| r.0);
             }
         };
         for queue in stale {
