@@ -391,3 +391,67 @@ fn acks_zero_sends_without_answers_and_bad_input_is_typed() {
     assert!(block_on(p.send("fire", None, b"fine", &[])).unwrap().offset.is_some());
     assert!(Producer::new("not-an-address", ProducerConfig::default()).is_err());
 }
+
+/// Regression: replies that crossed shards once woke the waiting task from
+/// the answering shard's thread, and under this kind of load glommio's
+/// cross-thread wake path hung a shard for good. Many small pipelined
+/// requests over partitions on both shards, with long polls alongside, must
+/// all be answered.
+#[test]
+fn cross_shard_load_is_always_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "busy", 8);
+    let addr = broker.addr.to_string();
+    let producer = Producer::new(
+        &addr,
+        ProducerConfig {
+            acks: Acks::Leader,
+            delivery_timeout: Duration::from_secs(20),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let consumer_addr = addr.clone();
+    let reader = std::thread::spawn(move || {
+        let mut c = Consumer::new(
+            &consumer_addr,
+            ConsumerConfig {
+                start: Seek::Earliest,
+                max_wait: Duration::from_millis(20),
+                ..ConsumerConfig::default()
+            },
+        )
+        .unwrap();
+        block_on(c.assign_all("busy")).unwrap();
+        let mut n = 0;
+        while Instant::now() < deadline {
+            n += block_on(c.poll()).unwrap().len();
+        }
+        n
+    });
+    let senders: Vec<_> = (0..4)
+        .map(|t| {
+            let producer = producer.clone();
+            std::thread::spawn(move || {
+                let mut sent = 0u64;
+                while Instant::now() < deadline {
+                    let key = format!("t{t}-{}", sent % 64);
+                    block_on(producer.send("busy", Some(key.as_bytes()), b"x", &[]))
+                        .expect("every request is answered");
+                    sent += 1;
+                }
+                sent
+            })
+        })
+        .collect();
+    let sent: u64 = senders.into_iter().map(|s| s.join().unwrap()).sum();
+    assert!(sent > 0);
+    reader.join().unwrap();
+    // Both shards still serve new connections.
+    for _ in 0..8 {
+        let admin = Admin::connect(&addr).unwrap();
+        assert!(block_on(admin.list_queues()).unwrap().iter().any(|(q, _)| q == "busy"));
+    }
+}

@@ -162,3 +162,28 @@ fn bad_requests_get_typed_errors() {
     assert_eq!(c.fetch("q", 0, 5, 0, 0).unwrap_err(), ErrorCode::OffsetOutOfRange);
     assert_eq!(c.produce("q", 0, batch("ok", 1, TS), 1).unwrap(), (0, 0));
 }
+
+#[test]
+fn a_second_broker_on_a_busy_port_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let other = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args([
+            "serve",
+            "--cores",
+            "1",
+            "--listen",
+            &broker.addr.to_string(),
+            "--data-dir",
+        ])
+        .arg(other.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use"), "{err}");
+    // The first broker is untouched.
+    assert_eq!(broker.client().create_queue("still-here", 1), ErrorCode::None);
+}

@@ -298,6 +298,9 @@ struct Outgoing {
     batch: ReadyBatch,
 }
 
+/// Largest batch the enqueuing thread writes to the socket itself.
+const INLINE_SEND_MAX: usize = 64 << 10;
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -388,12 +391,19 @@ impl Producer {
                 return Poll::Ready(Err(ClientError::Closed));
             };
             let (partition, delivery) = shared.append(&mut st, &info, key, value, &headers, size);
-            // With no linger, an idle partition sends at once from here.
-            let inline = if shared.config.linger.is_zero() {
-                shared.take_partition(&mut st, queue, partition, Instant::now())
-            } else {
-                shared.wake.notify_one();
-                None
+            // With no linger, an idle partition sends a small batch at once
+            // from here (the lowest latency); a large one goes through the
+            // sender thread, so copying it into the socket overlaps the
+            // building of the next.
+            let inline = match shared.sendable_bytes(&st, queue, partition) {
+                Some(bytes) if bytes <= INLINE_SEND_MAX && shared.config.linger.is_zero() => {
+                    shared.take_partition(&mut st, queue, partition, Instant::now())
+                }
+                Some(_) => {
+                    shared.wake.notify_one();
+                    None
+                }
+                None => None,
             };
             drop(st);
             if let Some(out) = inline {
@@ -523,6 +533,20 @@ impl Shared {
         st.buffered += size;
         st.outstanding += 1;
         (partition, delivery)
+    }
+
+    /// The size of the batch a partition could send next, if it has a free
+    /// request slot and something to send.
+    fn sendable_bytes(&self, st: &State, queue: &str, partition: u32) -> Option<usize> {
+        let part = st.queues.get(queue)?.parts.get(partition as usize)?;
+        if part.in_flight >= self.config.max_in_flight_per_partition {
+            return None;
+        }
+        match (part.ready.front(), &part.open) {
+            (Some(b), _) => Some(b.bytes.len()),
+            (None, Some(o)) => Some(o.builder.size_bytes()),
+            (None, None) => None,
+        }
     }
 
     /// The batches of one partition that may go now, if any: ready ones

@@ -22,7 +22,6 @@ mod produce;
 
 use std::rc::Rc;
 
-use futures_channel::oneshot;
 use strand_net::frame::FrameHeader;
 use strand_net::message::{check_api, read_body, MessageError, TailBuilder};
 use strand_net::{FrameMut, OutFrame};
@@ -30,7 +29,7 @@ use strand_wire::flatbuffers::{FlatBufferBuilder, WIPOffset};
 use strand_wire::{Api, ApiVersionsResponse, ApiVersionsResponseArgs, Error, ErrorArgs, ErrorCode};
 
 use crate::controller::{ControllerError, ProposeError};
-use crate::server::messages::{PartitionRequest, Reply, WireError};
+use crate::server::messages::{Answer, PartitionRequest, Reply, WireError};
 use crate::server::shard::Shard;
 
 /// Serves one request; `None` when no response is due (produce, acks=0).
@@ -115,13 +114,13 @@ fn respond(header: FrameHeader, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) 
 }
 
 /// Sends a partition request to its owner and waits for the answer.
-async fn ask<T>(
+async fn ask<T: Send + 'static>(
     shard: &Rc<Shard>,
     queue: String,
     partition: u32,
     make: impl FnOnce(Reply<T>) -> PartitionRequest,
 ) -> Result<T, WireError> {
-    let (tx, rx) = oneshot::channel();
+    let (tx, rx) = Answer::channel(shard.id.0);
     shard.route(queue, partition, make(tx)).await;
     rx.await.unwrap_or_else(|_| {
         Err(WireError::new(

@@ -1,8 +1,17 @@
 //! What shards send each other over the mesh (bounded channels): requests
 //! for a partition another shard owns, proposals for the controller on
-//! shard 0, and new metadata tables from shard 0. Every message carries its
-//! reply channel. Record batches move as `BytesMut`/`Bytes` — ownership
-//! passes, bytes are not copied.
+//! shard 0, new metadata tables from shard 0, and replies. Every request
+//! carries an [`Answer`] for its reply. Record batches move as
+//! `BytesMut`/`Bytes` — ownership passes, bytes are not copied.
+//!
+//! Replies come back over the mesh too (DESIGN.md §5: "the reply comes back
+//! the same way"), never by waking the waiting task from the answering
+//! shard's thread: glommio 0.9's cross-thread ("foreign") wake path
+//! deadlocked a shard under load here — it blocked forever inside
+//! `SleepNotifier::queue_waker` while processing foreign wakes, and with it
+//! every connection and partition of that shard. An [`Answer`] completed on
+//! another shard is shipped to the waiting shard as a closure that runs
+//! there, so every wake is a local one.
 
 use std::sync::Arc;
 
@@ -64,7 +73,58 @@ pub enum OffsetQuery {
     Timestamp(i64),
 }
 
-pub type Reply<T> = oneshot::Sender<Result<T, WireError>>;
+/// The way back for one reply: completed on the shard that waits for it.
+pub struct Answer<V: Send + 'static> {
+    tx: Option<oneshot::Sender<V>>,
+    /// The shard whose task awaits the receiver.
+    origin: u16,
+}
+
+impl<V: Send + 'static> std::fmt::Debug for Answer<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Answer(to shard {})", self.origin)
+    }
+}
+
+impl<V: Send + 'static> Answer<V> {
+    /// An answer to be awaited on shard `origin` (the caller's shard).
+    pub fn channel(origin: u16) -> (Answer<V>, oneshot::Receiver<V>) {
+        let (tx, rx) = oneshot::channel();
+        (Answer { tx: Some(tx), origin }, rx)
+    }
+
+    /// Completes it: at once on the origin shard, else over the mesh.
+    pub fn send(mut self, value: V) {
+        if let Some(tx) = self.tx.take() {
+            run_on_shard(self.origin, Box::new(move || drop(tx.send(value))));
+        }
+    }
+}
+
+impl<V: Send + 'static> Drop for Answer<V> {
+    /// Dropped unanswered: the waiter learns it on its own shard too.
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            run_on_shard(self.origin, Box::new(move || drop(tx)));
+        }
+    }
+}
+
+/// Work for the shard it is sent to (completing an [`Answer`]).
+pub struct Deferred(pub Box<dyn FnOnce() + Send>);
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deferred")
+    }
+}
+
+fn run_on_shard(origin: u16, work: Box<dyn FnOnce() + Send>) {
+    super::shard::run_on_shard(origin, Deferred(work));
+}
+
+/// A partition request's reply.
+pub type Reply<T> = Answer<Result<T, WireError>>;
 
 /// A request for the shard that owns a partition.
 #[derive(Debug)]
@@ -100,12 +160,14 @@ pub enum ShardMessage {
     /// shard has applied the resulting table.
     Propose {
         command: Command,
-        reply: oneshot::Sender<Result<(), ProposeError>>,
+        reply: Answer<Result<(), ProposeError>>,
     },
     /// From shard 0: a new table; `applied` is answered once this shard's
     /// partitions match it.
     Metadata {
         table: Arc<MetadataTable>,
-        applied: oneshot::Sender<()>,
+        applied: Answer<()>,
     },
+    /// A reply (or other work) to run on the receiving shard.
+    Run(Deferred),
 }

@@ -70,6 +70,12 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
     let shards = u16::try_from(config.shard_count()).map_err(|_| ServeError::Startup("too many cores".into()))?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::Startup(format!("creating {}: {e}", config.data_dir.display())))?;
+    // The shards bind with SO_REUSEPORT, which would quietly share the port
+    // with another broker already on it; a plain bind first says "in use".
+    if config.listen.port() != 0 {
+        std::net::TcpListener::bind(config.listen)
+            .map_err(|e| ServeError::Startup(format!("listening on {}: {e}", config.listen)))?;
+    }
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
     let drained = Arc::new(AtomicUsize::new(0));
@@ -155,6 +161,7 @@ async fn shard_main(
     let (senders, receivers) = mesh.join().await.map_err(|_| "joining the shard mesh".to_string())?;
     let partitions = Partitions::new(storage, config.data_dir.clone(), config.node_id, id, shards);
     let shard = Rc::new(Shard::new(id, shards, config.clone(), partitions, senders));
+    shard::set_current(&shard);
     shard.start_mesh_receivers(receivers);
     if id.0 == 0 {
         let weak: Weak<Shard> = Rc::downgrade(&shard);
@@ -187,31 +194,42 @@ async fn shard_main(
     }
     start_timers(&shard);
     let _ = events.send(Event::Ready);
-    accept_until_stopped(&shard, &listener, &lifecycle.stop).await;
+    accept_until_stopped(&shard, listener, &lifecycle.stop).await;
     shutdown(&shard, &lifecycle.drained).await;
     Ok(())
 }
 
-async fn accept_until_stopped(shard: &Rc<Shard>, listener: &TcpListener, stop: &AtomicBool) {
-    loop {
-        if stop.load(Ordering::SeqCst) {
-            shard.stopping.set(true);
-            // Long polls end now instead of at their deadline.
-            shard.partitions.new_data.notify_all();
-            return;
-        }
-        match glommio::timer::timeout(Duration::from_millis(50), listener.accept()).await {
-            Ok(stream) => {
-                let _ = stream.set_nodelay(true);
-                glommio::spawn_local(connection::serve(shard.clone(), stream)).detach();
+/// Accepts connections until the broker is told to stop.
+///
+/// The accept itself runs in its own task and is never cancelled while
+/// pending: glommio accepts through an io_uring operation, and dropping one
+/// (say, on a timeout) can lose a connection the kernel had already
+/// accepted — the client would wait forever on a socket nobody reads. The
+/// stop flag (set from the signal thread) is looked at every 50 ms instead.
+async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &AtomicBool) {
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        loop {
+            match listener.accept().await {
+                Ok(stream) if !s.stopping.get() => {
+                    let _ = stream.set_nodelay(true);
+                    glommio::spawn_local(connection::serve(s.clone(), stream)).detach();
+                }
+                Ok(_) => {} // stopping: closed at once
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
             }
-            Err(glommio::GlommioError::TimedOut(_)) => {}
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
         }
+    })
+    .detach();
+    while !stop.load(Ordering::SeqCst) {
+        glommio::timer::sleep(Duration::from_millis(50)).await;
     }
+    shard.stopping.set(true);
+    // Long polls end now instead of at their deadline.
+    shard.partitions.new_data.notify_all();
 }
 
 /// Retention on every partition every 10 s; interval-fsync ticks every 5 ms.

@@ -9,11 +9,10 @@
 //! shards and answers a metadata change only once all of them applied it.
 
 use std::cell::{Cell, RefCell};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_channel::oneshot;
 use glommio::channels::channel_mesh::{Full, Receivers, Senders};
 use strand_storage::notify::Notify;
 use strand_storage::{LeaderEpoch, Offset, StorageError};
@@ -126,7 +125,7 @@ impl Shard {
                 if peer == usize::from(shard.id.0) {
                     continue;
                 }
-                let (tx, rx) = oneshot::channel();
+                let (tx, rx) = Answer::channel(shard.id.0);
                 let msg = ShardMessage::Metadata {
                     table: table.clone(),
                     applied: tx,
@@ -151,7 +150,7 @@ impl Shard {
     /// forwarded there) and resolves once every shard applied it.
     pub async fn propose(&self, command: Command) -> Result<(), ProposeError> {
         if self.id.0 != 0 {
-            let (tx, rx) = oneshot::channel();
+            let (tx, rx) = Answer::channel(self.id.0);
             self.peers
                 .try_send_to(0, ShardMessage::Propose { command, reply: tx })
                 .map_err(|_| ProposeError::Unavailable("shard 0 is overloaded".into()))?;
@@ -226,7 +225,7 @@ impl Shard {
         match request {
             PartitionRequest::Produce { records, acks, reply } => {
                 let result = self.produce(&part.log, records, acks).await;
-                let _ = reply.send(result);
+                reply.send(result);
             }
             PartitionRequest::Fetch {
                 offset,
@@ -245,7 +244,7 @@ impl Shard {
                         log_start: log.log_start().0,
                     })
                     .map_err(storage_error);
-                let _ = reply.send(result);
+                reply.send(result);
             }
             PartitionRequest::ListOffsets { query, reply } => {
                 let log = &part.log;
@@ -258,11 +257,11 @@ impl Shard {
                         Err(e) => Err(storage_error(e)),
                     },
                 };
-                let _ = reply.send(result);
+                reply.send(result);
             }
             PartitionRequest::Describe { reply } => {
                 let log = &part.log;
-                let _ = reply.send(Ok(PartitionStats {
+                reply.send(Ok(PartitionStats {
                     log_start: log.log_start().0,
                     log_end: log.log_end().0,
                     high_watermark: log.high_watermark().0,
@@ -386,23 +385,55 @@ impl Shard {
                 request,
             } => self.serve_partition(&queue, partition, request).await,
             ShardMessage::Propose { command, reply } => {
-                let _ = reply.send(self.propose(command).await);
+                reply.send(self.propose(command).await);
             }
+            ShardMessage::Run(Deferred(work)) => work(),
             ShardMessage::Metadata { table, applied } => {
                 self.apply_table(table).await;
-                let _ = applied.send(());
+                applied.send(());
             }
         }
+    }
+}
+
+thread_local! {
+    /// The shard this executor thread runs, for [`run_on_shard`].
+    static CURRENT: RefCell<Weak<Shard>> = const { RefCell::new(Weak::new()) };
+}
+
+/// Marks `shard` as the one this thread runs.
+pub fn set_current(shard: &Rc<Shard>) {
+    CURRENT.with(|c| *c.borrow_mut() = Rc::downgrade(shard));
+}
+
+/// Runs `work` on shard `target`: here if this is it (or this thread is no
+/// shard), else sent over the mesh — waiting for room rather than dropping
+/// it, since a lost reply would hang its request.
+pub fn run_on_shard(target: u16, work: Deferred) {
+    let here = CURRENT.with(|c| c.borrow().upgrade());
+    let Some(shard) = here.filter(|s| s.id.0 != target) else {
+        return (work.0)();
+    };
+    match shard.peers.try_send_to(usize::from(target), ShardMessage::Run(work)) {
+        Ok(()) => {}
+        Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) => {
+            glommio::spawn_local(async move {
+                let _ = shard.peers.send_to(usize::from(target), msg).await;
+            })
+            .detach();
+        }
+        // The target has stopped (shutdown): nobody waits any more.
+        Err(_) => {}
     }
 }
 
 /// Answers a partition request with an error.
 pub fn reply_error(request: PartitionRequest, err: WireError) {
     match request {
-        PartitionRequest::Produce { reply, .. } => drop(reply.send(Err(err))),
-        PartitionRequest::Fetch { reply, .. } => drop(reply.send(Err(err))),
-        PartitionRequest::ListOffsets { reply, .. } => drop(reply.send(Err(err))),
-        PartitionRequest::Describe { reply } => drop(reply.send(Err(err))),
+        PartitionRequest::Produce { reply, .. } => reply.send(Err(err)),
+        PartitionRequest::Fetch { reply, .. } => reply.send(Err(err)),
+        PartitionRequest::ListOffsets { reply, .. } => reply.send(Err(err)),
+        PartitionRequest::Describe { reply } => reply.send(Err(err)),
     }
 }
 
