@@ -2,10 +2,11 @@
 //! [`Producer`], against a running broker.
 //!
 //! 1. **Small-message latency.** One producer (acks=1, linger 0) sends
-//!    `--small-bytes` records at a fixed `--rate` for `--seconds`, open
-//!    loop: each record's latency runs from the moment it was *due* to its
-//!    acknowledgement, so a stall counts against every record it delayed
-//!    (no coordinated omission). Run once on a queue with `fsync=interval`
+//!    `--small-bytes` records at a fixed `--rate` for `--seconds`; the
+//!    sending thread awaits each, and each latency runs from the moment the
+//!    record was *due* to its acknowledgement, so a stall counts against
+//!    every record it delayed (no coordinated omission). The same records
+//!    as bare produce requests give the floor. Run once on a queue with `fsync=interval`
 //!    (acknowledged when stored in the page cache's path, like Kafka's
 //!    acks=1) and once with `fsync=always` (acknowledged when fdatasync'd).
 //! 2. **Batched throughput.** `--mib` MiB of 1,000-byte keyless records
@@ -16,7 +17,9 @@
 //!    the same pattern the producer uses, without its per-record work.
 //!
 //! Last stdout line: JSON with `small_p50_us`, `small_p99_us`,
-//! `small_p999_us`, `small_max_us` (fsync=interval), the same with
+//! `small_p999_us`, `small_max_us` (fsync=interval), `small_raw_p50_us`,
+//! `small_raw_p99_us`, `small_raw_p999_us` (the same records as bare
+//! single-record requests on one connection: the floor), the same with
 //! `small_always_` prefixes, `producer_mib_s`, `raw_mib_s` and
 //! `producer_vs_raw`.
 
@@ -56,6 +59,9 @@ pub struct Args {
     partitions: u32,
     #[arg(long, default_value_t = 4)]
     rounds: usize,
+    /// Producer connections to the broker (partitions spread over them).
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
 }
 
 /// Creates a queue with a fresh name (so runs do not mix).
@@ -76,33 +82,27 @@ fn fresh_queue(admin: &Admin, prefix: &str, partitions: u32, fsync: FsyncSpec) -
     Err("no free queue name".into())
 }
 
-/// Open-loop small sends; latency from due time to acknowledgement.
-fn small_latency(args: &Args, queue: &str) -> Result<Latency, String> {
-    let producer = Producer::new(
-        &args.brokers,
-        ProducerConfig {
-            acks: Acks::Leader,
-            linger: Duration::ZERO,
-            ..ProducerConfig::default()
-        },
-    )
-    .map_err(err)?;
-    let value = vec![b'v'; args.small_bytes];
+/// An acknowledgement to wait for.
+type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// Sends at a fixed rate (open loop: a send never waits for the one before);
+/// a second thread awaits the acknowledgements in order. Each latency runs
+/// from the send's due time, so a stall counts against every send it
+/// delayed (no coordinated omission).
+fn paced(args: &Args, mut send: impl FnMut() -> Result<Ack, String>) -> Result<Latency, String> {
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
     // Warm up: metadata, connection, first segment writes.
     for _ in 0..200 {
-        block_on(producer.send(queue, None, &value, &[])).map_err(err)?;
+        block_on(send()?)?;
     }
     let total = args.rate * args.seconds;
     let interval = Duration::from_nanos(1_000_000_000 / args.rate.max(1));
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Instant, Delivery)>(1 << 16);
-    // Acknowledgements are awaited on their own thread, in order (one
-    // partition: they complete in order).
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Instant, Ack)>(1 << 16);
     let waiter = std::thread::spawn(move || -> Result<Histogram<u64>, String> {
         let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(err)?;
-        for (due, d) in rx {
-            block_on(d).map_err(err)?;
+        for (due, ack) in rx {
+            block_on(ack)?;
             hist.saturating_record(due.elapsed().as_nanos() as u64);
         }
         Ok(hist)
@@ -117,12 +117,46 @@ fn small_latency(args: &Args, queue: &str) -> Result<Latency, String> {
         if due > now {
             std::thread::sleep(due - now);
         }
-        let d = block_on(producer.enqueue(queue, None, &value, &[])).map_err(err)?;
-        tx.send((due, d)).map_err(err)?;
+        tx.send((due, send()?)).map_err(err)?;
     }
     drop(tx);
     let hist = waiter.join().map_err(|_| "the waiter thread panicked".to_string())??;
     Ok(Latency::from_nanos(&hist))
+}
+
+/// Small records through the producer (acks=1, linger 0).
+fn small_latency(args: &Args, queue: &str) -> Result<Latency, String> {
+    let producer = Producer::new(
+        &args.brokers,
+        ProducerConfig {
+            acks: Acks::Leader,
+            linger: Duration::ZERO,
+            ..ProducerConfig::default()
+        },
+    )
+    .map_err(err)?;
+    let value = vec![b'v'; args.small_bytes];
+    paced(args, || {
+        let d = block_on(producer.enqueue(queue, None, &value, &[])).map_err(err)?;
+        Ok(Box::pin(async move { d.await.map(|_| ()).map_err(err) }))
+    })
+}
+
+/// The same records as single-record produce requests on a bare connection:
+/// the floor the producer is measured against.
+fn small_latency_raw(args: &Args, addr: &str, queue: &str) -> Result<Latency, String> {
+    let conn = Connection::connect(addr).map_err(err)?;
+    let mut b = strand_wire::batch::BatchBuilder::new();
+    b.push(None, Some(&vec![b'v'; args.small_bytes]), &[], 1_700_000_000_000);
+    let batch = b.build().freeze();
+    paced(args, || {
+        let (body, tail) = requests::produce(queue, 0, 1, batch.clone());
+        let response = conn.request(Api::Produce, &body, tail);
+        Ok(Box::pin(async move {
+            let frame = response.await.map_err(err)?;
+            requests::produced(&frame).map(|_| ()).map_err(err)
+        }))
+    })
 }
 
 /// Seconds to push `mib` MiB of 1,000-byte records through the producer.
@@ -186,6 +220,7 @@ pub fn run(args: Args) -> Result<(), String> {
 
     let q = fresh_queue(&admin, "bench-small", 1, FsyncSpec::Interval { ms: 100, bytes: 0 })?;
     let small = small_latency(&args, &q)?;
+    let small_raw = small_latency_raw(&args, &first, &q)?;
     let q = fresh_queue(&admin, "bench-small-always", 1, FsyncSpec::Always)?;
     let small_always = small_latency(&args, &q)?;
 
@@ -195,6 +230,7 @@ pub fn run(args: Args) -> Result<(), String> {
         ProducerConfig {
             acks: Acks::Leader,
             batch_bytes: 1 << 20,
+            connections_per_broker: args.connections,
             ..ProducerConfig::default()
         },
     )
@@ -229,6 +265,9 @@ pub fn run(args: Args) -> Result<(), String> {
             ("  p99", small.p99_us, "us"),
             ("  p99.9", small.p999_us, "us"),
             ("  max", small.max_us, "us"),
+            ("raw protocol, same records: p50", small_raw.p50_us, "us"),
+            ("  p99", small_raw.p99_us, "us"),
+            ("  p99.9", small_raw.p999_us, "us"),
             ("small, fsync=always: p50", small_always.p50_us, "us"),
             ("  p99", small_always.p99_us, "us"),
             ("  p99.9", small_always.p999_us, "us"),
@@ -246,6 +285,9 @@ pub fn run(args: Args) -> Result<(), String> {
             "small_p99_us": round2(small.p99_us),
             "small_p999_us": round2(small.p999_us),
             "small_max_us": round2(small.max_us),
+            "small_raw_p50_us": round2(small_raw.p50_us),
+            "small_raw_p99_us": round2(small_raw.p99_us),
+            "small_raw_p999_us": round2(small_raw.p999_us),
             "small_always_p50_us": round2(small_always.p50_us),
             "small_always_p99_us": round2(small_always.p99_us),
             "small_always_p999_us": round2(small_always.p999_us),

@@ -47,8 +47,8 @@ pub struct Cluster {
 struct State {
     /// node id → `host:port`.
     brokers: HashMap<u32, String>,
-    /// `host:port` → open connection.
-    connections: HashMap<String, Connection>,
+    /// (`host:port`, lane) → open connection.
+    connections: HashMap<(String, usize), Connection>,
     /// Queue metadata and when it was asked for.
     queues: HashMap<String, (Arc<QueueInfo>, Instant)>,
     /// Where the next bootstrap attempt starts (rotates on failure).
@@ -92,7 +92,14 @@ impl Cluster {
 
     /// An open connection to `addr`, reusing one that is still up.
     pub fn connection_to(&self, addr: &str) -> Result<Connection, ClientError> {
-        if let Some(c) = self.state().connections.get(addr) {
+        self.lane_to(addr, 0)
+    }
+
+    /// An open connection to `addr` on one of several lanes (separate
+    /// connections to one broker, so its shards' listeners share the load).
+    pub fn lane_to(&self, addr: &str, lane: usize) -> Result<Connection, ClientError> {
+        let key = (addr.to_string(), lane);
+        if let Some(c) = self.state().connections.get(&key) {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
@@ -101,12 +108,12 @@ impl Cluster {
         let mut st = self.state();
         // Another thread may have connected meanwhile: keep one connection
         // (dropping the other closes it before it carried anything).
-        if let Some(existing) = st.connections.get(addr) {
+        if let Some(existing) = st.connections.get(&key) {
             if !existing.is_closed() {
                 return Ok(existing.clone());
             }
         }
-        st.connections.insert(addr.to_string(), c.clone());
+        st.connections.insert(key, c.clone());
         Ok(c)
     }
 
@@ -130,10 +137,16 @@ impl Cluster {
 
     /// The connection to the leader of `partition`.
     pub fn leader_connection(&self, queue: &QueueInfo, partition: u32) -> Result<Connection, ClientError> {
+        self.leader_lane(queue, partition, 1)
+    }
+
+    /// The connection to the leader of `partition` among `lanes` per
+    /// broker: partition `p` uses lane `p mod lanes`.
+    pub fn leader_lane(&self, queue: &QueueInfo, partition: u32, lanes: usize) -> Result<Connection, ClientError> {
         let leader = queue.leaders.get(partition as usize).copied();
         let addr = leader.and_then(|l| self.state().brokers.get(&l).cloned());
         match addr {
-            Some(a) => self.connection_to(&a),
+            Some(a) => self.lane_to(&a, partition as usize % lanes.max(1)),
             None => self.any_connection(),
         }
     }
