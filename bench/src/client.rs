@@ -19,11 +19,14 @@
 //! Last stdout line: JSON with `small_p50_us`, `small_p99_us`,
 //! `small_p999_us`, `small_max_us` (fsync=interval), `small_raw_p50_us`,
 //! `small_raw_p99_us`, `small_raw_p999_us` (the same records as bare
-//! single-record requests on one connection: the floor), the same with
+//! single-record requests on one connection: the floor),
+//! `round_trip_p50_us`, `round_trip_p99_us` (ApiVersions: no log at all), the same with
 //! `small_always_` prefixes, `producer_mib_s`, `raw_mib_s` and
 //! `producer_vs_raw`.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -62,6 +65,10 @@ pub struct Args {
     /// Producer connections to the broker (partitions spread over them).
     #[arg(long, default_value_t = 1)]
     connections: usize,
+    /// The client readers' busy poll while responses are due (µs; 0: none)
+    /// for the latency phases.
+    #[arg(long, default_value_t = 0)]
+    busy_poll_us: u64,
 }
 
 /// Creates a queue with a fresh name (so runs do not mix).
@@ -82,31 +89,69 @@ fn fresh_queue(admin: &Admin, prefix: &str, partitions: u32, fsync: FsyncSpec) -
     Err("no free queue name".into())
 }
 
-/// An acknowledgement to wait for.
-type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+/// Latencies recorded where each acknowledgement is learnt (a callback on
+/// the client's reader thread), so no extra thread hand-off is measured.
+struct Recorder {
+    hist: Mutex<Histogram<u64>>,
+    done: AtomicU64,
+    failure: Mutex<Option<String>>,
+}
+
+impl Recorder {
+    fn record(&self, due: Instant, result: Result<(), String>) {
+        let nanos = due.elapsed().as_nanos() as u64;
+        match result {
+            Ok(()) => {
+                if let Ok(mut h) = self.hist.lock() {
+                    h.saturating_record(nanos);
+                }
+            }
+            Err(e) => {
+                if let Ok(mut f) = self.failure.lock() {
+                    f.get_or_insert(e);
+                }
+            }
+        }
+        self.done.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Waits (bounded) until `n` sends are acknowledged.
+    fn wait_for(&self, n: u64) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.done.load(Ordering::SeqCst) < n {
+            if Instant::now() > deadline {
+                return Err("acknowledgements stopped coming".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match self.failure.lock().map_err(err)?.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
 
 /// Sends at a fixed rate (open loop: a send never waits for the one before);
-/// a second thread awaits the acknowledgements in order. Each latency runs
-/// from the send's due time, so a stall counts against every send it
-/// delayed (no coordinated omission).
-fn paced(args: &Args, mut send: impl FnMut() -> Result<Ack, String>) -> Result<Latency, String> {
+/// `send(due, recorder)` must arrange for `recorder.record(due, result)` when
+/// its acknowledgement comes. Each latency runs from the send's due time, so
+/// a stall counts against every send it delayed (no coordinated omission).
+fn paced(args: &Args, mut send: impl FnMut(Instant, Arc<Recorder>) -> Result<(), String>) -> Result<Latency, String> {
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
-    // Warm up: metadata, connection, first segment writes.
-    for _ in 0..200 {
-        block_on(send()?)?;
+    let recorder = Arc::new(Recorder {
+        hist: Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(err)?),
+        done: AtomicU64::new(0),
+        failure: Mutex::new(None),
+    });
+    // Warm up (metadata, connection, first segment writes), then start over.
+    for i in 0..200 {
+        send(Instant::now(), recorder.clone())?;
+        recorder.wait_for(i + 1)?;
     }
+    recorder.hist.lock().map_err(err)?.reset();
+    recorder.done.store(0, Ordering::SeqCst);
     let total = args.rate * args.seconds;
     let interval = Duration::from_nanos(1_000_000_000 / args.rate.max(1));
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Instant, Ack)>(1 << 16);
-    let waiter = std::thread::spawn(move || -> Result<Histogram<u64>, String> {
-        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(err)?;
-        for (due, ack) in rx {
-            block_on(ack)?;
-            hist.saturating_record(due.elapsed().as_nanos() as u64);
-        }
-        Ok(hist)
-    });
     let start = Instant::now();
     for i in 0..total {
         let due = start + interval * i as u32;
@@ -117,11 +162,15 @@ fn paced(args: &Args, mut send: impl FnMut() -> Result<Ack, String>) -> Result<L
         if due > now {
             std::thread::sleep(due - now);
         }
-        tx.send((due, send()?)).map_err(err)?;
+        send(due, recorder.clone())?;
     }
-    drop(tx);
-    let hist = waiter.join().map_err(|_| "the waiter thread panicked".to_string())??;
+    recorder.wait_for(total)?;
+    let hist = recorder.hist.lock().map_err(err)?;
     Ok(Latency::from_nanos(&hist))
+}
+
+fn busy_poll(args: &Args) -> Duration {
+    Duration::from_micros(args.busy_poll_us)
 }
 
 /// Small records through the producer (acks=1, linger 0).
@@ -131,31 +180,66 @@ fn small_latency(args: &Args, queue: &str) -> Result<Latency, String> {
         ProducerConfig {
             acks: Acks::Leader,
             linger: Duration::ZERO,
+            busy_poll: busy_poll(args),
             ..ProducerConfig::default()
         },
     )
     .map_err(err)?;
     let value = vec![b'v'; args.small_bytes];
-    paced(args, || {
+    paced(args, |due, rec| {
         let d = block_on(producer.enqueue(queue, None, &value, &[])).map_err(err)?;
-        Ok(Box::pin(async move { d.await.map(|_| ()).map_err(err) }))
+        d.on_done(move |r| rec.record(due, r.map(|_| ()).map_err(err)));
+        Ok(())
+    })
+}
+
+/// Sends one request whose response `check` reads, recording its latency.
+fn timed_request(
+    conn: &Connection,
+    api: Api,
+    body: &[u8],
+    tail: strand_net::message::TailBuilder,
+    due: Instant,
+    rec: Arc<Recorder>,
+    check: fn(&strand_net::Frame) -> Result<(), String>,
+) -> Result<(), String> {
+    conn.send(
+        api,
+        body,
+        tail,
+        Some(Box::new(move |r| {
+            rec.record(due, r.map_err(err).and_then(|f| check(&f)))
+        })),
+    )
+    .map_err(err)
+}
+
+/// ApiVersions round trips at the same rate: the network, the broker's
+/// dispatch and the client's thread hand-offs, without the log.
+fn round_trip_latency(args: &Args, addr: &str) -> Result<Latency, String> {
+    let conn = Connection::connect_with(addr, busy_poll(args)).map_err(err)?;
+    let mut fbb = strand_wire::flatbuffers::FlatBufferBuilder::new();
+    let root =
+        strand_wire::ApiVersionsRequest::create(&mut fbb, &strand_wire::ApiVersionsRequestArgs { client_name: None });
+    fbb.finish_minimal(root);
+    let body = fbb.finished_data().to_vec();
+    paced(args, |due, rec| {
+        timed_request(&conn, Api::ApiVersions, &body, Default::default(), due, rec, |_| Ok(()))
     })
 }
 
 /// The same records as single-record produce requests on a bare connection:
 /// the floor the producer is measured against.
 fn small_latency_raw(args: &Args, addr: &str, queue: &str) -> Result<Latency, String> {
-    let conn = Connection::connect(addr).map_err(err)?;
+    let conn = Connection::connect_with(addr, busy_poll(args)).map_err(err)?;
     let mut b = strand_wire::batch::BatchBuilder::new();
     b.push(None, Some(&vec![b'v'; args.small_bytes]), &[], 1_700_000_000_000);
     let batch = b.build().freeze();
-    paced(args, || {
+    paced(args, |due, rec| {
         let (body, tail) = requests::produce(queue, 0, 1, batch.clone());
-        let response = conn.request(Api::Produce, &body, tail);
-        Ok(Box::pin(async move {
-            let frame = response.await.map_err(err)?;
-            requests::produced(&frame).map(|_| ()).map_err(err)
-        }))
+        timed_request(&conn, Api::Produce, &body, tail, due, rec, |f| {
+            requests::produced(f).map(|_| ()).map_err(err)
+        })
     })
 }
 
@@ -221,6 +305,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let q = fresh_queue(&admin, "bench-small", 1, FsyncSpec::Interval { ms: 100, bytes: 0 })?;
     let small = small_latency(&args, &q)?;
     let small_raw = small_latency_raw(&args, &first, &q)?;
+    let round_trip = round_trip_latency(&args, &first)?;
     let q = fresh_queue(&admin, "bench-small-always", 1, FsyncSpec::Always)?;
     let small_always = small_latency(&args, &q)?;
 
@@ -268,6 +353,8 @@ pub fn run(args: Args) -> Result<(), String> {
             ("raw protocol, same records: p50", small_raw.p50_us, "us"),
             ("  p99", small_raw.p99_us, "us"),
             ("  p99.9", small_raw.p999_us, "us"),
+            ("no-op round trip (ApiVersions): p50", round_trip.p50_us, "us"),
+            ("  p99", round_trip.p99_us, "us"),
             ("small, fsync=always: p50", small_always.p50_us, "us"),
             ("  p99", small_always.p99_us, "us"),
             ("  p99.9", small_always.p999_us, "us"),
@@ -288,6 +375,8 @@ pub fn run(args: Args) -> Result<(), String> {
             "small_raw_p50_us": round2(small_raw.p50_us),
             "small_raw_p99_us": round2(small_raw.p99_us),
             "small_raw_p999_us": round2(small_raw.p999_us),
+            "round_trip_p50_us": round2(round_trip.p50_us),
+            "round_trip_p99_us": round2(round_trip.p99_us),
             "small_always_p50_us": round2(small_always.p50_us),
             "small_always_p99_us": round2(small_always.p99_us),
             "small_always_p999_us": round2(small_always.p999_us),

@@ -455,3 +455,38 @@ fn cross_shard_load_is_always_answered() {
         assert!(block_on(admin.list_queues()).unwrap().iter().any(|(q, _)| q == "busy"));
     }
 }
+
+#[test]
+fn callbacks_report_each_record_and_busy_polling_connections_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "callbacks", 1);
+    let producer = Producer::new(
+        &broker.addr.to_string(),
+        ProducerConfig {
+            busy_poll: Duration::from_micros(50),
+            linger: Duration::from_millis(5),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..100u64 {
+        let tx = tx.clone();
+        let d = block_on(producer.enqueue("callbacks", None, format!("{i}").as_bytes(), &[])).unwrap();
+        d.on_done(move |r| tx.send((i, r)).unwrap());
+    }
+    let mut got: Vec<(u64, u64)> = (0..100)
+        .map(|_| {
+            let (i, r) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            (i, r.unwrap().offset.unwrap())
+        })
+        .collect();
+    got.sort();
+    assert!(got.iter().all(|(i, offset)| i == offset), "{got:?}");
+    // A callback on a finished delivery runs at once.
+    let d = block_on(producer.enqueue("callbacks", None, b"last", &[])).unwrap();
+    block_on(producer.flush());
+    d.on_done(move |r| tx.send((100, r)).unwrap());
+    assert_eq!(rx.try_recv().unwrap().1.unwrap().offset, Some(100));
+}

@@ -40,6 +40,8 @@ impl QueueInfo {
 /// Connections and metadata for a list of bootstrap brokers.
 pub struct Cluster {
     bootstrap: Vec<String>,
+    /// The readers' busy poll (see [`Connection::connect_with`]).
+    busy_poll: Duration,
     state: Mutex<State>,
 }
 
@@ -79,8 +81,15 @@ impl Cluster {
     /// A cluster reached through `brokers` (`HOST:PORT[,HOST:PORT...]`).
     /// Connects lazily.
     pub fn new(brokers: &str) -> Result<Arc<Cluster>, ClientError> {
+        Self::with_busy_poll(brokers, Duration::ZERO)
+    }
+
+    /// The same, with connections whose readers busy-poll for up to
+    /// `busy_poll` while responses are due.
+    pub fn with_busy_poll(brokers: &str, busy_poll: Duration) -> Result<Arc<Cluster>, ClientError> {
         Ok(Arc::new(Cluster {
             bootstrap: parse_brokers(brokers)?,
+            busy_poll,
             state: Mutex::default(),
         }))
     }
@@ -104,7 +113,7 @@ impl Cluster {
                 return Ok(c.clone());
             }
         }
-        let c = Connection::connect(addr)?;
+        let c = Connection::connect_with(addr, self.busy_poll)?;
         let mut st = self.state();
         // Another thread may have connected meanwhile: keep one connection
         // (dropping the other closes it before it carried anything).

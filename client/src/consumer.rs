@@ -62,6 +62,8 @@ pub struct ConsumerConfig {
     /// Where to go when a position is outside the log (retention removed it,
     /// or it is past the end); `None`: `poll` fails with OffsetOutOfRange.
     pub reset_out_of_range: Option<Seek>,
+    /// See [`crate::ProducerConfig::busy_poll`].
+    pub busy_poll: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -73,6 +75,7 @@ impl Default for ConsumerConfig {
             max_bytes: 16 << 20,
             start: Seek::Latest,
             reset_out_of_range: None,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -133,7 +136,7 @@ impl Consumer {
     /// A consumer for the cluster at `brokers` (`HOST:PORT[,HOST:PORT...]`).
     pub fn new(brokers: &str, config: ConsumerConfig) -> Result<Consumer, ClientError> {
         Ok(Consumer {
-            cluster: Cluster::new(brokers)?,
+            cluster: Cluster::with_busy_poll(brokers, config.busy_poll)?,
             config,
             positions: BTreeMap::new(),
             in_flight: None,
