@@ -490,3 +490,51 @@ fn callbacks_report_each_record_and_busy_polling_connections_work() {
     d.on_done(move |r| tx.send((100, r)).unwrap());
     assert_eq!(rx.try_recv().unwrap().1.unwrap().offset, Some(100));
 }
+
+#[test]
+fn flush_waits_for_earlier_records_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "flushy", 2);
+    let producer = Producer::new(
+        &broker.addr.to_string(),
+        ProducerConfig {
+            linger: Duration::from_secs(3600),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let early: Vec<Delivery> = (0..10)
+        .map(|i| block_on(producer.enqueue("flushy", Some(format!("k{i}").as_bytes()), b"early", &[])).unwrap())
+        .collect();
+    // Another thread keeps enqueueing (lingering an hour) while we flush.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (p2, s2) = (producer.clone(), stop.clone());
+    let busy = std::thread::spawn(move || {
+        let mut late = Vec::new();
+        while !s2.load(std::sync::atomic::Ordering::SeqCst) {
+            late.push(block_on(p2.enqueue("flushy", None, b"late", &[])).unwrap());
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        late
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p3 = producer.clone();
+    std::thread::spawn(move || {
+        block_on(p3.flush());
+        let _ = tx.send(());
+    });
+    let flushed = rx.recv_timeout(Duration::from_secs(20));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(flushed.is_ok(), "flush waited for records enqueued after it");
+    for d in early {
+        // Done (acknowledged) by the time flush returned.
+        assert!(block_on(futures_lite::future::poll_once(d)).is_some_and(|r| r.is_ok()));
+    }
+    let late = busy.join().unwrap();
+    block_on(producer.flush());
+    for d in late {
+        block_on(d).unwrap();
+    }
+}

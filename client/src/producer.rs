@@ -45,10 +45,11 @@
 //! latency); everything else is written by the sender thread. With more
 //! than one request in flight per partition, those two writers may also
 //! swap two batches of a partition — keep the default of 1 where per-key
-//! order matters. [`Producer::flush`] waits until the producer has nothing
-//! outstanding, including records enqueued while it waits.
+//! order matters. [`Producer::flush`] waits for the records enqueued before
+//! it (each record has a sequence number; the producer keeps the first one
+//! of every unfinished batch in order).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -302,8 +303,14 @@ struct State {
     outstanding: usize,
     space_waiters: Vec<Waker>,
     flush_waiters: Vec<Waker>,
-    /// A flush is waiting: send open batches regardless of linger.
-    flushing: bool,
+    /// Records enqueued so far (the next record's sequence number).
+    next_seq: u64,
+    /// The first record's sequence number of every batch not yet done: a
+    /// flush that began when `next_seq` was S is done once none is below S.
+    incomplete: BTreeSet<u64>,
+    /// Open batches whose first record is below this go regardless of
+    /// linger (a flush is waiting for them).
+    flush_until: u64,
     /// Queues whose metadata must be asked for again before sending.
     stale: HashSet<String>,
     closed: bool,
@@ -324,6 +331,8 @@ struct PartState {
 
 struct OpenBatch {
     builder: BatchBuilder,
+    /// The sequence number of its first record.
+    first_seq: u64,
     since: Instant,
     deadline: Instant,
     outcome: Arc<Outcome>,
@@ -332,6 +341,7 @@ struct OpenBatch {
 
 struct ReadyBatch {
     bytes: Bytes,
+    first_seq: u64,
     outcome: Arc<Outcome>,
     records: usize,
     accounted: usize,
@@ -344,6 +354,7 @@ impl OpenBatch {
     fn close(self) -> ReadyBatch {
         ReadyBatch {
             records: self.builder.len() as usize,
+            first_seq: self.first_seq,
             bytes: self.builder.build().freeze(),
             outcome: self.outcome,
             accounted: self.accounted,
@@ -481,21 +492,22 @@ impl Producer {
         .await
     }
 
-    /// Sends every open batch now and waits until every record enqueued so
-    /// far is acknowledged or failed.
+    /// Sends every open batch now and waits until every record enqueued
+    /// before the call is acknowledged or failed (records enqueued meanwhile
+    /// do not hold it up).
     pub async fn flush(&self) {
         let shared = &self.handle.shared;
-        {
+        let target = {
             let mut st = shared.lock();
-            st.flushing = true;
-        }
+            st.flush_until = st.flush_until.max(st.next_seq);
+            st.next_seq
+        };
         shared.wake.notify_one();
         futures_lite::future::poll_fn(|cx| {
             let mut st = shared.lock();
-            if st.outstanding == 0 || st.closed {
+            if st.closed || st.incomplete.first().is_none_or(|&first| first >= target) {
                 return Poll::Ready(());
             }
-            st.flushing = true;
             st.flush_waiters.push(cx.waker().clone());
             Poll::Pending
         })
@@ -578,9 +590,15 @@ impl Shared {
         // leaves at once starts small.
         let fills = part.in_flight >= cfg.max_in_flight_per_partition || !cfg.linger.is_zero();
         let capacity = if fills { batch_limit.min(MAX_PREALLOCATED) } else { 4096 };
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        if part.open.is_none() {
+            st.incomplete.insert(seq);
+        }
         let open = part.open.get_or_insert_with(|| {
             let now = Instant::now();
             OpenBatch {
+                first_seq: seq,
                 builder: BatchBuilder::with_capacity(capacity.max(size + HEADER_LEN)),
                 since: now,
                 deadline: now + cfg.delivery_timeout,
@@ -625,7 +643,7 @@ impl Shared {
     /// The batches of one partition that may go now, if any: ready ones
     /// first, then the open one once its linger ran out (or on flush).
     fn take_partition(&self, st: &mut State, queue: &str, partition: u32, now: Instant) -> Option<Outgoing> {
-        let flushing = st.flushing;
+        let flush_until = st.flush_until;
         let cfg = &self.config;
         let qs = st.queues.get_mut(queue)?;
         let part = qs.parts.get_mut(partition as usize)?;
@@ -644,7 +662,7 @@ impl Shared {
         } else if part
             .open
             .as_ref()
-            .is_some_and(|o| flushing || o.since + cfg.linger <= now)
+            .is_some_and(|o| o.first_seq < flush_until || o.since + cfg.linger <= now)
         {
             if let Some(open) = part.open.take() {
                 batch = Some(open.close());
@@ -800,11 +818,9 @@ impl Shared {
             }
             st.buffered -= b.accounted;
             st.outstanding -= b.records;
+            st.incomplete.remove(&b.first_seq);
             wake.append(&mut st.space_waiters);
-            if st.outstanding == 0 {
-                st.flushing = false;
-                wake.append(&mut st.flush_waiters);
-            }
+            wake.append(&mut st.flush_waiters);
         }
         drop(st);
         self.wake.notify_one();
@@ -828,6 +844,7 @@ impl Shared {
         for b in failed {
             st.buffered -= b.accounted;
             st.outstanding -= b.records;
+            st.incomplete.remove(&b.first_seq);
             b.outcome.finish(Err(ClientError::Closed));
         }
         for w in st.space_waiters.drain(..).chain(st.flush_waiters.drain(..)) {
