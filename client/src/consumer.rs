@@ -208,11 +208,11 @@ impl Consumer {
         if self.positions.is_empty() {
             return Err(ClientError::Invalid("no partition is assigned".into()));
         }
-        self.resolve_pending().await?;
         let queues: Vec<Arc<str>> = self.positions.keys().map(|k| k.0.clone()).collect();
         for q in queues {
             self.cluster.queue(&q).await?; // leaders, cached
         }
+        self.resolve_pending().await?;
         let in_flight = match self.in_flight.take() {
             Some(f) if self.still_current(&f) => f,
             _ => self.send_fetch()?,
@@ -235,8 +235,10 @@ impl Consumer {
                 return Err(e);
             }
         }
-        // Pipelining: the next fetch is on its way while these are processed.
-        if self.positions.values().all(|p| matches!(p, Position::At(_))) {
+        // Pipelining: the next fetch is on its way while these are processed
+        // (unless a leader moved: the next poll asks for metadata first).
+        let leaders_known = self.positions.keys().all(|k| self.cluster.cached(&k.0).is_some());
+        if leaders_known && self.positions.values().all(|p| matches!(p, Position::At(_))) {
             self.in_flight = self.send_fetch().ok();
         }
         Ok(records)
@@ -262,9 +264,20 @@ impl Consumer {
         if pending.is_empty() {
             return Ok(());
         }
-        let found = list_offsets(&self.cluster.any_connection()?, &pending).await?;
-        for (key, offset) in found {
-            self.positions.insert(key, Position::At(offset));
+        // Each partition's leader knows its offsets.
+        let mut by_conn: HashMap<String, (Connection, Vec<(Key, Seek)>)> = HashMap::new();
+        for (key, seek) in pending {
+            let conn = self.leader_of(&key.0, key.1)?;
+            by_conn
+                .entry(conn.addr().to_string())
+                .or_insert_with(|| (conn, Vec::new()))
+                .1
+                .push((key, seek));
+        }
+        for (_, (conn, seeks)) in by_conn {
+            for (key, offset) in list_offsets(&conn, &seeks).await? {
+                self.positions.insert(key, Position::At(offset));
+            }
         }
         Ok(())
     }
