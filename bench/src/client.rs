@@ -65,6 +65,9 @@ pub struct Args {
     /// Producer connections to the broker (partitions spread over them).
     #[arg(long, default_value_t = 1)]
     connections: usize,
+    /// Producer requests in flight per partition (throughput phase).
+    #[arg(long, default_value_t = 1)]
+    max_in_flight: usize,
     /// The client readers' busy poll while responses are due (µs; 0: none)
     /// for the latency phases.
     #[arg(long, default_value_t = 0)]
@@ -316,6 +319,7 @@ pub fn run(args: Args) -> Result<(), String> {
             acks: Acks::Leader,
             batch_bytes: 1 << 20,
             connections_per_broker: args.connections,
+            max_in_flight_per_partition: args.max_in_flight,
             ..ProducerConfig::default()
         },
     )
@@ -326,17 +330,24 @@ pub fn run(args: Args) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     let (mut producer_secs, mut raw_secs, mut raw_bytes) = (0.0, 0.0, 0u64);
     let mut producer_bytes = 0u64;
-    for slice in slices(args.mib, args.rounds) {
+    // Odd rounds go raw first, even rounds producer first: neither side
+    // always meets the disk (or the segment's pre-zeroing) in the same state.
+    for (round, slice) in slices(args.mib, args.rounds).into_iter().enumerate() {
         let mib = slice.len();
-        producer_secs += producer_slice(&producer, &queue, mib).map_err(err)?;
-        producer_bytes += (mib * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
         // Batches are built before the clock starts (client work the raw
         // figure leaves out).
         let batches: Vec<Bytes> = slice
             .map(|tag| testkit::batch(tag as u64, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 1_700_000_000_000).freeze())
             .collect();
-        raw_secs += raw_slice(&conns, &queue, &batches)?;
-        raw_bytes += (batches.len() * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                producer_secs += producer_slice(&producer, &queue, mib).map_err(err)?;
+                producer_bytes += (mib * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
+            } else {
+                raw_secs += raw_slice(&conns, &queue, &batches)?;
+                raw_bytes += (batches.len() * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
+            }
+        }
     }
     let producer_mib = mib_s(producer_bytes, producer_secs);
     let raw_mib = mib_s(raw_bytes, raw_secs);
