@@ -3129,8 +3129,11 @@ impl<'a> ProduceRequest<'a> {
   }
 
 
-  /// 0: no response; 1: the leader has stored it per the queue's fsync
-  /// policy; -1 (all): every in-sync replica has.
+  /// 0: no response; 1: the leader has it — fdatasync'd on fsync=always
+  /// queues, appended to its log (written within milliseconds, lost if the
+  /// broker crashes first) on fsync=interval ones; -1 (all): every in-sync
+  /// replica has it durably per the queue's fsync policy (written to the
+  /// device at least).
   #[inline]
   pub fn acks(&self) -> i8 {
     // Safety:
