@@ -538,3 +538,38 @@ fn flush_waits_for_earlier_records_only() {
         block_on(d).unwrap();
     }
 }
+
+#[test]
+fn acks_one_on_an_interval_queue_answers_at_append_and_consumers_see_the_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let addr = broker.addr.to_string();
+    let admin = Admin::connect(&addr).unwrap();
+    let spec = QueueSpec {
+        partitions: Some(1),
+        fsync: Some(FsyncSpec::Interval { ms: 1000, bytes: 0 }),
+        ..QueueSpec::default()
+    };
+    block_on(admin.create_queue("fast", &spec)).unwrap();
+    let producer = Producer::new(
+        &addr,
+        ProducerConfig {
+            acks: Acks::Leader,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 0..50u64 {
+        let got = block_on(producer.send("fast", None, format!("{i}").as_bytes(), &[])).unwrap();
+        assert_eq!(got.offset, Some(i));
+    }
+    // Visible once written, which follows within milliseconds.
+    let mut consumer = earliest_consumer(&broker, "fast");
+    let got = consume_n(&mut consumer, 50);
+    assert_eq!(value(&got[49]), "49");
+    // A clean stop writes and fdatasyncs them: all there after a restart.
+    assert_eq!(broker.terminate().code(), Some(0));
+    let broker = Broker::start(dir.path());
+    let mut consumer = earliest_consumer(&broker, "fast");
+    assert_eq!(consume_n(&mut consumer, 50).len(), 50);
+}

@@ -197,10 +197,22 @@ impl Connection {
     }
 }
 
+/// Writes a frame's head and tail pieces with as few `writev` calls as the
+/// socket takes (usually one), copying nothing.
 fn write_frame(stream: &mut TcpStream, out: &OutFrame) -> std::io::Result<()> {
-    stream.write_all(&out.head)?;
-    for piece in &out.tail {
-        stream.write_all(piece)?;
+    let mut slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&out.head)
+        .chain(out.tail.iter())
+        .filter(|b| !b.is_empty())
+        .map(|b| std::io::IoSlice::new(b))
+        .collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match stream.write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => std::io::IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }

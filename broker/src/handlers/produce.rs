@@ -66,22 +66,31 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
     for (i, piece) in order.into_iter().zip(pieces) {
         records[i] = Some(piece);
     }
-    let mut tasks = Vec::new();
-    for (part, records) in parts.iter().zip(records) {
-        let (shard, queue, partition) = (shard.clone(), part.queue.clone(), part.partition);
+    let ask_one = |shard: Rc<Shard>, queue: String, partition: u32, records: Option<bytes::BytesMut>| async move {
         let records = records.unwrap_or_default();
-        tasks.push(glommio::spawn_local(async move {
-            ask(&shard, queue, partition, |reply| PartitionRequest::Produce {
-                records,
-                acks,
-                reply,
-            })
-            .await
-        }));
-    }
+        ask(&shard, queue, partition, |reply| PartitionRequest::Produce {
+            records,
+            acks,
+            reply,
+        })
+        .await
+    };
     let mut results: Vec<Result<Produced, WireError>> = Vec::new();
-    for t in tasks {
-        results.push(t.await);
+    if parts.len() == 1 {
+        // The common case: no task to spawn and schedule.
+        let records = records.into_iter().next().flatten();
+        results.push(ask_one(shard.clone(), parts[0].queue.clone(), parts[0].partition, records).await);
+    } else {
+        let tasks: Vec<_> = parts
+            .iter()
+            .zip(records)
+            .map(|(part, records)| {
+                glommio::spawn_local(ask_one(shard.clone(), part.queue.clone(), part.partition, records))
+            })
+            .collect();
+        for t in tasks {
+            results.push(t.await);
+        }
     }
     if acks == 0 {
         return Ok(None);

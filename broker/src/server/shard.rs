@@ -347,10 +347,10 @@ impl Shard {
         // the policy (written to the device, or fdatasync'd). Consumers see
         // records only once they are durable per the policy, whatever the
         // acks (the high watermark moves in `commit`).
-        let wait = match (acks, log.config().fsync) {
-            (0, _) | (1, strand_storage::FsyncPolicy::Interval { .. }) => false,
-            _ => true,
-        };
+        let wait = !matches!(
+            (acks, log.config().fsync),
+            (0, _) | (1, strand_storage::FsyncPolicy::Interval { .. })
+        );
         if wait {
             commit.await.map_err(storage_error)?;
         } else {
