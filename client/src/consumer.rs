@@ -213,12 +213,12 @@ impl Consumer {
             self.cluster.queue(&q).await?; // leaders, cached
         }
         self.resolve_pending().await?;
-        let in_flight = match self.in_flight.take() {
+        let mut in_flight = match self.in_flight.take() {
             Some(f) if self.still_current(&f) => f,
             _ => self.send_fetch()?,
         };
         let mut frames = Vec::new();
-        for r in in_flight.responses {
+        for r in std::mem::take(&mut in_flight.responses) {
             frames.push(r.await);
         }
         // Each partition's records and position move together: a failure
@@ -227,6 +227,7 @@ impl Consumer {
         let mut records = Vec::new();
         for frame in frames {
             if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut records)) {
+                self.forget_if_moved(&e, &in_flight.asked);
                 self.deferred_error.get_or_insert(e);
             }
         }
@@ -275,11 +276,25 @@ impl Consumer {
                 .push((key, seek));
         }
         for (_, (conn, seeks)) in by_conn {
-            for (key, offset) in list_offsets(&conn, &seeks).await? {
+            let found = list_offsets(&conn, &seeks)
+                .await
+                .inspect_err(|e| self.forget_if_moved(e, &seeks))?;
+            for (key, offset) in found {
                 self.positions.insert(key, Position::At(offset));
             }
         }
         Ok(())
+    }
+
+    /// After NOT_LEADER, an unknown partition or a lost connection, the
+    /// leaders are asked for again on the next poll.
+    fn forget_if_moved<T>(&self, e: &ClientError, keys: &[(Key, T)]) {
+        let moved = e.is_io() || matches!(e.code(), Some(ErrorCode::NotLeader | ErrorCode::UnknownPartition));
+        if moved {
+            for ((queue, _), _) in keys {
+                self.cluster.forget_queue(queue);
+            }
+        }
     }
 
     /// Sends one fetch per leader for every assigned partition.

@@ -214,7 +214,9 @@ impl Delivery {
     /// Calls `f` with the result instead of being awaited — at once if it
     /// is known, else on the thread that learns it (a connection's reader:
     /// keep `f` short). The lowest-latency way to hear of an ack, as no
-    /// other thread has to be woken first.
+    /// other thread has to be woken first. `f` must not block (and must not
+    /// wait on this producer's buffer): it may run on a connection's reader
+    /// thread or with the producer's state locked.
     pub fn on_done(self, f: impl FnOnce(Result<Delivered, ClientError>) + Send + 'static) {
         let mut st = self.outcome.state.lock().unwrap_or_else(|p| p.into_inner());
         match &st.result {
@@ -589,7 +591,14 @@ impl Shared {
         // and page-faulted about as much again as the batch itself. One that
         // leaves at once starts small.
         let fills = part.in_flight >= cfg.max_in_flight_per_partition || !cfg.linger.is_zero();
-        let capacity = if fills { batch_limit.min(MAX_PREALLOCATED) } else { 4096 };
+        // Never more than a quarter of the buffer's free room: many
+        // partitions must not reserve far more than `buffer_bytes`.
+        let room = cfg.buffer_bytes.saturating_sub(st.buffered) / 4;
+        let capacity = if fills {
+            batch_limit.min(MAX_PREALLOCATED).min(room)
+        } else {
+            4096
+        };
         let seq = st.next_seq;
         st.next_seq += 1;
         if part.open.is_none() {

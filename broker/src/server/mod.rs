@@ -196,6 +196,8 @@ async fn shard_main(
     let _ = events.send(Event::Ready);
     accept_until_stopped(&shard, listener, &lifecycle.stop).await;
     shutdown(&shard, &lifecycle.drained).await;
+    // Tasks left over are dropped after this returns, outside the executor.
+    shard::mark_torn_down();
     Ok(())
 }
 

@@ -413,6 +413,14 @@ impl Shard {
 thread_local! {
     /// The shard this executor thread runs, for [`run_on_shard`].
     static CURRENT: RefCell<Weak<Shard>> = const { RefCell::new(Weak::new()) };
+    /// Set once the shard has shut down: no more tasks may be spawned here.
+    static TORN_DOWN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this shard's executor as finished (its leftover tasks are dropped
+/// outside it, where spawning would panic).
+pub fn mark_torn_down() {
+    TORN_DOWN.with(|t| t.set(true));
 }
 
 /// Marks `shard` as the one this thread runs.
@@ -430,13 +438,15 @@ pub fn run_on_shard(target: u16, work: Deferred) {
     };
     match shard.peers.try_send_to(usize::from(target), ShardMessage::Run(work)) {
         Ok(()) => {}
-        Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) => {
+        // After shutdown nobody waits for replies: no task to spawn then.
+        Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) if !TORN_DOWN.with(Cell::get) => {
             glommio::spawn_local(async move {
                 let _ = shard.peers.send_to(usize::from(target), msg).await;
             })
             .detach();
         }
-        // The target has stopped (shutdown): nobody waits any more.
+        // The target has stopped (shutdown), or this shard has: nobody
+        // waits any more.
         Err(_) => {}
     }
 }
