@@ -63,6 +63,9 @@ enum Command {
         /// This node's id in the cluster [default: 1].
         #[arg(long)]
         node_id: Option<u64>,
+        /// How long an idle shard polls before sleeping, µs [default: 50].
+        #[arg(long)]
+        spin_before_park_us: Option<u64>,
     },
 }
 
@@ -109,6 +112,7 @@ fn main() -> ExitCode {
             metrics_listen,
             cores,
             node_id,
+            spin_before_park_us,
         } => {
             let flags = Overrides {
                 data_dir,
@@ -116,6 +120,7 @@ fn main() -> ExitCode {
                 metrics_listen,
                 cores,
                 node_id,
+                spin_before_park_us,
             };
             let config = match BrokerConfig::load(config.as_deref(), &flags) {
                 Ok(c) => c,
