@@ -106,7 +106,8 @@ pub struct ProducerConfig {
     /// Bytes of records enqueued but not yet acknowledged, at most.
     pub buffer_bytes: usize,
     pub when_full: WhenFull,
-    /// Requests out per partition. Above 1, a retry may reorder records.
+    /// Requests out per partition. Above 1, a retry (or a broker whose
+    /// append stalls between two pipelined requests) may reorder records.
     pub max_in_flight_per_partition: usize,
     pub retry_backoff: Duration,
     pub retry_backoff_max: Duration,
@@ -785,7 +786,11 @@ impl Shared {
             .is_some_and(|q| (out.partition as usize) < q.parts.len());
         let finished = match result {
             Err(e) if retriable(&e) && now < b.deadline && known && !st.closed => {
-                if matches!(e.code(), Some(ErrorCode::NotLeader | ErrorCode::UnknownPartition)) || e.is_io() {
+                if matches!(
+                    e.code(),
+                    Some(ErrorCode::NotLeader | ErrorCode::UnknownQueue | ErrorCode::UnknownPartition)
+                ) || e.is_io()
+                {
                     st.stale.insert(out.queue.clone());
                 }
                 b.attempts += 1;
@@ -866,9 +871,13 @@ impl Shared {
 fn retriable(e: &ClientError) -> bool {
     match e {
         ClientError::Io { .. } => true,
+        // UnknownQueue too: the queue existed at enqueue, so a broker that
+        // does not know it is restarting or behind (as Kafka treats
+        // UNKNOWN_TOPIC_OR_PARTITION); a deleted queue fails at the timeout.
         ClientError::Broker { code, .. } => matches!(
             code.0,
             ErrorCode::NotLeader
+                | ErrorCode::UnknownQueue
                 | ErrorCode::UnknownPartition
                 | ErrorCode::Overloaded
                 | ErrorCode::Timeout

@@ -49,6 +49,10 @@ struct Lifecycle {
     stop: Arc<AtomicBool>,
     /// Shards that have finished their in-flight requests.
     drained: Arc<AtomicUsize>,
+    /// Set by shard 0 once every shard holds all the controller's log had:
+    /// before that a shard may hold a table from the middle of the replay
+    /// and would call existing queues unknown.
+    metadata_ready: Arc<AtomicBool>,
 }
 
 enum Event {
@@ -68,14 +72,26 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| ServeError::Startup(format!("creating {}: {e}", config.data_dir.display())))?;
     // The shards bind with SO_REUSEPORT, which would quietly share the port
-    // with another broker already on it; a plain bind first says "in use".
+    // with another broker already listening there. A plain bind cannot tell
+    // (a killed broker's closing connections hold the port for a while), so
+    // knock: if something answers, the port is taken.
     if config.listen.port() != 0 {
-        std::net::TcpListener::bind(config.listen)
-            .map_err(|e| ServeError::Startup(format!("listening on {}: {e}", config.listen)))?;
+        let probe = match config.listen.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], config.listen.port())),
+            ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, config.listen.port())),
+            _ => config.listen,
+        };
+        if std::net::TcpStream::connect_timeout(&probe, Duration::from_millis(500)).is_ok() {
+            return Err(ServeError::Startup(format!(
+                "listening on {}: address in use (something already listens there: another broker?)",
+                config.listen
+            )));
+        }
     }
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
     let drained = Arc::new(AtomicUsize::new(0));
+    let metadata_ready = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone())
             .map_err(|e| ServeError::Startup(format!("installing the signal handler: {e}")))?;
@@ -88,6 +104,7 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
         let lifecycle = Lifecycle {
             stop: stop.clone(),
             drained: drained.clone(),
+            metadata_ready: metadata_ready.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cpus))
             .name(&format!("shard-{id}"))
@@ -182,10 +199,11 @@ async fn shard_main(
         if !shard.wait_all_applied(Duration::from_secs(30)).await {
             return Err("the shards did not apply the metadata within 30 s".into());
         }
+        lifecycle.metadata_ready.store(true, Ordering::SeqCst);
     }
     // Serve only once this shard holds the metadata (and its partitions).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while shard.table().applied_index == 0 {
+    while shard.table().applied_index == 0 || !lifecycle.metadata_ready.load(Ordering::SeqCst) {
         if Instant::now() > deadline {
             return Err("no metadata from shard 0 within 30 s".into());
         }
