@@ -97,12 +97,12 @@ fn main() -> ExitCode {
             finish(strand_broker::cli::queue::run(command, &brokers, json))
         }
         Command::Produce { args, brokers } => {
-            let brokers = strand_broker::cli::brokers(brokers).join(",");
+            let brokers = strand_broker::cli::brokers(brokers);
             let stdin = std::io::stdin();
             finish(strand_broker::cli::produce::run(args, &brokers, stdin.lock()))
         }
         Command::Consume { args, brokers } => {
-            let brokers = strand_broker::cli::brokers(brokers).join(",");
+            let brokers = strand_broker::cli::brokers(brokers);
             finish(strand_broker::cli::consume::run(args, &brokers))
         }
         Command::Serve {

@@ -17,7 +17,7 @@ fn main() -> Result<(), ClientError> {
     let run = LocalExecutorBuilder::default()
         .name("example")
         .spawn(move || async move {
-            let admin = Admin::connect(brokers.split(',').next().unwrap_or_default())?;
+            let admin = Admin::connect(&brokers)?;
             match admin.create_queue("example-glommio", &QueueSpec::default()).await {
                 Err(e) if e.code() == Some(strand_wire::ErrorCode::QueueAlreadyExists) => {}
                 other => other?,

@@ -12,7 +12,7 @@ use strand_client::*;
 
 fn main() -> Result<(), ClientError> {
     let brokers = std::env::var("STRAND_BROKERS").unwrap_or_else(|_| "127.0.0.1:9400".into());
-    let admin = Admin::connect(brokers.split(',').next().unwrap_or_default())?;
+    let admin = Admin::connect(&brokers)?;
     match block_on(admin.create_queue(
         "example-threads",
         &QueueSpec {

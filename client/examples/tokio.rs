@@ -11,7 +11,7 @@ use strand_client::*;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), ClientError> {
     let brokers = std::env::var("STRAND_BROKERS").unwrap_or_else(|_| "127.0.0.1:9400".into());
-    let admin = Admin::connect(brokers.split(',').next().unwrap_or_default())?;
+    let admin = Admin::connect(&brokers)?;
     match admin.create_queue("example-tokio", &QueueSpec::default()).await {
         Err(e) if e.code() == Some(strand_wire::ErrorCode::QueueAlreadyExists) => {}
         other => other?,

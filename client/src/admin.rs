@@ -4,6 +4,7 @@ use strand_net::message::{read_body, TailBuilder};
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
+use crate::cluster::Cluster;
 use crate::connection::Connection;
 use crate::error::ClientError;
 
@@ -12,6 +13,16 @@ use crate::error::ClientError;
 pub enum FsyncSpec {
     Always,
     Interval { ms: u32, bytes: u64 },
+}
+
+impl FsyncSpec {
+    /// The wire's (mode, interval ms, interval bytes).
+    fn wire(self) -> (FsyncMode, u32, u64) {
+        match self {
+            FsyncSpec::Always => (FsyncMode::Always, 0, 0),
+            FsyncSpec::Interval { ms, bytes } => (FsyncMode::Interval, ms, bytes),
+        }
+    }
 }
 
 /// Settings for a new queue; `None` takes the broker's default.
@@ -76,20 +87,18 @@ impl Admin {
             .await
     }
 
-    /// Connects to a broker (`host:port`).
-    pub fn connect(addr: &str) -> Result<Admin, ClientError> {
+    /// Connects to the first broker of `brokers` (`HOST:PORT[,HOST:PORT...]`)
+    /// that answers.
+    pub fn connect(brokers: &str) -> Result<Admin, ClientError> {
         Ok(Admin {
-            conn: Connection::connect(addr)?,
+            conn: Cluster::new(brokers)?.any_connection()?,
         })
     }
 
     pub async fn create_queue(&self, name: &str, spec: &QueueSpec) -> Result<(), ClientError> {
         let mut fbb = FlatBufferBuilder::new();
         let n = fbb.create_string(name);
-        let (fsync, fsync_interval_ms, fsync_interval_bytes) = match spec.fsync {
-            None | Some(FsyncSpec::Always) => (FsyncMode::Always, 0, 0),
-            Some(FsyncSpec::Interval { ms, bytes }) => (FsyncMode::Interval, ms, bytes),
-        };
+        let (fsync, fsync_interval_ms, fsync_interval_bytes) = spec.fsync.unwrap_or(FsyncSpec::Always).wire();
         let config = QueueConfig::create(
             &mut fbb,
             &QueueConfigArgs {
@@ -128,10 +137,9 @@ impl Admin {
     pub async fn alter_queue(&self, name: &str, spec: &QueueSpec) -> Result<(), ClientError> {
         let mut fbb = FlatBufferBuilder::new();
         let n = fbb.create_string(name);
-        let (fsync, fsync_interval_ms, fsync_interval_bytes) = match spec.fsync {
+        let (fsync, fsync_interval_ms, fsync_interval_bytes) = match spec.fsync.map(FsyncSpec::wire) {
             None => (None, None, None),
-            Some(FsyncSpec::Always) => (Some(FsyncMode::Always), None, None),
-            Some(FsyncSpec::Interval { ms, bytes }) => (Some(FsyncMode::Interval), Some(ms), Some(bytes)),
+            Some((mode, ms, bytes)) => (Some(mode), Some(ms), Some(bytes)),
         };
         let root = AlterQueueRequest::create(
             &mut fbb,

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use strand_net::message::{read_body, TailBuilder};
 use strand_net::Frame;
 use strand_wire::batch::{batch_length, RecordBatch};
-use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, WIPOffset};
 use strand_wire::*;
 
 use crate::cluster::Cluster;
@@ -419,35 +419,60 @@ fn read_batches(
     Ok(position)
 }
 
-fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Vec<u8> {
-    let mut fbb = FlatBufferBuilder::new();
-    let mut by_queue: BTreeMap<&str, Vec<_>> = BTreeMap::new();
-    for ((queue, partition), offset) in wants {
-        let p = FetchPartition::create(
-            &mut fbb,
-            &FetchPartitionArgs {
-                partition: *partition,
-                offset: *offset,
-                max_bytes: config.partition_max_bytes,
-            },
-        );
-        by_queue.entry(queue).or_default().push(p);
+/// One table per queue over entries keyed by (queue, partition): `part`
+/// builds each partition's entry, `queue` the queue's table around them.
+/// Fetch and ListOffsets requests both have this shape.
+fn per_queue<'b, T, P: 'b, Q: 'b>(
+    fbb: &mut FlatBufferBuilder<'b>,
+    entries: &[(Key, T)],
+    part: impl Fn(&mut FlatBufferBuilder<'b>, u32, &T) -> WIPOffset<P>,
+    queue: impl Fn(
+        &mut FlatBufferBuilder<'b>,
+        WIPOffset<&'b str>,
+        WIPOffset<Vector<'b, ForwardsUOffset<P>>>,
+    ) -> WIPOffset<Q>,
+) -> WIPOffset<Vector<'b, ForwardsUOffset<Q>>> {
+    let mut by_queue: BTreeMap<&str, Vec<WIPOffset<P>>> = BTreeMap::new();
+    for ((name, partition), value) in entries {
+        let p = part(fbb, *partition, value);
+        by_queue.entry(name).or_default().push(p);
     }
     let queues: Vec<_> = by_queue
         .into_iter()
         .map(|(name, parts)| {
             let parts = fbb.create_vector(&parts);
             let name = fbb.create_string(name);
-            FetchQueue::create(
-                &mut fbb,
-                &FetchQueueArgs {
-                    name: Some(name),
-                    partitions: Some(parts),
-                },
-            )
+            queue(fbb, name, parts)
         })
         .collect();
-    let queues = fbb.create_vector(&queues);
+    fbb.create_vector(&queues)
+}
+
+fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::new();
+    let queues = per_queue(
+        &mut fbb,
+        wants,
+        |fbb, partition, offset| {
+            FetchPartition::create(
+                fbb,
+                &FetchPartitionArgs {
+                    partition,
+                    offset: *offset,
+                    max_bytes: config.partition_max_bytes,
+                },
+            )
+        },
+        |fbb, name, partitions| {
+            FetchQueue::create(
+                fbb,
+                &FetchQueueArgs {
+                    name: Some(name),
+                    partitions: Some(partitions),
+                },
+            )
+        },
+    );
     let root = FetchRequest::create(
         &mut fbb,
         &FetchRequestArgs {
@@ -464,38 +489,34 @@ fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Vec<u8> {
 /// Asks for the offsets of `seeks` (earliest, latest or by timestamp).
 async fn list_offsets(conn: &Connection, seeks: &[(Key, Seek)]) -> Result<Vec<(Key, u64)>, ClientError> {
     let mut fbb = FlatBufferBuilder::new();
-    let mut by_queue: BTreeMap<&str, Vec<_>> = BTreeMap::new();
-    for ((queue, partition), seek) in seeks {
-        let (spec, timestamp_ms) = match seek {
-            Seek::Earliest => (OffsetSpec::Earliest, 0),
-            Seek::Latest | Seek::Offset(_) => (OffsetSpec::Latest, 0),
-            Seek::Timestamp(t) => (OffsetSpec::Timestamp, *t),
-        };
-        let p = ListOffsetsPartition::create(
-            &mut fbb,
-            &ListOffsetsPartitionArgs {
-                partition: *partition,
-                spec,
-                timestamp_ms,
-            },
-        );
-        by_queue.entry(queue).or_default().push(p);
-    }
-    let queues: Vec<_> = by_queue
-        .into_iter()
-        .map(|(name, parts)| {
-            let parts = fbb.create_vector(&parts);
-            let name = fbb.create_string(name);
-            ListOffsetsQueue::create(
-                &mut fbb,
-                &ListOffsetsQueueArgs {
-                    name: Some(name),
-                    partitions: Some(parts),
+    let queues = per_queue(
+        &mut fbb,
+        seeks,
+        |fbb, partition, seek| {
+            let (spec, timestamp_ms) = match seek {
+                Seek::Earliest => (OffsetSpec::Earliest, 0),
+                Seek::Latest | Seek::Offset(_) => (OffsetSpec::Latest, 0),
+                Seek::Timestamp(t) => (OffsetSpec::Timestamp, *t),
+            };
+            ListOffsetsPartition::create(
+                fbb,
+                &ListOffsetsPartitionArgs {
+                    partition,
+                    spec,
+                    timestamp_ms,
                 },
             )
-        })
-        .collect();
-    let queues = fbb.create_vector(&queues);
+        },
+        |fbb, name, partitions| {
+            ListOffsetsQueue::create(
+                fbb,
+                &ListOffsetsQueueArgs {
+                    name: Some(name),
+                    partitions: Some(partitions),
+                },
+            )
+        },
+    );
     let root = ListOffsetsRequest::create(&mut fbb, &ListOffsetsRequestArgs { queues: Some(queues) });
     fbb.finish_minimal(root);
     let frame = conn

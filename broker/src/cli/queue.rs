@@ -49,8 +49,8 @@ fn fsync(text: &str) -> Result<FsyncSpec, String> {
 }
 
 /// Runs a queue command; `json` selects machine output.
-pub fn run(command: QueueCommand, brokers: &[String], json: bool) -> Result<(), String> {
-    let admin = super::admin(brokers)?;
+pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), String> {
+    let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
     let e = |e: strand_client::ClientError| e.to_string();
     match command {
         QueueCommand::Create {
