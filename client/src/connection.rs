@@ -26,6 +26,10 @@ type Pending = Arc<Mutex<PendingState>>;
 /// request on it, which producers then retry on a new one). Above the
 /// broker's longest long poll (30 s) and its produce timeout (30 s).
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest response frame accepted: a corrupt length fails the
+/// connection instead of growing its buffer to 4 GiB. (Brokers cap fetch
+/// responses at their frame limit, 16 MiB by default.)
+pub const MAX_RESPONSE_BYTES: u32 = 256 << 20;
 /// How long connecting to a broker may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the reader looks for overdue requests while the socket is quiet.
@@ -243,7 +247,7 @@ fn read_now(stream: &TcpStream, chunk: &mut [u8]) -> Option<std::io::Result<usiz
 fn read_loop(mut stream: TcpStream, pending: Pending, addr: String, busy_poll: Duration) {
     let mut buf = BytesMut::with_capacity(64 << 10);
     let limits = FrameLimits {
-        max_frame_bytes: u32::MAX,
+        max_frame_bytes: MAX_RESPONSE_BYTES,
     };
     let mut chunk = vec![0u8; 64 << 10];
     let failure = loop {

@@ -289,8 +289,7 @@ impl Consumer {
     /// After NOT_LEADER, an unknown partition or a lost connection, the
     /// leaders are asked for again on the next poll.
     fn forget_if_moved<T>(&self, e: &ClientError, keys: &[(Key, T)]) {
-        let moved = e.is_io() || matches!(e.code(), Some(ErrorCode::NotLeader | ErrorCode::UnknownPartition));
-        if moved {
+        if e.leader_moved() {
             for ((queue, _), _) in keys {
                 self.cluster.forget_queue(queue);
             }
@@ -339,7 +338,7 @@ impl Consumer {
                 };
                 if let Err(e) = ClientError::check(p.error()) {
                     match e.code() {
-                        Some(ErrorCode::NotLeader | ErrorCode::UnknownPartition) => {
+                        _ if e.leader_moved() => {
                             self.cluster.forget_queue(name);
                             continue;
                         }

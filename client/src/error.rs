@@ -54,6 +54,16 @@ impl ClientError {
         }
     }
 
+    /// Whether the partition's leader may have moved (or the connection to
+    /// it broke): metadata should be asked for again before retrying.
+    pub fn leader_moved(&self) -> bool {
+        self.is_io()
+            || matches!(
+                self.code(),
+                Some(ErrorCode::NotLeader | ErrorCode::UnknownQueue | ErrorCode::UnknownPartition)
+            )
+    }
+
     /// Whether the connection failed (as opposed to an answer).
     pub fn is_io(&self) -> bool {
         matches!(self, ClientError::Io { .. })

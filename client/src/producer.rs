@@ -302,8 +302,6 @@ struct State {
     queues: QueueMap,
     /// Bytes of records enqueued and not yet completed.
     buffered: usize,
-    /// Records enqueued and not yet completed.
-    outstanding: usize,
     space_waiters: Vec<Waker>,
     flush_waiters: Vec<Waker>,
     /// Records enqueued so far (the next record's sequence number).
@@ -471,7 +469,7 @@ impl Producer {
             let Some((key, value, headers)) = record.take() else {
                 return Poll::Ready(Err(ClientError::Closed));
             };
-            let (partition, delivery) = shared.append(&mut st, &info, key, value, &headers, size);
+            let (partition, delivery, news) = shared.append(&mut st, &info, key, value, &headers, size);
             // With no linger, an idle partition sends a small batch at once
             // from here (the lowest latency); a large one goes through the
             // sender thread, so copying it into the socket overlaps the
@@ -480,11 +478,12 @@ impl Producer {
                 Some(bytes) if bytes <= INLINE_SEND_MAX && shared.config.linger.is_zero() => {
                     shared.take_partition(&mut st, queue, partition, Instant::now())
                 }
-                Some(_) => {
+                // (A notify is a futex syscall: once per batch, not per record.)
+                Some(_) if news => {
                     shared.wake.notify_one();
                     None
                 }
-                None => None,
+                _ => None,
             };
             drop(st);
             if let Some(out) = inline {
@@ -529,8 +528,8 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a record to its partition's open batch; returns the partition
-    /// and the record's delivery.
+    /// Adds a record to its partition's open batch; returns the partition,
+    /// the record's delivery, and whether a batch started or closed.
     fn append(
         &self,
         st: &mut State,
@@ -539,7 +538,7 @@ impl Shared {
         value: &[u8],
         headers: &[(&[u8], Option<&[u8]>)],
         size: usize,
-    ) -> (u32, Delivery) {
+    ) -> (u32, Delivery, bool) {
         let cfg = &self.config;
         let batch_limit = cfg.batch_bytes.min(info.max_message_bytes as usize).max(HEADER_LEN + 1);
         if !st.queues.contains_key(&info.name) {
@@ -602,7 +601,8 @@ impl Shared {
         };
         let seq = st.next_seq;
         st.next_seq += 1;
-        if part.open.is_none() {
+        let new_batch = part.open.is_none();
+        if new_batch {
             st.incomplete.insert(seq);
         }
         let open = part.open.get_or_insert_with(|| {
@@ -632,8 +632,9 @@ impl Shared {
             }
         }
         st.buffered += size;
-        st.outstanding += 1;
-        (partition, delivery)
+        // The sender thread cares only when a batch starts (its linger
+        // clock) or closes (it can go): not about every record.
+        (partition, delivery, new_batch || full)
     }
 
     /// The size of the batch a partition could send next, if it has a free
@@ -741,12 +742,12 @@ impl Shared {
         };
         let acks = self.config.acks;
         let timeout_ms = self.config.request_timeout.as_millis().min(u128::from(u32::MAX)) as u32;
-        let (body, tail) = requests::produce_batches(
+        let (body, tail) = requests::produce_with_timeout(
             &out.queue,
             out.partition,
             acks.wire(),
             timeout_ms,
-            [out.batch.bytes.clone()],
+            out.batch.bytes.clone(),
         );
         if acks == Acks::None {
             let sent = conn.send(Api::Produce, &body, tail, None).map(|()| None);
@@ -786,11 +787,7 @@ impl Shared {
             .is_some_and(|q| (out.partition as usize) < q.parts.len());
         let finished = match result {
             Err(e) if retriable(&e) && now < b.deadline && known && !st.closed => {
-                if matches!(
-                    e.code(),
-                    Some(ErrorCode::NotLeader | ErrorCode::UnknownQueue | ErrorCode::UnknownPartition)
-                ) || e.is_io()
-                {
+                if e.leader_moved() {
                     st.stale.insert(out.queue.clone());
                 }
                 b.attempts += 1;
@@ -831,7 +828,6 @@ impl Shared {
                 part.in_flight = part.in_flight.saturating_sub(1);
             }
             st.buffered -= b.accounted;
-            st.outstanding -= b.records;
             st.incomplete.remove(&b.first_seq);
             wake.append(&mut st.space_waiters);
             wake.append(&mut st.flush_waiters);
@@ -857,7 +853,6 @@ impl Shared {
         }
         for b in failed {
             st.buffered -= b.accounted;
-            st.outstanding -= b.records;
             st.incomplete.remove(&b.first_seq);
             b.outcome.finish(Err(ClientError::Closed));
         }

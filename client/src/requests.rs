@@ -11,26 +11,24 @@ use strand_wire::*;
 use crate::error::ClientError;
 
 /// A Produce request of one record-batch run (`records`: one or more whole
-/// batches) for one partition: the body and the tail to send with it.
+/// batches) for one partition: the body and the tail to send with it. The
+/// broker appends a run's batches one by one, so the response's base and
+/// last offsets are consecutive only for a single batch.
 pub fn produce(queue: &str, partition: u32, acks: i8, records: Bytes) -> (Vec<u8>, TailBuilder) {
-    produce_batches(queue, partition, acks, 30_000, [records])
+    produce_with_timeout(queue, partition, acks, 30_000, records)
 }
 
-/// A Produce request of consecutive batches for one partition; the broker
-/// appends them together, so their offsets follow each other.
-pub fn produce_batches(
+/// [`produce`] with the broker's time limit for the request.
+pub fn produce_with_timeout(
     queue: &str,
     partition: u32,
     acks: i8,
     timeout_ms: u32,
-    batches: impl IntoIterator<Item = Bytes>,
+    records: Bytes,
 ) -> (Vec<u8>, TailBuilder) {
     let mut fbb = FlatBufferBuilder::new();
     let mut tail = TailBuilder::default();
-    for b in batches {
-        tail.push(b);
-    }
-    let (records_offset, records_len) = (0, tail.len() as u32);
+    let (records_offset, records_len) = tail.push(records);
     let part = ProducePartition::create(
         &mut fbb,
         &ProducePartitionArgs {
