@@ -125,7 +125,7 @@ async fn ask<T: Send + 'static>(
     rx.await.unwrap_or_else(|_| {
         Err(WireError::new(
             ErrorCode::Internal,
-            "the owning shard dropped the request",
+            "the broker dropped the request (it is shutting down?); retry",
         ))
     })
 }

@@ -11,7 +11,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use strand_storage::notify::Notify;
@@ -194,9 +194,5 @@ impl Partitions {
                 tracing::warn!(queue = %queue, partition = p, "closing: {e}");
             }
         }
-    }
-
-    pub fn data_dir(&self) -> &Path {
-        &self.data_dir
     }
 }

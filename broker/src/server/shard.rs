@@ -189,13 +189,21 @@ impl Shard {
             request,
         };
         if let Err(e) = self.peers.try_send_to(usize::from(owner.0), msg) {
-            let err = WireError::new(ErrorCode::Overloaded, format!("{owner} has too many requests queued"));
             let returned = match e {
                 glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(m))
                 | glommio::GlommioError::Closed(glommio::ResourceType::Channel(m)) => Some(m),
                 _ => None,
             };
-            if let Some(ShardMessage::Partition { request, .. }) = returned {
+            if let Some(ShardMessage::Partition {
+                queue,
+                partition,
+                request,
+            }) = returned
+            {
+                let err = WireError::new(
+                    ErrorCode::Overloaded,
+                    format!("the broker is busy: too many requests queued for {queue}/{partition}; retry"),
+                );
                 reply_error(request, err);
             }
         }
@@ -210,6 +218,15 @@ impl Shard {
                 Some(q) if partition as usize >= q.partitions.len() => WireError::new(
                     ErrorCode::UnknownPartition,
                     format!("queue {queue:?} has {} partitions", q.partitions.len()),
+                ),
+                // Led here but not open: being (re)opened, or it failed to
+                // open. NotLeader makes clients refresh and retry.
+                Some(q) if q.partitions[partition as usize].leader == self.config.node_id => WireError::new(
+                    ErrorCode::NotLeader,
+                    format!(
+                        "{queue}/{partition} is not open on this broker yet (opening, or it failed to open: \
+                         see the broker's log); retry"
+                    ),
                 ),
                 Some(q) => WireError::new(
                     ErrorCode::NotLeader,
@@ -383,6 +400,11 @@ impl Shard {
             let (shard, receivers) = (self.clone(), receivers.clone());
             glommio::spawn_local(async move {
                 while let Ok(Some(msg)) = receivers.recv_from(peer).await {
+                    // A reply only completes a channel: no task for it.
+                    if let ShardMessage::Run(Deferred(work)) = msg {
+                        work();
+                        continue;
+                    }
                     let shard = shard.clone();
                     glommio::spawn_local(async move { shard.on_message(msg).await }).detach();
                 }
@@ -401,7 +423,7 @@ impl Shard {
             ShardMessage::Propose { command, reply } => {
                 reply.send(self.propose(command).await);
             }
-            ShardMessage::Run(Deferred(work)) => work(),
+            ShardMessage::Run(Deferred(work)) => work(), // (run by the receiver)
             ShardMessage::Metadata { table, applied } => {
                 self.apply_table(table).await;
                 applied.send(());
