@@ -274,7 +274,7 @@ fn start_timers(shard: &Rc<Shard>) {
         while !s.stopping.get() {
             glommio::timer::sleep(Duration::from_millis(5)).await;
             let mut moved = false;
-            for (_, part) in s.partitions.all() {
+            for part in s.partitions.logs() {
                 if matches!(part.log.config().fsync, strand_storage::FsyncPolicy::Interval { .. }) {
                     let _ = part.log.tick().await;
                     let hw = part.log.written_offset();

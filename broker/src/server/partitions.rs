@@ -33,7 +33,9 @@ pub struct Partitions {
     node_id: u64,
     shard: ShardId,
     shards: u16,
-    open: RefCell<HashMap<(String, u32), Rc<Partition>>>,
+    /// Queue → partition → open partition: looked up by `&str` on every
+    /// request, without building a key.
+    open: RefCell<HashMap<String, HashMap<u32, Rc<Partition>>>>,
     /// Notified whenever a partition's high watermark moves.
     pub new_data: Notify,
 }
@@ -69,12 +71,35 @@ impl Partitions {
     }
 
     pub fn get(&self, queue: &str, partition: u32) -> Option<Rc<Partition>> {
-        self.open.borrow().get(&(queue.to_string(), partition)).cloned()
+        self.open.borrow().get(queue)?.get(&partition).cloned()
     }
 
-    /// Every open partition.
+    /// Every open partition with its name.
     pub fn all(&self) -> Vec<((String, u32), Rc<Partition>)> {
-        self.open.borrow().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        let open = self.open.borrow();
+        let named = open
+            .iter()
+            .flat_map(|(q, parts)| parts.iter().map(move |(p, part)| ((q.clone(), *p), part.clone())));
+        named.collect()
+    }
+
+    /// Every open partition (no names: for the frequent timers).
+    pub fn logs(&self) -> Vec<Rc<Partition>> {
+        self.open
+            .borrow()
+            .values()
+            .flat_map(|parts| parts.values().cloned())
+            .collect()
+    }
+
+    fn remove(&self, queue: &str, partition: u32) {
+        let mut open = self.open.borrow_mut();
+        if let Some(parts) = open.get_mut(queue) {
+            parts.remove(&partition);
+            if parts.is_empty() {
+                open.remove(queue);
+            }
+        }
     }
 
     fn dir(&self, queue: &str, partition: u32) -> PathBuf {
@@ -108,7 +133,7 @@ impl Partitions {
             if keep {
                 continue;
             }
-            self.open.borrow_mut().remove(&key);
+            self.remove(&key.0, key.1);
             if let Err(e) = part.log.close().await {
                 tracing::warn!(queue = %key.0, partition = key.1, "closing: {e}");
             }
@@ -118,12 +143,16 @@ impl Partitions {
             }
         }
         for ((queue, p), (id, settings)) in wanted {
-            if self.open.borrow().contains_key(&(queue.clone(), p)) {
+            if self.get(&queue, p).is_some() {
                 continue;
             }
             match self.open_partition(&queue, p, id, &settings).await {
                 Ok(part) => {
-                    self.open.borrow_mut().insert((queue, p), Rc::new(part));
+                    self.open
+                        .borrow_mut()
+                        .entry(queue)
+                        .or_default()
+                        .insert(p, Rc::new(part));
                 }
                 Err(e) => tracing::error!(queue = %queue, partition = p, "cannot open partition: {e}"),
             }
@@ -188,7 +217,8 @@ impl Partitions {
 
     /// Closes every partition (shutdown): everything written is flushed.
     pub async fn close_all(&self) {
-        let all = std::mem::take(&mut *self.open.borrow_mut());
+        let all = self.all();
+        self.open.borrow_mut().clear();
         for ((queue, p), part) in all {
             if let Err(e) = part.log.close().await {
                 tracing::warn!(queue = %queue, partition = p, "closing: {e}");
