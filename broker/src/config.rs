@@ -155,6 +155,21 @@ impl BrokerConfig {
                 self.spin_before_park_us
             ));
         }
+        // The defaults make queues: they must pass the controller's checks.
+        let partitions_max = crate::controller::PARTITIONS_MAX;
+        if self.default_partitions > partitions_max {
+            return bad(format!(
+                "default_partitions {} is over the most a queue may have ({partitions_max})",
+                self.default_partitions
+            ));
+        }
+        let message_max = crate::controller::MESSAGE_BYTES_MAX;
+        if self.max_message_bytes > message_max {
+            return bad(format!(
+                "max_message_bytes {} is over the most a queue may allow ({message_max})",
+                self.max_message_bytes
+            ));
+        }
         if self.default_partitions == 0 {
             return bad("default_partitions must be at least 1".into());
         }
@@ -211,6 +226,9 @@ mod tests {
             ..Overrides::default()
         };
         assert!(BrokerConfig::load(None, &flags).is_err());
+        std::fs::write(&file, "default_partitions = 20000\n").unwrap();
+        let err = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("default_partitions"), "{err}");
         let spin = Overrides {
             spin_before_park_us: Some(60_000_000),
             ..Overrides::default()

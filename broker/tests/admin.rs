@@ -139,3 +139,20 @@ fn lowering_the_message_limit_keeps_stored_batches() {
     let broker = Broker::start(dir.path());
     assert_eq!(broker.client().fetch_all("limits", 0, 0).len(), 1);
 }
+
+#[test]
+fn a_message_limit_over_the_frame_limit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let admin = strand_client::Admin::connect(&broker.addr.to_string()).unwrap();
+    let spec = strand_client::QueueSpec {
+        max_message_bytes: Some(32 << 20),
+        ..Default::default()
+    };
+    let err = strand_client::block_on(admin.create_queue("huge", &spec)).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidConfig), "{err}");
+    assert!(err.to_string().contains("max_frame_bytes"), "{err}");
+    strand_client::block_on(admin.create_queue("huge", &strand_client::QueueSpec::default())).unwrap();
+    let err = strand_client::block_on(admin.alter_queue("huge", &spec)).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidConfig), "{err}");
+}

@@ -22,5 +22,5 @@ pub mod store;
 pub mod table;
 
 pub use node::{Controller, ProposeError};
-pub use stm::{Command, ControllerError, MetadataStm, QueueChanges};
+pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
 pub use table::{BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings};

@@ -53,8 +53,23 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
         retention_ms: retention(c.retention_ms(), default_retention, "retention_ms")?,
         retention_bytes: retention(c.retention_bytes(), None, "retention_bytes")?,
         fsync: fsync(c.fsync(), c.fsync_interval_ms(), c.fsync_interval_bytes())?,
-        max_message_bytes: c.max_message_bytes().unwrap_or(defaults.max_message_bytes),
+        max_message_bytes: message_limit(shard, c.max_message_bytes())?.unwrap_or(defaults.max_message_bytes),
     })
+}
+
+/// A queue's largest batch must fit in a frame with room to spare, or its
+/// producers would have their connections closed with FrameTooLarge.
+pub fn message_limit(shard: &Shard, value: Option<u32>) -> Result<Option<u32>, WireError> {
+    match value {
+        Some(v) if v >= shard.config.max_frame_bytes => Err(WireError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "max_message_bytes {v} must be below this broker's frame limit of {} bytes (its max_frame_bytes)",
+                shard.config.max_frame_bytes
+            ),
+        )),
+        other => Ok(other),
+    }
 }
 
 /// The fsync setting from its wire fields.
