@@ -287,3 +287,19 @@ fn invalid_batches_are_refused_and_change_nothing() {
         assert_eq!(append(&log, 4, 1, 10).await, Offset(3));
     });
 }
+
+#[test]
+fn the_high_watermark_only_moves_forward_and_stays_within_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (_shard, log) = open(&path, small_segments()).await;
+        append(&log, 1, 3, 100).await;
+        assert!(log.advance_high_watermark(Offset(2)));
+        assert!(!log.advance_high_watermark(Offset(1)), "never back");
+        assert!(!log.advance_high_watermark(Offset(2)), "no move, no news");
+        assert!(log.advance_high_watermark(Offset(99)));
+        assert_eq!(log.high_watermark(), Offset(3), "clamped to the log end");
+        log.close().await.unwrap();
+    });
+}

@@ -277,11 +277,7 @@ fn start_timers(shard: &Rc<Shard>) {
             for part in s.partitions.logs() {
                 if matches!(part.log.config().fsync, strand_storage::FsyncPolicy::Interval { .. }) {
                     let _ = part.log.tick().await;
-                    let hw = part.log.written_offset();
-                    if hw > part.log.high_watermark() {
-                        part.log.set_high_watermark(hw);
-                        moved = true;
-                    }
+                    moved |= part.log.advance_high_watermark(part.log.written_offset());
                 }
             }
             if moved {

@@ -196,7 +196,7 @@ impl Partitions {
             .open_log(&dir, log_config(settings))
             .await
             .map_err(|e| e.to_string())?;
-        log.set_high_watermark(log.flushed_offset());
+        log.advance_high_watermark(log.flushed_offset());
         Ok(Partition {
             queue_id: id,
             log,

@@ -346,9 +346,7 @@ impl Shard {
             let (log, shard) = (log.clone(), self.clone());
             async move {
                 let result = log.wait_durable(last.last_offset).await;
-                if result.is_ok() {
-                    let hw = log.high_watermark().max(last.last_offset.plus(1));
-                    log.set_high_watermark(hw);
+                if result.is_ok() && log.advance_high_watermark(last.last_offset.plus(1)) {
                     shard.partitions.new_data.notify_all();
                 }
                 result

@@ -317,10 +317,18 @@ impl Log {
     pub fn high_watermark(&self) -> Offset {
         self.inner.state.borrow().high_watermark
     }
-    /// Moves the high watermark (replication decides it); clamped to the log end.
-    pub fn set_high_watermark(&self, offset: Offset) {
+    /// Moves the high watermark forward to `offset` (clamped to the log
+    /// end; it never moves back); returns whether it moved. The one rule for
+    /// every caller (commit after a durable append, the interval tick,
+    /// replication later).
+    pub fn advance_high_watermark(&self, offset: Offset) -> bool {
         let mut st = self.inner.state.borrow_mut();
-        st.high_watermark = offset.min(st.log_end());
+        let to = offset.min(st.log_end());
+        let moved = to > st.high_watermark;
+        if moved {
+            st.high_watermark = to;
+        }
+        moved
     }
     /// I/O counters since the log was opened.
     pub fn stats(&self) -> LogStats {
