@@ -204,10 +204,18 @@ impl LogStore {
     }
 
     /// Appends records durably.
-    async fn write_records(&self, records: &[LogRecord]) -> std::io::Result<()> {
+    /// Encodes `records`, applies them to the in-memory log (moving them:
+    /// no clone), then appends them to the file and fdatasyncs it.
+    async fn write_records(&self, records: Vec<LogRecord>) -> std::io::Result<()> {
         let mut buf = Vec::new();
-        for r in records {
+        for r in &records {
             encode_record(r, &mut buf);
+        }
+        {
+            let mut inner = self.inner.borrow_mut();
+            for r in records {
+                apply_record(&mut inner, r);
+            }
         }
         let (file, at) = {
             let mut inner = self.inner.borrow_mut();
@@ -309,8 +317,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StoreResult<()> {
-        self.inner.borrow_mut().committed = committed;
-        self.write_records(&[LogRecord::Committed(committed)])
+        self.write_records(vec![LogRecord::Committed(committed)])
             .await
             .map_err(|e| StorageIOError::write_logs(&e).into())
     }
@@ -324,23 +331,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>>,
     {
         let records: Vec<LogRecord> = entries.into_iter().map(LogRecord::Entry).collect();
-        {
-            let mut inner = self.inner.borrow_mut();
-            for r in &records {
-                if let LogRecord::Entry(e) = r {
-                    inner.entries.insert(e.log_id.index, e.clone());
-                }
-            }
-        }
-        let result = self.write_records(&records).await;
+        let result = self.write_records(records).await;
         let failed = result.as_ref().err().map(|e| StorageIOError::write_logs(e).into());
         callback.log_io_completed(result);
         failed.map_or(Ok(()), Err)
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
-        self.inner.borrow_mut().entries.split_off(&log_id.index);
-        self.write_records(&[LogRecord::Truncate(log_id.index)])
+        self.write_records(vec![LogRecord::Truncate(log_id.index)])
             .await
             .map_err(|e| StorageIOError::write_logs(&e).into())
     }
