@@ -922,14 +922,32 @@ fn sender_loop(shared: &Arc<Shared>) {
         for queue in stale {
             // A failed refresh leaves the old metadata; the retry's backoff
             // paces the next attempt.
-            if let Ok(info) = crate::block_on(shared.cluster.refresh(&queue)) {
-                let mut st = shared.lock();
-                if let Some(qs) = st.queues.get_mut(&queue) {
-                    if info.partitions() >= qs.info.partitions() {
-                        qs.parts.resize_with(info.partitions() as usize, PartState::default);
-                        qs.info = info;
+            match crate::block_on(shared.cluster.refresh(&queue)) {
+                Ok(info) => {
+                    let mut st = shared.lock();
+                    if let Some(qs) = st.queues.get_mut(&queue) {
+                        if info.partitions() >= qs.info.partitions() {
+                            qs.parts.resize_with(info.partitions() as usize, PartState::default);
+                            qs.info = info;
+                        }
                     }
                 }
+                // A deleted queue with nothing left to send is forgotten, so
+                // the producer's state does not grow with every queue it
+                // ever wrote to; the next send to it asks again.
+                Err(e) if e.code() == Some(ErrorCode::UnknownQueue) => {
+                    let mut st = shared.lock();
+                    let idle = st.queues.get(&queue).is_some_and(|qs| {
+                        qs.parts
+                            .iter()
+                            .all(|p| p.open.is_none() && p.ready.is_empty() && p.in_flight == 0)
+                    });
+                    if idle {
+                        st.queues.remove(&queue);
+                        shared.cluster.forget_queue(&queue);
+                    }
+                }
+                Err(_) => {}
             }
         }
         for out in outgoing {
