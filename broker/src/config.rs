@@ -83,14 +83,27 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Flags given on the command line; each `Some` overrides the file.
-#[derive(Debug, Clone, Default)]
+/// Flags given on the command line (`strand serve`'s flags, as they are);
+/// each `Some` overrides the file.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
+    /// Where queues, the controller's log and snapshots live [default: ./strand-data].
+    #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Client port [default: 127.0.0.1:9400].
+    #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Prometheus endpoint address [default: 127.0.0.1:9401] (served once the metrics land).
+    #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Shards, one per core [default: every core].
+    #[arg(long)]
     pub cores: Option<usize>,
+    /// This node's id in the cluster [default: 1].
+    #[arg(long)]
     pub node_id: Option<u64>,
+    /// How long an idle shard polls before sleeping, µs [default: 50].
+    #[arg(long)]
     pub spin_before_park_us: Option<u64>,
 }
 

@@ -1,6 +1,5 @@
 //! The `strand` command.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,9 +19,8 @@ enum Command {
     Queue {
         #[command(subcommand)]
         command: strand_broker::cli::queue::QueueCommand,
-        /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
-        #[arg(long, global = true)]
-        brokers: Option<String>,
+        #[command(flatten)]
+        brokers: strand_broker::cli::Brokers,
         /// Output format: table (default) or json.
         #[arg(long, global = true, default_value = "table")]
         output: String,
@@ -31,41 +29,23 @@ enum Command {
     Produce {
         #[command(flatten)]
         args: strand_broker::cli::produce::ProduceArgs,
-        /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
-        #[arg(long)]
-        brokers: Option<String>,
+        #[command(flatten)]
+        brokers: strand_broker::cli::Brokers,
     },
     /// Print a queue's messages as they arrive.
     Consume {
         #[command(flatten)]
         args: strand_broker::cli::consume::ConsumeArgs,
-        /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
-        #[arg(long)]
-        brokers: Option<String>,
+        #[command(flatten)]
+        brokers: strand_broker::cli::Brokers,
     },
     /// Run a broker. Flags override the config file, which overrides defaults.
     Serve {
         /// TOML config file.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Where queues, the controller's log and snapshots live [default: ./strand-data].
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Client port [default: 127.0.0.1:9400].
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-        /// Prometheus endpoint address [default: 127.0.0.1:9401] (served once the metrics land).
-        #[arg(long)]
-        metrics_listen: Option<SocketAddr>,
-        /// Shards, one per core [default: every core].
-        #[arg(long)]
-        cores: Option<usize>,
-        /// This node's id in the cluster [default: 1].
-        #[arg(long)]
-        node_id: Option<u64>,
-        /// How long an idle shard polls before sleeping, µs [default: 50].
-        #[arg(long)]
-        spin_before_park_us: Option<u64>,
+        #[command(flatten)]
+        flags: Overrides,
     },
 }
 
@@ -93,35 +73,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let brokers = strand_broker::cli::brokers(brokers);
-            finish(strand_broker::cli::queue::run(command, &brokers, json))
+            finish(strand_broker::cli::queue::run(command, &brokers.list(), json))
         }
         Command::Produce { args, brokers } => {
-            let brokers = strand_broker::cli::brokers(brokers);
             let stdin = std::io::stdin();
-            finish(strand_broker::cli::produce::run(args, &brokers, stdin.lock()))
+            finish(strand_broker::cli::produce::run(args, &brokers.list(), stdin.lock()))
         }
-        Command::Consume { args, brokers } => {
-            let brokers = strand_broker::cli::brokers(brokers);
-            finish(strand_broker::cli::consume::run(args, &brokers))
-        }
-        Command::Serve {
-            config,
-            data_dir,
-            listen,
-            metrics_listen,
-            cores,
-            node_id,
-            spin_before_park_us,
-        } => {
-            let flags = Overrides {
-                data_dir,
-                listen,
-                metrics_listen,
-                cores,
-                node_id,
-                spin_before_park_us,
-            };
+        Command::Consume { args, brokers } => finish(strand_broker::cli::consume::run(args, &brokers.list())),
+        Command::Serve { config, flags } => {
             let config = match BrokerConfig::load(config.as_deref(), &flags) {
                 Ok(c) => c,
                 Err(e) => {
