@@ -362,45 +362,34 @@ pub fn run(args: Args) -> Result<(), String> {
             args.brokers, args.small_bytes, args.rate, args.seconds, args.mib, args.partitions
         ),
         &[
-            ("small, fsync=interval: p50", small.p50_us, "us"),
-            ("  p99", small.p99_us, "us"),
-            ("  p99.9", small.p999_us, "us"),
-            ("  max", small.max_us, "us"),
-            ("raw protocol, same records: p50", small_raw.p50_us, "us"),
-            ("  p99", small_raw.p99_us, "us"),
-            ("  p99.9", small_raw.p999_us, "us"),
-            ("no-op round trip (ApiVersions): p50", round_trip.p50_us, "us"),
-            ("  p99", round_trip.p99_us, "us"),
-            ("small, fsync=always: p50", small_always.p50_us, "us"),
-            ("  p99", small_always.p99_us, "us"),
-            ("  p99.9", small_always.p999_us, "us"),
-            ("  max", small_always.max_us, "us"),
-            ("producer, 1 MiB batches (record values)", producer_mib, "MiB/s"),
-            ("raw protocol, 1 MiB batches (record values)", raw_mib, "MiB/s"),
-            ("  ratio producer / raw", producer_mib / raw_mib, ""),
-        ],
+            small.rows("small, fsync=interval: p50").as_slice(),
+            &small_raw.rows("raw protocol, same records: p50"),
+            &round_trip.rows("no-op round trip (ApiVersions): p50"),
+            &small_always.rows("small, fsync=always: p50"),
+            &[
+                ("producer, 1 MiB batches (record values)", producer_mib, "MiB/s"),
+                ("raw protocol, 1 MiB batches (record values)", raw_mib, "MiB/s"),
+                ("  ratio producer / raw", producer_mib / raw_mib, ""),
+            ],
+        ]
+        .concat(),
     );
-    println!(
-        "{}",
-        serde_json::json!({
-            "scenario": "client",
-            "small_p50_us": round2(small.p50_us),
-            "small_p99_us": round2(small.p99_us),
-            "small_p999_us": round2(small.p999_us),
-            "small_max_us": round2(small.max_us),
-            "small_raw_p50_us": round2(small_raw.p50_us),
-            "small_raw_p99_us": round2(small_raw.p99_us),
-            "small_raw_p999_us": round2(small_raw.p999_us),
-            "round_trip_p50_us": round2(round_trip.p50_us),
-            "round_trip_p99_us": round2(round_trip.p99_us),
-            "small_always_p50_us": round2(small_always.p50_us),
-            "small_always_p99_us": round2(small_always.p99_us),
-            "small_always_p999_us": round2(small_always.p999_us),
-            "small_always_max_us": round2(small_always.max_us),
-            "producer_mib_s": round2(producer_mib),
-            "raw_mib_s": round2(raw_mib),
-            "producer_vs_raw": round2(producer_mib / raw_mib),
-        })
-    );
+    let mut summary = serde_json::json!({
+        "scenario": "client",
+        "producer_mib_s": round2(producer_mib),
+        "raw_mib_s": round2(raw_mib),
+        "producer_vs_raw": round2(producer_mib / raw_mib),
+    });
+    if let Some(fields) = summary.as_object_mut() {
+        for (prefix, latency) in [
+            ("small_", &small),
+            ("small_raw_", &small_raw),
+            ("round_trip_", &round_trip),
+            ("small_always_", &small_always),
+        ] {
+            fields.extend(latency.json(prefix));
+        }
+    }
+    println!("{summary}");
     Ok(())
 }

@@ -25,6 +25,32 @@ impl Latency {
     }
 }
 
+impl Latency {
+    /// Table rows: p50 under `title`, then p99, p99.9 and max.
+    pub fn rows<'a>(&self, title: &'a str) -> [(&'a str, f64, &'a str); 4] {
+        [
+            (title, self.p50_us, "us"),
+            ("  p99", self.p99_us, "us"),
+            ("  p99.9", self.p999_us, "us"),
+            ("  max", self.max_us, "us"),
+        ]
+    }
+
+    /// JSON fields `<prefix>p50_us`, `<prefix>p99_us`, `<prefix>p999_us`,
+    /// `<prefix>max_us`, rounded to two decimals.
+    pub fn json(&self, prefix: &str) -> serde_json::Map<String, serde_json::Value> {
+        [
+            ("p50_us", self.p50_us),
+            ("p99_us", self.p99_us),
+            ("p999_us", self.p999_us),
+            ("max_us", self.max_us),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("{prefix}{k}"), round2(v).into()))
+        .collect()
+    }
+}
+
 /// MiB per second for `bytes` moved in `secs`.
 pub fn mib_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0) / secs.max(1e-9)
