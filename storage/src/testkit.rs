@@ -54,3 +54,25 @@ where
         .join()
         .expect("the executor thread panicked")
 }
+
+/// [`run_on_executor`] for tests: panics if the future has not finished
+/// within `limit`, so a hang fails its test instead of stalling the whole
+/// run (the executor thread is left behind; the test process ends anyway).
+pub fn run_within<F, Fut, T>(limit: std::time::Duration, make: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_on_executor(make)
+        })));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(v)) => v,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("the test's executor did not finish within {limit:?}: a hang"),
+    }
+}

@@ -7,7 +7,16 @@ use strand_storage::shard::ShardStorageConfig;
 use strand_storage::testkit;
 use strand_storage::{Log, LogConfig, Offset, ShardStorage};
 
-pub use strand_storage::testkit::run_on_executor as run;
+/// Runs a test's future on its own executor, failing the test after 2
+/// minutes (a hang must not stall CI).
+pub fn run<F, Fut, T>(make: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    strand_storage::testkit::run_within(std::time::Duration::from_secs(120), make)
+}
 
 pub const TS: i64 = 1_700_000_000_000;
 
