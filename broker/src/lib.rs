@@ -8,12 +8,16 @@
 //!   known to every shard).
 //! - [`controller`]: the cluster metadata kept by openraft — commands, the
 //!   table they build, the Raft storage, the glommio runtime shim.
+//! - [`groups`]: consumer groups — the coordinator on the shard that owns
+//!   the group's `__groups` partition, assignment strategies, the records
+//!   that keep group state across restarts.
 //! - [`config`]: defaults < TOML file < flags.
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod groups;
 mod handlers;
 pub mod routing;
 pub mod server;

@@ -25,6 +25,16 @@ enum Command {
         #[arg(long, global = true, default_value = "table")]
         output: String,
     },
+    /// Inspect, reset and delete consumer groups.
+    Group {
+        #[command(subcommand)]
+        command: strand_broker::cli::group::GroupCommand,
+        #[command(flatten)]
+        brokers: strand_broker::cli::Brokers,
+        /// Output format: table (default) or json.
+        #[arg(long, global = true, default_value = "table")]
+        output: String,
+    },
     /// Send stdin to a queue, one message per line.
     Produce {
         #[command(flatten)]
@@ -64,17 +74,18 @@ fn main() -> ExitCode {
             command,
             brokers,
             output,
-        } => {
-            let json = match output.as_str() {
-                "json" => true,
-                "table" => false,
-                other => {
-                    eprintln!("strand: --output must be table or json, not {other:?}");
-                    return ExitCode::from(2);
-                }
-            };
-            finish(strand_broker::cli::queue::run(command, &brokers.list(), json))
-        }
+        } => match json_output(&output) {
+            Ok(json) => finish(strand_broker::cli::queue::run(command, &brokers.list(), json)),
+            Err(code) => code,
+        },
+        Command::Group {
+            command,
+            brokers,
+            output,
+        } => match json_output(&output) {
+            Ok(json) => finish(strand_broker::cli::group::run(command, &brokers.list(), json)),
+            Err(code) => code,
+        },
         Command::Produce { args, brokers } => {
             let stdin = std::io::stdin();
             finish(strand_broker::cli::produce::run(args, &brokers.list(), stdin.lock()))
@@ -95,6 +106,18 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// Whether `--output` asks for JSON; exit code 2 for a bad value.
+fn json_output(output: &str) -> Result<bool, ExitCode> {
+    match output {
+        "json" => Ok(true),
+        "table" => Ok(false),
+        other => {
+            eprintln!("strand: --output must be table or json, not {other:?}");
+            Err(ExitCode::from(2))
         }
     }
 }

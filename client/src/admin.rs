@@ -1,5 +1,7 @@
 //! Queue administration: create, delete, alter, describe, list.
 
+use std::sync::Arc;
+
 use strand_net::message::{read_body, TailBuilder};
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
@@ -7,6 +9,7 @@ use strand_wire::*;
 use crate::cluster::Cluster;
 use crate::connection::Connection;
 use crate::error::ClientError;
+use crate::group::{self, GroupDescription, GroupListing, ResetTarget};
 
 /// When a queue's data is fdatasync'd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +68,7 @@ pub struct QueueDescription {
 /// The admin client.
 #[derive(Clone)]
 pub struct Admin {
+    cluster: Arc<Cluster>,
     conn: Connection,
 }
 
@@ -90,9 +94,40 @@ impl Admin {
     /// Connects to the first broker of `brokers` (`HOST:PORT[,HOST:PORT...]`)
     /// that answers.
     pub fn connect(brokers: &str) -> Result<Admin, ClientError> {
+        let cluster = Cluster::new(brokers)?;
         Ok(Admin {
-            conn: Cluster::new(brokers)?.any_connection()?,
+            conn: cluster.any_connection()?,
+            cluster,
         })
+    }
+
+    /// Every consumer group, by name.
+    pub async fn list_groups(&self) -> Result<Vec<GroupListing>, ClientError> {
+        group::list_groups(&self.cluster).await
+    }
+
+    /// A group's members, and per partition its member, position, log end
+    /// and lag.
+    pub async fn describe_group(&self, group: &str) -> Result<GroupDescription, ClientError> {
+        group::describe_group(&self.cluster, group).await
+    }
+
+    /// Moves the group's positions on `queue` (every partition if
+    /// `partitions` is empty): replay or skip. Refused (GroupNotEmpty) while
+    /// the group has members. Returns the new positions.
+    pub async fn reset_group(
+        &self,
+        group: &str,
+        queue: &str,
+        partitions: &[u32],
+        to: ResetTarget,
+    ) -> Result<Vec<(u32, u64)>, ClientError> {
+        group::reset_group(&self.cluster, group, queue, partitions, to).await
+    }
+
+    /// Deletes a group and its positions. Refused while it has members.
+    pub async fn delete_group(&self, group: &str) -> Result<(), ClientError> {
+        group::delete_group(&self.cluster, group).await
     }
 
     pub async fn create_queue(&self, name: &str, spec: &QueueSpec) -> Result<(), ClientError> {

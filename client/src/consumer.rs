@@ -130,18 +130,43 @@ pub struct Consumer {
     /// A failure met while other partitions had records: reported by the
     /// next poll.
     deferred_error: Option<ClientError>,
+    /// Positions moved by `reset_out_of_range`, not yet taken.
+    resets: Vec<OutOfRangeReset>,
+}
+
+/// A position that was outside its partition's log (retention removed the
+/// records, or it was past the end) and was moved per
+/// [`ConsumerConfig::reset_out_of_range`]: records between `position` and
+/// `log_start` were never read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfRangeReset {
+    pub queue: Arc<str>,
+    pub partition: u32,
+    pub position: u64,
+    pub log_start: u64,
+    pub high_watermark: u64,
+    pub to: Seek,
 }
 
 impl Consumer {
     /// A consumer for the cluster at `brokers` (`HOST:PORT[,HOST:PORT...]`).
     pub fn new(brokers: &str, config: ConsumerConfig) -> Result<Consumer, ClientError> {
-        Ok(Consumer {
-            cluster: Cluster::with_busy_poll(brokers, config.busy_poll)?,
+        Ok(Consumer::with_cluster(
+            Cluster::with_busy_poll(brokers, config.busy_poll)?,
+            config,
+        ))
+    }
+
+    /// A consumer over an existing cluster handle.
+    pub(crate) fn with_cluster(cluster: Arc<Cluster>, config: ConsumerConfig) -> Consumer {
+        Consumer {
+            cluster,
             config,
             positions: BTreeMap::new(),
             in_flight: None,
             deferred_error: None,
-        })
+            resets: Vec::new(),
+        }
     }
 
     /// Reads these partitions of `queue` (added to what is assigned), from
@@ -197,6 +222,18 @@ impl Consumer {
             Some(Position::At(o)) => Some(*o),
             _ => None,
         }
+    }
+
+    /// Positions moved since the last call because they were outside the
+    /// log (see [`OutOfRangeReset`]); a caller reports them, since records
+    /// may have been skipped.
+    pub fn take_resets(&mut self) -> Vec<OutOfRangeReset> {
+        std::mem::take(&mut self.resets)
+    }
+
+    /// The assigned partitions.
+    pub fn assignment(&self) -> Vec<(Arc<str>, u32)> {
+        self.positions.keys().cloned().collect()
     }
 
     /// The next records of the assigned partitions, in offset order per
@@ -344,6 +381,14 @@ impl Consumer {
                         }
                         Some(ErrorCode::OffsetOutOfRange) => {
                             if let Some(reset) = self.config.reset_out_of_range {
+                                self.resets.push(OutOfRangeReset {
+                                    queue: key.0.clone(),
+                                    partition: key.1,
+                                    position,
+                                    log_start: p.log_start(),
+                                    high_watermark: p.high_watermark(),
+                                    to: reset,
+                                });
                                 self.positions.insert(key, Position::of(reset));
                                 continue;
                             }

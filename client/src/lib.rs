@@ -8,7 +8,10 @@
 //! - [`Producer`]: records in, (partition, offset) out; batching with
 //!   batch bytes + linger, the key partitioner, a bounded buffer, retries.
 //! - [`Consumer`]: assign partitions, seek, long-poll with pipelined fetches.
-//! - [`Admin`]: create, delete, alter, describe and list queues.
+//! - [`GroupConsumer`]: a member of a consumer group — the broker assigns
+//!   partitions, positions are committed, rebalances are cooperative.
+//! - [`Admin`]: create, delete, alter, describe and list queues; list,
+//!   describe, reset and delete groups.
 //! - [`Cluster`]: bootstrap brokers, connections per broker, queue metadata.
 //! - [`Connection`]: one broker connection, pipelined requests matched to
 //!   responses by correlation id.
@@ -23,14 +26,19 @@ mod cluster;
 pub mod connection;
 mod consumer;
 mod error;
+mod group;
 mod producer;
 pub mod requests;
 
 pub use admin::{Admin, FsyncSpec, PartitionDescription, QueueDescription, QueueSpec};
 pub use cluster::{parse_brokers, Cluster, QueueInfo, METADATA_MAX_AGE};
 pub use connection::Connection;
-pub use consumer::{ConsumedRecord, Consumer, ConsumerConfig, Seek};
+pub use consumer::{ConsumedRecord, Consumer, ConsumerConfig, OutOfRangeReset, Seek};
 pub use error::{ClientError, ErrorCodeName};
+pub use group::{
+    GroupConfig, GroupConsumer, GroupDescription, GroupListing, GroupMemberInfo, GroupPartitionInfo, GroupStart,
+    QueuePartition, ResetTarget, Strategy,
+};
 pub use producer::{Acks, Delivered, Delivery, Producer, ProducerConfig, WhenFull};
 
 /// Runs a future to completion on the current thread (the blocking API).

@@ -13,11 +13,20 @@ pub enum Api {
     Produce = 6,
     Fetch = 7,
     ListOffsets = 8,
+    JoinGroup = 9,
+    Heartbeat = 10,
+    LeaveGroup = 11,
+    CommitOffsets = 12,
+    FetchOffsets = 13,
+    ListGroups = 14,
+    DescribeGroup = 15,
+    ResetGroup = 16,
+    DeleteGroup = 17,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 9] = [
+    pub const ALL: [Api; 18] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -27,6 +36,15 @@ impl Api {
         Api::Produce,
         Api::Fetch,
         Api::ListOffsets,
+        Api::JoinGroup,
+        Api::Heartbeat,
+        Api::LeaveGroup,
+        Api::CommitOffsets,
+        Api::FetchOffsets,
+        Api::ListGroups,
+        Api::DescribeGroup,
+        Api::ResetGroup,
+        Api::DeleteGroup,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -56,6 +74,15 @@ impl Api {
             Api::Produce => "Produce",
             Api::Fetch => "Fetch",
             Api::ListOffsets => "ListOffsets",
+            Api::JoinGroup => "JoinGroup",
+            Api::Heartbeat => "Heartbeat",
+            Api::LeaveGroup => "LeaveGroup",
+            Api::CommitOffsets => "CommitOffsets",
+            Api::FetchOffsets => "FetchOffsets",
+            Api::ListGroups => "ListGroups",
+            Api::DescribeGroup => "DescribeGroup",
+            Api::ResetGroup => "ResetGroup",
+            Api::DeleteGroup => "DeleteGroup",
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - [`batch`]: the record batch — the bytes a producer builds, the broker
 //!   stores and a consumer reads (layout byte by byte in its doc), with
 //!   [`varint`] and the [`Offset`] / [`LeaderEpoch`] newtypes.
+//! - [`groups`]: builders for the consumer-group messages' partition lists.
 //! - [`Api`] numbers the APIs and says which versions this build speaks;
 //!   [`validate_queue_name`] is the one rule for queue names, shared by the
 //!   broker and the client; [`partition_for_key`] (over [`fnv1a64`]) is the
@@ -17,6 +18,7 @@
 
 mod api;
 pub mod batch;
+pub mod groups;
 mod hash;
 mod names;
 mod offset;

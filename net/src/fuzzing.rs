@@ -1,6 +1,7 @@
 //! The entry point of the `frame_decode` fuzz target (`net/fuzz/`), also
 //! run under proptest in CI: a stream of arbitrary bytes is cut into frames
-//! and every frame's body is read as every request table. Nothing may
+//! and every frame's body is read as every request table (and the whole
+//! input as a `__groups` record value). Nothing may
 //! panic, and what decodes must be self-consistent.
 
 use bytes::BytesMut;
@@ -32,7 +33,25 @@ pub fn frame_decode(data: &[u8]) {
         let _ = body::<AlterQueueRequest>(&frame).map(|r| r.partitions());
         let _ = body::<ListOffsetsRequest>(&frame).map(|r| r.queues().map(|q| q.len()));
         let _ = body::<ApiVersionsRequest>(&frame).map(|r| r.client_name().map(str::len));
+        let _ = body::<JoinGroupRequest>(&frame).map(|r| r.queues().map(|q| q.iter().count()));
+        let _ = body::<HeartbeatRequest>(&frame).map(|r| count_partitions(r.owned()));
+        let _ = body::<CommitOffsetsRequest>(&frame).map(|r| {
+            r.queues()
+                .map(|q| q.iter().map(|q| q.partitions().map_or(0, |p| p.len())).sum::<usize>())
+        });
+        let _ = body::<FetchOffsetsRequest>(&frame).map(|r| count_partitions(r.queues()));
+        let _ = body::<ResetGroupRequest>(&frame).map(|r| r.partitions().map(|p| p.len()));
+        let _ = body::<DescribeGroupRequest>(&frame).map(|r| r.group().map(str::len));
     }
+    // The records of `__groups` (a GroupRecord per record value).
+    let _ = flatbuffers::root::<GroupRecord>(data).map(|r| (r.kind(), r.queue().map(str::len)));
+}
+
+fn count_partitions(list: Option<flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<QueuePartitions<'_>>>>) -> usize {
+    list.iter()
+        .flatten()
+        .map(|q| q.partitions().map_or(0, |p| p.len()) + q.queue().map_or(0, str::len))
+        .sum()
 }
 
 #[cfg(test)]
@@ -46,7 +65,7 @@ mod tests {
         }
 
         #[test]
-        fn plausible_frames(api in 0u16..10, body in proptest::collection::vec(any::<u8>(), 0..256), tail in 0usize..64) {
+        fn plausible_frames(api in 0u16..18, body in proptest::collection::vec(any::<u8>(), 0..256), tail in 0usize..64) {
             let mut data = Vec::new();
             data.extend_from_slice(&((12 + body.len() + tail) as u32).to_le_bytes());
             data.extend_from_slice(&api.to_le_bytes());

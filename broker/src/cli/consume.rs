@@ -1,5 +1,8 @@
 //! `strand consume QUEUE`: print messages as they arrive, from every
-//! partition of the queue.
+//! partition of the queue — or, with `--group G`, from the partitions the
+//! group's coordinator assigns this member, committing the position after
+//! each printed message (at-least-once: a message printed but not yet
+//! committed when the process dies is printed again by the next member).
 //!
 //! `--format value` prints each value and a newline; `--format json` prints
 //! one object per line: `queue`, `partition`, `offset`, `key` (string or
@@ -11,14 +14,18 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use strand_client::{block_on, ConsumedRecord, Consumer, ConsumerConfig, Seek};
+use strand_client::{block_on, ConsumedRecord, Consumer, ConsumerConfig, GroupConfig, GroupConsumer, GroupStart, Seek};
 
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
     pub queue: String,
-    /// earliest, latest, offset:N (every partition) or time:RFC3339.
+    /// earliest, latest, offset:N (every partition) or time:RFC3339; with
+    /// --group: earliest or latest, used when the group is new.
     #[arg(long, default_value = "latest")]
     pub from: String,
+    /// Read as a member of this consumer group (positions are the group's).
+    #[arg(long)]
+    pub group: Option<String>,
     /// Exit after this many messages.
     #[arg(long)]
     pub max: Option<u64>,
@@ -78,6 +85,41 @@ pub fn json_line(r: &ConsumedRecord) -> String {
     .to_string()
 }
 
+/// Where printed messages come from.
+trait Source {
+    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, String>;
+    /// Called once `record` is printed.
+    fn printed(&mut self, record: &ConsumedRecord) -> Result<(), String>;
+}
+
+impl Source for Consumer {
+    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, String> {
+        block_on(Consumer::poll(self)).map_err(|e| e.to_string())
+    }
+
+    fn printed(&mut self, _: &ConsumedRecord) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl Source for GroupConsumer {
+    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, String> {
+        let records = block_on(GroupConsumer::poll(self)).map_err(|e| e.to_string());
+        for r in self.take_resets() {
+            eprintln!(
+                "strand: warning: {}/{}: position {} was below the log start {} (retention removed the records); \
+                 reset to {:?}",
+                r.queue, r.partition, r.position, r.log_start, r.to
+            );
+        }
+        records
+    }
+
+    fn printed(&mut self, record: &ConsumedRecord) -> Result<(), String> {
+        block_on(self.commit_record(record)).map_err(|e| format!("committing the position: {e}"))
+    }
+}
+
 pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
     let json = match args.format.as_str() {
         "json" => true,
@@ -90,13 +132,49 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
         max_wait: idle.map_or(Duration::from_millis(500), |d| {
             d.clamp(Duration::from_millis(1), Duration::from_millis(500))
         }),
-        start: start(&args.from)?,
         // A consumer that fell behind retention goes on from what is left.
         reset_out_of_range: Some(Seek::Earliest),
         ..ConsumerConfig::default()
     };
-    let mut consumer = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
-    block_on(consumer.assign_all(&args.queue)).map_err(|e| e.to_string())?;
+    match &args.group {
+        None => {
+            let config = ConsumerConfig {
+                start: start(&args.from)?,
+                ..config
+            };
+            let mut consumer = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
+            block_on(consumer.assign_all(&args.queue)).map_err(|e| e.to_string())?;
+            print_loop(&args, json, idle, &mut consumer)
+        }
+        Some(group) => {
+            let start = match args.from.as_str() {
+                "earliest" => GroupStart::Earliest,
+                "latest" => GroupStart::Latest,
+                other => {
+                    return Err(format!(
+                        "with --group, --from must be earliest or latest (it applies when the group is new), \
+                         not {other:?}; to move a group's position use `strand group reset`"
+                    ))
+                }
+            };
+            let config = GroupConfig {
+                start,
+                auto_commit: false,
+                client_name: "strand-cli".into(),
+                consumer: config,
+                ..GroupConfig::default()
+            };
+            let mut consumer = block_on(GroupConsumer::subscribe(brokers, group, &[&args.queue], config))
+                .map_err(|e| e.to_string())?;
+            let result = print_loop(&args, json, idle, &mut consumer);
+            block_on(consumer.close()).map_err(|e| e.to_string())?;
+            result
+        }
+    }
+}
+
+/// Prints records until `--max`, `--idle-exit-ms` or a closed stdout.
+fn print_loop(args: &ConsumeArgs, json: bool, idle: Option<Duration>, source: &mut dyn Source) -> Result<(), String> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut printed = 0u64;
@@ -108,7 +186,7 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
         if idle.is_some_and(|d| last_message.elapsed() >= d) {
             break;
         }
-        let records = block_on(consumer.poll()).map_err(|e| e.to_string())?;
+        let records = source.poll()?;
         if !records.is_empty() {
             last_message = Instant::now();
         }
@@ -122,13 +200,12 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
                 out.write_all(r.value.as_deref().unwrap_or_default())
                     .and_then(|()| out.write_all(b"\n"))
             };
-            if written.is_err() {
-                return Ok(()); // stdout closed (e.g. piped into head)
+            // stdout closed (e.g. piped into head): stop, uncommitted.
+            if written.is_err() || out.flush().is_err() {
+                return Ok(());
             }
+            source.printed(r)?;
             printed += 1;
-        }
-        if out.flush().is_err() {
-            return Ok(());
         }
     }
     Ok(())

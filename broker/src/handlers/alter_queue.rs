@@ -9,7 +9,7 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use super::create_queue::fsync;
-use super::{error_table, propose_error, queue_name, request, respond, retention};
+use super::{error_table, propose_error, request, respond, retention, user_queue_name};
 use crate::controller::{Command, FsyncSetting, QueueChanges};
 use crate::server::messages::WireError;
 use crate::server::shard::Shard;
@@ -17,7 +17,7 @@ use crate::server::shard::Shard;
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let command = {
         let req = request::<AlterQueueRequest>(body)?;
-        let name = queue_name(req.name())?;
+        let name = user_queue_name(req.name())?;
         let current = shard.table().queue(&name).map(|q| q.settings.clone());
         let changes = QueueChanges {
             partitions: req.partitions(),

@@ -8,7 +8,7 @@ use strand_net::OutFrame;
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use super::{error_table, propose_error, queue_name, request, respond, retention};
+use super::{error_table, propose_error, request, respond, retention, user_queue_name};
 use crate::controller::{Command, FsyncSetting, QueueSettings};
 use crate::server::messages::WireError;
 use crate::server::shard::Shard;
@@ -16,7 +16,7 @@ use crate::server::shard::Shard;
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let command = {
         let req = request::<CreateQueueRequest>(body)?;
-        let name = queue_name(req.name())?;
+        let name = user_queue_name(req.name())?;
         let settings = settings(shard, req.config())?;
         Command::CreateQueue { name, settings }
     };

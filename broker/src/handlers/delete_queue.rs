@@ -8,13 +8,13 @@ use strand_net::OutFrame;
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use super::{error_table, propose_error, queue_name, request, respond};
+use super::{error_table, propose_error, request, respond, user_queue_name};
 use crate::controller::Command;
 use crate::server::messages::WireError;
 use crate::server::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
-    let name = queue_name(request::<DeleteQueueRequest>(body)?.name())?;
+    let name = user_queue_name(request::<DeleteQueueRequest>(body)?.name())?;
     let result = shard
         .propose(Command::DeleteQueue { name })
         .await

@@ -16,6 +16,7 @@ mod create_queue;
 mod delete_queue;
 mod describe_queue;
 mod fetch;
+mod groups;
 mod list_offsets;
 mod metadata;
 mod produce;
@@ -53,6 +54,15 @@ pub async fn dispatch(shard: &Rc<Shard>, frame: FrameMut) -> Option<OutFrame> {
         }
         Api::Fetch => fetch::handle(shard, header, &frame.body).await,
         Api::ListOffsets => list_offsets::handle(shard, header, &frame.body).await,
+        Api::JoinGroup
+        | Api::Heartbeat
+        | Api::LeaveGroup
+        | Api::CommitOffsets
+        | Api::FetchOffsets
+        | Api::ListGroups
+        | Api::DescribeGroup
+        | Api::ResetGroup
+        | Api::DeleteGroup => groups::handle(shard, api, header, &frame.body).await,
     };
     Some(result.unwrap_or_else(|e| error_response(header, &e)))
 }
@@ -114,7 +124,7 @@ fn respond(header: FrameHeader, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) 
 }
 
 /// Sends a partition request to its owner and waits for the answer.
-async fn ask<T: Send + 'static>(
+pub(crate) async fn ask<T: Send + 'static>(
     shard: &Rc<Shard>,
     queue: String,
     partition: u32,
@@ -136,6 +146,19 @@ fn propose_error(e: ProposeError) -> WireError {
         ProposeError::Refused(c) => WireError::new(c.code(), c.to_string()),
         ProposeError::Unavailable(m) => WireError::new(ErrorCode::ControllerUnavailable, m),
     }
+}
+
+/// Checks the name of a queue a request would create, delete or alter:
+/// `__`-prefixed names are the broker's own queues (`__groups`).
+fn user_queue_name(name: Option<&str>) -> Result<String, WireError> {
+    let name = queue_name(name)?;
+    if crate::groups::is_internal(&name) {
+        let e = ControllerError::InvalidName(format!(
+            "queue names starting with \"__\" are reserved for the broker's own queues ({name:?})"
+        ));
+        return Err(WireError::new(e.code(), e.to_string()));
+    }
+    Ok(name)
 }
 
 /// Checks a queue name from a request.

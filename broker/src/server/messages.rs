@@ -20,6 +20,7 @@ use futures_channel::oneshot;
 use strand_wire::ErrorCode;
 
 use crate::controller::{Command, MetadataTable, ProposeError};
+use crate::groups::{GroupOp, GroupReply};
 
 /// An error to put in a response: code and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +146,12 @@ pub enum PartitionRequest {
     },
     Describe {
         reply: Reply<PartitionStats>,
+    },
+    /// For a `__groups` partition: a consumer-group request its coordinator
+    /// serves (`crate::groups`).
+    Group {
+        op: Box<GroupOp>,
+        reply: Reply<GroupReply>,
     },
 }
 

@@ -81,7 +81,18 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
             ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, config.listen.port())),
             _ => config.listen,
         };
-        if std::net::TcpStream::connect_timeout(&probe, Duration::from_millis(500)).is_ok() {
+        let answers = || std::net::TcpStream::connect_timeout(&probe, Duration::from_millis(500)).is_ok();
+        // A broker that has just exited can leave its listening socket up
+        // for a moment (the kernel tears down its io_uring, which holds a
+        // pending accept, after the process is gone): knock again for up to
+        // 2 s before calling the port taken.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut taken = answers();
+        while taken && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            taken = answers();
+        }
+        if taken {
             return Err(ServeError::Startup(format!(
                 "listening on {}: address in use (something already listens there: another broker?)",
                 config.listen
@@ -251,8 +262,17 @@ async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &A
     shard.partitions.new_data.notify_all();
 }
 
-/// Retention on every partition every 10 s; interval-fsync ticks every 5 ms.
+/// Retention on every partition every 10 s; interval-fsync ticks every 5 ms;
+/// consumer-group sessions checked every 100 ms.
 fn start_timers(shard: &Rc<Shard>) {
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        while !s.stopping.get() {
+            glommio::timer::sleep(Duration::from_millis(100)).await;
+            s.groups.expire_sessions(&s);
+        }
+    })
+    .detach();
     let s = shard.clone();
     glommio::spawn_local(async move {
         while !s.stopping.get() {

@@ -22,6 +22,7 @@ use super::messages::*;
 use super::partitions::Partitions;
 use crate::config::BrokerConfig;
 use crate::controller::{Command, Controller, MetadataTable, ProposeError};
+use crate::groups::{Coordinator, GROUPS_QUEUE};
 use crate::routing::{shard_for, ShardId};
 
 /// Everything a shard's tasks share.
@@ -44,6 +45,8 @@ pub struct Shard {
     /// Requests being served (shutdown waits for them).
     pub in_flight: Cell<usize>,
     pub stopping: Cell<bool>,
+    /// The consumer groups of the `__groups` partitions this shard owns.
+    pub groups: Coordinator,
 }
 
 impl Shard {
@@ -68,6 +71,7 @@ impl Shard {
             applying: glommio::sync::Semaphore::new(1),
             in_flight: Cell::new(0),
             stopping: Cell::new(false),
+            groups: Coordinator::default(),
         }
     }
 
@@ -87,6 +91,7 @@ impl Shard {
             return;
         }
         self.partitions.apply(&table).await;
+        self.groups.retain(|p| self.partitions.get(GROUPS_QUEUE, p).is_some());
         *self.table.borrow_mut() = table;
     }
 
@@ -276,6 +281,13 @@ impl Shard {
                 };
                 reply.send(result);
             }
+            PartitionRequest::Group { op, reply } => {
+                if queue != GROUPS_QUEUE {
+                    let err = WireError::new(ErrorCode::InvalidRequest, format!("{queue} holds no groups"));
+                    return reply.send(Err(err));
+                }
+                reply.send(self.groups.serve(self, partition, &part, *op).await);
+            }
             PartitionRequest::Describe { reply } => {
                 let log = &part.log;
                 reply.send(Ok(PartitionStats {
@@ -292,7 +304,7 @@ impl Shard {
     /// Appends the batches in `records` and, for acks ≥ 1, waits until they
     /// are durable per the queue's policy; then moves the high watermark
     /// (one replica: what is durable is committed).
-    async fn produce(
+    pub(crate) async fn produce(
         self: &Rc<Self>,
         log: &strand_storage::Log,
         mut records: bytes::BytesMut,
@@ -478,6 +490,7 @@ pub fn reply_error(request: PartitionRequest, err: WireError) {
         PartitionRequest::Fetch { reply, .. } => reply.send(Err(err)),
         PartitionRequest::ListOffsets { reply, .. } => reply.send(Err(err)),
         PartitionRequest::Describe { reply } => reply.send(Err(err)),
+        PartitionRequest::Group { reply, .. } => reply.send(Err(err)),
     }
 }
 

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 21;
+pub const ENUM_MAX_ERROR_CODE: u16 = 25;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 22] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 26] = [
   ErrorCode::None,
   ErrorCode::InvalidRequest,
   ErrorCode::UnsupportedApi,
@@ -39,6 +39,10 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 22] = [
   ErrorCode::Internal,
   ErrorCode::FrameTooLarge,
   ErrorCode::MalformedFrame,
+  ErrorCode::UnknownGroup,
+  ErrorCode::UnknownMember,
+  ErrorCode::FencedMember,
+  ErrorCode::GroupNotEmpty,
 ];
 
 /// Every error the broker reports. 0 is success.
@@ -77,9 +81,20 @@ impl ErrorCode {
   pub const FrameTooLarge: Self = Self(20);
   /// The frame's fixed fields are inconsistent; the connection is closed.
   pub const MalformedFrame: Self = Self(21);
+  /// The consumer group does not exist.
+  pub const UnknownGroup: Self = Self(22);
+  /// The group has no member with this id (its session expired, or it
+  /// left): join again.
+  pub const UnknownMember: Self = Self(23);
+  /// The member does not hold the partition (it moved, or the request's
+  /// generation is older than the member's grant of it): the commit is
+  /// refused.
+  pub const FencedMember: Self = Self(24);
+  /// The operation needs a group without active members.
+  pub const GroupNotEmpty: Self = Self(25);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 21;
+  pub const ENUM_MAX: u16 = 25;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::InvalidRequest,
@@ -103,6 +118,10 @@ impl ErrorCode {
     Self::Internal,
     Self::FrameTooLarge,
     Self::MalformedFrame,
+    Self::UnknownGroup,
+    Self::UnknownMember,
+    Self::FencedMember,
+    Self::GroupNotEmpty,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -129,6 +148,10 @@ impl ErrorCode {
       Self::Internal => Some("Internal"),
       Self::FrameTooLarge => Some("FrameTooLarge"),
       Self::MalformedFrame => Some("MalformedFrame"),
+      Self::UnknownGroup => Some("UnknownGroup"),
+      Self::UnknownMember => Some("UnknownMember"),
+      Self::FencedMember => Some("FencedMember"),
+      Self::GroupNotEmpty => Some("GroupNotEmpty"),
       _ => None,
     }
   }
@@ -355,6 +378,362 @@ impl<'a> ::flatbuffers::Verifiable for OffsetSpec {
 }
 
 impl ::flatbuffers::SimpleToVerifyInSlice for OffsetSpec {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_ASSIGN_STRATEGY: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_ASSIGN_STRATEGY: u8 = 2;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_ASSIGN_STRATEGY: [AssignStrategy; 3] = [
+  AssignStrategy::Range,
+  AssignStrategy::RoundRobin,
+  AssignStrategy::Sticky,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct AssignStrategy(pub u8);
+#[allow(non_upper_case_globals)]
+impl AssignStrategy {
+  pub const Range: Self = Self(0);
+  pub const RoundRobin: Self = Self(1);
+  pub const Sticky: Self = Self(2);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Range,
+    Self::RoundRobin,
+    Self::Sticky,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Range => Some("Range"),
+      Self::RoundRobin => Some("RoundRobin"),
+      Self::Sticky => Some("Sticky"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for AssignStrategy {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for AssignStrategy {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for AssignStrategy {
+    type Output = AssignStrategy;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for AssignStrategy {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for AssignStrategy {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for AssignStrategy {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_GROUP_START: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_GROUP_START: u8 = 1;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_GROUP_START: [GroupStart; 2] = [
+  GroupStart::Earliest,
+  GroupStart::Latest,
+];
+
+/// Where a new group starts reading a partition without a committed position.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct GroupStart(pub u8);
+#[allow(non_upper_case_globals)]
+impl GroupStart {
+  pub const Earliest: Self = Self(0);
+  pub const Latest: Self = Self(1);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 1;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Earliest,
+    Self::Latest,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Earliest => Some("Earliest"),
+      Self::Latest => Some("Latest"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for GroupStart {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for GroupStart {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for GroupStart {
+    type Output = GroupStart;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for GroupStart {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for GroupStart {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for GroupStart {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_RESET_TO: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_RESET_TO: u8 = 3;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_RESET_TO: [ResetTo; 4] = [
+  ResetTo::Earliest,
+  ResetTo::Latest,
+  ResetTo::Offset,
+  ResetTo::Timestamp,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct ResetTo(pub u8);
+#[allow(non_upper_case_globals)]
+impl ResetTo {
+  pub const Earliest: Self = Self(0);
+  pub const Latest: Self = Self(1);
+  pub const Offset: Self = Self(2);
+  pub const Timestamp: Self = Self(3);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Earliest,
+    Self::Latest,
+    Self::Offset,
+    Self::Timestamp,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Earliest => Some("Earliest"),
+      Self::Latest => Some("Latest"),
+      Self::Offset => Some("Offset"),
+      Self::Timestamp => Some("Timestamp"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for ResetTo {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for ResetTo {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for ResetTo {
+    type Output = ResetTo;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for ResetTo {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for ResetTo {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for ResetTo {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_GROUP_RECORD_KIND: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_GROUP_RECORD_KIND: u8 = 2;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_GROUP_RECORD_KIND: [GroupRecordKind; 3] = [
+  GroupRecordKind::Created,
+  GroupRecordKind::Commit,
+  GroupRecordKind::Deleted,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct GroupRecordKind(pub u8);
+#[allow(non_upper_case_globals)]
+impl GroupRecordKind {
+  /// The group exists with `strategy` and `start`.
+  pub const Created: Self = Self(0);
+  /// `queue`/`partition`'s committed position is `offset`.
+  pub const Commit: Self = Self(1);
+  /// The group and all its positions are gone.
+  pub const Deleted: Self = Self(2);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Created,
+    Self::Commit,
+    Self::Deleted,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Created => Some("Created"),
+      Self::Commit => Some("Commit"),
+      Self::Deleted => Some("Deleted"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for GroupRecordKind {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for GroupRecordKind {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for GroupRecordKind {
+    type Output = GroupRecordKind;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for GroupRecordKind {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for GroupRecordKind {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for GroupRecordKind {}
 pub enum ErrorOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -5148,6 +5527,3247 @@ impl ::core::fmt::Debug for ListOffsetsResponse<'_> {
     let mut ds = f.debug_struct("ListOffsetsResponse");
       ds.field("error", &self.error());
       ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+pub enum QueuePartitionsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Some partitions of one queue.
+pub struct QueuePartitions<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueuePartitions<'a> {
+  type Inner = QueuePartitions<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueuePartitions<'a> {
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueuePartitions { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueuePartitionsArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueuePartitions<'bldr>> {
+    let mut builder = QueuePartitionsBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueuePartitions::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(QueuePartitions::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueuePartitions<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueuePartitionsArgs<'a> {
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+}
+impl<'a> Default for QueuePartitionsArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueuePartitionsArgs {
+      queue: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct QueuePartitionsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueuePartitionsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueuePartitions::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueuePartitions::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueuePartitionsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueuePartitionsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueuePartitions<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueuePartitions<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueuePartitions");
+      ds.field("queue", &self.queue());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum JoinGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct JoinGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for JoinGroupRequest<'a> {
+  type Inner = JoinGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> JoinGroupRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 6;
+  pub const VT_STRATEGY: ::flatbuffers::VOffsetT = 8;
+  pub const VT_START: ::flatbuffers::VOffsetT = 10;
+  pub const VT_SESSION_TIMEOUT_MS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_CLIENT_NAME: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    JoinGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args JoinGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<JoinGroupRequest<'bldr>> {
+    let mut builder = JoinGroupRequestBuilder::new(_fbb);
+    if let Some(x) = args.client_name { builder.add_client_name(x); }
+    builder.add_session_timeout_ms(args.session_timeout_ms);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.add_start(args.start);
+    builder.add_strategy(args.strategy);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupRequest::VT_GROUP, None)}
+  }
+  /// Queues this member reads.
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(JoinGroupRequest::VT_QUEUES, None)}
+  }
+  /// The two below apply when the join creates the group; an existing group
+  /// keeps its own.
+  #[inline]
+  pub fn strategy(&self) -> AssignStrategy {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<AssignStrategy>(JoinGroupRequest::VT_STRATEGY, Some(AssignStrategy::Sticky)).unwrap()}
+  }
+  #[inline]
+  pub fn start(&self) -> GroupStart {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<GroupStart>(JoinGroupRequest::VT_START, Some(GroupStart::Latest)).unwrap()}
+  }
+  /// The member is removed when no heartbeat arrives for this long.
+  #[inline]
+  pub fn session_timeout_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(JoinGroupRequest::VT_SESSION_TIMEOUT_MS, Some(10000)).unwrap()}
+  }
+  /// For people (describe output).
+  #[inline]
+  pub fn client_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupRequest::VT_CLIENT_NAME, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for JoinGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("queues", Self::VT_QUEUES, false)?
+     .visit_field::<AssignStrategy>("strategy", Self::VT_STRATEGY, false)?
+     .visit_field::<GroupStart>("start", Self::VT_START, false)?
+     .visit_field::<u32>("session_timeout_ms", Self::VT_SESSION_TIMEOUT_MS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_name", Self::VT_CLIENT_NAME, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct JoinGroupRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub strategy: AssignStrategy,
+    pub start: GroupStart,
+    pub session_timeout_ms: u32,
+    pub client_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for JoinGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    JoinGroupRequestArgs {
+      group: None,
+      queues: None,
+      strategy: AssignStrategy::Sticky,
+      start: GroupStart::Latest,
+      session_timeout_ms: 10000,
+      client_name: None,
+    }
+  }
+}
+
+pub struct JoinGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> JoinGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn add_strategy(&mut self, strategy: AssignStrategy) {
+    self.fbb_.push_slot::<AssignStrategy>(JoinGroupRequest::VT_STRATEGY, strategy, AssignStrategy::Sticky);
+  }
+  #[inline]
+  pub fn add_start(&mut self, start: GroupStart) {
+    self.fbb_.push_slot::<GroupStart>(JoinGroupRequest::VT_START, start, GroupStart::Latest);
+  }
+  #[inline]
+  pub fn add_session_timeout_ms(&mut self, session_timeout_ms: u32) {
+    self.fbb_.push_slot::<u32>(JoinGroupRequest::VT_SESSION_TIMEOUT_MS, session_timeout_ms, 10000);
+  }
+  #[inline]
+  pub fn add_client_name(&mut self, client_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_CLIENT_NAME, client_name);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> JoinGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    JoinGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<JoinGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for JoinGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("JoinGroupRequest");
+      ds.field("group", &self.group());
+      ds.field("queues", &self.queues());
+      ds.field("strategy", &self.strategy());
+      ds.field("start", &self.start());
+      ds.field("session_timeout_ms", &self.session_timeout_ms());
+      ds.field("client_name", &self.client_name());
+      ds.finish()
+  }
+}
+pub enum JoinGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct JoinGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for JoinGroupResponse<'a> {
+  type Inner = JoinGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> JoinGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_GENERATION: ::flatbuffers::VOffsetT = 8;
+  pub const VT_HEARTBEAT_INTERVAL_MS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    JoinGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args JoinGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<JoinGroupResponse<'bldr>> {
+    let mut builder = JoinGroupResponseBuilder::new(_fbb);
+    builder.add_generation(args.generation);
+    builder.add_heartbeat_interval_ms(args.heartbeat_interval_ms);
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(JoinGroupResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupResponse::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn generation(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(JoinGroupResponse::VT_GENERATION, Some(0)).unwrap()}
+  }
+  /// How often the member should heartbeat.
+  #[inline]
+  pub fn heartbeat_interval_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(JoinGroupResponse::VT_HEARTBEAT_INTERVAL_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for JoinGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<u64>("generation", Self::VT_GENERATION, false)?
+     .visit_field::<u32>("heartbeat_interval_ms", Self::VT_HEARTBEAT_INTERVAL_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct JoinGroupResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub generation: u64,
+    pub heartbeat_interval_ms: u32,
+}
+impl<'a> Default for JoinGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    JoinGroupResponseArgs {
+      error: None,
+      member_id: None,
+      generation: 0,
+      heartbeat_interval_ms: 0,
+    }
+  }
+}
+
+pub struct JoinGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> JoinGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(JoinGroupResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupResponse::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_generation(&mut self, generation: u64) {
+    self.fbb_.push_slot::<u64>(JoinGroupResponse::VT_GENERATION, generation, 0);
+  }
+  #[inline]
+  pub fn add_heartbeat_interval_ms(&mut self, heartbeat_interval_ms: u32) {
+    self.fbb_.push_slot::<u32>(JoinGroupResponse::VT_HEARTBEAT_INTERVAL_MS, heartbeat_interval_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> JoinGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    JoinGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<JoinGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for JoinGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("JoinGroupResponse");
+      ds.field("error", &self.error());
+      ds.field("member_id", &self.member_id());
+      ds.field("generation", &self.generation());
+      ds.field("heartbeat_interval_ms", &self.heartbeat_interval_ms());
+      ds.finish()
+  }
+}
+pub enum HeartbeatRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct HeartbeatRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for HeartbeatRequest<'a> {
+  type Inner = HeartbeatRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> HeartbeatRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_OWNED: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    HeartbeatRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args HeartbeatRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<HeartbeatRequest<'bldr>> {
+    let mut builder = HeartbeatRequestBuilder::new(_fbb);
+    if let Some(x) = args.owned { builder.add_owned(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeartbeatRequest::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeartbeatRequest::VT_MEMBER_ID, None)}
+  }
+  /// Partitions the member holds (reads, or was granted and is taking up).
+  #[inline]
+  pub fn owned(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>(HeartbeatRequest::VT_OWNED, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for HeartbeatRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>("owned", Self::VT_OWNED, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct HeartbeatRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub owned: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>>>,
+}
+impl<'a> Default for HeartbeatRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    HeartbeatRequestArgs {
+      group: None,
+      member_id: None,
+      owned: None,
+    }
+  }
+}
+
+pub struct HeartbeatRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeartbeatRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_owned(&mut self, owned: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueuePartitions<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_OWNED, owned);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeartbeatRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    HeartbeatRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<HeartbeatRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for HeartbeatRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("HeartbeatRequest");
+      ds.field("group", &self.group());
+      ds.field("member_id", &self.member_id());
+      ds.field("owned", &self.owned());
+      ds.finish()
+  }
+}
+pub enum HeartbeatResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct HeartbeatResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for HeartbeatResponse<'a> {
+  type Inner = HeartbeatResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> HeartbeatResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GENERATION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ASSIGNED: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    HeartbeatResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args HeartbeatResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<HeartbeatResponse<'bldr>> {
+    let mut builder = HeartbeatResponseBuilder::new(_fbb);
+    builder.add_generation(args.generation);
+    if let Some(x) = args.assigned { builder.add_assigned(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(HeartbeatResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn generation(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(HeartbeatResponse::VT_GENERATION, Some(0)).unwrap()}
+  }
+  /// Partitions the member may hold now; any other it holds it must commit
+  /// and release.
+  #[inline]
+  pub fn assigned(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>(HeartbeatResponse::VT_ASSIGNED, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for HeartbeatResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<u64>("generation", Self::VT_GENERATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>("assigned", Self::VT_ASSIGNED, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct HeartbeatResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub generation: u64,
+    pub assigned: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>>>,
+}
+impl<'a> Default for HeartbeatResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    HeartbeatResponseArgs {
+      error: None,
+      generation: 0,
+      assigned: None,
+    }
+  }
+}
+
+pub struct HeartbeatResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeartbeatResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(HeartbeatResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_generation(&mut self, generation: u64) {
+    self.fbb_.push_slot::<u64>(HeartbeatResponse::VT_GENERATION, generation, 0);
+  }
+  #[inline]
+  pub fn add_assigned(&mut self, assigned: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueuePartitions<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatResponse::VT_ASSIGNED, assigned);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeartbeatResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    HeartbeatResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<HeartbeatResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for HeartbeatResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("HeartbeatResponse");
+      ds.field("error", &self.error());
+      ds.field("generation", &self.generation());
+      ds.field("assigned", &self.assigned());
+      ds.finish()
+  }
+}
+pub enum LeaveGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct LeaveGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LeaveGroupRequest<'a> {
+  type Inner = LeaveGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LeaveGroupRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LeaveGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LeaveGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LeaveGroupRequest<'bldr>> {
+    let mut builder = LeaveGroupRequestBuilder::new(_fbb);
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupRequest::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupRequest::VT_MEMBER_ID, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LeaveGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LeaveGroupRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for LeaveGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LeaveGroupRequestArgs {
+      group: None,
+      member_id: None,
+    }
+  }
+}
+
+pub struct LeaveGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LeaveGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LeaveGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LeaveGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LeaveGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LeaveGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LeaveGroupRequest");
+      ds.field("group", &self.group());
+      ds.field("member_id", &self.member_id());
+      ds.finish()
+  }
+}
+pub enum LeaveGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct LeaveGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LeaveGroupResponse<'a> {
+  type Inner = LeaveGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LeaveGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LeaveGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LeaveGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LeaveGroupResponse<'bldr>> {
+    let mut builder = LeaveGroupResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(LeaveGroupResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LeaveGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LeaveGroupResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for LeaveGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LeaveGroupResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct LeaveGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LeaveGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(LeaveGroupResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LeaveGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LeaveGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LeaveGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LeaveGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LeaveGroupResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum PartitionOffsetOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A partition's position: the offset of the next record to read; -1 where
+/// none is committed.
+pub struct PartitionOffset<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for PartitionOffset<'a> {
+  type Inner = PartitionOffset<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> PartitionOffset<'a> {
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    PartitionOffset { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args PartitionOffsetArgs
+  ) -> ::flatbuffers::WIPOffset<PartitionOffset<'bldr>> {
+    let mut builder = PartitionOffsetBuilder::new(_fbb);
+    builder.add_offset(args.offset);
+    builder.add_partition(args.partition);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(PartitionOffset::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(PartitionOffset::VT_OFFSET, Some(-1)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for PartitionOffset<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<i64>("offset", Self::VT_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct PartitionOffsetArgs {
+    pub partition: u32,
+    pub offset: i64,
+}
+impl<'a> Default for PartitionOffsetArgs {
+  #[inline]
+  fn default() -> Self {
+    PartitionOffsetArgs {
+      partition: 0,
+      offset: -1,
+    }
+  }
+}
+
+pub struct PartitionOffsetBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PartitionOffsetBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(PartitionOffset::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_offset(&mut self, offset: i64) {
+    self.fbb_.push_slot::<i64>(PartitionOffset::VT_OFFSET, offset, -1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PartitionOffsetBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    PartitionOffsetBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<PartitionOffset<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for PartitionOffset<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("PartitionOffset");
+      ds.field("partition", &self.partition());
+      ds.field("offset", &self.offset());
+      ds.finish()
+  }
+}
+pub enum QueueOffsetsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct QueueOffsets<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for QueueOffsets<'a> {
+  type Inner = QueueOffsets<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> QueueOffsets<'a> {
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    QueueOffsets { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args QueueOffsetsArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<QueueOffsets<'bldr>> {
+    let mut builder = QueueOffsetsBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(QueueOffsets::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<PartitionOffset<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<PartitionOffset>>>>(QueueOffsets::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for QueueOffsets<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<PartitionOffset>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct QueueOffsetsArgs<'a> {
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<PartitionOffset<'a>>>>>,
+}
+impl<'a> Default for QueueOffsetsArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    QueueOffsetsArgs {
+      queue: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct QueueOffsetsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueOffsetsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueueOffsets::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<PartitionOffset<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(QueueOffsets::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueOffsetsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    QueueOffsetsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<QueueOffsets<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for QueueOffsets<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("QueueOffsets");
+      ds.field("queue", &self.queue());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum CommitOffsetsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct CommitOffsetsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CommitOffsetsRequest<'a> {
+  type Inner = CommitOffsetsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CommitOffsetsRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_GENERATION: ::flatbuffers::VOffsetT = 8;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CommitOffsetsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CommitOffsetsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<CommitOffsetsRequest<'bldr>> {
+    let mut builder = CommitOffsetsRequestBuilder::new(_fbb);
+    builder.add_generation(args.generation);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CommitOffsetsRequest::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CommitOffsetsRequest::VT_MEMBER_ID, None)}
+  }
+  /// The generation of the member's latest heartbeat answer.
+  #[inline]
+  pub fn generation(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(CommitOffsetsRequest::VT_GENERATION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets>>>>(CommitOffsetsRequest::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CommitOffsetsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<u64>("generation", Self::VT_GENERATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueOffsets>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CommitOffsetsRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub generation: u64,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets<'a>>>>>,
+}
+impl<'a> Default for CommitOffsetsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CommitOffsetsRequestArgs {
+      group: None,
+      member_id: None,
+      generation: 0,
+      queues: None,
+    }
+  }
+}
+
+pub struct CommitOffsetsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CommitOffsetsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CommitOffsetsRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CommitOffsetsRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_generation(&mut self, generation: u64) {
+    self.fbb_.push_slot::<u64>(CommitOffsetsRequest::VT_GENERATION, generation, 0);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueueOffsets<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CommitOffsetsRequest::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CommitOffsetsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CommitOffsetsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CommitOffsetsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CommitOffsetsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CommitOffsetsRequest");
+      ds.field("group", &self.group());
+      ds.field("member_id", &self.member_id());
+      ds.field("generation", &self.generation());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+pub enum CommitOffsetsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct CommitOffsetsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CommitOffsetsResponse<'a> {
+  type Inner = CommitOffsetsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CommitOffsetsResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CommitOffsetsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CommitOffsetsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<CommitOffsetsResponse<'bldr>> {
+    let mut builder = CommitOffsetsResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(CommitOffsetsResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CommitOffsetsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CommitOffsetsResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for CommitOffsetsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CommitOffsetsResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct CommitOffsetsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CommitOffsetsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(CommitOffsetsResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CommitOffsetsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CommitOffsetsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CommitOffsetsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CommitOffsetsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CommitOffsetsResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum FetchOffsetsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct FetchOffsetsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for FetchOffsetsRequest<'a> {
+  type Inner = FetchOffsetsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> FetchOffsetsRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FetchOffsetsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FetchOffsetsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<FetchOffsetsRequest<'bldr>> {
+    let mut builder = FetchOffsetsRequestBuilder::new(_fbb);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(FetchOffsetsRequest::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>(FetchOffsetsRequest::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for FetchOffsetsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FetchOffsetsRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>>>,
+}
+impl<'a> Default for FetchOffsetsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    FetchOffsetsRequestArgs {
+      group: None,
+      queues: None,
+    }
+  }
+}
+
+pub struct FetchOffsetsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FetchOffsetsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FetchOffsetsRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueuePartitions<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FetchOffsetsRequest::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FetchOffsetsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FetchOffsetsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FetchOffsetsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for FetchOffsetsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FetchOffsetsRequest");
+      ds.field("group", &self.group());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+pub enum FetchOffsetsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct FetchOffsetsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for FetchOffsetsResponse<'a> {
+  type Inner = FetchOffsetsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> FetchOffsetsResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_START: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FetchOffsetsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FetchOffsetsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<FetchOffsetsResponse<'bldr>> {
+    let mut builder = FetchOffsetsResponseBuilder::new(_fbb);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.add_start(args.start);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(FetchOffsetsResponse::VT_ERROR, None)}
+  }
+  /// Where partitions without a committed position start.
+  #[inline]
+  pub fn start(&self) -> GroupStart {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<GroupStart>(FetchOffsetsResponse::VT_START, Some(GroupStart::Earliest)).unwrap()}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets>>>>(FetchOffsetsResponse::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for FetchOffsetsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<GroupStart>("start", Self::VT_START, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueOffsets>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FetchOffsetsResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub start: GroupStart,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets<'a>>>>>,
+}
+impl<'a> Default for FetchOffsetsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    FetchOffsetsResponseArgs {
+      error: None,
+      start: GroupStart::Earliest,
+      queues: None,
+    }
+  }
+}
+
+pub struct FetchOffsetsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FetchOffsetsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(FetchOffsetsResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_start(&mut self, start: GroupStart) {
+    self.fbb_.push_slot::<GroupStart>(FetchOffsetsResponse::VT_START, start, GroupStart::Earliest);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueueOffsets<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FetchOffsetsResponse::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FetchOffsetsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FetchOffsetsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FetchOffsetsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for FetchOffsetsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FetchOffsetsResponse");
+      ds.field("error", &self.error());
+      ds.field("start", &self.start());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+pub enum ListGroupsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListGroupsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListGroupsRequest<'a> {
+  type Inner = ListGroupsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListGroupsRequest<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListGroupsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args ListGroupsRequestArgs
+  ) -> ::flatbuffers::WIPOffset<ListGroupsRequest<'bldr>> {
+    let mut builder = ListGroupsRequestBuilder::new(_fbb);
+    builder.finish()
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for ListGroupsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListGroupsRequestArgs {
+}
+impl<'a> Default for ListGroupsRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    ListGroupsRequestArgs {
+    }
+  }
+}
+
+pub struct ListGroupsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListGroupsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListGroupsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListGroupsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListGroupsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListGroupsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListGroupsRequest");
+      ds.finish()
+  }
+}
+pub enum GroupSummaryOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct GroupSummary<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupSummary<'a> {
+  type Inner = GroupSummary<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupSummary<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_GENERATION: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupSummary { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupSummaryArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupSummary<'bldr>> {
+    let mut builder = GroupSummaryBuilder::new(_fbb);
+    builder.add_generation(args.generation);
+    builder.add_members(args.members);
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupSummary::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn members(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GroupSummary::VT_MEMBERS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn generation(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(GroupSummary::VT_GENERATION, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupSummary<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<u32>("members", Self::VT_MEMBERS, false)?
+     .visit_field::<u64>("generation", Self::VT_GENERATION, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupSummaryArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub members: u32,
+    pub generation: u64,
+}
+impl<'a> Default for GroupSummaryArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupSummaryArgs {
+      name: None,
+      members: 0,
+      generation: 0,
+    }
+  }
+}
+
+pub struct GroupSummaryBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupSummaryBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupSummary::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: u32) {
+    self.fbb_.push_slot::<u32>(GroupSummary::VT_MEMBERS, members, 0);
+  }
+  #[inline]
+  pub fn add_generation(&mut self, generation: u64) {
+    self.fbb_.push_slot::<u64>(GroupSummary::VT_GENERATION, generation, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupSummaryBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupSummaryBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupSummary<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupSummary<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupSummary");
+      ds.field("name", &self.name());
+      ds.field("members", &self.members());
+      ds.field("generation", &self.generation());
+      ds.finish()
+  }
+}
+pub enum ListGroupsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListGroupsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListGroupsResponse<'a> {
+  type Inner = ListGroupsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListGroupsResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GROUPS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListGroupsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListGroupsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ListGroupsResponse<'bldr>> {
+    let mut builder = ListGroupsResponseBuilder::new(_fbb);
+    if let Some(x) = args.groups { builder.add_groups(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ListGroupsResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupSummary<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupSummary>>>>(ListGroupsResponse::VT_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListGroupsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<GroupSummary>>>>("groups", Self::VT_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListGroupsResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupSummary<'a>>>>>,
+}
+impl<'a> Default for ListGroupsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ListGroupsResponseArgs {
+      error: None,
+      groups: None,
+    }
+  }
+}
+
+pub struct ListGroupsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListGroupsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ListGroupsResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_groups(&mut self, groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<GroupSummary<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListGroupsResponse::VT_GROUPS, groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListGroupsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListGroupsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListGroupsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListGroupsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListGroupsResponse");
+      ds.field("error", &self.error());
+      ds.field("groups", &self.groups());
+      ds.finish()
+  }
+}
+pub enum DescribeGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DescribeGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribeGroupRequest<'a> {
+  type Inner = DescribeGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribeGroupRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribeGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DescribeGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DescribeGroupRequest<'bldr>> {
+    let mut builder = DescribeGroupRequestBuilder::new(_fbb);
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribeGroupRequest::VT_GROUP, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DescribeGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribeGroupRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for DescribeGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DescribeGroupRequestArgs {
+      group: None,
+    }
+  }
+}
+
+pub struct DescribeGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribeGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribeGroupRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribeGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribeGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribeGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribeGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribeGroupRequest");
+      ds.field("group", &self.group());
+      ds.finish()
+  }
+}
+pub enum GroupMemberOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct GroupMember<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupMember<'a> {
+  type Inner = GroupMember<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupMember<'a> {
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CLIENT_NAME: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_OWNED: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupMember { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupMemberArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupMember<'bldr>> {
+    let mut builder = GroupMemberBuilder::new(_fbb);
+    if let Some(x) = args.owned { builder.add_owned(x); }
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.client_name { builder.add_client_name(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupMember::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn client_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupMember::VT_CLIENT_NAME, None)}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(GroupMember::VT_QUEUES, None)}
+  }
+  /// Partitions it holds.
+  #[inline]
+  pub fn owned(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>(GroupMember::VT_OWNED, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupMember<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_name", Self::VT_CLIENT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("queues", Self::VT_QUEUES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>("owned", Self::VT_OWNED, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupMemberArgs<'a> {
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub client_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub owned: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>>>,
+}
+impl<'a> Default for GroupMemberArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupMemberArgs {
+      member_id: None,
+      client_name: None,
+      queues: None,
+      owned: None,
+    }
+  }
+}
+
+pub struct GroupMemberBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupMemberBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupMember::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_client_name(&mut self, client_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupMember::VT_CLIENT_NAME, client_name);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupMember::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn add_owned(&mut self, owned: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueuePartitions<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupMember::VT_OWNED, owned);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupMemberBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupMemberBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupMember<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupMember<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupMember");
+      ds.field("member_id", &self.member_id());
+      ds.field("client_name", &self.client_name());
+      ds.field("queues", &self.queues());
+      ds.field("owned", &self.owned());
+      ds.finish()
+  }
+}
+pub enum GroupPartitionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One partition of a queue the group reads.
+pub struct GroupPartition<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupPartition<'a> {
+  type Inner = GroupPartition<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupPartition<'a> {
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_POSITION: ::flatbuffers::VOffsetT = 10;
+  pub const VT_LOG_END: ::flatbuffers::VOffsetT = 12;
+  pub const VT_LAG: ::flatbuffers::VOffsetT = 14;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupPartition { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupPartitionArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupPartition<'bldr>> {
+    let mut builder = GroupPartitionBuilder::new(_fbb);
+    builder.add_lag(args.lag);
+    builder.add_log_end(args.log_end);
+    builder.add_position(args.position);
+    if let Some(x) = args.error { builder.add_error(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.add_partition(args.partition);
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupPartition::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GroupPartition::VT_PARTITION, Some(0)).unwrap()}
+  }
+  /// The member holding it, if any.
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupPartition::VT_MEMBER_ID, None)}
+  }
+  /// Committed position; -1 if none.
+  #[inline]
+  pub fn position(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(GroupPartition::VT_POSITION, Some(-1)).unwrap()}
+  }
+  /// The partition's high watermark; -1 if it could not be read (`error`).
+  #[inline]
+  pub fn log_end(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(GroupPartition::VT_LOG_END, Some(-1)).unwrap()}
+  }
+  /// log_end - position (log_end - log start when nothing is committed and
+  /// the group starts at the earliest record; 0 for latest); -1 if unknown.
+  #[inline]
+  pub fn lag(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(GroupPartition::VT_LAG, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(GroupPartition::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupPartition<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<i64>("position", Self::VT_POSITION, false)?
+     .visit_field::<i64>("log_end", Self::VT_LOG_END, false)?
+     .visit_field::<i64>("lag", Self::VT_LAG, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupPartitionArgs<'a> {
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub position: i64,
+    pub log_end: i64,
+    pub lag: i64,
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for GroupPartitionArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupPartitionArgs {
+      queue: None,
+      partition: 0,
+      member_id: None,
+      position: -1,
+      log_end: -1,
+      lag: -1,
+      error: None,
+    }
+  }
+}
+
+pub struct GroupPartitionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupPartitionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupPartition::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(GroupPartition::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupPartition::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_position(&mut self, position: i64) {
+    self.fbb_.push_slot::<i64>(GroupPartition::VT_POSITION, position, -1);
+  }
+  #[inline]
+  pub fn add_log_end(&mut self, log_end: i64) {
+    self.fbb_.push_slot::<i64>(GroupPartition::VT_LOG_END, log_end, -1);
+  }
+  #[inline]
+  pub fn add_lag(&mut self, lag: i64) {
+    self.fbb_.push_slot::<i64>(GroupPartition::VT_LAG, lag, -1);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(GroupPartition::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupPartitionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupPartitionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupPartition<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupPartition<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupPartition");
+      ds.field("queue", &self.queue());
+      ds.field("partition", &self.partition());
+      ds.field("member_id", &self.member_id());
+      ds.field("position", &self.position());
+      ds.field("log_end", &self.log_end());
+      ds.field("lag", &self.lag());
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum DescribeGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DescribeGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribeGroupResponse<'a> {
+  type Inner = DescribeGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribeGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_STRATEGY: ::flatbuffers::VOffsetT = 6;
+  pub const VT_START: ::flatbuffers::VOffsetT = 8;
+  pub const VT_GENERATION: ::flatbuffers::VOffsetT = 10;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribeGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DescribeGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DescribeGroupResponse<'bldr>> {
+    let mut builder = DescribeGroupResponseBuilder::new(_fbb);
+    builder.add_generation(args.generation);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.members { builder.add_members(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.add_start(args.start);
+    builder.add_strategy(args.strategy);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(DescribeGroupResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn strategy(&self) -> AssignStrategy {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<AssignStrategy>(DescribeGroupResponse::VT_STRATEGY, Some(AssignStrategy::Range)).unwrap()}
+  }
+  #[inline]
+  pub fn start(&self) -> GroupStart {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<GroupStart>(DescribeGroupResponse::VT_START, Some(GroupStart::Earliest)).unwrap()}
+  }
+  #[inline]
+  pub fn generation(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DescribeGroupResponse::VT_GENERATION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupMember<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupMember>>>>(DescribeGroupResponse::VT_MEMBERS, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupPartition<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupPartition>>>>(DescribeGroupResponse::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DescribeGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<AssignStrategy>("strategy", Self::VT_STRATEGY, false)?
+     .visit_field::<GroupStart>("start", Self::VT_START, false)?
+     .visit_field::<u64>("generation", Self::VT_GENERATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<GroupMember>>>>("members", Self::VT_MEMBERS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<GroupPartition>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribeGroupResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub strategy: AssignStrategy,
+    pub start: GroupStart,
+    pub generation: u64,
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupMember<'a>>>>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupPartition<'a>>>>>,
+}
+impl<'a> Default for DescribeGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DescribeGroupResponseArgs {
+      error: None,
+      strategy: AssignStrategy::Range,
+      start: GroupStart::Earliest,
+      generation: 0,
+      members: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct DescribeGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribeGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(DescribeGroupResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_strategy(&mut self, strategy: AssignStrategy) {
+    self.fbb_.push_slot::<AssignStrategy>(DescribeGroupResponse::VT_STRATEGY, strategy, AssignStrategy::Range);
+  }
+  #[inline]
+  pub fn add_start(&mut self, start: GroupStart) {
+    self.fbb_.push_slot::<GroupStart>(DescribeGroupResponse::VT_START, start, GroupStart::Earliest);
+  }
+  #[inline]
+  pub fn add_generation(&mut self, generation: u64) {
+    self.fbb_.push_slot::<u64>(DescribeGroupResponse::VT_GENERATION, generation, 0);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<GroupMember<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribeGroupResponse::VT_MEMBERS, members);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<GroupPartition<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribeGroupResponse::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribeGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribeGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribeGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribeGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribeGroupResponse");
+      ds.field("error", &self.error());
+      ds.field("strategy", &self.strategy());
+      ds.field("start", &self.start());
+      ds.field("generation", &self.generation());
+      ds.field("members", &self.members());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum ResetGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Moves the group's positions on a queue (replay or skip). Refused while the
+/// group has members.
+pub struct ResetGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ResetGroupRequest<'a> {
+  type Inner = ResetGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ResetGroupRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_TO: ::flatbuffers::VOffsetT = 10;
+  pub const VT_VALUE: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ResetGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ResetGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ResetGroupRequest<'bldr>> {
+    let mut builder = ResetGroupRequestBuilder::new(_fbb);
+    builder.add_value(args.value);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.add_to(args.to);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ResetGroupRequest::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ResetGroupRequest::VT_QUEUE, None)}
+  }
+  /// Absent or empty: every partition of the queue.
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(ResetGroupRequest::VT_PARTITIONS, None)}
+  }
+  #[inline]
+  pub fn to(&self) -> ResetTo {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ResetTo>(ResetGroupRequest::VT_TO, Some(ResetTo::Earliest)).unwrap()}
+  }
+  /// The offset (`Offset`) or time in ms (`Timestamp`).
+  #[inline]
+  pub fn value(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(ResetGroupRequest::VT_VALUE, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ResetGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("partitions", Self::VT_PARTITIONS, false)?
+     .visit_field::<ResetTo>("to", Self::VT_TO, false)?
+     .visit_field::<i64>("value", Self::VT_VALUE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ResetGroupRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub to: ResetTo,
+    pub value: i64,
+}
+impl<'a> Default for ResetGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ResetGroupRequestArgs {
+      group: None,
+      queue: None,
+      partitions: None,
+      to: ResetTo::Earliest,
+      value: 0,
+    }
+  }
+}
+
+pub struct ResetGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ResetGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ResetGroupRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ResetGroupRequest::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ResetGroupRequest::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn add_to(&mut self, to: ResetTo) {
+    self.fbb_.push_slot::<ResetTo>(ResetGroupRequest::VT_TO, to, ResetTo::Earliest);
+  }
+  #[inline]
+  pub fn add_value(&mut self, value: i64) {
+    self.fbb_.push_slot::<i64>(ResetGroupRequest::VT_VALUE, value, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ResetGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ResetGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ResetGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ResetGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ResetGroupRequest");
+      ds.field("group", &self.group());
+      ds.field("queue", &self.queue());
+      ds.field("partitions", &self.partitions());
+      ds.field("to", &self.to());
+      ds.field("value", &self.value());
+      ds.finish()
+  }
+}
+pub enum ResetGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ResetGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ResetGroupResponse<'a> {
+  type Inner = ResetGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ResetGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ResetGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ResetGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ResetGroupResponse<'bldr>> {
+    let mut builder = ResetGroupResponseBuilder::new(_fbb);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ResetGroupResponse::VT_ERROR, None)}
+  }
+  /// The new positions.
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets>>>>(ResetGroupResponse::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ResetGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueOffsets>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ResetGroupResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueOffsets<'a>>>>>,
+}
+impl<'a> Default for ResetGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ResetGroupResponseArgs {
+      error: None,
+      queues: None,
+    }
+  }
+}
+
+pub struct ResetGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ResetGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ResetGroupResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<QueueOffsets<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ResetGroupResponse::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ResetGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ResetGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ResetGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ResetGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ResetGroupResponse");
+      ds.field("error", &self.error());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+pub enum DeleteGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DeleteGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DeleteGroupRequest<'a> {
+  type Inner = DeleteGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DeleteGroupRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DeleteGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DeleteGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DeleteGroupRequest<'bldr>> {
+    let mut builder = DeleteGroupRequestBuilder::new(_fbb);
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DeleteGroupRequest::VT_GROUP, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DeleteGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DeleteGroupRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for DeleteGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DeleteGroupRequestArgs {
+      group: None,
+    }
+  }
+}
+
+pub struct DeleteGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DeleteGroupRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DeleteGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DeleteGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DeleteGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DeleteGroupRequest");
+      ds.field("group", &self.group());
+      ds.finish()
+  }
+}
+pub enum DeleteGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DeleteGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DeleteGroupResponse<'a> {
+  type Inner = DeleteGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DeleteGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DeleteGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DeleteGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DeleteGroupResponse<'bldr>> {
+    let mut builder = DeleteGroupResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(DeleteGroupResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DeleteGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DeleteGroupResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for DeleteGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DeleteGroupResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct DeleteGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(DeleteGroupResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DeleteGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DeleteGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DeleteGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DeleteGroupResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum GroupRecordOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct GroupRecord<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupRecord<'a> {
+  type Inner = GroupRecord<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupRecord<'a> {
+  pub const VT_KIND: ::flatbuffers::VOffsetT = 4;
+  pub const VT_STRATEGY: ::flatbuffers::VOffsetT = 6;
+  pub const VT_START: ::flatbuffers::VOffsetT = 8;
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 10;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 12;
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupRecord { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupRecordArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupRecord<'bldr>> {
+    let mut builder = GroupRecordBuilder::new(_fbb);
+    builder.add_offset(args.offset);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.add_start(args.start);
+    builder.add_strategy(args.strategy);
+    builder.add_kind(args.kind);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn kind(&self) -> GroupRecordKind {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<GroupRecordKind>(GroupRecord::VT_KIND, Some(GroupRecordKind::Created)).unwrap()}
+  }
+  #[inline]
+  pub fn strategy(&self) -> AssignStrategy {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<AssignStrategy>(GroupRecord::VT_STRATEGY, Some(AssignStrategy::Range)).unwrap()}
+  }
+  #[inline]
+  pub fn start(&self) -> GroupStart {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<GroupStart>(GroupRecord::VT_START, Some(GroupStart::Earliest)).unwrap()}
+  }
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupRecord::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GroupRecord::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(GroupRecord::VT_OFFSET, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupRecord<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<GroupRecordKind>("kind", Self::VT_KIND, false)?
+     .visit_field::<AssignStrategy>("strategy", Self::VT_STRATEGY, false)?
+     .visit_field::<GroupStart>("start", Self::VT_START, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupRecordArgs<'a> {
+    pub kind: GroupRecordKind,
+    pub strategy: AssignStrategy,
+    pub start: GroupStart,
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub offset: u64,
+}
+impl<'a> Default for GroupRecordArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupRecordArgs {
+      kind: GroupRecordKind::Created,
+      strategy: AssignStrategy::Range,
+      start: GroupStart::Earliest,
+      queue: None,
+      partition: 0,
+      offset: 0,
+    }
+  }
+}
+
+pub struct GroupRecordBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupRecordBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_kind(&mut self, kind: GroupRecordKind) {
+    self.fbb_.push_slot::<GroupRecordKind>(GroupRecord::VT_KIND, kind, GroupRecordKind::Created);
+  }
+  #[inline]
+  pub fn add_strategy(&mut self, strategy: AssignStrategy) {
+    self.fbb_.push_slot::<AssignStrategy>(GroupRecord::VT_STRATEGY, strategy, AssignStrategy::Range);
+  }
+  #[inline]
+  pub fn add_start(&mut self, start: GroupStart) {
+    self.fbb_.push_slot::<GroupStart>(GroupRecord::VT_START, start, GroupStart::Earliest);
+  }
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupRecord::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(GroupRecord::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_offset(&mut self, offset: u64) {
+    self.fbb_.push_slot::<u64>(GroupRecord::VT_OFFSET, offset, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupRecordBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupRecordBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupRecord<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupRecord<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupRecord");
+      ds.field("kind", &self.kind());
+      ds.field("strategy", &self.strategy());
+      ds.field("start", &self.start());
+      ds.field("queue", &self.queue());
+      ds.field("partition", &self.partition());
+      ds.field("offset", &self.offset());
       ds.finish()
   }
 }

@@ -1,0 +1,383 @@
+//! The consumer-group APIs: JoinGroup, Heartbeat, LeaveGroup, CommitOffsets,
+//! FetchOffsets, ListGroups, DescribeGroup, ResetGroup, DeleteGroup.
+//!
+//! Runs on: the shard that holds the connection. Each request is read into
+//! a [`GroupOp`], sent to the shard that owns the group's `__groups`
+//! partition (where `crate::groups::Coordinator` serves it), and the answer
+//! is written back as the API's response table. ListGroups asks every
+//! `__groups` partition.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use strand_net::frame::FrameHeader;
+use strand_net::message::TailBuilder;
+use strand_net::OutFrame;
+use strand_wire::flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, WIPOffset};
+use strand_wire::*;
+
+use super::{ask, check_entries, error_table, request, respond};
+use crate::groups::assign::Tp;
+use crate::groups::record::{start_from_wire, start_to_wire, strategy_from_wire, strategy_to_wire};
+use crate::groups::{self as g, GroupOp, GroupReply, GROUPS_QUEUE};
+use crate::server::messages::{PartitionRequest, WireError};
+use crate::server::shard::Shard;
+
+pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+    let mut fbb = FlatBufferBuilder::new();
+    match api {
+        Api::ListGroups => {
+            request::<ListGroupsRequest>(body)?;
+            let n = g::groups_partitions(shard).await?;
+            let mut all = Vec::new();
+            for p in 0..n {
+                if let GroupReply::List(list) = coordinator(shard, p, GroupOp::List).await? {
+                    all.extend(list);
+                }
+            }
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            let groups: Vec<_> = all
+                .iter()
+                .map(|s| {
+                    let name = fbb.create_string(&s.name);
+                    GroupSummary::create(
+                        &mut fbb,
+                        &GroupSummaryArgs {
+                            name: Some(name),
+                            members: s.members,
+                            generation: s.generation,
+                        },
+                    )
+                })
+                .collect();
+            let groups = fbb.create_vector(&groups);
+            let root = ListGroupsResponse::create(
+                &mut fbb,
+                &ListGroupsResponseArgs {
+                    error: None,
+                    groups: Some(groups),
+                },
+            );
+            fbb.finish_minimal(root);
+        }
+        _ => {
+            let (group, op) = read_op(api, body)?;
+            let p = g::coordinator_partition(shard, &group).await?;
+            let reply = coordinator(shard, p, op).await?;
+            write_reply(&mut fbb, api, reply)?;
+        }
+    }
+    Ok(respond(header, &fbb, TailBuilder::default()))
+}
+
+/// Sends `op` to the shard owning `__groups` partition `p`.
+async fn coordinator(shard: &Rc<Shard>, p: u32, op: GroupOp) -> Result<GroupReply, WireError> {
+    ask(shard, GROUPS_QUEUE.to_string(), p, |reply| PartitionRequest::Group {
+        op: Box::new(op),
+        reply,
+    })
+    .await
+}
+
+fn invalid(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::InvalidRequest, message)
+}
+
+/// A group name from a request: the queue-name rules.
+fn group_name(name: Option<&str>) -> Result<String, WireError> {
+    let name = name.ok_or_else(|| invalid("group name missing"))?;
+    validate_queue_name(name).map_err(|m| invalid(format!("invalid group name: {m}")))?;
+    Ok(name.to_string())
+}
+
+fn member_id(id: Option<&str>) -> Result<String, WireError> {
+    id.filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| invalid("member_id missing"))
+}
+
+/// (queue, partition) pairs from a `[QueuePartitions]`.
+fn partitions_of(list: Option<Vector<'_, ForwardsUOffset<QueuePartitions<'_>>>>) -> Result<Vec<Tp>, WireError> {
+    let mut out = Vec::new();
+    for qp in list.into_iter().flatten() {
+        let q = qp.queue().ok_or_else(|| invalid("queue name missing"))?;
+        out.extend(qp.partitions().into_iter().flatten().map(|p| (q.to_string(), p)));
+        check_entries(out.len())?;
+    }
+    Ok(out)
+}
+
+fn read_op(api: Api, body: &[u8]) -> Result<(String, GroupOp), WireError> {
+    Ok(match api {
+        Api::JoinGroup => {
+            let r = request::<JoinGroupRequest>(body)?;
+            let group = group_name(r.group())?;
+            let queues: Vec<String> = r.queues().into_iter().flatten().map(str::to_string).collect();
+            check_entries(queues.len())?;
+            let op = GroupOp::Join(g::JoinRequest {
+                group: group.clone(),
+                queues,
+                strategy: strategy_from_wire(r.strategy())
+                    .ok_or_else(|| invalid(format!("unknown assignment strategy {}", r.strategy().0)))?,
+                start: start_from_wire(r.start()).ok_or_else(|| invalid(format!("unknown start {}", r.start().0)))?,
+                session_timeout: Duration::from_millis(u64::from(r.session_timeout_ms())),
+                client_name: r.client_name().unwrap_or_default().to_string(),
+            });
+            (group, op)
+        }
+        Api::Heartbeat => {
+            let r = request::<HeartbeatRequest>(body)?;
+            let group = group_name(r.group())?;
+            let op = GroupOp::Heartbeat {
+                group: group.clone(),
+                member_id: member_id(r.member_id())?,
+                owned: partitions_of(r.owned())?,
+            };
+            (group, op)
+        }
+        Api::LeaveGroup => {
+            let r = request::<LeaveGroupRequest>(body)?;
+            let group = group_name(r.group())?;
+            let op = GroupOp::Leave {
+                group: group.clone(),
+                member_id: member_id(r.member_id())?,
+            };
+            (group, op)
+        }
+        Api::CommitOffsets => {
+            let r = request::<CommitOffsetsRequest>(body)?;
+            let group = group_name(r.group())?;
+            let mut offsets = Vec::new();
+            for qo in r.queues().into_iter().flatten() {
+                let q = qo.queue().ok_or_else(|| invalid("queue name missing"))?;
+                for po in qo.partitions().into_iter().flatten() {
+                    let offset = u64::try_from(po.offset()).map_err(|_| {
+                        invalid(format!("offset {} of {q}/{} is negative", po.offset(), po.partition()))
+                    })?;
+                    offsets.push(((q.to_string(), po.partition()), offset));
+                }
+                check_entries(offsets.len())?;
+            }
+            let op = GroupOp::Commit {
+                group: group.clone(),
+                member_id: member_id(r.member_id())?,
+                generation: r.generation(),
+                offsets,
+            };
+            (group, op)
+        }
+        Api::FetchOffsets => {
+            let r = request::<FetchOffsetsRequest>(body)?;
+            let group = group_name(r.group())?;
+            let op = GroupOp::FetchOffsets {
+                group: group.clone(),
+                partitions: partitions_of(r.queues())?,
+            };
+            (group, op)
+        }
+        Api::DescribeGroup => {
+            let r = request::<DescribeGroupRequest>(body)?;
+            let group = group_name(r.group())?;
+            (group.clone(), GroupOp::Describe { group })
+        }
+        Api::ResetGroup => {
+            let r = request::<ResetGroupRequest>(body)?;
+            let group = group_name(r.group())?;
+            let queue = r.queue().ok_or_else(|| invalid("queue name missing"))?.to_string();
+            let partitions: Vec<u32> = r.partitions().into_iter().flatten().collect();
+            check_entries(partitions.len())?;
+            let to = match r.to() {
+                ResetTo::Earliest => g::ResetTo::Earliest,
+                ResetTo::Latest => g::ResetTo::Latest,
+                ResetTo::Offset => g::ResetTo::Offset(
+                    u64::try_from(r.value()).map_err(|_| invalid(format!("offset {} is negative", r.value())))?,
+                ),
+                ResetTo::Timestamp => g::ResetTo::Timestamp(r.value()),
+                other => return Err(invalid(format!("unknown reset target {}", other.0))),
+            };
+            let op = GroupOp::Reset {
+                group: group.clone(),
+                queue,
+                partitions,
+                to,
+            };
+            (group, op)
+        }
+        Api::DeleteGroup => {
+            let r = request::<DeleteGroupRequest>(body)?;
+            let group = group_name(r.group())?;
+            (group.clone(), GroupOp::Delete { group })
+        }
+        other => return Err(invalid(format!("{} is not a group API", other.name()))),
+    })
+}
+
+/// `[QueuePartitions]` for a sorted list of partitions.
+fn queue_partitions<'b>(
+    fbb: &mut FlatBufferBuilder<'b>,
+    tps: &[Tp],
+) -> WIPOffset<Vector<'b, ForwardsUOffset<QueuePartitions<'b>>>> {
+    strand_wire::groups::queue_partitions(fbb, tps.iter().map(|(q, p)| (q.as_str(), *p)))
+}
+
+/// `[QueueOffsets]` for partitions sorted by queue (-1: none committed).
+fn queue_offsets<'b>(
+    fbb: &mut FlatBufferBuilder<'b>,
+    offsets: &[(Tp, Option<u64>)],
+) -> WIPOffset<Vector<'b, ForwardsUOffset<QueueOffsets<'b>>>> {
+    let items = offsets
+        .iter()
+        .map(|((q, p), o)| (q.as_str(), (*p, o.map_or(-1, |o| o.min(i64::MAX as u64) as i64))));
+    strand_wire::groups::queue_offsets(fbb, items)
+}
+
+fn write_reply(fbb: &mut FlatBufferBuilder<'_>, api: Api, reply: GroupReply) -> Result<(), WireError> {
+    match (api, reply) {
+        (
+            Api::JoinGroup,
+            GroupReply::Joined {
+                member_id,
+                generation,
+                heartbeat_interval,
+            },
+        ) => {
+            let member_id = fbb.create_string(&member_id);
+            let root = JoinGroupResponse::create(
+                fbb,
+                &JoinGroupResponseArgs {
+                    error: None,
+                    member_id: Some(member_id),
+                    generation,
+                    heartbeat_interval_ms: heartbeat_interval.as_millis().min(u128::from(u32::MAX)) as u32,
+                },
+            );
+            fbb.finish_minimal(root);
+        }
+        (Api::Heartbeat, GroupReply::Heartbeat { generation, assigned }) => {
+            let assigned = queue_partitions(fbb, &assigned);
+            let root = HeartbeatResponse::create(
+                fbb,
+                &HeartbeatResponseArgs {
+                    error: None,
+                    generation,
+                    assigned: Some(assigned),
+                },
+            );
+            fbb.finish_minimal(root);
+        }
+        (Api::LeaveGroup, GroupReply::Done) => {
+            let root = LeaveGroupResponse::create(fbb, &LeaveGroupResponseArgs { error: None });
+            fbb.finish_minimal(root);
+        }
+        (Api::CommitOffsets, GroupReply::Done) => {
+            let root = CommitOffsetsResponse::create(fbb, &CommitOffsetsResponseArgs { error: None });
+            fbb.finish_minimal(root);
+        }
+        (Api::DeleteGroup, GroupReply::Done) => {
+            let root = DeleteGroupResponse::create(fbb, &DeleteGroupResponseArgs { error: None });
+            fbb.finish_minimal(root);
+        }
+        (Api::FetchOffsets, GroupReply::Offsets { start, offsets }) => {
+            let queues = queue_offsets(fbb, &offsets);
+            let root = FetchOffsetsResponse::create(
+                fbb,
+                &FetchOffsetsResponseArgs {
+                    error: None,
+                    start: start_to_wire(start),
+                    queues: Some(queues),
+                },
+            );
+            fbb.finish_minimal(root);
+        }
+        (Api::ResetGroup, GroupReply::Reset(offsets)) => {
+            let offsets: Vec<(Tp, Option<u64>)> = offsets.into_iter().map(|(tp, o)| (tp, Some(o))).collect();
+            let queues = queue_offsets(fbb, &offsets);
+            let root = ResetGroupResponse::create(
+                fbb,
+                &ResetGroupResponseArgs {
+                    error: None,
+                    queues: Some(queues),
+                },
+            );
+            fbb.finish_minimal(root);
+        }
+        (Api::DescribeGroup, GroupReply::Describe(d)) => {
+            let members: Vec<_> = d
+                .members
+                .iter()
+                .map(|m| {
+                    let member_id = fbb.create_string(&m.id);
+                    let client_name = fbb.create_string(&m.client_name);
+                    let qs: Vec<_> = m.queues.iter().map(|q| fbb.create_string(q)).collect();
+                    let queues = fbb.create_vector(&qs);
+                    let owned = queue_partitions(fbb, &m.owned);
+                    GroupMember::create(
+                        fbb,
+                        &GroupMemberArgs {
+                            member_id: Some(member_id),
+                            client_name: Some(client_name),
+                            queues: Some(queues),
+                            owned: Some(owned),
+                        },
+                    )
+                })
+                .collect();
+            let members = fbb.create_vector(&members);
+            let as_long = |v: Option<u64>| v.map_or(-1, |v| v.min(i64::MAX as u64) as i64);
+            let partitions: Vec<_> = d
+                .partitions
+                .iter()
+                .map(|pd| {
+                    let queue = fbb.create_string(&pd.tp.0);
+                    let member_id = pd.member.as_ref().map(|m| fbb.create_string(m));
+                    let error = error_table(fbb, pd.error.as_ref());
+                    let lag = lag(pd, d.start);
+                    GroupPartition::create(
+                        fbb,
+                        &GroupPartitionArgs {
+                            queue: Some(queue),
+                            partition: pd.tp.1,
+                            member_id,
+                            position: as_long(pd.position),
+                            log_end: as_long(pd.log_end),
+                            lag: as_long(lag),
+                            error,
+                        },
+                    )
+                })
+                .collect();
+            let partitions = fbb.create_vector(&partitions);
+            let root = DescribeGroupResponse::create(
+                fbb,
+                &DescribeGroupResponseArgs {
+                    error: None,
+                    strategy: strategy_to_wire(d.strategy),
+                    start: start_to_wire(d.start),
+                    generation: d.generation,
+                    members: Some(members),
+                    partitions: Some(partitions),
+                },
+            );
+            fbb.finish_minimal(root);
+        }
+        (api, reply) => {
+            return Err(WireError::new(
+                ErrorCode::Internal,
+                format!("the coordinator answered {} with {reply:?}", api.name()),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Records the group has yet to read of a partition: log end − position;
+/// without a committed position, what it would read from its start
+/// (everything stored for `Earliest`, nothing for `Latest`).
+fn lag(pd: &g::PartitionDescription, start: g::group::Start) -> Option<u64> {
+    let end = pd.log_end?;
+    match (pd.position, start) {
+        (Some(pos), _) => Some(end.saturating_sub(pos)),
+        (None, g::group::Start::Earliest) => Some(end.saturating_sub(pd.log_start?)),
+        (None, g::group::Start::Latest) => Some(0),
+    }
+}

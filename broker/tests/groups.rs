@@ -1,0 +1,492 @@
+//! Consumer groups against the real broker: sharing a queue within a
+//! group and across groups, a member killed mid-stream, a cooperative
+//! rebalance, reset (replay) by offset and by timestamp, group state across
+//! a restart, and the `strand group` / `strand consume --group` commands.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use strand_client::*;
+use strand_wire::ErrorCode;
+
+fn create(broker: &Broker, queue: &str, partitions: u32) {
+    assert_eq!(broker.client().create_queue(queue, partitions), ErrorCode::None);
+}
+
+/// Produces `n` records keyed `k{i % keys}` with values `{tag}-{i}`.
+fn produce(broker: &Broker, queue: &str, tag: &str, n: usize, keys: usize) {
+    let producer = Producer::new(&broker.addr.to_string(), ProducerConfig::default()).unwrap();
+    let deliveries: Vec<Delivery> = (0..n)
+        .map(|i| {
+            let key = format!("k{}", i % keys);
+            block_on(producer.enqueue(queue, Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), &[])).unwrap()
+        })
+        .collect();
+    for d in deliveries {
+        block_on(d).unwrap();
+    }
+}
+
+fn config(start: GroupStart, session: Duration) -> GroupConfig {
+    GroupConfig {
+        start,
+        session_timeout: session,
+        consumer: ConsumerConfig {
+            max_wait: Duration::from_millis(100),
+            ..ConsumerConfig::default()
+        },
+        ..GroupConfig::default()
+    }
+}
+
+fn member(broker: &Broker, group: &str, queue: &str, config: GroupConfig) -> GroupConsumer {
+    member_at(&broker.addr.to_string(), group, queue, config)
+}
+
+/// A member joining from another thread (which has no `&Broker`).
+fn member_at(addr: &str, group: &str, queue: &str, config: GroupConfig) -> GroupConsumer {
+    block_on(GroupConsumer::subscribe(addr, group, &[queue], config)).unwrap()
+}
+
+fn value(r: &ConsumedRecord) -> String {
+    String::from_utf8(r.value.as_ref().unwrap().to_vec()).unwrap()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Polls `m` until `done` says so (or panics after `limit`).
+fn poll_until(
+    m: &mut GroupConsumer,
+    limit: Duration,
+    mut done: impl FnMut(&[ConsumedRecord]) -> bool,
+) -> Vec<ConsumedRecord> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    while !done(&got) {
+        assert!(Instant::now() < deadline, "gave up after {} records", got.len());
+        got.extend(block_on(m.poll()).unwrap());
+    }
+    got
+}
+
+/// Each member's records are in offset order per partition.
+fn assert_ordered(records: &[ConsumedRecord]) {
+    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+    for r in records {
+        if let Some(prev) = last.insert(r.partition, r.offset) {
+            assert!(
+                r.offset > prev,
+                "partition {} went from {prev} to {}",
+                r.partition,
+                r.offset
+            );
+        }
+    }
+}
+
+#[test]
+fn every_group_gets_every_message_and_within_a_group_each_goes_to_one_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "orders", 4);
+    let n = 400;
+    produce(&broker, "orders", "m", n, 40);
+
+    // Group "billing": two members reading at once.
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (seen, addr) = (seen.clone(), broker.addr.to_string());
+            std::thread::spawn(move || {
+                let mut m = member_at(
+                    &addr,
+                    "billing",
+                    "orders",
+                    config(GroupStart::Earliest, Duration::from_secs(10)),
+                );
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut mine = Vec::new();
+                while seen.lock().unwrap().len() < n {
+                    assert!(Instant::now() < deadline, "billing stalled");
+                    let got = block_on(m.poll()).unwrap();
+                    seen.lock().unwrap().extend(got.iter().map(value));
+                    mine.extend(got);
+                }
+                block_on(m.close()).unwrap();
+                mine
+            })
+        })
+        .collect();
+    let per_member: Vec<Vec<ConsumedRecord>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for mine in &per_member {
+        assert_ordered(mine);
+    }
+    let all = seen.lock().unwrap().clone();
+    let distinct: BTreeSet<&String> = all.iter().collect();
+    assert_eq!(distinct.len(), n, "every message reached the group");
+    assert_eq!(all.len(), n, "and each reached one member only (no member failed)");
+
+    // Group "audit": one member, independently, sees all of them too.
+    let mut audit = member(
+        &broker,
+        "audit",
+        "orders",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    let got = poll_until(&mut audit, Duration::from_secs(30), |g| g.len() >= n);
+    assert_eq!(got.iter().map(value).collect::<BTreeSet<_>>().len(), n);
+    assert_ordered(&got);
+    block_on(audit.close()).unwrap();
+
+    let admin = Admin::connect(&broker.addr.to_string()).unwrap();
+    let names: Vec<String> = block_on(admin.list_groups())
+        .unwrap()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(names, vec!["audit".to_string(), "billing".to_string()]);
+    for group in ["audit", "billing"] {
+        let d = block_on(admin.describe_group(group)).unwrap();
+        assert!(d.members.is_empty(), "closed members left");
+        let lag: u64 = d.partitions.iter().map(|p| p.lag.unwrap()).sum();
+        assert_eq!(lag, 0, "{group} committed everything it read");
+        let ends: u64 = d.partitions.iter().map(|p| p.log_end.unwrap()).sum();
+        assert_eq!(ends, n as u64);
+    }
+}
+
+#[test]
+fn a_killed_member_s_partitions_move_without_redelivering_what_it_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "jobs", 3);
+    let n = 300;
+    produce(&broker, "jobs", "j", n, 30);
+    // The CLI member commits after each line it prints; it is killed mid-stream.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args([
+            "consume",
+            "jobs",
+            "--group",
+            "workers",
+            "--from",
+            "earliest",
+            "--brokers",
+        ])
+        .arg(broker.addr.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    while printed.len() < 120 {
+        printed.push(lines.next().unwrap().unwrap());
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // What it printed after the 120th line it read was not seen by anyone
+    // and is not counted; every line before the last one printed was
+    // committed before the next was printed.
+    let committed: BTreeSet<String> = printed[..printed.len() - 1].iter().cloned().collect();
+    let started = Instant::now();
+    let mut next = member(
+        &broker,
+        "workers",
+        "jobs",
+        config(GroupStart::Earliest, Duration::from_secs(5)),
+    );
+    let seen: BTreeSet<String> = printed.iter().cloned().collect();
+    let rest = poll_until(&mut next, Duration::from_secs(60), |g| {
+        let mut all = seen.clone();
+        all.extend(g.iter().map(value));
+        all.len() >= n
+    });
+    eprintln!(
+        "the killed member's partitions came back after {:?} (its session timeout is 10 s)",
+        started.elapsed()
+    );
+    let redelivered: Vec<String> = rest.iter().map(value).filter(|v| committed.contains(v)).collect();
+    assert!(redelivered.is_empty(), "committed records came again: {redelivered:?}");
+    assert_ordered(&rest);
+    block_on(next.close()).unwrap();
+}
+
+#[test]
+fn a_rebalance_moves_only_the_partitions_that_change_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "events", 4);
+    let revoked: Arc<Mutex<Vec<QueuePartition>>> = Arc::default();
+    let assigned: Arc<Mutex<Vec<QueuePartition>>> = Arc::default();
+    let mut cfg = config(GroupStart::Earliest, Duration::from_secs(10));
+    let r = revoked.clone();
+    cfg.on_revoked = Some(Box::new(move |tps| r.lock().unwrap().extend_from_slice(tps)));
+    let a2 = assigned.clone();
+    cfg.on_assigned = Some(Box::new(move |tps| a2.lock().unwrap().extend_from_slice(tps)));
+    let mut a = member(&broker, "g", "events", cfg);
+    produce(&broker, "events", "e", 200, 20);
+    let first = poll_until(&mut a, Duration::from_secs(30), |g| g.len() >= 200);
+    assert_eq!(first.len(), 200);
+    assert_eq!(a.assignment().len(), 4);
+    assert_eq!(assigned.lock().unwrap().len(), 4);
+
+    // B joins; A keeps polling (so it hands over) while records keep coming.
+    let addr = broker.addr.to_string();
+    let b = std::thread::spawn(move || {
+        let mut b = member_at(
+            &addr,
+            "g",
+            "events",
+            config(GroupStart::Earliest, Duration::from_secs(10)),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while b.assignment().len() < 2 {
+            assert!(Instant::now() < deadline, "B got no partitions");
+            block_on(b.poll()).unwrap();
+        }
+        let held = b.assignment();
+        (b, held)
+    });
+    let mut last_seen: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut longest_gap: BTreeMap<u32, Duration> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut round = 0;
+    while a.assignment().len() > 2 || !b.is_finished() {
+        assert!(Instant::now() < deadline, "the rebalance did not finish");
+        produce(&broker, "events", &format!("r{round}"), 8, 8);
+        round += 1;
+        for r in block_on(a.poll()).unwrap() {
+            let now = Instant::now();
+            if let Some(prev) = last_seen.insert(r.partition, now) {
+                let gap = longest_gap.entry(r.partition).or_default();
+                *gap = (*gap).max(now - prev);
+            }
+        }
+    }
+    let (b, b_held) = b.join().unwrap();
+    let a_held = a.assignment();
+    assert_eq!(a_held.len(), 2);
+    assert_eq!(b_held.len(), 2);
+    let moved = revoked.lock().unwrap().clone();
+    assert_eq!(
+        moved.iter().cloned().collect::<BTreeSet<_>>(),
+        b_held.iter().cloned().collect::<BTreeSet<_>>(),
+        "A gave up exactly what B took"
+    );
+    assert_eq!(
+        assigned.lock().unwrap().len(),
+        4,
+        "A's kept partitions were never re-assigned"
+    );
+    for (q, p) in &a_held {
+        eprintln!(
+            "kept partition {q}/{p}: longest gap between its records during the rebalance {:?}",
+            longest_gap.get(p)
+        );
+    }
+    block_on(b.close()).unwrap();
+    block_on(a.close()).unwrap();
+}
+
+#[test]
+fn reset_replays_by_offset_and_timestamp_only_without_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "log", 1);
+    produce(&broker, "log", "old", 50, 1);
+    std::thread::sleep(Duration::from_millis(20));
+    let cut = now_ms();
+    std::thread::sleep(Duration::from_millis(20));
+    produce(&broker, "log", "new", 50, 1);
+    let admin = Admin::connect(&broker.addr.to_string()).unwrap();
+
+    let mut m = member(
+        &broker,
+        "r",
+        "log",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    let all = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 100);
+    assert_eq!(all.len(), 100);
+    let err = block_on(admin.reset_group("r", "log", &[], ResetTarget::Earliest)).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::GroupNotEmpty), "{err}");
+    assert_eq!(
+        block_on(admin.delete_group("r")).unwrap_err().code(),
+        Some(ErrorCode::GroupNotEmpty)
+    );
+    block_on(m.close()).unwrap();
+
+    // By offset.
+    let moved = block_on(admin.reset_group("r", "log", &[0], ResetTarget::Offset(90))).unwrap();
+    assert_eq!(moved, vec![(0, 90)]);
+    let mut m = member(
+        &broker,
+        "r",
+        "log",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 10);
+    assert_eq!(got.first().map(|r| r.offset), Some(90));
+    assert_eq!(got.len(), 10);
+    block_on(m.close()).unwrap();
+
+    // By timestamp: the first record at or after the cut is "new-0".
+    block_on(admin.reset_group("r", "log", &[], ResetTarget::Timestamp(cut))).unwrap();
+    let mut m = member(
+        &broker,
+        "r",
+        "log",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 50);
+    assert_eq!(value(&got[0]), "new-0");
+    assert_eq!(got.len(), 50);
+    block_on(m.close()).unwrap();
+
+    // Outside the log: a clear error, nothing changes.
+    let err = block_on(admin.reset_group("r", "log", &[], ResetTarget::Offset(1000))).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::OffsetOutOfRange), "{err}");
+    let err = block_on(admin.reset_group("nobody", "log", &[], ResetTarget::Earliest)).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::UnknownGroup), "{err}");
+    block_on(admin.delete_group("r")).unwrap();
+    assert!(block_on(admin.list_groups()).unwrap().is_empty());
+}
+
+#[test]
+fn group_positions_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "q", 2);
+    produce(&broker, "q", "a", 100, 10);
+    let mut m = member(
+        &broker,
+        "keep",
+        "q",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    let first = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 100);
+    block_on(m.close()).unwrap();
+    let admin = Admin::connect(&broker.addr.to_string()).unwrap();
+    let before = block_on(admin.describe_group("keep")).unwrap();
+    let addr = broker.addr.to_string();
+    assert!(broker.terminate().success());
+
+    let broker = Broker::start_at(dir.path(), &addr, &[]);
+    let admin = Admin::connect(&addr).unwrap();
+    let after = block_on(admin.describe_group("keep")).unwrap();
+    assert_eq!(
+        before.partitions.iter().map(|p| p.position).collect::<Vec<_>>(),
+        after.partitions.iter().map(|p| p.position).collect::<Vec<_>>()
+    );
+    assert_eq!(after.start, GroupStart::Earliest);
+    produce(&broker, "q", "b", 20, 10);
+    let mut m = member(
+        &broker,
+        "keep",
+        "q",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 20);
+    assert!(
+        got.iter().all(|r| value(r).starts_with("b-")),
+        "nothing committed came again"
+    );
+    assert_eq!(first.len() + got.len(), 120);
+    block_on(m.close()).unwrap();
+}
+
+fn strand(args: &[&str], brokers: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(args)
+        .args(["--brokers", brokers])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_group_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "cli", 2);
+    produce(&broker, "cli", "c", 30, 5);
+    let addr = broker.addr.to_string();
+    let out = strand(
+        &[
+            "consume", "cli", "--group", "g", "--from", "earliest", "--max", "30", "--format", "json",
+        ],
+        &addr,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 30);
+    // The group's position is where the member stopped: nothing more to read.
+    let out = strand(&["consume", "cli", "--group", "g", "--idle-exit-ms", "1000"], &addr);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+
+    let out = strand(&["group", "list"], &addr);
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("g ")));
+    let out = strand(&["group", "describe", "g", "--output", "json"], &addr);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lag: u64 = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["lag"].as_u64().unwrap())
+        .sum();
+    assert_eq!(lag, 0);
+    let out = strand(&["group", "reset", "g", "--queue", "cli", "--to", "earliest"], &addr);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = strand(&["group", "describe", "g", "--output", "json"], &addr);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lag: u64 = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["lag"].as_u64().unwrap())
+        .sum();
+    assert_eq!(lag, 30, "a reset to earliest makes everything unread again");
+
+    for (args, says) in [
+        (vec!["consume", "nope", "--group", "g", "--max", "1"], "does not exist"),
+        (
+            vec!["consume", "cli", "--group", "g", "--from", "offset:3"],
+            "earliest or latest",
+        ),
+        (vec!["consume", "cli", "--group", "bad/name", "--max", "1"], "invalid"),
+        (vec!["group", "describe", "missing"], "does not exist"),
+        (
+            vec!["group", "reset", "g", "--queue", "cli", "--to", "yesterday"],
+            "--to",
+        ),
+        (vec!["queue", "create", "__mine"], "reserved"),
+        (vec!["queue", "delete", "__groups"], "reserved"),
+    ] {
+        let out = strand(&args, &addr);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: one line: {err}");
+    }
+    let out = strand(&["group", "delete", "g"], &addr);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(strand(&["group", "list", "--output", "json"], &addr).stdout)
+            .unwrap()
+            .trim(),
+        "[]"
+    );
+}
