@@ -35,6 +35,16 @@ enum Command {
         #[arg(long, global = true, default_value = "table")]
         output: String,
     },
+    /// List and replay a queue's dead-letter queue (QUEUE.dlq).
+    Dlq {
+        #[command(subcommand)]
+        command: strand_broker::cli::dlq::DlqCommand,
+        #[command(flatten)]
+        brokers: strand_broker::cli::Brokers,
+        /// Output format: table (default) or json.
+        #[arg(long, global = true, default_value = "table")]
+        output: String,
+    },
     /// Send stdin to a queue, one message per line.
     Produce {
         #[command(flatten)]
@@ -84,6 +94,14 @@ fn main() -> ExitCode {
             output,
         } => match json_output(&output) {
             Ok(json) => finish(strand_broker::cli::group::run(command, &brokers.list(), json)),
+            Err(code) => code,
+        },
+        Command::Dlq {
+            command,
+            brokers,
+            output,
+        } => match json_output(&output) {
+            Ok(json) => finish(strand_broker::cli::dlq::run(command, &brokers.list(), json)),
             Err(code) => code,
         },
         Command::Produce { args, brokers } => {

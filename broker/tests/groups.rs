@@ -195,6 +195,8 @@ fn a_killed_member_s_partitions_move_without_redelivering_what_it_committed() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    // Lines it printed before the kill that this test had not read yet.
+    printed.extend(lines.map_while(Result::ok));
     // What it printed after the 120th line it read was not seen by anyone
     // and is not counted; every line before the last one printed was
     // committed before the next was printed.
@@ -481,6 +483,22 @@ fn the_group_commands() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: one line: {err}");
     }
+    // Nobody writes group state but the coordinator.
+    let mut produce = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["produce", "__groups", "--brokers", &addr])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut produce.stdin.take().unwrap(), b"forged\n").unwrap();
+    let out = produce.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("own queues"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let out = strand(&["group", "delete", "g"], &addr);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(
@@ -489,4 +507,276 @@ fn the_group_commands() {
             .trim(),
         "[]"
     );
+}
+
+#[test]
+fn a_poison_message_is_tried_five_times_then_dead_lettered_and_can_be_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "jobs", 2);
+    let addr = broker.addr.to_string();
+    let mut lines: Vec<String> = (0..30).map(|i| format!("k{}:job{i}", i % 4)).collect();
+    lines.insert(12, "k1:poison".into());
+    let input = lines.join("\n") + "\n";
+    let mut produce = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["produce", "jobs", "--key-separator", ":", "--brokers", &addr])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut produce.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    assert!(produce.wait().unwrap().success());
+
+    let cmd = r#"v=$(cat); echo "$STRAND_PARTITION $STRAND_OFFSET $STRAND_KEY $STRAND_DELIVERY_ATTEMPT $v"; test "$v" != poison"#;
+    let out = strand(
+        &[
+            "consume",
+            "jobs",
+            "--group",
+            "workers",
+            "--from",
+            "earliest",
+            "--exec",
+            cmd,
+            "--idle-exit-ms",
+            "2000",
+        ],
+        &addr,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // (partition, offset, key, attempt, value) per run of the command.
+    let runs: Vec<(u32, u64, String, u32, String)> = stdout
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].into(),
+                f[3].parse().unwrap(),
+                f[4].into(),
+            )
+        })
+        .collect();
+    let poison: Vec<u32> = runs.iter().filter(|r| r.4 == "poison").map(|r| r.3).collect();
+    assert_eq!(poison, vec![1, 2, 3, 4, 5], "tried exactly five times");
+    let others: Vec<&String> = runs.iter().filter(|r| r.4 != "poison").map(|r| &r.4).collect();
+    assert_eq!(others.len(), 30, "every other message once: {others:?}");
+    assert_eq!(others.iter().collect::<BTreeSet<_>>().len(), 30);
+    // In order per key: each key's jobs run in the order produced.
+    let mut per_key: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for r in runs.iter().filter(|r| r.4 != "poison") {
+        per_key
+            .entry(&r.2)
+            .or_default()
+            .push(r.4.trim_start_matches("job").parse().unwrap());
+    }
+    for (key, jobs) in per_key {
+        assert!(jobs.windows(2).all(|w| w[0] < w[1]), "key {key}: {jobs:?}");
+    }
+    // k1's records after the poison one waited for it to be settled.
+    let poison_done = runs.iter().rposition(|r| r.4 == "poison").unwrap();
+    let first_after = runs
+        .iter()
+        .position(|r| r.2 == "k1" && r.4 != "poison" && r.1 > runs[poison_done].1);
+    assert!(
+        first_after.is_none_or(|i| i > poison_done),
+        "a later k1 record overtook the poison one"
+    );
+
+    let out = strand(&["dlq", "list", "jobs", "--output", "json"], &addr);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dead = v.as_array().unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["value"], "poison");
+    assert_eq!(dead[0]["key"], "k1");
+    assert_eq!(dead[0]["attempts"], 5);
+    assert!(dead[0]["last_error"].as_str().unwrap().contains("status 1"));
+    let describe = strand(&["group", "describe", "workers", "--output", "json"], &addr);
+    let v: serde_json::Value = serde_json::from_slice(&describe.stdout).unwrap();
+    let lag: u64 = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["lag"].as_u64().unwrap())
+        .sum();
+    assert_eq!(lag, 0, "the poison message counts as done: the partition moved on");
+
+    let out = strand(&["dlq", "replay", "jobs"], &addr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "replayed 1");
+    let out = strand(&["dlq", "replay", "jobs"], &addr);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "replayed 0",
+        "each record is replayed once"
+    );
+    let out = strand(
+        &[
+            "consume",
+            "jobs",
+            "--from",
+            "earliest",
+            "--idle-exit-ms",
+            "1000",
+            "--format",
+            "json",
+        ],
+        &addr,
+    );
+    let again: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["value"] == "poison")
+        .collect();
+    assert_eq!(again.len(), 2, "the original and the replayed copy");
+    assert!(again.iter().all(|v| v["key"] == "k1"), "the key is kept");
+}
+
+#[test]
+fn ack_mode_redelivers_what_was_not_acked_across_locks_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "tasks", 1);
+    produce(&broker, "tasks", "t", 6, 1);
+    let mut cfg = config(GroupStart::Earliest, Duration::from_secs(10));
+    cfg.lock = Duration::from_millis(300);
+    let mut m = member(&broker, "acks", "tasks", cfg);
+    let got = block_on(m.receive(3)).unwrap();
+    assert_eq!(
+        got.iter().map(|r| (r.record.offset, r.attempt)).collect::<Vec<_>>(),
+        vec![(0, 1), (1, 1), (2, 1)]
+    );
+    block_on(m.ack(&got[0].record)).unwrap();
+    block_on(m.nack(&got[1].record, Duration::ZERO, "not now")).unwrap();
+    // 2 is neither: its lock runs out; 1 comes back first, and nothing new
+    // comes while an earlier record waits.
+    let again = block_on(m.receive(10)).unwrap();
+    assert_eq!(
+        again.iter().map(|r| (r.record.offset, r.attempt)).collect::<Vec<_>>(),
+        vec![(1, 2)]
+    );
+    let err = block_on(m.ack(&got[0].record)).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::FencedMember), "settled already: {err}");
+    std::thread::sleep(Duration::from_millis(400));
+    let later = block_on(m.receive(10)).unwrap();
+    let offsets: Vec<(u64, u32)> = later.iter().map(|r| (r.record.offset, r.attempt)).collect();
+    assert_eq!(offsets, vec![(1, 3), (2, 2)], "both locks ran out");
+    block_on(m.renew(&[&later[0].record])).unwrap();
+    block_on(m.ack(&later[0].record)).unwrap();
+    drop(m); // leaves; offset 2 is acquired by nobody now
+
+    // Restart: what was acked stays done; attempts are remembered.
+    let addr = broker.addr.to_string();
+    assert!(broker.terminate().success());
+    let broker = Broker::start_at(dir.path(), &addr, &[]);
+    let mut m = member(
+        &broker,
+        "acks",
+        "tasks",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        assert!(Instant::now() < deadline, "got {seen:?}");
+        for r in block_on(m.receive(10)).unwrap() {
+            seen.push((r.record.offset, r.attempt));
+            block_on(m.ack(&r.record)).unwrap();
+        }
+    }
+    assert_eq!(seen, vec![(2, 3), (3, 1), (4, 1), (5, 1)]);
+    block_on(m.close()).unwrap();
+    let admin = Admin::connect(&addr).unwrap();
+    let d = block_on(admin.describe_group("acks")).unwrap();
+    assert_eq!(d.partitions[0].position, Some(6));
+    assert_eq!(d.partitions[0].lag, Some(0));
+}
+
+#[test]
+fn positions_of_a_deleted_queue_are_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "temp", 1);
+    produce(&broker, "temp", "old", 20, 1);
+    let mut m = member(
+        &broker,
+        "g",
+        "temp",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 20);
+    block_on(m.close()).unwrap();
+    assert_eq!(broker.client().delete_queue("temp"), ErrorCode::None);
+    create(&broker, "temp", 1);
+    produce(&broker, "temp", "new", 5, 1);
+    let check = |broker: &Broker| {
+        let mut m = member(
+            broker,
+            "g",
+            "temp",
+            config(GroupStart::Earliest, Duration::from_secs(10)),
+        );
+        let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 5);
+        assert_eq!(
+            got.iter().map(value).collect::<Vec<_>>(),
+            (0..5).map(|i| format!("new-{i}")).collect::<Vec<_>>()
+        );
+        drop(m); // leaves without committing
+    };
+    check(&broker);
+    // And after a restart (the old queue's commits are still in __groups).
+    let addr = broker.addr.to_string();
+    assert!(broker.terminate().success());
+    let broker = Broker::start_at(dir.path(), &addr, &[]);
+    check(&broker);
+}
+
+#[test]
+fn max_delivery_attempts_is_a_queue_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let admin = Admin::connect(&broker.addr.to_string()).unwrap();
+    let spec = QueueSpec {
+        partitions: Some(1),
+        max_delivery_attempts: Some(2),
+        ..QueueSpec::default()
+    };
+    block_on(admin.create_queue("few", &spec)).unwrap();
+    assert_eq!(block_on(admin.describe_queue("few")).unwrap().max_delivery_attempts, 2);
+    let bad = QueueSpec {
+        max_delivery_attempts: Some(0),
+        ..QueueSpec::default()
+    };
+    let err = block_on(admin.create_queue("none", &bad)).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidConfig), "{err}");
+    produce(&broker, "few", "f", 2, 1);
+    let mut m = member(
+        &broker,
+        "g",
+        "few",
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    );
+    for attempt in 1..=2 {
+        let got = block_on(m.receive(1)).unwrap();
+        assert_eq!((got[0].record.offset, got[0].attempt), (0, attempt));
+        block_on(m.nack(&got[0].record, Duration::ZERO, "no")).unwrap();
+    }
+    // Out of attempts: dead-lettered, and the partition moves on.
+    let got = block_on(m.receive(1)).unwrap();
+    assert_eq!((got[0].record.offset, got[0].attempt), (1, 1));
+    block_on(m.ack(&got[0].record)).unwrap();
+    block_on(m.close()).unwrap();
+    assert_eq!(
+        block_on(admin.describe_queue("few.dlq")).unwrap().partitions[0].log_end,
+        1
+    );
+    // Altered, it applies from then on.
+    let more = QueueSpec {
+        max_delivery_attempts: Some(7),
+        ..QueueSpec::default()
+    };
+    block_on(admin.alter_queue("few", &more)).unwrap();
+    assert_eq!(block_on(admin.describe_queue("few")).unwrap().max_delivery_attempts, 7);
 }

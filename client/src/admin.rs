@@ -38,6 +38,8 @@ pub struct QueueSpec {
     pub retention_bytes: Option<Option<u64>>,
     pub fsync: Option<FsyncSpec>,
     pub max_message_bytes: Option<u32>,
+    /// Ack-mode deliveries of a record before it goes to `<queue>.dlq`.
+    pub max_delivery_attempts: Option<u32>,
 }
 
 /// One partition of a described queue.
@@ -63,6 +65,7 @@ pub struct QueueDescription {
     pub replication_factor: u16,
     pub fsync: FsyncSpec,
     pub max_message_bytes: u32,
+    pub max_delivery_attempts: u32,
 }
 
 /// The admin client.
@@ -145,6 +148,7 @@ impl Admin {
                 fsync_interval_ms,
                 fsync_interval_bytes,
                 max_message_bytes: spec.max_message_bytes,
+                max_delivery_attempts: spec.max_delivery_attempts,
             },
         );
         let root = CreateQueueRequest::create(
@@ -187,6 +191,7 @@ impl Admin {
                 fsync_interval_ms,
                 fsync_interval_bytes,
                 max_message_bytes: spec.max_message_bytes,
+                max_delivery_attempts: spec.max_delivery_attempts,
             },
         );
         fbb.finish_minimal(root);
@@ -233,6 +238,7 @@ impl Admin {
                 FsyncSpec::Always
             },
             max_message_bytes: config.max_message_bytes().unwrap_or(0),
+            max_delivery_attempts: config.max_delivery_attempts().unwrap_or(0),
         })
     }
 

@@ -430,7 +430,7 @@ impl Consumer {
 
 /// Appends the records at or after `position` from a run of whole batches;
 /// returns the next position.
-fn read_batches(
+pub(crate) fn read_batches(
     key: &Key,
     mut position: u64,
     mut run: Bytes,

@@ -88,6 +88,9 @@ pub struct GroupConfig {
     /// Called from `poll` with partitions given up (after their positions
     /// were committed, with auto-commit).
     pub on_revoked: Option<Callback>,
+    /// Ack mode: how long a received record is this member's before the
+    /// broker delivers it again (see [`GroupConsumer::renew`]).
+    pub lock: Duration,
 }
 
 impl Default for GroupConfig {
@@ -101,6 +104,7 @@ impl Default for GroupConfig {
             consumer: ConsumerConfig::default(),
             on_assigned: None,
             on_revoked: None,
+            lock: Duration::from_secs(30),
         }
     }
 }
@@ -211,6 +215,13 @@ struct Membership {
     granted: BTreeSet<QueuePartition>,
     /// Partitions `poll` reads.
     active: BTreeSet<QueuePartition>,
+    /// Partitions `poll` is taking up (granted when it started; still
+    /// reported as held until it is done, so nobody else gets them meanwhile).
+    taking: BTreeSet<QueuePartition>,
+    /// `poll` let partitions go: the heartbeat thread reports it at once.
+    release_pending: bool,
+    /// When the coordinator last answered a heartbeat.
+    last_heartbeat: Option<std::time::Instant>,
     /// A failure `poll` should report (then cleared).
     error: Option<ClientError>,
     /// Bumped whenever `granted` changes; `poll` waits on it while idle.
@@ -278,7 +289,8 @@ impl Shared {
     async fn heartbeat(&self) -> Result<(), ClientError> {
         let (member_id, owned) = {
             let st = self.state();
-            let owned: BTreeSet<QueuePartition> = st.active.union(&st.granted).cloned().collect();
+            let mut owned: BTreeSet<QueuePartition> = st.active.union(&st.granted).cloned().collect();
+            owned.extend(st.taking.iter().cloned());
             (st.member_id.clone(), owned)
         };
         let Some(member_id) = member_id else {
@@ -309,6 +321,7 @@ impl Shared {
                 let granted = read_partitions(r.assigned());
                 let mut st = self.state();
                 if st.member_id.as_deref() == Some(member_id.as_str()) {
+                    st.last_heartbeat = Some(std::time::Instant::now());
                     st.generation = r.generation();
                     if st.granted != granted {
                         st.granted = granted;
@@ -375,9 +388,13 @@ fn heartbeat_loop(shared: Arc<Shared>) {
                 shared.state().error = Some(e);
             }
         }
-        let st = shared.state();
+        let mut st = shared.state();
         if st.changes != before {
             quick = 5;
+        }
+        // A release made while that heartbeat was on its way goes now.
+        if std::mem::take(&mut st.release_pending) {
+            continue;
         }
         let wait = if quick > 0 {
             quick -= 1;
@@ -397,10 +414,24 @@ pub struct GroupConsumer {
     auto_commit: bool,
     /// Positions handed out by `poll` and not yet committed.
     uncommitted: BTreeMap<QueuePartition, u64>,
+    /// Partitions taken up without a committed position, whose start is
+    /// committed once resolved.
+    fresh: BTreeSet<QueuePartition>,
     on_assigned: Option<Callback>,
     on_revoked: Option<Callback>,
     heartbeat: Option<JoinHandle<()>>,
     max_wait: Duration,
+    lock: Duration,
+}
+
+/// A record handed out in ack mode: settle it with
+/// [`GroupConsumer::ack`], [`GroupConsumer::nack`] or
+/// [`GroupConsumer::dead_letter`] before its lock runs out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub record: ConsumedRecord,
+    /// 1 for a first delivery.
+    pub attempt: u32,
 }
 
 impl GroupConsumer {
@@ -417,13 +448,14 @@ impl GroupConsumer {
         }
         let cluster = Cluster::with_busy_poll(brokers, config.consumer.busy_poll)?;
         let calls = GroupCalls::new(cluster.clone(), group)?;
-        // Positions come from the group; a position outside the log goes to
-        // the group's start (reported through `take_resets`).
-        let start = match config.start {
+        // Positions come from the group; one outside the log (retention
+        // removed records nobody read) is reset per the group's start
+        // policy — earliest: what is left; latest: the end — and reported
+        // through `take_resets`, never silently.
+        config.consumer.reset_out_of_range = Some(match config.start {
             GroupStart::Earliest => Seek::Earliest,
             GroupStart::Latest => Seek::Latest,
-        };
-        config.consumer.reset_out_of_range = Some(start);
+        });
         let max_wait = config.consumer.max_wait;
         let shared = Arc::new(Shared {
             calls,
@@ -448,10 +480,12 @@ impl GroupConsumer {
             consumer: Consumer::with_cluster(cluster, config.consumer),
             auto_commit: config.auto_commit,
             uncommitted: BTreeMap::new(),
+            fresh: BTreeSet::new(),
             on_assigned: config.on_assigned,
             on_revoked: config.on_revoked,
             heartbeat: Some(heartbeat),
             max_wait,
+            lock: config.lock,
         })
     }
 
@@ -479,18 +513,24 @@ impl GroupConsumer {
         if let Some(e) = self.shared.state().error.take() {
             return Err(e);
         }
-        if self.auto_commit {
-            self.commit().await?;
-        }
         self.rebalance().await?;
+        if self.auto_commit {
+            match self.commit().await {
+                // The partition moved on, or this member re-joins: those
+                // records go to their next reader (at-least-once).
+                Err(e) if is_fenced(&e) => {}
+                other => other?,
+            }
+        }
         if self.consumer.assignment().is_empty() {
-            self.wait_for_assignment().await;
+            self.wait_for_assignment(self.max_wait).await;
             return Ok(Vec::new());
         }
         let records = self.consumer.poll().await?;
         for r in &records {
             self.uncommitted.insert((r.queue.clone(), r.partition), r.offset + 1);
         }
+        self.record_start_positions().await?;
         Ok(records)
     }
 
@@ -500,8 +540,12 @@ impl GroupConsumer {
             return Ok(());
         }
         let offsets = std::mem::take(&mut self.uncommitted);
-        self.commit_offsets(&offsets).await.inspect_err(|_| {
-            // Kept for the next try unless the partition moved away.
+        self.commit_offsets(&offsets).await.inspect_err(|e| {
+            // Kept for the next try, unless this member no longer holds
+            // the partitions (fenced: their next reader has them).
+            if is_fenced(e) {
+                return;
+            }
             let active = self.shared.state().active.clone();
             for (tp, o) in &offsets {
                 if active.contains(tp) {
@@ -561,7 +605,16 @@ impl GroupConsumer {
     /// committing them), takes up new ones at their committed positions.
     async fn rebalance(&mut self) -> Result<(), ClientError> {
         let (granted, active) = {
-            let st = self.shared.state();
+            let mut st = self.shared.state();
+            // No answer for a whole session: the coordinator has given this
+            // member's partitions to others by now. Stop reading them.
+            let stale = st
+                .last_heartbeat
+                .is_some_and(|t| t.elapsed() >= self.shared.session_timeout);
+            if stale && !st.granted.is_empty() {
+                st.granted.clear();
+                st.changes += 1;
+            }
             (st.granted.clone(), st.active.clone())
         };
         let revoked: Vec<QueuePartition> = active.difference(&granted).cloned().collect();
@@ -591,29 +644,70 @@ impl GroupConsumer {
             let mut st = self.shared.state();
             for tp in &revoked {
                 st.active.remove(tp);
+                self.fresh.remove(tp);
             }
+            st.release_pending = true;
             drop(st);
             // Tell the coordinator now: the new member waits for it.
             self.shared.wake.notify_all();
         }
         let added: BTreeSet<QueuePartition> = granted.difference(&active).cloned().collect();
         if !added.is_empty() {
-            let (start, committed) = self.fetch_offsets(&added).await?;
+            self.shared.state().taking = added.clone();
+            let fetched = self.fetch_offsets(&added).await;
+            // Only what is still granted now is taken up: a grant withdrawn
+            // meanwhile was never read.
+            let added: BTreeSet<QueuePartition> = {
+                let mut st = self.shared.state();
+                st.taking.clear();
+                if fetched.is_err() {
+                    return fetched.map(|_| ());
+                }
+                let still: BTreeSet<QueuePartition> = added.intersection(&st.granted).cloned().collect();
+                st.active.extend(still.iter().cloned());
+                still
+            };
+            let (start, committed) = fetched?;
             for tp in &added {
                 self.consumer.assign(&tp.0, &[tp.1]);
                 let seek = match committed.get(tp).copied().flatten() {
                     Some(o) => Seek::Offset(o),
-                    None => start,
+                    None => {
+                        self.fresh.insert(tp.clone());
+                        start
+                    }
                 };
                 self.consumer.seek(&tp.0, tp.1, seek)?;
             }
-            self.shared.state().active.extend(added.iter().cloned());
-            if let Some(cb) = self.on_assigned.as_mut() {
+            if let Some(cb) = self.on_assigned.as_mut().filter(|_| !added.is_empty()) {
                 let list: Vec<QueuePartition> = added.into_iter().collect();
                 cb(&list);
             }
         }
         Ok(())
+    }
+
+    /// A partition taken up without a committed position starts at the
+    /// group's start, resolved on the first fetch: that position is
+    /// committed at once, so a member that dies before committing anything
+    /// does not make the next one start later (at a newer "latest").
+    async fn record_start_positions(&mut self) -> Result<(), ClientError> {
+        let resolved: BTreeMap<QueuePartition, u64> = self
+            .fresh
+            .iter()
+            .filter(|tp| !self.uncommitted.contains_key(*tp))
+            .filter_map(|tp| self.consumer.position(&tp.0, tp.1).map(|o| (tp.clone(), o)))
+            .collect();
+        if resolved.is_empty() {
+            return Ok(());
+        }
+        for tp in resolved.keys() {
+            self.fresh.remove(tp);
+        }
+        match self.commit_offsets(&resolved).await {
+            Err(e) if is_fenced(&e) => Ok(()),
+            other => other,
+        }
     }
 
     async fn fetch_offsets(
@@ -647,10 +741,169 @@ impl GroupConsumer {
         Ok((start, read_offsets(r.queues())))
     }
 
-    /// A spare waits (up to the fetch's max wait) for partitions.
-    async fn wait_for_assignment(&self) {
-        let seen = self.shared.state().changes;
+    /// Ack mode: up to `max` records of this member's partitions, each
+    /// this member's until its lock runs out; waits up to the fetch's max
+    /// wait for some. Within a partition a record that waits for
+    /// redelivery holds back the ones after it (per-key order).
+    pub async fn receive(&mut self, max: u32) -> Result<Vec<Received>, ClientError> {
+        if let Some(e) = self.shared.state().error.take() {
+            return Err(e);
+        }
+        self.rebalance().await?;
+        if self.shared.state().active.is_empty() {
+            self.wait_for_assignment(self.max_wait).await;
+            return Ok(Vec::new());
+        }
         let deadline = std::time::Instant::now() + self.max_wait;
+        loop {
+            let got = self.receive_once(max).await?;
+            if !got.is_empty() || std::time::Instant::now() >= deadline {
+                return Ok(got);
+            }
+            self.wait_for_assignment(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn receive_once(&self, max: u32) -> Result<Vec<Received>, ClientError> {
+        let member_id = self
+            .member_id()
+            .ok_or_else(|| ClientError::broker(ErrorCode::UnknownMember, "not a member right now (re-joining)"))?;
+        let mut fbb = FlatBufferBuilder::new();
+        let group = fbb.create_string(&self.shared.calls.group);
+        let member = fbb.create_string(&member_id);
+        let root = ReceiveRequest::create(
+            &mut fbb,
+            &ReceiveRequestArgs {
+                group: Some(group),
+                member_id: Some(member),
+                max_records: max,
+                lock_ms: self.lock.as_millis().min(u128::from(u32::MAX)) as u32,
+            },
+        );
+        fbb.finish_minimal(root);
+        let frame = self
+            .shared
+            .calls
+            .call(Api::Receive, &fbb, |f| {
+                ClientError::check(read::<ReceiveResponse>(f)?.error())
+            })
+            .await?;
+        let r = read::<ReceiveResponse>(&frame)?;
+        let mut out = Vec::new();
+        for part in r.partitions().into_iter().flatten() {
+            let queue: Arc<str> = Arc::from(part.queue().unwrap_or_default());
+            let attempts: BTreeMap<u64, u32> = part
+                .offsets()
+                .into_iter()
+                .flatten()
+                .zip(part.attempts().into_iter().flatten())
+                .collect();
+            let start = part.records_offset() as usize;
+            let end = start + part.records_len() as usize;
+            if end > frame.tail.len() {
+                return Err(ClientError::Protocol("received records past the frame's tail".into()));
+            }
+            let mut records = Vec::new();
+            crate::consumer::read_batches(
+                &(queue, part.partition()),
+                0,
+                frame.tail.slice(start..end),
+                &mut records,
+            )?;
+            out.extend(records.into_iter().filter_map(|record| {
+                attempts
+                    .get(&record.offset)
+                    .map(|&attempt| Received { record, attempt })
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Ack mode: `record` is handled.
+    pub async fn ack(&self, record: &ConsumedRecord) -> Result<(), ClientError> {
+        self.settle(&[record], strand_wire::Outcome::Ack, Duration::ZERO, None)
+            .await
+    }
+
+    /// Ack mode: `record` was not handled: deliver it again after `delay`
+    /// (it goes to the dead-letter queue once out of attempts). `reason`
+    /// is kept as its last error.
+    pub async fn nack(&self, record: &ConsumedRecord, delay: Duration, reason: &str) -> Result<(), ClientError> {
+        self.settle(&[record], strand_wire::Outcome::Nack, delay, Some(reason))
+            .await
+    }
+
+    /// Ack mode: move `record` to the queue's dead-letter queue now.
+    pub async fn dead_letter(&self, record: &ConsumedRecord, reason: &str) -> Result<(), ClientError> {
+        self.settle(
+            &[record],
+            strand_wire::Outcome::DeadLetter,
+            Duration::ZERO,
+            Some(reason),
+        )
+        .await
+    }
+
+    /// Ack mode: keeps these records this member's for another lock period.
+    pub async fn renew(&self, records: &[&ConsumedRecord]) -> Result<(), ClientError> {
+        self.settle(records, strand_wire::Outcome::Renew, Duration::ZERO, None)
+            .await
+    }
+
+    async fn settle(
+        &self,
+        records: &[&ConsumedRecord],
+        outcome: strand_wire::Outcome,
+        delay: Duration,
+        reason: Option<&str>,
+    ) -> Result<(), ClientError> {
+        let member_id = self
+            .member_id()
+            .ok_or_else(|| ClientError::broker(ErrorCode::UnknownMember, "not a member right now (re-joining)"))?;
+        let mut fbb = FlatBufferBuilder::new();
+        let group = fbb.create_string(&self.shared.calls.group);
+        let member = fbb.create_string(&member_id);
+        let items: Vec<_> = records
+            .iter()
+            .map(|r| {
+                let queue = fbb.create_string(&r.queue);
+                let reason = reason.map(|t| fbb.create_string(t));
+                SettleRecord::create(
+                    &mut fbb,
+                    &SettleRecordArgs {
+                        queue: Some(queue),
+                        partition: r.partition,
+                        offset: r.offset,
+                        outcome,
+                        delay_ms: delay.as_millis().min(u128::from(u32::MAX)) as u32,
+                        reason,
+                    },
+                )
+            })
+            .collect();
+        let items = fbb.create_vector(&items);
+        let root = SettleRequest::create(
+            &mut fbb,
+            &SettleRequestArgs {
+                group: Some(group),
+                member_id: Some(member),
+                records: Some(items),
+            },
+        );
+        fbb.finish_minimal(root);
+        self.shared
+            .calls
+            .call(Api::Settle, &fbb, |f| {
+                ClientError::check(read::<SettleResponse>(f)?.error())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Waits up to `limit` (less if the assignment changes).
+    async fn wait_for_assignment(&self, limit: Duration) {
+        let seen = self.shared.state().changes;
+        let deadline = std::time::Instant::now() + limit;
         let shared = self.shared.clone();
         // No runtime timer here: a short-lived thread does the waiting.
         let (tx, rx) = futures_channel::oneshot::channel::<()>();
@@ -689,6 +942,13 @@ impl Drop for GroupConsumer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Whether an error means this member no longer holds what it tried to
+/// commit or settle (the partition moved, its session ended): the records
+/// go to their next reader.
+pub fn is_fenced(e: &ClientError) -> bool {
+    matches!(e.code(), Some(ErrorCode::FencedMember | ErrorCode::UnknownMember))
 }
 
 /// A group as `Admin::list_groups` shows it.

@@ -36,8 +36,8 @@ pub use connection::Connection;
 pub use consumer::{ConsumedRecord, Consumer, ConsumerConfig, OutOfRangeReset, Seek};
 pub use error::{ClientError, ErrorCodeName};
 pub use group::{
-    GroupConfig, GroupConsumer, GroupDescription, GroupListing, GroupMemberInfo, GroupPartitionInfo, GroupStart,
-    QueuePartition, ResetTarget, Strategy,
+    is_fenced, GroupConfig, GroupConsumer, GroupDescription, GroupListing, GroupMemberInfo, GroupPartitionInfo,
+    GroupStart, QueuePartition, Received, ResetTarget, Strategy,
 };
 pub use producer::{Acks, Delivered, Delivery, Producer, ProducerConfig, WhenFull};
 

@@ -22,11 +22,13 @@ pub enum Api {
     DescribeGroup = 15,
     ResetGroup = 16,
     DeleteGroup = 17,
+    Receive = 18,
+    Settle = 19,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 18] = [
+    pub const ALL: [Api; 20] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -45,6 +47,8 @@ impl Api {
         Api::DescribeGroup,
         Api::ResetGroup,
         Api::DeleteGroup,
+        Api::Receive,
+        Api::Settle,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -83,6 +87,8 @@ impl Api {
             Api::DescribeGroup => "DescribeGroup",
             Api::ResetGroup => "ResetGroup",
             Api::DeleteGroup => "DeleteGroup",
+            Api::Receive => "Receive",
+            Api::Settle => "Settle",
         }
     }
 }

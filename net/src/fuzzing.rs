@@ -42,6 +42,11 @@ pub fn frame_decode(data: &[u8]) {
         let _ = body::<FetchOffsetsRequest>(&frame).map(|r| count_partitions(r.queues()));
         let _ = body::<ResetGroupRequest>(&frame).map(|r| r.partitions().map(|p| p.len()));
         let _ = body::<DescribeGroupRequest>(&frame).map(|r| r.group().map(str::len));
+        let _ = body::<ReceiveRequest>(&frame).map(|r| (r.max_records(), r.lock_ms()));
+        let _ = body::<SettleRequest>(&frame).map(|r| {
+            r.records()
+                .map(|rs| rs.iter().map(|x| x.reason().map_or(0, str::len)).sum::<usize>())
+        });
     }
     // The records of `__groups` (a GroupRecord per record value).
     let _ = flatbuffers::root::<GroupRecord>(data).map(|r| (r.kind(), r.queue().map(str::len)));
@@ -65,7 +70,7 @@ mod tests {
         }
 
         #[test]
-        fn plausible_frames(api in 0u16..18, body in proptest::collection::vec(any::<u8>(), 0..256), tail in 0usize..64) {
+        fn plausible_frames(api in 0u16..20, body in proptest::collection::vec(any::<u8>(), 0..256), tail in 0usize..64) {
             let mut data = Vec::new();
             data.extend_from_slice(&((12 + body.len() + tail) as u32).to_le_bytes());
             data.extend_from_slice(&api.to_le_bytes());

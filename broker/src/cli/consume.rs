@@ -14,7 +14,11 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use strand_client::{block_on, ConsumedRecord, Consumer, ConsumerConfig, GroupConfig, GroupConsumer, GroupStart, Seek};
+use strand_client::{
+    block_on, is_fenced, ClientError, ConsumedRecord, Consumer, ConsumerConfig, GroupConfig, GroupConsumer, GroupStart,
+    Seek,
+};
+use strand_wire::ErrorCode;
 
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
@@ -26,6 +30,12 @@ pub struct ConsumeArgs {
     /// Read as a member of this consumer group (positions are the group's).
     #[arg(long)]
     pub group: Option<String>,
+    /// With --group: run `sh -c CMD` per message (value on stdin, STRAND_QUEUE,
+    /// STRAND_PARTITION, STRAND_OFFSET, STRAND_KEY, STRAND_DELIVERY_ATTEMPT in
+    /// the environment); exit 0 acknowledges, anything else asks for
+    /// redelivery (dead-lettered after the queue's max attempts).
+    #[arg(long, value_name = "CMD")]
+    pub exec: Option<String>,
     /// Exit after this many messages.
     #[arg(long)]
     pub max: Option<u64>,
@@ -102,9 +112,38 @@ impl Source for Consumer {
     }
 }
 
+/// Whether a group member should wait and go on after `e` (the broker
+/// restarted or is busy, or the member is re-joining) rather than exit.
+fn transient(e: &ClientError) -> bool {
+    e.is_io()
+        || is_fenced(e)
+        || matches!(
+            e.code(),
+            Some(
+                ErrorCode::NotLeader
+                    | ErrorCode::Overloaded
+                    | ErrorCode::Timeout
+                    | ErrorCode::ControllerUnavailable
+                    | ErrorCode::UnknownGroup
+            )
+        )
+}
+
+/// A transient failure: said on stderr, then a short pause.
+fn warn_and_wait(e: &ClientError) {
+    eprintln!("strand: warning: {e}; retrying");
+    std::thread::sleep(Duration::from_millis(200));
+}
+
 impl Source for GroupConsumer {
     fn poll(&mut self) -> Result<Vec<ConsumedRecord>, String> {
-        let records = block_on(GroupConsumer::poll(self)).map_err(|e| e.to_string());
+        let records = match block_on(GroupConsumer::poll(self)) {
+            Err(e) if transient(&e) => {
+                warn_and_wait(&e);
+                Ok(Vec::new())
+            }
+            other => other.map_err(|e| e.to_string()),
+        };
         for r in self.take_resets() {
             eprintln!(
                 "strand: warning: {}/{}: position {} was below the log start {} (retention removed the records); \
@@ -116,7 +155,15 @@ impl Source for GroupConsumer {
     }
 
     fn printed(&mut self, record: &ConsumedRecord) -> Result<(), String> {
-        block_on(self.commit_record(record)).map_err(|e| format!("committing the position: {e}"))
+        match block_on(self.commit_record(record)) {
+            // Not this member's any more (or it re-joins): the record goes
+            // to the partition's next reader again (at-least-once).
+            Err(e) if transient(&e) => {
+                eprintln!("strand: warning: committing offset {}: {e}", record.offset);
+                Ok(())
+            }
+            other => other.map_err(|e| format!("committing the position: {e}")),
+        }
     }
 }
 
@@ -137,6 +184,7 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
         ..ConsumerConfig::default()
     };
     match &args.group {
+        None if args.exec.is_some() => Err("--exec needs --group (messages are acknowledged to a group)".into()),
         None => {
             let config = ConsumerConfig {
                 start: start(&args.from)?,
@@ -166,10 +214,100 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
             };
             let mut consumer = block_on(GroupConsumer::subscribe(brokers, group, &[&args.queue], config))
                 .map_err(|e| e.to_string())?;
-            let result = print_loop(&args, json, idle, &mut consumer);
+            let result = match &args.exec {
+                Some(cmd) => exec_loop(&args, cmd, idle, &mut consumer),
+                None => print_loop(&args, json, idle, &mut consumer),
+            };
             block_on(consumer.close()).map_err(|e| e.to_string())?;
             result
         }
+    }
+}
+
+/// Runs `cmd` per received message until `--max` messages or
+/// `--idle-exit-ms` without any.
+fn exec_loop(args: &ConsumeArgs, cmd: &str, idle: Option<Duration>, member: &mut GroupConsumer) -> Result<(), String> {
+    let mut handled = 0u64;
+    let mut last_message = Instant::now();
+    loop {
+        if args.max.is_some_and(|m| handled >= m) || idle.is_some_and(|d| last_message.elapsed() >= d) {
+            return Ok(());
+        }
+        let received = match block_on(member.receive(1)) {
+            Err(e) if transient(&e) => {
+                warn_and_wait(&e);
+                continue;
+            }
+            other => other.map_err(|e| e.to_string())?,
+        };
+        for r in received {
+            let status = run_one(cmd, &r, member)?;
+            let settled = match status {
+                Some(0) => block_on(member.ack(&r.record)),
+                other => {
+                    let why = match other {
+                        Some(code) => format!("`{cmd}` exited with status {code}"),
+                        None => format!("`{cmd}` was killed by a signal"),
+                    };
+                    block_on(member.nack(&r.record, Duration::ZERO, &why))
+                }
+            };
+            match settled {
+                // Its lock ran out or the partition moved: it is delivered
+                // again (at-least-once).
+                Err(e) if transient(&e) => eprintln!("strand: warning: settling offset {}: {e}", r.record.offset),
+                other => other.map_err(|e| {
+                    format!(
+                        "settling {}/{} offset {}: {e}",
+                        r.record.queue, r.record.partition, r.record.offset
+                    )
+                })?,
+            }
+            handled += 1;
+            last_message = Instant::now();
+        }
+    }
+}
+
+/// Runs `sh -c cmd` for one message (renewing its lock while it runs);
+/// returns its exit code (`None`: killed by a signal).
+fn run_one(cmd: &str, r: &strand_client::Received, member: &GroupConsumer) -> Result<Option<i32>, String> {
+    use std::process::{Command, Stdio};
+    let rec = &r.record;
+    let mut child = Command::new("sh")
+        .args(["-c", cmd])
+        .env("STRAND_QUEUE", &*rec.queue)
+        .env("STRAND_PARTITION", rec.partition.to_string())
+        .env("STRAND_OFFSET", rec.offset.to_string())
+        .env(
+            "STRAND_KEY",
+            rec.key
+                .as_ref()
+                .map_or(String::new(), |k| String::from_utf8_lossy(k).into_owned()),
+        )
+        .env("STRAND_DELIVERY_ATTEMPT", r.attempt.to_string())
+        .stdin(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running sh -c {cmd:?}: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A command that does not read its stdin closes the pipe: fine.
+        let _ = stdin.write_all(rec.value.as_deref().unwrap_or_default());
+    }
+    let mut renewed = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| format!("waiting for {cmd:?}: {e}"))? {
+            return Ok(status.code());
+        }
+        // Renew well before the lock (default 30 s) runs out.
+        if renewed.elapsed() >= Duration::from_secs(10) {
+            // Lost (its lock ran out, or the partition moved): the command
+            // runs on; its settle will say so.
+            if let Err(e) = block_on(member.renew(&[rec])) {
+                eprintln!("strand: warning: renewing the lock of offset {}: {e}", rec.offset);
+            }
+            renewed = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

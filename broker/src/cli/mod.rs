@@ -4,6 +4,7 @@
 //! otherwise prints one line to stderr and exits non-zero.
 
 pub mod consume;
+pub mod dlq;
 pub mod group;
 pub mod parse;
 pub mod produce;

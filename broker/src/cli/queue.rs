@@ -23,6 +23,9 @@ pub enum QueueCommand {
         /// always: every acknowledged batch is fdatasync'd; interval: every 100 ms.
         #[arg(long, default_value = "always")]
         fsync: String,
+        /// Ack-mode deliveries of a message before it goes to QUEUE.dlq [default: 5].
+        #[arg(long)]
+        max_delivery_attempts: Option<u32>,
     },
     /// List queues.
     List,
@@ -35,6 +38,8 @@ pub enum QueueCommand {
         partitions: Option<u32>,
         #[arg(long)]
         retention: Option<String>,
+        #[arg(long)]
+        max_delivery_attempts: Option<u32>,
     },
     /// Delete a queue and its data.
     Delete { name: String },
@@ -60,6 +65,7 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
             retention,
             retention_bytes,
             fsync: mode,
+            max_delivery_attempts,
         } => {
             let spec = QueueSpec {
                 partitions: Some(partitions),
@@ -68,6 +74,7 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                 retention_bytes: retention_bytes.as_deref().map(parse::bytes).transpose()?,
                 fsync: Some(fsync(&mode)?),
                 max_message_bytes: None,
+                max_delivery_attempts,
             };
             block_on(admin.create_queue(&name, &spec)).map_err(e)?;
             if json {
@@ -115,13 +122,21 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                     serde_json::json!({
                         "name": d.name, "replication_factor": d.replication_factor,
                         "retention_ms": d.retention_ms, "retention_bytes": d.retention_bytes,
-                        "fsync": fsync, "max_message_bytes": d.max_message_bytes, "partitions": parts,
+                        "fsync": fsync, "max_message_bytes": d.max_message_bytes,
+                        "max_delivery_attempts": d.max_delivery_attempts, "partitions": parts,
                     })
                 );
             } else {
                 println!(
-                    "queue {}  replication {}  retention_ms {}  retention_bytes {}  fsync {}  max_message_bytes {}",
-                    d.name, d.replication_factor, d.retention_ms, d.retention_bytes, fsync, d.max_message_bytes
+                    "queue {}  replication {}  retention_ms {}  retention_bytes {}  fsync {}  max_message_bytes {}  \
+                     max_delivery_attempts {}",
+                    d.name,
+                    d.replication_factor,
+                    d.retention_ms,
+                    d.retention_bytes,
+                    fsync,
+                    d.max_message_bytes,
+                    d.max_delivery_attempts
                 );
                 println!(
                     "{:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>14}  {:>8}",
@@ -139,9 +154,11 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
             name,
             partitions,
             retention,
+            max_delivery_attempts,
         } => {
             let spec = QueueSpec {
                 partitions,
+                max_delivery_attempts,
                 retention_ms: retention.as_deref().map(parse::duration_ms).transpose()?,
                 ..QueueSpec::default()
             };

@@ -23,4 +23,7 @@ pub mod table;
 
 pub use node::{Controller, ProposeError};
 pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
-pub use table::{BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings};
+pub use table::{
+    BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+};

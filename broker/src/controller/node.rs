@@ -181,6 +181,7 @@ mod tests {
             retention_bytes: None,
             fsync: FsyncSetting::Always,
             max_message_bytes: 1 << 20,
+            max_delivery_attempts: 5,
         }
     }
 

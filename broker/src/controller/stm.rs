@@ -49,6 +49,7 @@ pub struct QueueChanges {
     pub retention_bytes: Option<Option<u64>>,
     pub fsync: Option<FsyncSetting>,
     pub max_message_bytes: Option<u32>,
+    pub max_delivery_attempts: Option<u32>,
 }
 
 /// Why a command was refused. Refusing changes nothing.
@@ -188,6 +189,9 @@ impl MetadataStm {
         if let Some(m) = changes.max_message_bytes {
             settings.max_message_bytes = m;
         }
+        if let Some(m) = changes.max_delivery_attempts {
+            settings.max_delivery_attempts = m;
+        }
         validate_settings(&settings)?;
         let id = queue.id;
         let have = queue.partitions.len() as u32;
@@ -241,6 +245,12 @@ fn validate_settings(s: &QueueSettings) -> Result<(), ControllerError> {
         if ms == 0 && bytes == 0 {
             return bad("an fsync interval needs ms or bytes".into());
         }
+    }
+    if !(1..=1000).contains(&s.max_delivery_attempts) {
+        return bad(format!(
+            "max delivery attempts must be 1 to 1000, not {}",
+            s.max_delivery_attempts
+        ));
     }
     if s.max_message_bytes == 0 || s.max_message_bytes > MESSAGE_BYTES_MAX {
         return bad(format!(

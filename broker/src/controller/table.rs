@@ -36,6 +36,17 @@ pub struct QueueSettings {
     pub retention_bytes: Option<u64>,
     pub fsync: FsyncSetting,
     pub max_message_bytes: u32,
+    /// Ack-mode deliveries of a record before it is dead-lettered (absent
+    /// in tables written before the setting existed: the default).
+    #[serde(default = "default_max_delivery_attempts")]
+    pub max_delivery_attempts: u32,
+}
+
+/// The default of [`QueueSettings::max_delivery_attempts`].
+pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: u32 = 5;
+
+fn default_max_delivery_attempts() -> u32 {
+    DEFAULT_MAX_DELIVERY_ATTEMPTS
 }
 
 /// One partition: where its replicas live and who leads.

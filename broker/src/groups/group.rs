@@ -29,6 +29,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use super::ack::AckState;
 use super::assign::{assign, Strategy, Subscriber, Tp};
 
 /// Where a new group starts reading a partition without a committed position.
@@ -82,6 +83,16 @@ pub struct Group {
     committed: BTreeMap<Tp, Committed>,
     /// The partition counts the target was computed with.
     counts: BTreeMap<String, u32>,
+    /// Ack mode: per-record state of partitions read with receive/settle.
+    pub acks: BTreeMap<Tp, AckState>,
+    /// After a coordinator restart, members from before it may still read
+    /// their partitions until their next heartbeat tells them to re-join:
+    /// until then only partitions a member reports holding are granted.
+    pub grace_until: Option<Instant>,
+    /// A reset or delete is being written: joins wait.
+    pub busy: bool,
+    /// The id of each queue positions are kept for.
+    queue_ids: BTreeMap<String, u64>,
 }
 
 impl Group {
@@ -97,6 +108,10 @@ impl Group {
             holders: BTreeMap::new(),
             committed: BTreeMap::new(),
             counts: BTreeMap::new(),
+            acks: BTreeMap::new(),
+            grace_until: None,
+            busy: false,
+            queue_ids: BTreeMap::new(),
         }
     }
 
@@ -145,6 +160,7 @@ impl Group {
             return Err(GroupError::UnknownMember(id.to_string()));
         }
         self.holders.retain(|_, h| h.member != id);
+        self.release_records(id);
         self.rebalance(counts);
         Ok(())
     }
@@ -160,6 +176,9 @@ impl Group {
         if !gone.is_empty() {
             self.members.retain(|m| m.deadline > now);
             self.holders.retain(|_, h| !gone.contains(&h.member));
+            for id in &gone {
+                self.release_records(id);
+            }
             self.rebalance(counts());
         }
         gone
@@ -186,7 +205,18 @@ impl Group {
             self.rebalance(counts);
         }
         // Released: held here before, not listed now.
-        self.holders.retain(|tp, h| h.member != id || owned.contains(tp));
+        let released: Vec<Tp> = self
+            .holders
+            .iter()
+            .filter(|(tp, h)| h.member == id && !owned.contains(tp))
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        for tp in &released {
+            self.holders.remove(tp);
+            if let Some(a) = self.acks.get_mut(tp) {
+                a.release(id, now);
+            }
+        }
         // Listed and held by nobody (a grant it is taking up, or it held it
         // before this coordinator knew): it holds it until it lets go.
         for tp in owned {
@@ -196,8 +226,9 @@ impl Group {
             });
         }
         let mut assigned = Vec::new();
+        let in_grace = self.grace_until.is_some_and(|t| now < t);
         for (tp, target) in &self.target {
-            if target != id {
+            if target != id || (in_grace && !self.holders.contains_key(tp)) {
                 continue;
             }
             let holder = self.holders.entry(tp.clone()).or_insert_with(|| Holder {
@@ -240,9 +271,48 @@ impl Group {
     /// Sets a committed position (from a record at `record`; an older
     /// record than the one that set the current value changes nothing).
     pub fn apply_commit(&mut self, tp: Tp, offset: u64, record: u64) {
-        let slot = self.committed.entry(tp).or_insert(Committed { offset, record });
+        let slot = self.committed.entry(tp.clone()).or_insert(Committed { offset, record });
         if record >= slot.record {
             *slot = Committed { offset, record };
+            if let Some(a) = self.acks.get_mut(&tp) {
+                if a.position != offset {
+                    a.set_position(offset);
+                }
+            }
+        }
+    }
+
+    /// Positions of `queue` belong to the queue with this id.
+    pub fn note_queue(&mut self, queue: &str, id: u64) {
+        self.queue_ids.insert(queue.to_string(), id);
+    }
+
+    /// Drops positions and record state of queues for which `current`
+    /// (name, id) is false: deleted, or deleted and created anew.
+    pub fn forget_queues(&mut self, current: impl Fn(&str, u64) -> bool) {
+        let gone: Vec<String> = self
+            .queue_ids
+            .iter()
+            .filter(|(q, id)| !current(q, **id))
+            .map(|(q, _)| q.clone())
+            .collect();
+        for q in gone {
+            self.queue_ids.remove(&q);
+            self.committed.retain(|(tq, _), _| *tq != q);
+            self.acks.retain(|(tq, _), _| *tq != q);
+        }
+    }
+
+    /// Whether `member` is in the group.
+    pub fn has_member(&self, member: &str) -> bool {
+        self.members.iter().any(|m| m.id == member)
+    }
+
+    /// Records `member` holds in ack mode become available again.
+    fn release_records(&mut self, member: &str) {
+        let now = Instant::now();
+        for a in self.acks.values_mut() {
+            a.release(member, now);
         }
     }
 

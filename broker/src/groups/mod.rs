@@ -11,6 +11,9 @@
 //! - `assign.rs`: the strategies (range, round-robin, sticky): pure.
 //! - `group.rs`: one group's rules (members, sessions, generations, the
 //!   cooperative hand-over, commit fencing): pure, time passed in.
+//! - `ack.rs`: ack mode — per-record state (acquired / available / done,
+//!   delivery counts) between a partition's position and the newest record
+//!   handed out: pure.
 //! - `record.rs`: the `__groups` records that make the durable part — the
 //!   group's existence and settings, committed positions — survive
 //!   restarts.
@@ -22,14 +25,18 @@
 //! replays it from its start: later records win, `Deleted` removes a group.
 //! Membership is not stored: after a restart members get `UnknownMember` at
 //! their next heartbeat and join again (with the group's positions intact).
-//! Generations restart from the partition's log end, which only grows, so a
-//! generation is never reused across restarts.
+//! Generations start past the wall clock (ms) at each replay, so they do
+//! not repeat across restarts. After a restart, members from before it may
+//! read their partitions until their next heartbeat (at most
+//! [`HEARTBEAT_MAX`] away) tells them to re-join: for [`RESTART_GRACE`]
+//! only partitions a member reports holding are granted.
 //!
 //! Limits: `__groups` has no retention (a commit must not expire), so it
 //! grows with every commit (about 60 bytes each) and replay reads all of
 //! it; compaction — a snapshot record per group and deleting what it
 //! supersedes — is future work.
 
+pub mod ack;
 pub mod assign;
 pub mod group;
 pub mod record;
@@ -45,11 +52,12 @@ use strand_storage::Offset;
 use strand_wire::batch::RecordBatch;
 use strand_wire::ErrorCode;
 
+use self::ack::{AckState, Outcome};
 use self::assign::{Strategy, Tp};
 use self::group::{Group, GroupError, Member, Start};
-use self::record::GroupChange;
-use crate::controller::{Command, ControllerError, FsyncSetting, ProposeError, QueueSettings};
-use crate::server::messages::{OffsetQuery, PartitionRequest, WireError};
+use self::record::{GroupChange, Settled};
+use crate::controller::{Command, ControllerError, FsyncSetting, MetadataTable, ProposeError, QueueSettings};
+use crate::server::messages::{Fetched, OffsetQuery, PartitionRequest, Produced, WireError};
 use crate::server::partitions::Partition;
 use crate::server::shard::Shard;
 
@@ -58,9 +66,34 @@ pub const GROUPS_QUEUE: &str = "__groups";
 /// Its partition count, fixed when it is created (coordinators are found by
 /// hashing over it, so it never changes).
 pub const GROUPS_PARTITIONS: u32 = 8;
+/// Members heartbeat at least this often (whatever their session timeout)…
+pub const HEARTBEAT_MAX: Duration = Duration::from_secs(3);
+/// …so after a coordinator restart, partitions nobody reports holding are
+/// granted only after this long (see `Group::grace_until`).
+pub const RESTART_GRACE: Duration = Duration::from_secs(5);
 /// Session timeouts a member may ask for.
 pub const SESSION_TIMEOUT_MIN: Duration = Duration::from_millis(500);
 pub const SESSION_TIMEOUT_MAX: Duration = Duration::from_secs(300);
+
+/// Ack mode: most records between a partition's position and the newest
+/// handed out.
+pub const IN_FLIGHT_WINDOW: u64 = 2000;
+/// Ack mode: lock periods a member may ask for.
+pub const LOCK_MIN: Duration = Duration::from_millis(100);
+pub const LOCK_MAX: Duration = Duration::from_secs(3600);
+/// Headers a dead-lettered record carries besides its own.
+pub const DLQ_HEADERS: [&str; 5] = [
+    "strand.source.queue",
+    "strand.source.partition",
+    "strand.source.offset",
+    "strand.attempts",
+    "strand.last_error",
+];
+
+/// The dead-letter queue of `queue`.
+pub fn dlq_name(queue: &str) -> String {
+    format!("{queue}.dlq")
+}
 
 /// Whether a queue name is reserved for the broker's own queues.
 pub fn is_internal(queue: &str) -> bool {
@@ -126,6 +159,36 @@ pub enum GroupOp {
     Delete {
         group: String,
     },
+    /// Ack mode: hand out records of the member's partitions under a lock.
+    Receive {
+        group: String,
+        member_id: String,
+        max_records: u32,
+        lock: Duration,
+    },
+    Settle {
+        group: String,
+        member_id: String,
+        records: Vec<SettleItem>,
+    },
+}
+
+/// One record settled by a member.
+#[derive(Debug, Clone)]
+pub struct SettleItem {
+    pub tp: Tp,
+    pub offset: u64,
+    pub outcome: Outcome,
+    pub reason: Option<String>,
+}
+
+/// Records handed out from one partition: whole batches, of which the
+/// records at `offsets` (with their delivery attempt) are the member's.
+#[derive(Debug, Clone)]
+pub struct ReceivedPart {
+    pub tp: Tp,
+    pub batches: Vec<bytes::Bytes>,
+    pub offsets: Vec<(u64, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -182,6 +245,7 @@ pub enum GroupReply {
     List(Vec<GroupSummary>),
     Describe(GroupDescription),
     Reset(Vec<(Tp, u64)>),
+    Received(Vec<ReceivedPart>),
 }
 
 /// The groups of one replayed `__groups` partition.
@@ -199,6 +263,8 @@ pub struct Coordinator {
     /// Unique part of this incarnation's member ids.
     nonce: u64,
     next_member: Cell<u64>,
+    /// Rotates where receives start (fairness between partitions).
+    next_turn: Cell<usize>,
 }
 
 impl Default for Coordinator {
@@ -211,6 +277,7 @@ impl Default for Coordinator {
             loading: glommio::sync::Semaphore::new(1),
             nonce,
             next_member: Cell::new(0),
+            next_turn: Cell::new(0),
         }
     }
 }
@@ -258,6 +325,7 @@ pub async fn groups_partitions(shard: &Rc<Shard>) -> Result<u32, WireError> {
         retention_bytes: None,
         fsync: FsyncSetting::Always,
         max_message_bytes: shard.config.max_message_bytes,
+        max_delivery_attempts: crate::controller::DEFAULT_MAX_DELIVERY_ATTEMPTS,
     };
     let command = Command::CreateQueue {
         name: GROUPS_QUEUE.to_string(),
@@ -295,7 +363,7 @@ impl Coordinator {
         part: &Rc<Partition>,
         op: GroupOp,
     ) -> Result<GroupReply, WireError> {
-        self.ensure_loaded(p, part).await?;
+        self.ensure_loaded(shard, p, part).await?;
         match op {
             GroupOp::Join(join) => self.join(shard, p, part, join).await,
             GroupOp::Heartbeat {
@@ -367,9 +435,34 @@ impl Coordinator {
                 partitions,
                 to,
             } => self.reset(shard, p, part, &group, &queue, partitions, to).await,
+            GroupOp::Receive {
+                group,
+                member_id,
+                max_records,
+                lock,
+            } => {
+                self.receive(shard, p, part, &group, &member_id, max_records, lock)
+                    .await
+            }
+            GroupOp::Settle {
+                group,
+                member_id,
+                records,
+            } => self.settle(shard, p, part, &group, &member_id, records).await,
             GroupOp::Delete { group } => {
-                self.with_group(p, &group, |g| Self::check_empty(&group, g, "deleted"))?;
-                append(shard, part, &group, &[GroupChange::Deleted]).await?;
+                self.with_group(p, &group, |g| {
+                    Self::check_empty(&group, g, "deleted")?;
+                    g.busy = true;
+                    Ok(())
+                })?;
+                let written = append(shard, part, &group, &[GroupChange::Deleted]).await;
+                if let Err(e) = written {
+                    let _ = self.with_group(p, &group, |g| {
+                        g.busy = false;
+                        Ok(())
+                    });
+                    return Err(e);
+                }
                 if let Some(l) = self.loaded.borrow_mut().get_mut(&p) {
                     l.groups.remove(&group);
                 }
@@ -445,10 +538,24 @@ impl Coordinator {
                 ));
             }
         }
-        let exists = self.with_group(p, &group, |_| Ok(())).is_ok();
+        let exists = self.with_group(p, &group, |g| {
+            if g.busy {
+                return Err(WireError::new(
+                    ErrorCode::Overloaded,
+                    format!("group {group:?} is being reset or deleted; retry"),
+                ));
+            }
+            Ok(())
+        });
+        if let Err(e) = &exists {
+            if e.code == ErrorCode::Overloaded {
+                return Err(e.clone());
+            }
+        }
+        let exists = exists.is_ok();
         if !exists {
             append(shard, part, &group, &[GroupChange::Created { strategy, start }]).await?;
-            let seed = part.log.log_end().0;
+            let seed = generation_seed(part.log.log_end().0);
             if let Some(l) = self.loaded.borrow_mut().get_mut(&p) {
                 l.groups
                     .entry(group.clone())
@@ -482,7 +589,7 @@ impl Coordinator {
             Ok(GroupReply::Joined {
                 member_id,
                 generation: g.generation,
-                heartbeat_interval: (session_timeout / 3).max(Duration::from_millis(100)),
+                heartbeat_interval: (session_timeout / 3).clamp(Duration::from_millis(100), HEARTBEAT_MAX),
             })
         })
     }
@@ -508,9 +615,13 @@ impl Coordinator {
             })
             .collect();
         let base = append(shard, part, group, &changes).await?;
+        let table = shard.table();
         // The group may have been deleted meanwhile: then nothing to apply.
         let _ = self.with_group(p, group, |g| {
             for (i, (tp, offset)) in offsets.into_iter().enumerate() {
+                if let Some(q) = table.queue(&tp.0) {
+                    g.note_queue(&tp.0, q.id);
+                }
                 g.apply_commit(tp, offset, base + i as u64);
             }
             Ok(())
@@ -621,15 +732,386 @@ impl Coordinator {
             };
             offsets.push((tp, offset));
         }
-        // Members may have joined while the offsets were looked up.
-        self.with_group(p, group, |g| Self::check_empty(group, g, "reset"))?;
-        self.commit(shard, p, part, group, offsets.clone()).await?;
+        // Members may have joined while the offsets were looked up; none
+        // may join while the reset is written.
+        self.with_group(p, group, |g| {
+            Self::check_empty(group, g, "reset")?;
+            g.busy = true;
+            Ok(())
+        })?;
+        let written = self.commit(shard, p, part, group, offsets.clone()).await;
+        let _ = self.with_group(p, group, |g| {
+            g.busy = false;
+            Ok(())
+        });
+        written?;
         Ok(GroupReply::Reset(offsets))
+    }
+
+    /// Ack mode: hands out up to `max` records of the partitions `member`
+    /// holds (see `ack.rs`), each durable as `Delivered` before the answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn receive(
+        &self,
+        shard: &Rc<Shard>,
+        p: u32,
+        part: &Rc<Partition>,
+        group: &str,
+        member: &str,
+        max: u32,
+        lock: Duration,
+    ) -> Result<GroupReply, WireError> {
+        if !(LOCK_MIN..=LOCK_MAX).contains(&lock) {
+            return Err(WireError::new(
+                ErrorCode::InvalidRequest,
+                format!("lock {lock:?} is outside {LOCK_MIN:?}..={LOCK_MAX:?}"),
+            ));
+        }
+        let mut held = self.with_group(p, group, |g| {
+            if !g.has_member(member) {
+                return Err(group_error(GroupError::UnknownMember(member.to_string())));
+            }
+            Ok(g.held_by(member))
+        })?;
+        // Each receive starts at another partition, so a busy one cannot
+        // starve the others.
+        if !held.is_empty() {
+            let turn = self.next_turn.get();
+            self.next_turn.set(turn.wrapping_add(1));
+            let n = held.len();
+            held.rotate_left(turn % n);
+        }
+        let mut out = Vec::new();
+        let mut left = max.max(1);
+        for tp in held {
+            if left == 0 {
+                break;
+            }
+            self.ensure_ack_state(shard, p, part, group, &tp).await?;
+            // The queue's setting (deliveries before the dead-letter queue).
+            let max_attempts = shard
+                .table()
+                .queue(&tp.0)
+                .map_or(crate::controller::DEFAULT_MAX_DELIVERY_ATTEMPTS, |q| {
+                    q.settings.max_delivery_attempts
+                });
+            let now = Instant::now();
+            let plan = self.with_group(p, group, |g| {
+                let a = g.acks.get_mut(&tp).ok_or_else(|| unknown_group(group))?;
+                a.expire(now);
+                Ok(a.plan(now, left, IN_FLIGHT_WINDOW, max_attempts))
+            })?;
+            for (offset, attempts, last_error) in plan.dead {
+                self.dead_letter(shard, p, part, group, &tp, offset, attempts, last_error)
+                    .await?;
+            }
+            let mut batches: Vec<bytes::Bytes> = Vec::new();
+            let mut offsets: Vec<u64> = Vec::new();
+            for offset in plan.redeliver {
+                let got = fetch(shard, &tp, offset, 1).await?;
+                if let Some(b) = got.batches.into_iter().next() {
+                    if !batches.contains(&b) {
+                        batches.push(b);
+                    }
+                    offsets.push(offset);
+                }
+            }
+            if plan.new > 0 {
+                let next = self.with_group(p, group, |g| Ok(g.acks.get(&tp).map_or(0, |a| a.next)))?;
+                let got = match fetch(shard, &tp, next, 1 << 20).await {
+                    Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
+                        self.skip_to_log_start(shard, p, part, group, &tp, next).await?;
+                        continue;
+                    }
+                    other => other?,
+                };
+                let mut taken = 0;
+                for b in got.batches {
+                    let batch = RecordBatch::new(b.clone(), usize::MAX)
+                        .map_err(|e| WireError::new(ErrorCode::CorruptBatch, e.to_string()))?;
+                    let mut used = false;
+                    for r in batch.records() {
+                        if r.offset.0 >= next && taken < plan.new {
+                            offsets.push(r.offset.0);
+                            taken += 1;
+                            used = true;
+                        }
+                    }
+                    if used {
+                        batches.push(b);
+                    }
+                    if taken >= plan.new {
+                        break;
+                    }
+                }
+            }
+            if offsets.is_empty() {
+                continue;
+            }
+            let until = Instant::now() + lock;
+            let delivered = self.with_group(p, group, |g| {
+                let a = g.acks.get_mut(&tp).ok_or_else(|| unknown_group(group))?;
+                a.acquire(&offsets, member, until);
+                Ok(offsets.iter().map(|&o| (o, a.attempts(o))).collect::<Vec<_>>())
+            })?;
+            let changes: Vec<GroupChange> = delivered
+                .iter()
+                .map(|&(offset, attempts)| GroupChange::Delivered {
+                    queue: tp.0.clone(),
+                    partition: tp.1,
+                    offset,
+                    attempts,
+                })
+                .collect();
+            append(shard, part, group, &changes).await?;
+            left = left.saturating_sub(delivered.len() as u32);
+            out.push(ReceivedPart {
+                tp,
+                batches,
+                offsets: delivered,
+            });
+        }
+        Ok(GroupReply::Received(out))
+    }
+
+    /// Ack mode: the record state of a partition, starting at its
+    /// committed position (or the group's start).
+    async fn ensure_ack_state(
+        &self,
+        shard: &Rc<Shard>,
+        p: u32,
+        part: &Rc<Partition>,
+        group: &str,
+        tp: &Tp,
+    ) -> Result<(), WireError> {
+        let (exists, committed, start) =
+            self.with_group(p, group, |g| Ok((g.acks.contains_key(tp), g.committed(tp), g.start)))?;
+        if exists {
+            return Ok(());
+        }
+        let position = match (committed, start) {
+            (Some(o), _) => o,
+            (None, Start::Earliest) => list_offset(shard, tp, OffsetQuery::Earliest).await?.0,
+            (None, Start::Latest) => list_offset(shard, tp, OffsetQuery::Latest).await?.0,
+        };
+        self.with_group(p, group, |g| {
+            g.acks.entry(tp.clone()).or_insert_with(|| AckState::new(position));
+            Ok(())
+        })?;
+        // A start resolved now is recorded: the next reader starts here too.
+        if committed.is_none() {
+            self.commit(shard, p, part, group, vec![(tp.clone(), position)]).await?;
+        }
+        Ok(())
+    }
+
+    /// Ack mode: the position fell below the log start (retention removed
+    /// records nobody acknowledged): reset per the group's start policy
+    /// (earliest: the log start; latest: the log end), say so loudly, and
+    /// record it as a commit.
+    async fn skip_to_log_start(
+        &self,
+        shard: &Rc<Shard>,
+        p: u32,
+        part: &Rc<Partition>,
+        group: &str,
+        tp: &Tp,
+        at: u64,
+    ) -> Result<(), WireError> {
+        let policy = self.with_group(p, group, |g| Ok(g.start))?;
+        let query = match policy {
+            Start::Earliest => OffsetQuery::Earliest,
+            Start::Latest => OffsetQuery::Latest,
+        };
+        let to = list_offset(shard, tp, query).await?.0;
+        tracing::warn!(
+            group,
+            queue = %tp.0,
+            partition = tp.1,
+            position = at,
+            reset_to = to,
+            "the group's position fell below the log start (retention removed records it had not acknowledged); \
+             reset per its start policy ({policy:?}): {} records skipped",
+            to.saturating_sub(at)
+        );
+        self.commit(shard, p, part, group, vec![(tp.clone(), to)]).await
+    }
+
+    /// Copies a record to `<queue>.dlq` (its key, value and headers, plus
+    /// `DLQ_HEADERS`), then records it as settled (done).
+    #[allow(clippy::too_many_arguments)]
+    async fn dead_letter(
+        &self,
+        shard: &Rc<Shard>,
+        p: u32,
+        part: &Rc<Partition>,
+        group: &str,
+        tp: &Tp,
+        offset: u64,
+        attempts: u32,
+        last_error: Option<String>,
+    ) -> Result<(), WireError> {
+        let got = fetch(shard, tp, offset, 1).await?;
+        let record = got
+            .batches
+            .into_iter()
+            .filter_map(|b| RecordBatch::new(b, usize::MAX).ok())
+            .flat_map(|b| b.records().collect::<Vec<_>>())
+            .find(|r| r.offset.0 == offset)
+            .ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::Internal,
+                    format!("{}/{} has no record at {offset} to dead-letter", tp.0, tp.1),
+                )
+            })?;
+        let source_partition = tp.1.to_string();
+        let source_offset = offset.to_string();
+        let attempts_text = attempts.to_string();
+        let error = last_error.clone().unwrap_or_default();
+        let mut headers: Vec<(bytes::Bytes, Option<bytes::Bytes>)> = record
+            .headers
+            .clone()
+            .filter(|h| !DLQ_HEADERS.contains(&String::from_utf8_lossy(&h.key).as_ref()))
+            .map(|h| (h.key, h.value))
+            .collect();
+        for (k, v) in DLQ_HEADERS.iter().zip([
+            tp.0.as_str(),
+            source_partition.as_str(),
+            source_offset.as_str(),
+            attempts_text.as_str(),
+            error.as_str(),
+        ]) {
+            headers.push((
+                bytes::Bytes::from_static(k.as_bytes()),
+                Some(bytes::Bytes::copy_from_slice(v.as_bytes())),
+            ));
+        }
+        let header_refs: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
+        let mut b = strand_wire::batch::BatchBuilder::new();
+        b.push(
+            record.key.as_deref(),
+            record.value.as_deref(),
+            &header_refs,
+            record.timestamp,
+        );
+        let dlq = ensure_dlq(shard, &tp.0).await?;
+        let records = b.build();
+        let produced: Boxed<'_, Result<Produced, WireError>> =
+            Box::pin(crate::handlers::ask(shard, dlq, 0, |reply| PartitionRequest::Produce {
+                records,
+                acks: -1,
+                reply,
+            }));
+        produced.await?;
+        let settled = GroupChange::Settled {
+            queue: tp.0.clone(),
+            partition: tp.1,
+            offset,
+            outcome: Settled::DeadLetter,
+            reason: last_error,
+        };
+        append(shard, part, group, &[settled]).await?;
+        tracing::info!(group, queue = %tp.0, partition = tp.1, offset, attempts, "dead-lettered");
+        self.finish(shard, p, part, group, tp, |a| a.done(offset)).await
+    }
+
+    /// Applies `change` to a partition's record state, then commits the
+    /// position if the done prefix grew.
+    async fn finish(
+        &self,
+        shard: &Rc<Shard>,
+        p: u32,
+        part: &Rc<Partition>,
+        group: &str,
+        tp: &Tp,
+        change: impl FnOnce(&mut AckState),
+    ) -> Result<(), WireError> {
+        let moved = self.with_group(p, group, |g| {
+            let Some(a) = g.acks.get_mut(tp) else { return Ok(None) };
+            change(a);
+            Ok(a.advance().then_some(a.position))
+        })?;
+        match moved {
+            Some(position) => self.commit(shard, p, part, group, vec![(tp.clone(), position)]).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Ack mode: settles records `member` holds, all or none.
+    async fn settle(
+        &self,
+        shard: &Rc<Shard>,
+        p: u32,
+        part: &Rc<Partition>,
+        group: &str,
+        member: &str,
+        records: Vec<SettleItem>,
+    ) -> Result<GroupReply, WireError> {
+        const LOCK_RENEWAL: Duration = Duration::from_secs(30);
+        self.with_group(p, group, |g| {
+            if !g.has_member(member) {
+                return Err(group_error(GroupError::UnknownMember(member.to_string())));
+            }
+            for r in &records {
+                let held = g.acks.get(&r.tp).is_some_and(|a| a.held_by(r.offset, member));
+                if !held {
+                    return Err(WireError::new(
+                        ErrorCode::FencedMember,
+                        format!(
+                            "member {member} does not hold {}/{} offset {} (its lock ran out, it was settled, \
+                             or the partition moved)",
+                            r.tp.0, r.tp.1, r.offset
+                        ),
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        let stored: Vec<GroupChange> = records
+            .iter()
+            .filter_map(|r| {
+                let outcome = match r.outcome {
+                    Outcome::Ack => Settled::Ack,
+                    Outcome::Nack { .. } => Settled::Nack,
+                    Outcome::DeadLetter | Outcome::Renew => return None,
+                };
+                Some(GroupChange::Settled {
+                    queue: r.tp.0.clone(),
+                    partition: r.tp.1,
+                    offset: r.offset,
+                    outcome,
+                    reason: r.reason.clone(),
+                })
+            })
+            .collect();
+        if !stored.is_empty() {
+            append(shard, part, group, &stored).await?;
+        }
+        let now = Instant::now();
+        for r in records {
+            if r.outcome == Outcome::DeadLetter {
+                let attempts =
+                    self.with_group(p, group, |g| Ok(g.acks.get(&r.tp).map_or(0, |a| a.attempts(r.offset))))?;
+                let reason = r
+                    .reason
+                    .clone()
+                    .or_else(|| Some("dead-lettered by the consumer".into()));
+                self.dead_letter(shard, p, part, group, &r.tp, r.offset, attempts, reason)
+                    .await?;
+                continue;
+            }
+            let (offset, outcome, reason) = (r.offset, r.outcome, r.reason);
+            self.finish(shard, p, part, group, &r.tp, |a| {
+                a.settle(offset, outcome, reason, now, LOCK_RENEWAL)
+            })
+            .await?;
+        }
+        Ok(GroupReply::Done)
     }
 
     /// Replays `__groups` partition `p` unless it already was (for this
     /// incarnation of the queue).
-    async fn ensure_loaded(&self, p: u32, part: &Rc<Partition>) -> Result<(), WireError> {
+    async fn ensure_loaded(&self, shard: &Shard, p: u32, part: &Rc<Partition>) -> Result<(), WireError> {
         let ready = |c: &Self| c.loaded.borrow().get(&p).is_some_and(|l| l.queue_id == part.queue_id);
         if ready(self) {
             return Ok(());
@@ -640,7 +1122,11 @@ impl Coordinator {
         if ready(self) {
             return Ok(());
         }
-        let groups = replay(part).await?;
+        let mut groups = replay(part, &shard.table()).await?;
+        let grace = Instant::now() + RESTART_GRACE;
+        for g in groups.values_mut() {
+            g.grace_until = Some(grace);
+        }
         tracing::info!(partition = p, groups = groups.len(), "replayed __groups");
         self.loaded.borrow_mut().insert(
             p,
@@ -670,6 +1156,17 @@ impl Coordinator {
         }
     }
 
+    /// Forgets positions and record state of queues that no longer exist
+    /// (or were created anew) in `table`.
+    pub fn forget_deleted_queues(&self, table: &MetadataTable) {
+        let mut loaded = self.loaded.borrow_mut();
+        for l in loaded.values_mut() {
+            for g in l.groups.values_mut() {
+                g.forget_queues(|q, id| table.queue(q).is_some_and(|r| r.id == id));
+            }
+        }
+    }
+
     /// Forgets the groups of partitions this shard no longer holds.
     pub fn retain(&self, open: impl Fn(u32) -> bool) {
         self.loaded.borrow_mut().retain(|p, _| open(*p));
@@ -689,6 +1186,14 @@ fn subscribed_after_expiry(g: &Group, now: Instant) -> Vec<String> {
     qs
 }
 
+/// Where a group's generations start in this coordinator's life: past
+/// the wall clock in ms and the `__groups` log end, so generations do not
+/// repeat across restarts (fencing also relies on member ids, which carry a
+/// per-start nonce).
+fn generation_seed(log_end: u64) -> u64 {
+    (now_ms().max(0) as u64).max(log_end)
+}
+
 /// Appends `changes` of `group` as one batch and waits until it is durable;
 /// returns the offset of the first record.
 async fn append(
@@ -697,7 +1202,8 @@ async fn append(
     group: &str,
     changes: &[GroupChange],
 ) -> Result<u64, WireError> {
-    let batch = record::batch(group, changes, now_ms());
+    let table = shard.table();
+    let batch = record::batch(group, changes, now_ms(), |q| table.queue(q).map_or(0, |r| r.id));
     let produced = shard.produce(&part.log, batch, -1).await?;
     Ok(produced.base_offset)
 }
@@ -716,11 +1222,54 @@ async fn list_offset(shard: &Rc<Shard>, tp: &Tp, query: OffsetQuery) -> Result<O
     Ok(Offset(offset))
 }
 
+/// Whole batches of a data partition from `offset` (at least the one
+/// holding it), asked of the shard that owns it.
+async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Result<Fetched, WireError> {
+    let asked: Boxed<'_, Result<Fetched, WireError>> =
+        Box::pin(crate::handlers::ask(shard, tp.0.clone(), tp.1, |reply| {
+            PartitionRequest::Fetch {
+                offset,
+                max_bytes,
+                reply,
+            }
+        }));
+    asked.await
+}
+
+/// `<queue>.dlq`, created (one partition, the source's retention) if
+/// missing; returns its name.
+async fn ensure_dlq(shard: &Rc<Shard>, queue: &str) -> Result<String, WireError> {
+    let name = dlq_name(queue);
+    if shard.table().queue(&name).is_some() {
+        return Ok(name);
+    }
+    let source = shard
+        .table()
+        .queue(queue)
+        .map(|q| q.settings.clone())
+        .ok_or_else(|| WireError::new(ErrorCode::UnknownQueue, format!("queue {queue:?} does not exist")))?;
+    let settings = QueueSettings {
+        partitions: 1,
+        ..source
+    };
+    match shard
+        .propose(Command::CreateQueue {
+            name: name.clone(),
+            settings,
+        })
+        .await
+    {
+        Ok(()) | Err(ProposeError::Refused(ControllerError::QueueExists(_))) => Ok(name),
+        Err(ProposeError::Refused(c)) => Err(WireError::new(c.code(), format!("creating {name}: {c}"))),
+        Err(ProposeError::Unavailable(m)) => Err(WireError::new(ErrorCode::ControllerUnavailable, m)),
+    }
+}
+
 /// Rebuilds the groups of a `__groups` partition from its records.
-async fn replay(part: &Partition) -> Result<BTreeMap<String, Group>, WireError> {
+async fn replay(part: &Partition, table: &MetadataTable) -> Result<BTreeMap<String, Group>, WireError> {
     let log = &part.log;
     let end = log.high_watermark();
-    let seed = log.log_end().0;
+    let seed = generation_seed(log.log_end().0);
     let max = log.config().batch_bytes_max;
     let mut groups: BTreeMap<String, Group> = BTreeMap::new();
     let mut from = log.log_start();
@@ -745,7 +1294,10 @@ async fn replay(part: &Partition) -> Result<BTreeMap<String, Group>, WireError> 
                 };
                 let name = String::from_utf8_lossy(&key).into_owned();
                 match record::decode(&value) {
-                    Ok(change) => apply(&mut groups, name, change, r.offset.0, seed),
+                    // About a queue since deleted (or created anew): stale.
+                    Ok((change, id))
+                        if id != 0 && change.queue().and_then(|q| table.queue(q)).map(|q| q.id) != Some(id) => {}
+                    Ok((change, id)) => apply(&mut groups, name, change, r.offset.0, seed, id),
                     Err(e) => {
                         tracing::error!(offset = r.offset.0, group = %name, "unreadable __groups record ({e}); skipped")
                     }
@@ -758,7 +1310,14 @@ async fn replay(part: &Partition) -> Result<BTreeMap<String, Group>, WireError> 
 }
 
 /// Applies one replayed change.
-fn apply(groups: &mut BTreeMap<String, Group>, name: String, change: GroupChange, offset: u64, seed: u64) {
+fn apply(
+    groups: &mut BTreeMap<String, Group>,
+    name: String,
+    change: GroupChange,
+    offset: u64,
+    seed: u64,
+    queue_id: u64,
+) {
     match change {
         GroupChange::Created { strategy, start } => {
             groups
@@ -771,11 +1330,41 @@ fn apply(groups: &mut BTreeMap<String, Group>, name: String, change: GroupChange
             offset: position,
         } => {
             if let Some(g) = groups.get_mut(&name) {
+                if queue_id != 0 {
+                    g.note_queue(&queue, queue_id);
+                }
                 g.apply_commit((queue, partition), position, offset);
             }
         }
         GroupChange::Deleted => {
             groups.remove(&name);
+        }
+        GroupChange::Delivered {
+            queue,
+            partition,
+            offset: record_offset,
+            attempts,
+        } => {
+            if let Some(g) = groups.get_mut(&name) {
+                let tp = (queue, partition);
+                let position = g.committed(&tp).unwrap_or(record_offset);
+                g.acks
+                    .entry(tp)
+                    .or_insert_with(|| AckState::new(position))
+                    .replay_delivered(record_offset, attempts, Instant::now());
+            }
+        }
+        GroupChange::Settled {
+            queue,
+            partition,
+            offset: record_offset,
+            outcome,
+            reason,
+        } => {
+            if let Some(a) = groups.get_mut(&name).and_then(|g| g.acks.get_mut(&(queue, partition))) {
+                a.replay_settled(record_offset, outcome != Settled::Nack, reason);
+                a.advance();
+            }
         }
     }
 }

@@ -14,7 +14,7 @@
 use bytes::BytesMut;
 use strand_wire::batch::BatchBuilder;
 use strand_wire::flatbuffers::FlatBufferBuilder;
-use strand_wire::{AssignStrategy, GroupRecordArgs, GroupRecordKind, GroupStart};
+use strand_wire::{AssignStrategy, GroupRecordArgs, GroupRecordKind, GroupStart, Outcome};
 
 use super::assign::Strategy;
 use super::group::Start;
@@ -22,9 +22,40 @@ use super::group::Start;
 /// One change of a group's durable state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupChange {
-    Created { strategy: Strategy, start: Start },
-    Commit { queue: String, partition: u32, offset: u64 },
+    Created {
+        strategy: Strategy,
+        start: Start,
+    },
+    Commit {
+        queue: String,
+        partition: u32,
+        offset: u64,
+    },
     Deleted,
+    /// Ack mode: a record handed out for the `attempts`th time.
+    Delivered {
+        queue: String,
+        partition: u32,
+        offset: u64,
+        attempts: u32,
+    },
+    /// Ack mode: a record settled (`done`: acked or dead-lettered; else
+    /// nacked), with its last error.
+    Settled {
+        queue: String,
+        partition: u32,
+        offset: u64,
+        outcome: Settled,
+        reason: Option<String>,
+    },
+}
+
+/// How a record was settled, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    Ack,
+    Nack,
+    DeadLetter,
 }
 
 pub fn strategy_to_wire(s: Strategy) -> AssignStrategy {
@@ -59,12 +90,59 @@ pub fn start_from_wire(s: GroupStart) -> Option<Start> {
     }
 }
 
-/// A change's record value.
-pub fn encode(change: &GroupChange) -> Vec<u8> {
+impl GroupChange {
+    /// The data queue the change is about, if any.
+    pub fn queue(&self) -> Option<&str> {
+        match self {
+            GroupChange::Commit { queue, .. }
+            | GroupChange::Delivered { queue, .. }
+            | GroupChange::Settled { queue, .. } => Some(queue),
+            GroupChange::Created { .. } | GroupChange::Deleted => None,
+        }
+    }
+}
+
+/// A change's record value; `queue_id` is the id of its queue (0: none).
+pub fn encode(change: &GroupChange, queue_id: u64) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::with_capacity(64);
-    let mut args = GroupRecordArgs::default();
+    let mut args = GroupRecordArgs {
+        queue_id,
+        ..GroupRecordArgs::default()
+    };
     let queue;
     match change {
+        GroupChange::Delivered {
+            queue: q,
+            partition,
+            offset,
+            attempts,
+        } => {
+            queue = fbb.create_string(q);
+            args.kind = GroupRecordKind::Delivered;
+            args.queue = Some(queue);
+            args.partition = *partition;
+            args.offset = *offset;
+            args.attempts = *attempts;
+        }
+        GroupChange::Settled {
+            queue: q,
+            partition,
+            offset,
+            outcome,
+            reason,
+        } => {
+            queue = fbb.create_string(q);
+            args.reason = reason.as_deref().map(|r| fbb.create_string(r));
+            args.kind = GroupRecordKind::Settled;
+            args.queue = Some(queue);
+            args.partition = *partition;
+            args.offset = *offset;
+            args.outcome = match outcome {
+                Settled::Ack => Outcome::Ack,
+                Settled::Nack => Outcome::Nack,
+                Settled::DeadLetter => Outcome::DeadLetter,
+            };
+        }
         GroupChange::Created { strategy, start } => {
             args.kind = GroupRecordKind::Created;
             args.strategy = strategy_to_wire(*strategy);
@@ -88,9 +166,13 @@ pub fn encode(change: &GroupChange) -> Vec<u8> {
     fbb.finished_data().to_vec()
 }
 
-/// Reads a record value back.
-pub fn decode(value: &[u8]) -> Result<GroupChange, String> {
+/// Reads a record value back: the change and its queue's id (0: none).
+pub fn decode(value: &[u8]) -> Result<(GroupChange, u64), String> {
     let r = strand_wire::flatbuffers::root::<strand_wire::GroupRecord>(value).map_err(|e| e.to_string())?;
+    change_of(&r).map(|c| (c, r.queue_id()))
+}
+
+fn change_of(r: &strand_wire::GroupRecord<'_>) -> Result<GroupChange, String> {
     match r.kind() {
         GroupRecordKind::Created => Ok(GroupChange::Created {
             strategy: strategy_from_wire(r.strategy())
@@ -103,15 +185,35 @@ pub fn decode(value: &[u8]) -> Result<GroupChange, String> {
             offset: r.offset(),
         }),
         GroupRecordKind::Deleted => Ok(GroupChange::Deleted),
+        GroupRecordKind::Delivered => Ok(GroupChange::Delivered {
+            queue: r.queue().ok_or("a delivery record without a queue")?.to_string(),
+            partition: r.partition(),
+            offset: r.offset(),
+            attempts: r.attempts(),
+        }),
+        GroupRecordKind::Settled => Ok(GroupChange::Settled {
+            queue: r.queue().ok_or("a settle record without a queue")?.to_string(),
+            partition: r.partition(),
+            offset: r.offset(),
+            outcome: match r.outcome() {
+                Outcome::Ack => Settled::Ack,
+                Outcome::Nack => Settled::Nack,
+                Outcome::DeadLetter => Settled::DeadLetter,
+                other => return Err(format!("a settle record with outcome {}", other.0)),
+            },
+            reason: r.reason().map(str::to_string),
+        }),
         other => Err(format!("unknown group record kind {}", other.0)),
     }
 }
 
-/// One record batch holding `changes` of `group`, stamped `now_ms`.
-pub fn batch(group: &str, changes: &[GroupChange], now_ms: i64) -> BytesMut {
+/// One record batch holding `changes` of `group`, stamped `now_ms`;
+/// `queue_id` gives each change's queue id.
+pub fn batch(group: &str, changes: &[GroupChange], now_ms: i64, queue_id: impl Fn(&str) -> u64) -> BytesMut {
     let mut b = BatchBuilder::new();
     for change in changes {
-        b.push(Some(group.as_bytes()), Some(&encode(change)), &[], now_ms);
+        let id = change.queue().map_or(0, &queue_id);
+        b.push(Some(group.as_bytes()), Some(&encode(change, id)), &[], now_ms);
     }
     b.build()
 }
@@ -134,20 +236,41 @@ mod tests {
                 offset: u64::MAX - 1,
             },
             GroupChange::Deleted,
+            GroupChange::Delivered {
+                queue: "q".into(),
+                partition: 1,
+                offset: 9,
+                attempts: 3,
+            },
+            GroupChange::Settled {
+                queue: "q".into(),
+                partition: 1,
+                offset: 9,
+                outcome: Settled::Nack,
+                reason: Some("exit status 1".into()),
+            },
+            GroupChange::Settled {
+                queue: "q".into(),
+                partition: 0,
+                offset: 0,
+                outcome: Settled::Ack,
+                reason: None,
+            },
         ]
     }
 
     #[test]
     fn round_trip_through_a_batch() {
-        let b = batch("g-1", &samples(), 1_700_000_000_000);
+        let b = batch("g-1", &samples(), 1_700_000_000_000, |q| q.len() as u64);
         let rb = RecordBatch::new(b.freeze(), 1 << 20).unwrap();
-        let back: Vec<(Bytes, GroupChange)> = rb
+        let back: Vec<(Bytes, (GroupChange, u64))> = rb
             .records()
             .map(|r| (r.key.unwrap(), decode(&r.value.unwrap()).unwrap()))
             .collect();
-        assert_eq!(back.len(), 3);
-        for ((key, change), want) in back.into_iter().zip(samples()) {
+        assert_eq!(back.len(), samples().len());
+        for ((key, (change, id)), want) in back.into_iter().zip(samples()) {
             assert_eq!(&key[..], b"g-1");
+            assert_eq!(id, want.queue().map_or(0, |q| q.len() as u64));
             assert_eq!(change, want);
         }
     }
@@ -155,7 +278,7 @@ mod tests {
     #[test]
     fn every_truncation_and_byte_flip_is_an_error_or_a_valid_change() {
         for change in samples() {
-            let value = encode(&change);
+            let value = encode(&change, 7);
             for cut in 0..value.len() {
                 let _ = decode(&value[..cut]); // must not panic
             }

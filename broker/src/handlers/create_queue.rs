@@ -9,7 +9,7 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use super::{error_table, propose_error, request, respond, retention, user_queue_name};
-use crate::controller::{Command, FsyncSetting, QueueSettings};
+use crate::controller::{Command, FsyncSetting, QueueSettings, DEFAULT_MAX_DELIVERY_ATTEMPTS};
 use crate::server::messages::WireError;
 use crate::server::shard::Shard;
 
@@ -41,6 +41,7 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
             retention_bytes: None,
             fsync: FsyncSetting::Always,
             max_message_bytes: defaults.max_message_bytes,
+            max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
         });
     };
     Ok(QueueSettings {
@@ -54,6 +55,7 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
         retention_bytes: retention(c.retention_bytes(), None, "retention_bytes")?,
         fsync: fsync(c.fsync(), c.fsync_interval_ms(), c.fsync_interval_bytes())?,
         max_message_bytes: message_limit(shard, c.max_message_bytes())?.unwrap_or(defaults.max_message_bytes),
+        max_delivery_attempts: c.max_delivery_attempts().unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS),
     })
 }
 

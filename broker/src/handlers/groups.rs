@@ -1,5 +1,6 @@
 //! The consumer-group APIs: JoinGroup, Heartbeat, LeaveGroup, CommitOffsets,
-//! FetchOffsets, ListGroups, DescribeGroup, ResetGroup, DeleteGroup.
+//! FetchOffsets, ListGroups, DescribeGroup, ResetGroup, DeleteGroup, and
+//! ack mode's Receive and Settle.
 //!
 //! Runs on: the shard that holds the connection. Each request is read into
 //! a [`GroupOp`], sent to the shard that owns the group's `__groups`
@@ -17,6 +18,7 @@ use strand_wire::flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, WIPOf
 use strand_wire::*;
 
 use super::{ask, check_entries, error_table, request, respond};
+use crate::groups::ack::Outcome;
 use crate::groups::assign::Tp;
 use crate::groups::record::{start_from_wire, start_to_wire, strategy_from_wire, strategy_to_wire};
 use crate::groups::{self as g, GroupOp, GroupReply, GROUPS_QUEUE};
@@ -25,6 +27,7 @@ use crate::server::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let mut fbb = FlatBufferBuilder::new();
+    let mut tail = TailBuilder::default();
     match api {
         Api::ListGroups => {
             request::<ListGroupsRequest>(body)?;
@@ -64,10 +67,10 @@ pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8
             let (group, op) = read_op(api, body)?;
             let p = g::coordinator_partition(shard, &group).await?;
             let reply = coordinator(shard, p, op).await?;
-            write_reply(&mut fbb, api, reply)?;
+            write_reply(&mut fbb, &mut tail, api, reply)?;
         }
     }
-    Ok(respond(header, &fbb, TailBuilder::default()))
+    Ok(respond(header, &fbb, tail))
 }
 
 /// Sends `op` to the shard owning `__groups` partition `p`.
@@ -203,6 +206,47 @@ fn read_op(api: Api, body: &[u8]) -> Result<(String, GroupOp), WireError> {
             };
             (group, op)
         }
+        Api::Receive => {
+            let r = request::<ReceiveRequest>(body)?;
+            let group = group_name(r.group())?;
+            let op = GroupOp::Receive {
+                group: group.clone(),
+                member_id: member_id(r.member_id())?,
+                max_records: r.max_records().min(10_000),
+                lock: Duration::from_millis(u64::from(r.lock_ms())),
+            };
+            (group, op)
+        }
+        Api::Settle => {
+            let r = request::<SettleRequest>(body)?;
+            let group = group_name(r.group())?;
+            let mut records = Vec::new();
+            for item in r.records().into_iter().flatten() {
+                let q = item.queue().ok_or_else(|| invalid("queue name missing"))?;
+                let outcome = match item.outcome() {
+                    strand_wire::Outcome::Ack => Outcome::Ack,
+                    strand_wire::Outcome::Nack => Outcome::Nack {
+                        delay: Duration::from_millis(u64::from(item.delay_ms())),
+                    },
+                    strand_wire::Outcome::DeadLetter => Outcome::DeadLetter,
+                    strand_wire::Outcome::Renew => Outcome::Renew,
+                    other => return Err(invalid(format!("unknown outcome {}", other.0))),
+                };
+                records.push(g::SettleItem {
+                    tp: (q.to_string(), item.partition()),
+                    offset: item.offset(),
+                    outcome,
+                    reason: item.reason().map(|r| r.chars().take(1000).collect()),
+                });
+                check_entries(records.len())?;
+            }
+            let op = GroupOp::Settle {
+                group: group.clone(),
+                member_id: member_id(r.member_id())?,
+                records,
+            };
+            (group, op)
+        }
         Api::DeleteGroup => {
             let r = request::<DeleteGroupRequest>(body)?;
             let group = group_name(r.group())?;
@@ -231,8 +275,53 @@ fn queue_offsets<'b>(
     strand_wire::groups::queue_offsets(fbb, items)
 }
 
-fn write_reply(fbb: &mut FlatBufferBuilder<'_>, api: Api, reply: GroupReply) -> Result<(), WireError> {
+fn write_reply(
+    fbb: &mut FlatBufferBuilder<'_>,
+    tail: &mut TailBuilder,
+    api: Api,
+    reply: GroupReply,
+) -> Result<(), WireError> {
     match (api, reply) {
+        (Api::Receive, GroupReply::Received(parts)) => {
+            let items: Vec<_> = parts
+                .into_iter()
+                .map(|part| {
+                    let start = tail.len() as u32;
+                    for b in part.batches {
+                        tail.push(b);
+                    }
+                    let queue = fbb.create_string(&part.tp.0);
+                    let offsets: Vec<u64> = part.offsets.iter().map(|(o, _)| *o).collect();
+                    let attempts: Vec<u32> = part.offsets.iter().map(|(_, a)| *a).collect();
+                    let offsets = fbb.create_vector(&offsets);
+                    let attempts = fbb.create_vector(&attempts);
+                    ReceivedPartition::create(
+                        fbb,
+                        &ReceivedPartitionArgs {
+                            queue: Some(queue),
+                            partition: part.tp.1,
+                            records_offset: start,
+                            records_len: tail.len() as u32 - start,
+                            offsets: Some(offsets),
+                            attempts: Some(attempts),
+                        },
+                    )
+                })
+                .collect();
+            let partitions = fbb.create_vector(&items);
+            let root = ReceiveResponse::create(
+                fbb,
+                &ReceiveResponseArgs {
+                    error: None,
+                    partitions: Some(partitions),
+                },
+            );
+            fbb.finish_minimal(root);
+        }
+        (Api::Settle, GroupReply::Done) => {
+            let root = SettleResponse::create(fbb, &SettleResponseArgs { error: None });
+            fbb.finish_minimal(root);
+        }
         (
             Api::JoinGroup,
             GroupReply::Joined {

@@ -62,7 +62,9 @@ pub async fn dispatch(shard: &Rc<Shard>, frame: FrameMut) -> Option<OutFrame> {
         | Api::ListGroups
         | Api::DescribeGroup
         | Api::ResetGroup
-        | Api::DeleteGroup => groups::handle(shard, api, header, &frame.body).await,
+        | Api::DeleteGroup
+        | Api::Receive
+        | Api::Settle => groups::handle(shard, api, header, &frame.body).await,
     };
     Some(result.unwrap_or_else(|e| error_response(header, &e)))
 }
@@ -197,6 +199,7 @@ fn config_table<'b>(
             fsync_interval_ms,
             fsync_interval_bytes,
             max_message_bytes: Some(s.max_message_bytes),
+            max_delivery_attempts: Some(s.max_delivery_attempts),
         },
     )
 }

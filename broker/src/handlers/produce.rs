@@ -67,6 +67,12 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
         records[i] = Some(piece);
     }
     let ask_one = |shard: Rc<Shard>, queue: String, partition: u32, records: Option<bytes::BytesMut>| async move {
+        if crate::groups::is_internal(&queue) {
+            return Err(WireError::new(
+                ErrorCode::InvalidQueueName,
+                format!("{queue:?} is one of the broker's own queues: clients cannot write to it"),
+            ));
+        }
         let records = records.unwrap_or_default();
         ask(&shard, queue, partition, |reply| PartitionRequest::Produce {
             records,

@@ -122,10 +122,12 @@ impl Partitions {
         // Close what is no longer ours; delete what no longer exists.
         let current = self.all();
         for (key, part) in current {
-            // A new partition count alone leaves existing partitions open.
+            // A new partition count (or a setting the log does not use)
+            // alone leaves existing partitions open.
             let same = |s: &QueueSettings| {
                 QueueSettings {
                     partitions: part.settings.partitions,
+                    max_delivery_attempts: part.settings.max_delivery_attempts,
                     ..s.clone()
                 } == part.settings
             };

@@ -92,6 +92,7 @@ impl Shard {
         }
         self.partitions.apply(&table).await;
         self.groups.retain(|p| self.partitions.get(GROUPS_QUEUE, p).is_some());
+        self.groups.forget_deleted_queues(&table);
         *self.table.borrow_mut() = table;
     }
 

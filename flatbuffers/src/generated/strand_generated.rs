@@ -644,15 +644,113 @@ impl<'a> ::flatbuffers::Verifiable for ResetTo {
 
 impl ::flatbuffers::SimpleToVerifyInSlice for ResetTo {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MIN_GROUP_RECORD_KIND: u8 = 0;
+pub const ENUM_MIN_OUTCOME: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_GROUP_RECORD_KIND: u8 = 2;
+pub const ENUM_MAX_OUTCOME: u8 = 3;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_GROUP_RECORD_KIND: [GroupRecordKind; 3] = [
+pub const ENUM_VALUES_OUTCOME: [Outcome; 4] = [
+  Outcome::Ack,
+  Outcome::Nack,
+  Outcome::DeadLetter,
+  Outcome::Renew,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct Outcome(pub u8);
+#[allow(non_upper_case_globals)]
+impl Outcome {
+  /// Handled: done.
+  pub const Ack: Self = Self(0);
+  /// Not handled: deliver again (after `delay_ms`).
+  pub const Nack: Self = Self(1);
+  /// Move it to the dead-letter queue now, with `reason`.
+  pub const DeadLetter: Self = Self(2);
+  /// Still working on it: the lock runs for another lock period.
+  pub const Renew: Self = Self(3);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Ack,
+    Self::Nack,
+    Self::DeadLetter,
+    Self::Renew,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Ack => Some("Ack"),
+      Self::Nack => Some("Nack"),
+      Self::DeadLetter => Some("DeadLetter"),
+      Self::Renew => Some("Renew"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for Outcome {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for Outcome {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for Outcome {
+    type Output = Outcome;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for Outcome {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for Outcome {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for Outcome {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_GROUP_RECORD_KIND: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_GROUP_RECORD_KIND: u8 = 4;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_GROUP_RECORD_KIND: [GroupRecordKind; 5] = [
   GroupRecordKind::Created,
   GroupRecordKind::Commit,
   GroupRecordKind::Deleted,
+  GroupRecordKind::Delivered,
+  GroupRecordKind::Settled,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -666,13 +764,21 @@ impl GroupRecordKind {
   pub const Commit: Self = Self(1);
   /// The group and all its positions are gone.
   pub const Deleted: Self = Self(2);
+  /// Ack mode: `queue`/`partition`'s record at `offset` was handed out for
+  /// the `attempts`th time.
+  pub const Delivered: Self = Self(3);
+  /// Ack mode: the record at `offset` was settled with `outcome` (Ack,
+  /// Nack or DeadLetter), `reason` being its last error.
+  pub const Settled: Self = Self(4);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_MAX: u8 = 4;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Created,
     Self::Commit,
     Self::Deleted,
+    Self::Delivered,
+    Self::Settled,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -680,6 +786,8 @@ impl GroupRecordKind {
       Self::Created => Some("Created"),
       Self::Commit => Some("Commit"),
       Self::Deleted => Some("Deleted"),
+      Self::Delivered => Some("Delivered"),
+      Self::Settled => Some("Settled"),
       _ => None,
     }
   }
@@ -873,6 +981,7 @@ impl<'a> QueueConfig<'a> {
   pub const VT_FSYNC_INTERVAL_MS: ::flatbuffers::VOffsetT = 14;
   pub const VT_FSYNC_INTERVAL_BYTES: ::flatbuffers::VOffsetT = 16;
   pub const VT_MAX_MESSAGE_BYTES: ::flatbuffers::VOffsetT = 18;
+  pub const VT_MAX_DELIVERY_ATTEMPTS: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -887,6 +996,7 @@ impl<'a> QueueConfig<'a> {
     builder.add_fsync_interval_bytes(args.fsync_interval_bytes);
     if let Some(x) = args.retention_bytes { builder.add_retention_bytes(x); }
     if let Some(x) = args.retention_ms { builder.add_retention_ms(x); }
+    if let Some(x) = args.max_delivery_attempts { builder.add_max_delivery_attempts(x); }
     if let Some(x) = args.max_message_bytes { builder.add_max_message_bytes(x); }
     builder.add_fsync_interval_ms(args.fsync_interval_ms);
     builder.add_partitions(args.partitions);
@@ -952,6 +1062,14 @@ impl<'a> QueueConfig<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(QueueConfig::VT_MAX_MESSAGE_BYTES, None)}
   }
+  /// Ack-mode deliveries of a record before it goes to the dead-letter queue.
+  #[inline]
+  pub fn max_delivery_attempts(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(QueueConfig::VT_MAX_DELIVERY_ATTEMPTS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for QueueConfig<'_> {
@@ -968,6 +1086,7 @@ impl ::flatbuffers::Verifiable for QueueConfig<'_> {
      .visit_field::<u32>("fsync_interval_ms", Self::VT_FSYNC_INTERVAL_MS, false)?
      .visit_field::<u64>("fsync_interval_bytes", Self::VT_FSYNC_INTERVAL_BYTES, false)?
      .visit_field::<u32>("max_message_bytes", Self::VT_MAX_MESSAGE_BYTES, false)?
+     .visit_field::<u32>("max_delivery_attempts", Self::VT_MAX_DELIVERY_ATTEMPTS, false)?
      .finish();
     Ok(())
   }
@@ -981,6 +1100,7 @@ pub struct QueueConfigArgs {
     pub fsync_interval_ms: u32,
     pub fsync_interval_bytes: u64,
     pub max_message_bytes: Option<u32>,
+    pub max_delivery_attempts: Option<u32>,
 }
 impl<'a> Default for QueueConfigArgs {
   #[inline]
@@ -994,6 +1114,7 @@ impl<'a> Default for QueueConfigArgs {
       fsync_interval_ms: 0,
       fsync_interval_bytes: 0,
       max_message_bytes: None,
+      max_delivery_attempts: None,
     }
   }
 }
@@ -1036,6 +1157,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueConfigBuilder<'a, 'b, A>
     self.fbb_.push_slot_always::<u32>(QueueConfig::VT_MAX_MESSAGE_BYTES, max_message_bytes);
   }
   #[inline]
+  pub fn add_max_delivery_attempts(&mut self, max_delivery_attempts: u32) {
+    self.fbb_.push_slot_always::<u32>(QueueConfig::VT_MAX_DELIVERY_ATTEMPTS, max_delivery_attempts);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueConfigBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     QueueConfigBuilder {
@@ -1061,6 +1186,7 @@ impl ::core::fmt::Debug for QueueConfig<'_> {
       ds.field("fsync_interval_ms", &self.fsync_interval_ms());
       ds.field("fsync_interval_bytes", &self.fsync_interval_bytes());
       ds.field("max_message_bytes", &self.max_message_bytes());
+      ds.field("max_delivery_attempts", &self.max_delivery_attempts());
       ds.finish()
   }
 }
@@ -2497,6 +2623,7 @@ impl<'a> AlterQueueRequest<'a> {
   pub const VT_FSYNC_INTERVAL_MS: ::flatbuffers::VOffsetT = 14;
   pub const VT_FSYNC_INTERVAL_BYTES: ::flatbuffers::VOffsetT = 16;
   pub const VT_MAX_MESSAGE_BYTES: ::flatbuffers::VOffsetT = 18;
+  pub const VT_MAX_DELIVERY_ATTEMPTS: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2511,6 +2638,7 @@ impl<'a> AlterQueueRequest<'a> {
     if let Some(x) = args.fsync_interval_bytes { builder.add_fsync_interval_bytes(x); }
     if let Some(x) = args.retention_bytes { builder.add_retention_bytes(x); }
     if let Some(x) = args.retention_ms { builder.add_retention_ms(x); }
+    if let Some(x) = args.max_delivery_attempts { builder.add_max_delivery_attempts(x); }
     if let Some(x) = args.max_message_bytes { builder.add_max_message_bytes(x); }
     if let Some(x) = args.fsync_interval_ms { builder.add_fsync_interval_ms(x); }
     if let Some(x) = args.partitions { builder.add_partitions(x); }
@@ -2577,6 +2705,13 @@ impl<'a> AlterQueueRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(AlterQueueRequest::VT_MAX_MESSAGE_BYTES, None)}
   }
+  #[inline]
+  pub fn max_delivery_attempts(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(AlterQueueRequest::VT_MAX_DELIVERY_ATTEMPTS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for AlterQueueRequest<'_> {
@@ -2593,6 +2728,7 @@ impl ::flatbuffers::Verifiable for AlterQueueRequest<'_> {
      .visit_field::<u32>("fsync_interval_ms", Self::VT_FSYNC_INTERVAL_MS, false)?
      .visit_field::<u64>("fsync_interval_bytes", Self::VT_FSYNC_INTERVAL_BYTES, false)?
      .visit_field::<u32>("max_message_bytes", Self::VT_MAX_MESSAGE_BYTES, false)?
+     .visit_field::<u32>("max_delivery_attempts", Self::VT_MAX_DELIVERY_ATTEMPTS, false)?
      .finish();
     Ok(())
   }
@@ -2606,6 +2742,7 @@ pub struct AlterQueueRequestArgs<'a> {
     pub fsync_interval_ms: Option<u32>,
     pub fsync_interval_bytes: Option<u64>,
     pub max_message_bytes: Option<u32>,
+    pub max_delivery_attempts: Option<u32>,
 }
 impl<'a> Default for AlterQueueRequestArgs<'a> {
   #[inline]
@@ -2619,6 +2756,7 @@ impl<'a> Default for AlterQueueRequestArgs<'a> {
       fsync_interval_ms: None,
       fsync_interval_bytes: None,
       max_message_bytes: None,
+      max_delivery_attempts: None,
     }
   }
 }
@@ -2661,6 +2799,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AlterQueueRequestBuilder<'a, 
     self.fbb_.push_slot_always::<u32>(AlterQueueRequest::VT_MAX_MESSAGE_BYTES, max_message_bytes);
   }
   #[inline]
+  pub fn add_max_delivery_attempts(&mut self, max_delivery_attempts: u32) {
+    self.fbb_.push_slot_always::<u32>(AlterQueueRequest::VT_MAX_DELIVERY_ATTEMPTS, max_delivery_attempts);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AlterQueueRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     AlterQueueRequestBuilder {
@@ -2686,6 +2828,7 @@ impl ::core::fmt::Debug for AlterQueueRequest<'_> {
       ds.field("fsync_interval_ms", &self.fsync_interval_ms());
       ds.field("fsync_interval_bytes", &self.fsync_interval_bytes());
       ds.field("max_message_bytes", &self.max_message_bytes());
+      ds.field("max_delivery_attempts", &self.max_delivery_attempts());
       ds.finish()
   }
 }
@@ -8590,6 +8733,863 @@ impl ::core::fmt::Debug for DeleteGroupResponse<'_> {
       ds.finish()
   }
 }
+pub enum ReceiveRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ReceiveRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReceiveRequest<'a> {
+  type Inner = ReceiveRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReceiveRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MAX_RECORDS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LOCK_MS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReceiveRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReceiveRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReceiveRequest<'bldr>> {
+    let mut builder = ReceiveRequestBuilder::new(_fbb);
+    builder.add_lock_ms(args.lock_ms);
+    builder.add_max_records(args.max_records);
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReceiveRequest::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReceiveRequest::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn max_records(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReceiveRequest::VT_MAX_RECORDS, Some(100)).unwrap()}
+  }
+  /// How long the member may hold a record before it is delivered again.
+  #[inline]
+  pub fn lock_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReceiveRequest::VT_LOCK_MS, Some(30000)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReceiveRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<u32>("max_records", Self::VT_MAX_RECORDS, false)?
+     .visit_field::<u32>("lock_ms", Self::VT_LOCK_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReceiveRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub max_records: u32,
+    pub lock_ms: u32,
+}
+impl<'a> Default for ReceiveRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReceiveRequestArgs {
+      group: None,
+      member_id: None,
+      max_records: 100,
+      lock_ms: 30000,
+    }
+  }
+}
+
+pub struct ReceiveRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReceiveRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReceiveRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReceiveRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_max_records(&mut self, max_records: u32) {
+    self.fbb_.push_slot::<u32>(ReceiveRequest::VT_MAX_RECORDS, max_records, 100);
+  }
+  #[inline]
+  pub fn add_lock_ms(&mut self, lock_ms: u32) {
+    self.fbb_.push_slot::<u32>(ReceiveRequest::VT_LOCK_MS, lock_ms, 30000);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReceiveRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReceiveRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReceiveRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReceiveRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReceiveRequest");
+      ds.field("group", &self.group());
+      ds.field("member_id", &self.member_id());
+      ds.field("max_records", &self.max_records());
+      ds.field("lock_ms", &self.lock_ms());
+      ds.finish()
+  }
+}
+pub enum ReceivedPartitionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Records handed out from one partition: whole batches (`records_len`
+/// bytes at `records_offset` of the frame's tail) of which only the records
+/// at `offsets` are this member's, with each one's delivery attempt (1 for
+/// a first delivery).
+pub struct ReceivedPartition<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReceivedPartition<'a> {
+  type Inner = ReceivedPartition<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReceivedPartition<'a> {
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_RECORDS_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_RECORDS_LEN: ::flatbuffers::VOffsetT = 10;
+  pub const VT_OFFSETS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_ATTEMPTS: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReceivedPartition { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReceivedPartitionArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReceivedPartition<'bldr>> {
+    let mut builder = ReceivedPartitionBuilder::new(_fbb);
+    if let Some(x) = args.attempts { builder.add_attempts(x); }
+    if let Some(x) = args.offsets { builder.add_offsets(x); }
+    builder.add_records_len(args.records_len);
+    builder.add_records_offset(args.records_offset);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReceivedPartition::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReceivedPartition::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn records_offset(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReceivedPartition::VT_RECORDS_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn records_len(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReceivedPartition::VT_RECORDS_LEN, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offsets(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ReceivedPartition::VT_OFFSETS, None)}
+  }
+  #[inline]
+  pub fn attempts(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(ReceivedPartition::VT_ATTEMPTS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReceivedPartition<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<u32>("records_offset", Self::VT_RECORDS_OFFSET, false)?
+     .visit_field::<u32>("records_len", Self::VT_RECORDS_LEN, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("offsets", Self::VT_OFFSETS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("attempts", Self::VT_ATTEMPTS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReceivedPartitionArgs<'a> {
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub records_offset: u32,
+    pub records_len: u32,
+    pub offsets: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub attempts: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+}
+impl<'a> Default for ReceivedPartitionArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReceivedPartitionArgs {
+      queue: None,
+      partition: 0,
+      records_offset: 0,
+      records_len: 0,
+      offsets: None,
+      attempts: None,
+    }
+  }
+}
+
+pub struct ReceivedPartitionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReceivedPartitionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReceivedPartition::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(ReceivedPartition::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_records_offset(&mut self, records_offset: u32) {
+    self.fbb_.push_slot::<u32>(ReceivedPartition::VT_RECORDS_OFFSET, records_offset, 0);
+  }
+  #[inline]
+  pub fn add_records_len(&mut self, records_len: u32) {
+    self.fbb_.push_slot::<u32>(ReceivedPartition::VT_RECORDS_LEN, records_len, 0);
+  }
+  #[inline]
+  pub fn add_offsets(&mut self, offsets: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReceivedPartition::VT_OFFSETS, offsets);
+  }
+  #[inline]
+  pub fn add_attempts(&mut self, attempts: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReceivedPartition::VT_ATTEMPTS, attempts);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReceivedPartitionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReceivedPartitionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReceivedPartition<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReceivedPartition<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReceivedPartition");
+      ds.field("queue", &self.queue());
+      ds.field("partition", &self.partition());
+      ds.field("records_offset", &self.records_offset());
+      ds.field("records_len", &self.records_len());
+      ds.field("offsets", &self.offsets());
+      ds.field("attempts", &self.attempts());
+      ds.finish()
+  }
+}
+pub enum ReceiveResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ReceiveResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReceiveResponse<'a> {
+  type Inner = ReceiveResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReceiveResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReceiveResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReceiveResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReceiveResponse<'bldr>> {
+    let mut builder = ReceiveResponseBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ReceiveResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReceivedPartition<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReceivedPartition>>>>(ReceiveResponse::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReceiveResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReceivedPartition>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReceiveResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReceivedPartition<'a>>>>>,
+}
+impl<'a> Default for ReceiveResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReceiveResponseArgs {
+      error: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct ReceiveResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReceiveResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ReceiveResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReceivedPartition<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReceiveResponse::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReceiveResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReceiveResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReceiveResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReceiveResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReceiveResponse");
+      ds.field("error", &self.error());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum SettleRecordOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct SettleRecord<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SettleRecord<'a> {
+  type Inner = SettleRecord<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SettleRecord<'a> {
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_OUTCOME: ::flatbuffers::VOffsetT = 10;
+  pub const VT_DELAY_MS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_REASON: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SettleRecord { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SettleRecordArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SettleRecord<'bldr>> {
+    let mut builder = SettleRecordBuilder::new(_fbb);
+    builder.add_offset(args.offset);
+    if let Some(x) = args.reason { builder.add_reason(x); }
+    builder.add_delay_ms(args.delay_ms);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.add_outcome(args.outcome);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SettleRecord::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SettleRecord::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(SettleRecord::VT_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn outcome(&self) -> Outcome {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<Outcome>(SettleRecord::VT_OUTCOME, Some(Outcome::Ack)).unwrap()}
+  }
+  /// For Nack: deliver again no sooner than this.
+  #[inline]
+  pub fn delay_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(SettleRecord::VT_DELAY_MS, Some(0)).unwrap()}
+  }
+  /// For Nack and DeadLetter: why (kept as the record's last error).
+  #[inline]
+  pub fn reason(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SettleRecord::VT_REASON, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SettleRecord<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
+     .visit_field::<Outcome>("outcome", Self::VT_OUTCOME, false)?
+     .visit_field::<u32>("delay_ms", Self::VT_DELAY_MS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SettleRecordArgs<'a> {
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub offset: u64,
+    pub outcome: Outcome,
+    pub delay_ms: u32,
+    pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for SettleRecordArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SettleRecordArgs {
+      queue: None,
+      partition: 0,
+      offset: 0,
+      outcome: Outcome::Ack,
+      delay_ms: 0,
+      reason: None,
+    }
+  }
+}
+
+pub struct SettleRecordBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SettleRecordBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SettleRecord::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(SettleRecord::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_offset(&mut self, offset: u64) {
+    self.fbb_.push_slot::<u64>(SettleRecord::VT_OFFSET, offset, 0);
+  }
+  #[inline]
+  pub fn add_outcome(&mut self, outcome: Outcome) {
+    self.fbb_.push_slot::<Outcome>(SettleRecord::VT_OUTCOME, outcome, Outcome::Ack);
+  }
+  #[inline]
+  pub fn add_delay_ms(&mut self, delay_ms: u32) {
+    self.fbb_.push_slot::<u32>(SettleRecord::VT_DELAY_MS, delay_ms, 0);
+  }
+  #[inline]
+  pub fn add_reason(&mut self, reason: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SettleRecord::VT_REASON, reason);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SettleRecordBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SettleRecordBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SettleRecord<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SettleRecord<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SettleRecord");
+      ds.field("queue", &self.queue());
+      ds.field("partition", &self.partition());
+      ds.field("offset", &self.offset());
+      ds.field("outcome", &self.outcome());
+      ds.field("delay_ms", &self.delay_ms());
+      ds.field("reason", &self.reason());
+      ds.finish()
+  }
+}
+pub enum SettleRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Settles records this member holds; refused as a whole (FencedMember) if
+/// any is not held by it (its lock ran out, or the partition moved).
+pub struct SettleRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SettleRequest<'a> {
+  type Inner = SettleRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SettleRequest<'a> {
+  pub const VT_GROUP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_RECORDS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SettleRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SettleRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SettleRequest<'bldr>> {
+    let mut builder = SettleRequestBuilder::new(_fbb);
+    if let Some(x) = args.records { builder.add_records(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    if let Some(x) = args.group { builder.add_group(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SettleRequest::VT_GROUP, None)}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SettleRequest::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn records(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SettleRecord<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SettleRecord>>>>(SettleRequest::VT_RECORDS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SettleRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group", Self::VT_GROUP, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<SettleRecord>>>>("records", Self::VT_RECORDS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SettleRequestArgs<'a> {
+    pub group: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub records: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SettleRecord<'a>>>>>,
+}
+impl<'a> Default for SettleRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SettleRequestArgs {
+      group: None,
+      member_id: None,
+      records: None,
+    }
+  }
+}
+
+pub struct SettleRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SettleRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group(&mut self, group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SettleRequest::VT_GROUP, group);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SettleRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_records(&mut self, records: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<SettleRecord<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SettleRequest::VT_RECORDS, records);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SettleRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SettleRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SettleRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SettleRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SettleRequest");
+      ds.field("group", &self.group());
+      ds.field("member_id", &self.member_id());
+      ds.field("records", &self.records());
+      ds.finish()
+  }
+}
+pub enum SettleResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct SettleResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SettleResponse<'a> {
+  type Inner = SettleResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SettleResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SettleResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SettleResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SettleResponse<'bldr>> {
+    let mut builder = SettleResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(SettleResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SettleResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SettleResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for SettleResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SettleResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct SettleResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SettleResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(SettleResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SettleResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SettleResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SettleResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SettleResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SettleResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
 pub enum GroupRecordOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -8612,6 +9612,10 @@ impl<'a> GroupRecord<'a> {
   pub const VT_QUEUE: ::flatbuffers::VOffsetT = 10;
   pub const VT_PARTITION: ::flatbuffers::VOffsetT = 12;
   pub const VT_OFFSET: ::flatbuffers::VOffsetT = 14;
+  pub const VT_ATTEMPTS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_OUTCOME: ::flatbuffers::VOffsetT = 18;
+  pub const VT_REASON: ::flatbuffers::VOffsetT = 20;
+  pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -8623,9 +9627,13 @@ impl<'a> GroupRecord<'a> {
     args: &'args GroupRecordArgs<'args>
   ) -> ::flatbuffers::WIPOffset<GroupRecord<'bldr>> {
     let mut builder = GroupRecordBuilder::new(_fbb);
+    builder.add_queue_id(args.queue_id);
     builder.add_offset(args.offset);
+    if let Some(x) = args.reason { builder.add_reason(x); }
+    builder.add_attempts(args.attempts);
     builder.add_partition(args.partition);
     if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.add_outcome(args.outcome);
     builder.add_start(args.start);
     builder.add_strategy(args.strategy);
     builder.add_kind(args.kind);
@@ -8675,6 +9683,36 @@ impl<'a> GroupRecord<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(GroupRecord::VT_OFFSET, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn attempts(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GroupRecord::VT_ATTEMPTS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn outcome(&self) -> Outcome {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<Outcome>(GroupRecord::VT_OUTCOME, Some(Outcome::Ack)).unwrap()}
+  }
+  #[inline]
+  pub fn reason(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupRecord::VT_REASON, None)}
+  }
+  /// The id of `queue` when written (0: unknown): a record about a queue
+  /// since deleted (and perhaps created again, with a new id) is ignored.
+  #[inline]
+  pub fn queue_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(GroupRecord::VT_QUEUE_ID, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GroupRecord<'_> {
@@ -8689,6 +9727,10 @@ impl ::flatbuffers::Verifiable for GroupRecord<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
      .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
      .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
+     .visit_field::<u32>("attempts", Self::VT_ATTEMPTS, false)?
+     .visit_field::<Outcome>("outcome", Self::VT_OUTCOME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
+     .visit_field::<u64>("queue_id", Self::VT_QUEUE_ID, false)?
      .finish();
     Ok(())
   }
@@ -8700,6 +9742,10 @@ pub struct GroupRecordArgs<'a> {
     pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub partition: u32,
     pub offset: u64,
+    pub attempts: u32,
+    pub outcome: Outcome,
+    pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub queue_id: u64,
 }
 impl<'a> Default for GroupRecordArgs<'a> {
   #[inline]
@@ -8711,6 +9757,10 @@ impl<'a> Default for GroupRecordArgs<'a> {
       queue: None,
       partition: 0,
       offset: 0,
+      attempts: 0,
+      outcome: Outcome::Ack,
+      reason: None,
+      queue_id: 0,
     }
   }
 }
@@ -8745,6 +9795,22 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupRecordBuilder<'a, 'b, A>
     self.fbb_.push_slot::<u64>(GroupRecord::VT_OFFSET, offset, 0);
   }
   #[inline]
+  pub fn add_attempts(&mut self, attempts: u32) {
+    self.fbb_.push_slot::<u32>(GroupRecord::VT_ATTEMPTS, attempts, 0);
+  }
+  #[inline]
+  pub fn add_outcome(&mut self, outcome: Outcome) {
+    self.fbb_.push_slot::<Outcome>(GroupRecord::VT_OUTCOME, outcome, Outcome::Ack);
+  }
+  #[inline]
+  pub fn add_reason(&mut self, reason: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupRecord::VT_REASON, reason);
+  }
+  #[inline]
+  pub fn add_queue_id(&mut self, queue_id: u64) {
+    self.fbb_.push_slot::<u64>(GroupRecord::VT_QUEUE_ID, queue_id, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupRecordBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GroupRecordBuilder {
@@ -8768,6 +9834,10 @@ impl ::core::fmt::Debug for GroupRecord<'_> {
       ds.field("queue", &self.queue());
       ds.field("partition", &self.partition());
       ds.field("offset", &self.offset());
+      ds.field("attempts", &self.attempts());
+      ds.field("outcome", &self.outcome());
+      ds.field("reason", &self.reason());
+      ds.field("queue_id", &self.queue_id());
       ds.finish()
   }
 }

@@ -8,6 +8,7 @@ fn settings(partitions: u32, rf: u16) -> QueueSettings {
         retention_bytes: None,
         fsync: FsyncSetting::Always,
         max_message_bytes: 1 << 20,
+        max_delivery_attempts: 5,
     }
 }
 

@@ -1,0 +1,181 @@
+//! `strand dlq list QUEUE` and `strand dlq replay QUEUE [--max N]`: the
+//! dead-letter queue `<QUEUE>.dlq`, where ack-mode consumers' poison
+//! messages go (see `crate::groups`).
+//!
+//! Each DLQ record keeps the original key, value and headers and adds
+//! `strand.source.queue`, `strand.source.partition`, `strand.source.offset`,
+//! `strand.attempts` and `strand.last_error`. `replay` appends records back
+//! to the source queue (same key, value and headers, without the `strand.`
+//! ones) and remembers how far it got in the group `strand.dlq-replay`, so
+//! a record is replayed once however often `replay` runs.
+
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use strand_client::{
+    block_on, Acks, ConsumedRecord, Consumer, ConsumerConfig, GroupConfig, GroupConsumer, GroupStart, Producer,
+    ProducerConfig, Seek,
+};
+
+use crate::groups::{dlq_name, DLQ_HEADERS};
+
+/// The group `replay` keeps its position in.
+pub const REPLAY_GROUP: &str = "strand.dlq-replay";
+
+#[derive(Subcommand, Debug)]
+pub enum DlqCommand {
+    /// Dead-lettered messages of QUEUE: offset, key, attempts, last error,
+    /// source partition/offset, and the start of the value.
+    List { queue: String },
+    /// Append dead-lettered messages back to QUEUE (each once).
+    Replay {
+        queue: String,
+        /// At most this many.
+        #[arg(long)]
+        max: Option<u64>,
+    },
+}
+
+fn header(r: &ConsumedRecord, name: &str) -> Option<String> {
+    r.headers
+        .iter()
+        .find(|(k, _)| &k[..] == name.as_bytes())
+        .and_then(|(_, v)| v.as_ref())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+fn text(b: &Option<bytes::Bytes>) -> Option<String> {
+    b.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())
+}
+
+/// Every record of the DLQ up to its end when asked.
+fn read_all(brokers: &str, dlq: &str) -> Result<Vec<ConsumedRecord>, String> {
+    let config = ConsumerConfig {
+        start: Seek::Earliest,
+        max_wait: Duration::from_millis(200),
+        ..ConsumerConfig::default()
+    };
+    let mut c = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
+    block_on(c.assign_all(dlq)).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    // Two empty polls in a row: caught up.
+    let mut empty = 0;
+    while empty < 2 {
+        let got = block_on(c.poll()).map_err(|e| e.to_string())?;
+        empty = if got.is_empty() { empty + 1 } else { 0 };
+        out.extend(got);
+    }
+    Ok(out)
+}
+
+pub fn run(command: DlqCommand, brokers: &str, json: bool) -> Result<(), String> {
+    match command {
+        DlqCommand::List { queue } => {
+            let records = read_all(brokers, &dlq_name(&queue))?;
+            if json {
+                let list: Vec<_> = records
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "offset": r.offset, "key": text(&r.key), "value": text(&r.value),
+                            "attempts": header(r, "strand.attempts").and_then(|a| a.parse::<u64>().ok()),
+                            "last_error": header(r, "strand.last_error"),
+                            "source_partition": header(r, "strand.source.partition").and_then(|a| a.parse::<u64>().ok()),
+                            "source_offset": header(r, "strand.source.offset").and_then(|a| a.parse::<u64>().ok()),
+                            "timestamp_ms": r.timestamp_ms,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(list));
+            } else {
+                println!(
+                    "{:>8}  {:<16}  {:>8}  {:>9}  {:<30}  VALUE",
+                    "OFFSET", "KEY", "ATTEMPTS", "SOURCE", "LAST_ERROR"
+                );
+                for r in &records {
+                    let preview: String = text(&r.value).unwrap_or_default().chars().take(40).collect();
+                    let source = format!(
+                        "{}/{}",
+                        header(r, "strand.source.partition").unwrap_or_default(),
+                        header(r, "strand.source.offset").unwrap_or_default()
+                    );
+                    println!(
+                        "{:>8}  {:<16}  {:>8}  {:>9}  {:<30}  {}",
+                        r.offset,
+                        text(&r.key).unwrap_or_else(|| "-".into()),
+                        header(r, "strand.attempts").unwrap_or_default(),
+                        source,
+                        header(r, "strand.last_error").unwrap_or_default(),
+                        preview.replace('\n', " ")
+                    );
+                }
+            }
+        }
+        DlqCommand::Replay { queue, max } => {
+            let replayed = replay(brokers, &queue, max)?;
+            if json {
+                println!("{}", serde_json::json!({ "replayed": replayed }));
+            } else {
+                println!("replayed {replayed}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Appends DLQ records back to `queue` (acks=all), committing the replay
+/// group's position after each; returns how many.
+fn replay(brokers: &str, queue: &str, max: Option<u64>) -> Result<u64, String> {
+    let config = GroupConfig {
+        start: GroupStart::Earliest,
+        auto_commit: false,
+        client_name: "strand-dlq-replay".into(),
+        consumer: ConsumerConfig {
+            max_wait: Duration::from_millis(200),
+            ..ConsumerConfig::default()
+        },
+        ..GroupConfig::default()
+    };
+    let dlq = dlq_name(queue);
+    let mut member =
+        block_on(GroupConsumer::subscribe(brokers, REPLAY_GROUP, &[&dlq], config)).map_err(|e| e.to_string())?;
+    let producer = Producer::new(
+        brokers,
+        ProducerConfig {
+            acks: Acks::All,
+            ..ProducerConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut replayed = 0;
+    let mut last = Instant::now();
+    // Done once nothing came for a second (the DLQ is read to its end).
+    while max.is_none_or(|m| replayed < m) && last.elapsed() < Duration::from_secs(1) {
+        let records = block_on(member.poll()).map_err(|e| e.to_string())?;
+        for r in records {
+            if max.is_some_and(|m| replayed >= m) {
+                break;
+            }
+            let names: Vec<(String, &[u8])> = r
+                .headers
+                .iter()
+                .filter(|(k, _)| !DLQ_HEADERS.iter().any(|h| h.as_bytes() == &k[..]))
+                .map(|(k, v)| {
+                    (
+                        String::from_utf8_lossy(k).into_owned(),
+                        v.as_deref().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let headers: Vec<(&str, &[u8])> = names.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            let value = r.value.as_deref().unwrap_or_default();
+            block_on(producer.send(queue, r.key.as_deref(), value, &headers))
+                .map_err(|e| format!("replaying DLQ offset {}: {e}", r.offset))?;
+            block_on(member.commit_record(&r)).map_err(|e| e.to_string())?;
+            replayed += 1;
+            last = Instant::now();
+        }
+    }
+    block_on(member.close()).map_err(|e| e.to_string())?;
+    Ok(replayed)
+}
