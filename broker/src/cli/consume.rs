@@ -283,19 +283,28 @@ fn run_one(cmd: &str, r: &strand_client::Received, member: &GroupConsumer) -> Re
             "STRAND_KEY",
             rec.key
                 .as_ref()
-                .map_or(String::new(), |k| String::from_utf8_lossy(k).into_owned()),
+                // The environment cannot carry NUL bytes.
+                .map_or(String::new(), |k| String::from_utf8_lossy(k).replace('\0', "")),
         )
         .env("STRAND_DELIVERY_ATTEMPT", r.attempt.to_string())
         .stdin(Stdio::piped())
         .spawn()
         .map_err(|e| format!("running sh -c {cmd:?}: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A command that does not read its stdin closes the pipe: fine.
-        let _ = stdin.write_all(rec.value.as_deref().unwrap_or_default());
-    }
+    // Fed from a thread: a value larger than the pipe holds must not keep
+    // this one from renewing the lock. A command that does not read its
+    // stdin closes the pipe: fine.
+    let feeder = child.stdin.take().map(|mut stdin| {
+        let value = rec.value.clone().unwrap_or_default();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&value);
+        })
+    });
     let mut renewed = Instant::now();
     loop {
         if let Some(status) = child.try_wait().map_err(|e| format!("waiting for {cmd:?}: {e}"))? {
+            if let Some(f) = feeder {
+                let _ = f.join();
+            }
             return Ok(status.code());
         }
         // Renew well before the lock (default 30 s) runs out.

@@ -31,8 +31,15 @@ pub enum Outcome {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    Acquired { member: String, until: Instant },
-    Available { not_before: Instant },
+    /// `lock`: the member's lock period (a renewal extends by it).
+    Acquired {
+        member: String,
+        until: Instant,
+        lock: Duration,
+    },
+    Available {
+        not_before: Instant,
+    },
     Done,
 }
 
@@ -104,6 +111,8 @@ impl AckState {
     pub fn plan(&self, now: Instant, max: u32, window: u64, max_attempts: u32) -> Plan {
         let mut plan = Plan::default();
         let mut waiting = false;
+        // A record held back (nack delay) holds back the ones after it.
+        let mut held_back = false;
         for (&offset, r) in &self.records {
             match &r.state {
                 State::Available { .. } if r.attempts >= max_attempts => {
@@ -111,7 +120,8 @@ impl AckState {
                 }
                 State::Available { not_before } => {
                     waiting = true;
-                    if *not_before <= now && (plan.redeliver.len() as u32) < max {
+                    held_back |= *not_before > now;
+                    if !held_back && (plan.redeliver.len() as u32) < max {
                         plan.redeliver.push(offset);
                     }
                 }
@@ -126,11 +136,26 @@ impl AckState {
         plan
     }
 
-    /// Records handed out to `member` until `until` (each one's attempt
-    /// counted); offsets at or past `next` move it.
-    pub fn acquire(&mut self, offsets: &[u64], member: &str, until: Instant) {
+    /// Whether the record at `offset` may be handed out now: never handed
+    /// out (at or past `next`), or available and due.
+    pub fn acquirable(&self, offset: u64, now: Instant) -> bool {
+        if offset < self.position {
+            return false;
+        }
+        match self.records.get(&offset) {
+            None => offset >= self.next,
+            Some(r) => matches!(r.state, State::Available { not_before } if not_before <= now),
+        }
+    }
+
+    /// Records handed out to `member` for `lock` (each one's attempt
+    /// counted); offsets at or past `next` move it. Offsets that are not
+    /// [`AckState::acquirable`] (another receive took them meanwhile) are
+    /// skipped; returns the ones acquired.
+    pub fn acquire(&mut self, offsets: &[u64], member: &str, now: Instant, lock: Duration) -> Vec<u64> {
+        let mut taken = Vec::new();
         for &o in offsets {
-            if o < self.position {
+            if !self.acquirable(o, now) {
                 continue;
             }
             let r = self.records.entry(o).or_insert(Rec {
@@ -141,10 +166,13 @@ impl AckState {
             r.attempts += 1;
             r.state = State::Acquired {
                 member: member.to_string(),
-                until,
+                until: now + lock,
+                lock,
             };
             self.next = self.next.max(o + 1);
+            taken.push(o);
         }
+        taken
     }
 
     /// Checks that `member` holds the record (for a settle).
@@ -152,10 +180,23 @@ impl AckState {
         matches!(self.records.get(&offset), Some(Rec { state: State::Acquired { member: m, .. }, .. }) if m == member)
     }
 
-    /// Applies a settle of a record `member` holds (checked before with
-    /// [`AckState::held_by`]); `lock` is the renewal period for `Renew`.
-    pub fn settle(&mut self, offset: u64, outcome: Outcome, reason: Option<String>, now: Instant, lock: Duration) {
-        let Some(r) = self.records.get_mut(&offset) else { return };
+    /// Applies a settle of a record `member` holds; false (nothing changes)
+    /// if it does not hold it any more. `Renew` extends the lock by the
+    /// member's lock period.
+    pub fn settle(
+        &mut self,
+        offset: u64,
+        member: &str,
+        outcome: Outcome,
+        reason: Option<String>,
+        now: Instant,
+    ) -> bool {
+        if !self.held_by(offset, member) {
+            return false;
+        }
+        let Some(r) = self.records.get_mut(&offset) else {
+            return false;
+        };
         match outcome {
             Outcome::Ack | Outcome::DeadLetter => r.state = State::Done,
             Outcome::Nack { delay } => {
@@ -165,11 +206,12 @@ impl AckState {
                 r.last_error = reason.or_else(|| Some("nacked".into()));
             }
             Outcome::Renew => {
-                if let State::Acquired { until, .. } = &mut r.state {
-                    *until = now + lock;
+                if let State::Acquired { until, lock, .. } = &mut r.state {
+                    *until = now + *lock;
                 }
             }
         }
+        true
     }
 
     /// A record that is done without a settle (dead-lettered at receive).
@@ -208,15 +250,17 @@ impl AckState {
         }
     }
 
-    /// A position set from outside (a commit or reset): records below it
-    /// are forgotten, and `next` never lags it.
+    /// A position set from outside (a commit or a reset). Forward: the
+    /// records below it are done with. Backward (a reset, a replay): the
+    /// record state starts over from it — nothing is out any more.
     pub fn set_position(&mut self, position: u64) {
+        if position < self.position {
+            *self = AckState::new(position);
+            return;
+        }
         self.position = position;
         self.next = self.next.max(position);
         self.records.retain(|&o, _| o >= position);
-        if self.records.is_empty() {
-            self.next = position;
-        }
     }
 
     /// Moves the position past the done prefix; returns whether it moved.
@@ -248,10 +292,10 @@ mod tests {
         let now = Instant::now();
         let mut s = AckState::new(10);
         assert_eq!(s.plan(now, 5, 100, 5).new, 5);
-        s.acquire(&[10, 11, 12], "m", now + LOCK);
-        s.settle(11, Outcome::Ack, None, now, LOCK);
+        s.acquire(&[10, 11, 12], "m", now, LOCK);
+        s.settle(11, "m", Outcome::Ack, None, now);
         assert!(!s.advance(), "10 is still out");
-        s.settle(10, Outcome::Ack, None, now, LOCK);
+        s.settle(10, "m", Outcome::Ack, None, now);
         assert!(s.advance());
         assert_eq!(s.position, 12);
         assert_eq!(s.in_flight(), 1);
@@ -261,21 +305,21 @@ mod tests {
     fn a_nacked_record_is_redelivered_before_anything_new() {
         let now = Instant::now();
         let mut s = AckState::new(0);
-        s.acquire(&[0, 1], "m", now + LOCK);
+        s.acquire(&[0, 1], "m", now, LOCK);
         s.settle(
             0,
+            "m",
             Outcome::Nack { delay: Duration::ZERO },
             Some("boom".into()),
             now,
-            LOCK,
         );
         let plan = s.plan(now, 10, 100, 5);
         assert_eq!(plan.redeliver, vec![0]);
         assert_eq!(plan.new, 0, "nothing new while 0 waits");
-        s.acquire(&[0], "m", now + LOCK);
+        s.acquire(&[0], "m", now, LOCK);
         assert_eq!(s.attempts(0), 2);
         assert_eq!(s.plan(now, 10, 100, 5).new, 0, "nor while 0 is out again");
-        s.settle(0, Outcome::Ack, None, now, LOCK);
+        s.settle(0, "m", Outcome::Ack, None, now);
         assert_eq!(s.plan(now, 10, 100, 5).new, 10);
     }
 
@@ -283,15 +327,15 @@ mod tests {
     fn a_delay_holds_the_redelivery_back() {
         let now = Instant::now();
         let mut s = AckState::new(0);
-        s.acquire(&[0], "m", now + LOCK);
+        s.acquire(&[0], "m", now, LOCK);
         s.settle(
             0,
+            "m",
             Outcome::Nack {
                 delay: Duration::from_secs(5),
             },
             None,
             now,
-            LOCK,
         );
         assert!(s.plan(now, 10, 100, 5).redeliver.is_empty());
         assert_eq!(s.plan(now + Duration::from_secs(5), 10, 100, 5).redeliver, vec![0]);
@@ -302,14 +346,14 @@ mod tests {
         let now = Instant::now();
         let mut s = AckState::new(0);
         for attempt in 1..=5 {
-            s.acquire(&[0], "m", now + LOCK);
+            s.acquire(&[0], "m", now, LOCK);
             assert_eq!(s.attempts(0), attempt);
             s.settle(
                 0,
+                "m",
                 Outcome::Nack { delay: Duration::ZERO },
                 Some(format!("fail {attempt}")),
                 now,
-                LOCK,
             );
         }
         let plan = s.plan(now, 10, 100, 5);
@@ -324,8 +368,8 @@ mod tests {
     fn expired_locks_and_released_members_make_records_available() {
         let now = Instant::now();
         let mut s = AckState::new(0);
-        s.acquire(&[0], "a", now + Duration::from_secs(1));
-        s.acquire(&[1], "b", now + LOCK);
+        s.acquire(&[0], "a", now, Duration::from_secs(1));
+        s.acquire(&[1], "b", now, LOCK);
         s.expire(now + Duration::from_secs(2));
         assert!(!s.held_by(0, "a"));
         assert!(s.held_by(1, "b"));
@@ -334,20 +378,54 @@ mod tests {
     }
 
     #[test]
+    fn a_delayed_record_holds_back_the_ones_after_it() {
+        let now = Instant::now();
+        let mut s = AckState::new(0);
+        s.acquire(&[3, 4], "m", now, LOCK);
+        let later = Duration::from_secs(10);
+        assert!(s.settle(3, "m", Outcome::Nack { delay: later }, None, now));
+        assert!(s.settle(4, "m", Outcome::Nack { delay: Duration::ZERO }, None, now));
+        assert!(s.plan(now, 10, 100, 5).redeliver.is_empty(), "4 may not overtake 3");
+        assert_eq!(s.plan(now + later, 10, 100, 5).redeliver, vec![3, 4]);
+    }
+
+    #[test]
+    fn an_acquired_record_is_not_handed_out_twice_nor_settled_by_another() {
+        let now = Instant::now();
+        let mut s = AckState::new(0);
+        assert_eq!(s.acquire(&[0, 1], "a", now, LOCK), vec![0, 1]);
+        assert!(s.acquire(&[0, 1, 2], "b", now, LOCK) == vec![2], "a holds 0 and 1");
+        assert!(!s.settle(0, "b", Outcome::Ack, None, now));
+        assert!(s.settle(0, "a", Outcome::Ack, None, now));
+    }
+
+    #[test]
+    fn a_reset_backwards_starts_the_record_state_over() {
+        let now = Instant::now();
+        let mut s = AckState::new(100);
+        s.acquire(&[100, 101], "m", now, LOCK);
+        s.set_position(0);
+        assert_eq!((s.position, s.next, s.in_flight()), (0, 0, 0));
+        assert_eq!(s.plan(now, 10, 100, 5).new, 10);
+    }
+
+    #[test]
     fn renew_extends_the_lock() {
         let now = Instant::now();
         let mut s = AckState::new(0);
-        s.acquire(&[0], "m", now + Duration::from_secs(1));
-        s.settle(0, Outcome::Renew, None, now + Duration::from_millis(900), LOCK);
-        s.expire(now + Duration::from_secs(2));
-        assert!(s.held_by(0, "m"));
+        s.acquire(&[0], "m", now, Duration::from_secs(1));
+        s.settle(0, "m", Outcome::Renew, None, now + Duration::from_millis(900));
+        s.expire(now + Duration::from_millis(1500));
+        assert!(s.held_by(0, "m"), "renewed by its own lock period");
+        s.expire(now + Duration::from_millis(1950));
+        assert!(!s.held_by(0, "m"), "and by no more");
     }
 
     #[test]
     fn the_window_bounds_what_is_out() {
         let now = Instant::now();
         let mut s = AckState::new(0);
-        s.acquire(&(0..8).collect::<Vec<_>>(), "m", now + LOCK);
+        s.acquire(&(0..8).collect::<Vec<_>>(), "m", now, LOCK);
         assert_eq!(s.plan(now, 100, 10, 5).new, 2);
     }
 

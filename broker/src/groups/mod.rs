@@ -749,7 +749,10 @@ impl Coordinator {
     }
 
     /// Ack mode: hands out up to `max` records of the partitions `member`
-    /// holds (see `ack.rs`), each durable as `Delivered` before the answer.
+    /// holds (see `ack.rs`), each durable as `Delivered` before it is
+    /// handed out. A partition that fails (its data unreadable, its
+    /// dead-letter queue refusing) is skipped with a warning while others
+    /// still deliver; the error is returned only if nothing was delivered.
     #[allow(clippy::too_many_arguments)]
     async fn receive(
         &self,
@@ -783,95 +786,153 @@ impl Coordinator {
         }
         let mut out = Vec::new();
         let mut left = max.max(1);
+        let mut first_error = None;
         for tp in held {
             if left == 0 {
                 break;
             }
-            self.ensure_ack_state(shard, p, part, group, &tp).await?;
-            // The queue's setting (deliveries before the dead-letter queue).
-            let max_attempts = shard
-                .table()
-                .queue(&tp.0)
-                .map_or(crate::controller::DEFAULT_MAX_DELIVERY_ATTEMPTS, |q| {
-                    q.settings.max_delivery_attempts
-                });
-            let now = Instant::now();
-            let plan = self.with_group(p, group, |g| {
-                let a = g.acks.get_mut(&tp).ok_or_else(|| unknown_group(group))?;
-                a.expire(now);
-                Ok(a.plan(now, left, IN_FLIGHT_WINDOW, max_attempts))
-            })?;
-            for (offset, attempts, last_error) in plan.dead {
-                self.dead_letter(shard, p, part, group, &tp, offset, attempts, last_error)
-                    .await?;
-            }
-            let mut batches: Vec<bytes::Bytes> = Vec::new();
-            let mut offsets: Vec<u64> = Vec::new();
-            for offset in plan.redeliver {
-                let got = fetch(shard, &tp, offset, 1).await?;
-                if let Some(b) = got.batches.into_iter().next() {
-                    if !batches.contains(&b) {
-                        batches.push(b);
-                    }
-                    offsets.push(offset);
+            match self.receive_from(shard, p, part, group, member, &tp, left, lock).await {
+                Ok(Some(got)) => {
+                    left = left.saturating_sub(got.offsets.len() as u32);
+                    out.push(got);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(group, queue = %tp.0, partition = tp.1, "receive: {}", e.message);
+                    first_error.get_or_insert(e);
                 }
             }
-            if plan.new > 0 {
-                let next = self.with_group(p, group, |g| Ok(g.acks.get(&tp).map_or(0, |a| a.next)))?;
-                let got = match fetch(shard, &tp, next, 1 << 20).await {
-                    Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
-                        self.skip_to_log_start(shard, p, part, group, &tp, next).await?;
-                        continue;
-                    }
-                    other => other?,
-                };
-                let mut taken = 0;
-                for b in got.batches {
-                    let batch = RecordBatch::new(b.clone(), usize::MAX)
-                        .map_err(|e| WireError::new(ErrorCode::CorruptBatch, e.to_string()))?;
-                    let mut used = false;
-                    for r in batch.records() {
-                        if r.offset.0 >= next && taken < plan.new {
-                            offsets.push(r.offset.0);
-                            taken += 1;
-                            used = true;
-                        }
-                    }
-                    if used {
-                        batches.push(b);
-                    }
-                    if taken >= plan.new {
-                        break;
-                    }
-                }
-            }
-            if offsets.is_empty() {
-                continue;
-            }
-            let until = Instant::now() + lock;
-            let delivered = self.with_group(p, group, |g| {
-                let a = g.acks.get_mut(&tp).ok_or_else(|| unknown_group(group))?;
-                a.acquire(&offsets, member, until);
-                Ok(offsets.iter().map(|&o| (o, a.attempts(o))).collect::<Vec<_>>())
-            })?;
-            let changes: Vec<GroupChange> = delivered
-                .iter()
-                .map(|&(offset, attempts)| GroupChange::Delivered {
-                    queue: tp.0.clone(),
-                    partition: tp.1,
-                    offset,
-                    attempts,
-                })
-                .collect();
-            append(shard, part, group, &changes).await?;
-            left = left.saturating_sub(delivered.len() as u32);
-            out.push(ReceivedPart {
-                tp,
-                batches,
-                offsets: delivered,
-            });
         }
-        Ok(GroupReply::Received(out))
+        match first_error {
+            Some(e) if out.is_empty() => Err(e),
+            _ => Ok(GroupReply::Received(out)),
+        }
+    }
+
+    /// One partition's part of a receive.
+    #[allow(clippy::too_many_arguments)]
+    async fn receive_from(
+        &self,
+        shard: &Rc<Shard>,
+        p: u32,
+        part: &Rc<Partition>,
+        group: &str,
+        member: &str,
+        tp: &Tp,
+        max: u32,
+        lock: Duration,
+    ) -> Result<Option<ReceivedPart>, WireError> {
+        self.ensure_ack_state(shard, p, part, group, tp).await?;
+        // The queue's setting (deliveries before the dead-letter queue).
+        let max_attempts = shard
+            .table()
+            .queue(&tp.0)
+            .map_or(crate::controller::DEFAULT_MAX_DELIVERY_ATTEMPTS, |q| {
+                q.settings.max_delivery_attempts
+            });
+        let now = Instant::now();
+        let (plan, next) = self.with_group(p, group, |g| {
+            let a = g.acks.get_mut(tp).ok_or_else(|| unknown_group(group))?;
+            a.expire(now);
+            Ok((a.plan(now, max, IN_FLIGHT_WINDOW, max_attempts), a.next))
+        })?;
+        for (offset, attempts, last_error) in plan.dead {
+            self.dead_letter(shard, p, part, group, tp, offset, attempts, last_error)
+                .await?;
+        }
+        let mut batches: Vec<bytes::Bytes> = Vec::new();
+        let mut offsets: Vec<u64> = Vec::new();
+        for offset in plan.redeliver {
+            match fetch(shard, tp, offset, 1).await {
+                Ok(got) => {
+                    if let Some(b) = got.batches.into_iter().next() {
+                        if !batches.contains(&b) {
+                            batches.push(b);
+                        }
+                        offsets.push(offset);
+                    }
+                }
+                // Retention removed it while it waited: nothing to deliver.
+                Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
+                    tracing::warn!(group, queue = %tp.0, partition = tp.1, offset, "a record waiting for redelivery was removed by retention");
+                    self.finish(shard, p, part, group, tp, |a| a.done(offset)).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if plan.new > 0 {
+            let got = match fetch(shard, tp, next, 1 << 20).await {
+                Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
+                    self.skip_to_log_start(shard, p, part, group, tp, next).await?;
+                    return Ok(None);
+                }
+                other => other?,
+            };
+            let mut taken = 0;
+            for b in got.batches {
+                let batch = RecordBatch::new(b.clone(), usize::MAX)
+                    .map_err(|e| WireError::new(ErrorCode::CorruptBatch, e.to_string()))?;
+                let mut used = false;
+                for r in batch.records() {
+                    if r.offset.0 >= next && taken < plan.new {
+                        offsets.push(r.offset.0);
+                        taken += 1;
+                        used = true;
+                    }
+                }
+                if used {
+                    batches.push(b);
+                }
+                if taken >= plan.new {
+                    break;
+                }
+            }
+        }
+        // Durable before handed out: the attempts they will be, for what is
+        // still acquirable (another receive may have taken some meanwhile).
+        let now = Instant::now();
+        let planned = self.with_group(p, group, |g| {
+            if g.holder(tp) != Some(member) {
+                return Ok(Vec::new()); // the partition moved meanwhile
+            }
+            let a = g.acks.get(tp).ok_or_else(|| unknown_group(group))?;
+            Ok(offsets
+                .iter()
+                .filter(|&&o| a.acquirable(o, now))
+                .map(|&o| (o, a.attempts(o) + 1))
+                .collect::<Vec<_>>())
+        })?;
+        if planned.is_empty() {
+            return Ok(None);
+        }
+        let changes: Vec<GroupChange> = planned
+            .iter()
+            .map(|&(offset, attempts)| GroupChange::Delivered {
+                queue: tp.0.clone(),
+                partition: tp.1,
+                offset,
+                attempts,
+            })
+            .collect();
+        append(shard, part, group, &changes).await?;
+        let now = Instant::now();
+        let delivered = self.with_group(p, group, |g| {
+            if g.holder(tp) != Some(member) {
+                return Ok(Vec::new());
+            }
+            let a = g.acks.get_mut(tp).ok_or_else(|| unknown_group(group))?;
+            let wanted: Vec<u64> = planned.iter().map(|(o, _)| *o).collect();
+            let taken = a.acquire(&wanted, member, now, lock);
+            Ok(taken.into_iter().map(|o| (o, a.attempts(o))).collect::<Vec<_>>())
+        })?;
+        if delivered.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ReceivedPart {
+            tp: tp.clone(),
+            batches,
+            offsets: delivered,
+        }))
     }
 
     /// Ack mode: the record state of a partition, starting at its
@@ -951,7 +1012,14 @@ impl Coordinator {
         attempts: u32,
         last_error: Option<String>,
     ) -> Result<(), WireError> {
-        let got = fetch(shard, tp, offset, 1).await?;
+        let got = match fetch(shard, tp, offset, 1).await {
+            // Retention removed it: nothing left to move aside.
+            Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
+                tracing::warn!(group, queue = %tp.0, partition = tp.1, offset, "a record due for the dead-letter queue was removed by retention");
+                return self.finish(shard, p, part, group, tp, |a| a.done(offset)).await;
+            }
+            other => other?,
+        };
         let record = got
             .batches
             .into_iter()
@@ -1047,7 +1115,6 @@ impl Coordinator {
         member: &str,
         records: Vec<SettleItem>,
     ) -> Result<GroupReply, WireError> {
-        const LOCK_RENEWAL: Duration = Duration::from_secs(30);
         self.with_group(p, group, |g| {
             if !g.has_member(member) {
                 return Err(group_error(GroupError::UnknownMember(member.to_string())));
@@ -1090,8 +1157,13 @@ impl Coordinator {
         let now = Instant::now();
         for r in records {
             if r.outcome == Outcome::DeadLetter {
-                let attempts =
-                    self.with_group(p, group, |g| Ok(g.acks.get(&r.tp).map_or(0, |a| a.attempts(r.offset))))?;
+                let held = self.with_group(p, group, |g| {
+                    Ok(g.acks
+                        .get(&r.tp)
+                        .filter(|a| a.held_by(r.offset, member))
+                        .map(|a| a.attempts(r.offset)))
+                })?;
+                let Some(attempts) = held else { continue };
                 let reason = r
                     .reason
                     .clone()
@@ -1101,8 +1173,13 @@ impl Coordinator {
                 continue;
             }
             let (offset, outcome, reason) = (r.offset, r.outcome, r.reason);
+            // Held when checked; if its lock ran out since (and another
+            // receive took it), the settle changes nothing: it is that
+            // delivery's to settle.
             self.finish(shard, p, part, group, &r.tp, |a| {
-                a.settle(offset, outcome, reason, now, LOCK_RENEWAL)
+                if !a.settle(offset, member, outcome, reason, now) {
+                    tracing::debug!(offset, "settle of a record no longer held by its member ignored");
+                }
             })
             .await?;
         }
@@ -1248,8 +1325,15 @@ async fn ensure_dlq(shard: &Rc<Shard>, queue: &str) -> Result<String, WireError>
         .queue(queue)
         .map(|q| q.settings.clone())
         .ok_or_else(|| WireError::new(ErrorCode::UnknownQueue, format!("queue {queue:?} does not exist")))?;
+    // Room for the headers a dead letter gains, within the frame limit.
+    let max_message_bytes = source
+        .max_message_bytes
+        .saturating_add(64 << 10)
+        .min(shard.config.max_frame_bytes.saturating_sub(64 << 10))
+        .max(source.max_message_bytes);
     let settings = QueueSettings {
         partitions: 1,
+        max_message_bytes,
         ..source
     };
     match shard
