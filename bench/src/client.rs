@@ -32,11 +32,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use strand_client::{
-    block_on, requests, Acks, Admin, ClientError, Connection, Delivery, FsyncSpec, Producer, ProducerConfig, QueueSpec,
+    block_on, requests, Acks, Admin, ClientError, Connection, Delivery, FsyncSpec, Producer, ProducerConfig,
 };
 use strand_storage::testkit;
-use strand_wire::{Api, ErrorCode};
+use strand_wire::Api;
 
+use crate::load::fresh_queue;
 use crate::report::{mib_s, round2, table, Latency};
 use crate::storage::{err, slices, RECORDS_PER_MIB_BATCH, RECORD_BYTES};
 
@@ -72,24 +73,6 @@ pub struct Args {
     /// for the latency phases.
     #[arg(long, default_value_t = 0)]
     busy_poll_us: u64,
-}
-
-/// Creates a queue with a fresh name (so runs do not mix).
-fn fresh_queue(admin: &Admin, prefix: &str, partitions: u32, fsync: FsyncSpec) -> Result<String, String> {
-    for n in 0.. {
-        let name = format!("{prefix}-{n}");
-        let spec = QueueSpec {
-            partitions: Some(partitions),
-            fsync: Some(fsync),
-            ..QueueSpec::default()
-        };
-        match block_on(admin.create_queue(&name, &spec)) {
-            Ok(()) => return Ok(name),
-            Err(e) if e.code() == Some(ErrorCode::QueueAlreadyExists) => continue,
-            Err(e) => return Err(format!("creating {name}: {e}")),
-        }
-    }
-    Err("no free queue name".into())
 }
 
 /// Latencies recorded where each acknowledgement is learnt (a callback on

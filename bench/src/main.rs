@@ -3,15 +3,26 @@
 //! JSON object with the figures scripts compare.
 //!
 //! Scenarios:
+//! - `baseline`: this host's limits (disk, fdatasync, loopback) — see
+//!   [`baseline`].
+//! - `produce`, `consume`, `e2e`: load against running brokers through
+//!   strand-client, every knob exposed (see [`load`]).
+//! - `suite`: a broker of its own, the baseline and the standard scenarios,
+//!   a markdown report (see [`suite`]).
 //! - `storage`: the storage engine against the raw disk, in one process
 //!   (see [`storage`]).
-//! - `produce`: a running broker over the raw protocol, beside the raw disk
-//!   (see [`produce`]).
+//! - `raw-produce`: a running broker over the raw protocol, beside the raw
+//!   disk (see [`raw_produce`]).
+//! - `client`: the producer's small-message latency and batched
+//!   throughput against the raw protocol (see [`client`]).
 
+mod baseline;
 mod client;
-mod produce;
+mod load;
+mod raw_produce;
 mod report;
 mod storage;
+mod suite;
 
 use clap::{Parser, Subcommand};
 
@@ -24,12 +35,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Scenario {
+    /// This host's limits: O_DIRECT write/read, fdatasync latency, loopback TCP.
+    Baseline(baseline::Args),
+    /// Produce load (closed loop, or open loop with --rate) through strand-client.
+    Produce(load::Args),
+    /// Consume a queue from its earliest record.
+    Consume(load::Args),
+    /// Produce → consume latency at a fixed --rate.
+    E2e(load::Args),
+    /// Start a broker, measure the baseline and the standard scenarios, report.
+    Suite(suite::Args),
     /// Raw O_DIRECT writes and reads vs the partition log (append with
     /// fsync=always, small-batch commit latency, read-back).
     Storage(storage::Args),
-    /// Produce throughput and request latency against a running broker,
-    /// beside the raw O_DIRECT write limit measured in the same run.
-    Produce(produce::Args),
+    /// Produce throughput and request latency against a running broker over
+    /// the raw protocol, beside the raw O_DIRECT write limit measured in the
+    /// same run.
+    RawProduce(raw_produce::Args),
     /// What an application gets through strand-client's producer: small
     /// message latency at a fixed rate (open loop) and batched throughput
     /// beside the raw-protocol figure.
@@ -41,7 +63,12 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.scenario {
         Scenario::Storage(args) => storage::run(args),
-        Scenario::Produce(args) => produce::run(args),
+        Scenario::Baseline(args) => baseline::run(args),
+        Scenario::Produce(args) => load::run("produce", args),
+        Scenario::Consume(args) => load::run("consume", args),
+        Scenario::E2e(args) => load::run("e2e", args),
+        Scenario::Suite(args) => suite::run(args),
+        Scenario::RawProduce(args) => raw_produce::run(args),
         Scenario::Client(args) => client::run(args),
     };
     if let Err(e) = result {

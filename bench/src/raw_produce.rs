@@ -1,4 +1,4 @@
-//! `strand-bench produce`: produce throughput and latency against a running
+//! `strand-bench raw-produce`: produce throughput and latency against a running
 //! broker, over the raw protocol (single Produce requests through
 //! strand-client's connection, no producer batching), beside
 //! the raw O_DIRECT write limit of the machine measured in the same run.

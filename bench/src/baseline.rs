@@ -1,0 +1,199 @@
+//! `strand-bench baseline`: the physical limits of this host, measured by
+//! the project's own code — what every other figure is compared against.
+//!
+//! 1. Disk write: sequential O_DIRECT writes of one 1 MiB aligned buffer
+//!    (queue depth 1) to a fresh file in `--dir`, one fdatasync at the end.
+//! 2. fdatasync latency: a 4 KiB overwrite then fdatasync, `--syncs` times
+//!    (the floor under any `fsync=always` commit).
+//! 3. Disk read: the file read back with O_DIRECT, 1 MiB at a time.
+//! 4. Loopback TCP: one thread writes 1 MiB buffers to another over
+//!    127.0.0.1, each pinned to its own core (cores 0 and 1 where there
+//!    are two).
+//!
+//! Last stdout line: JSON with `disk_write_mib_s`, `disk_read_mib_s`,
+//! `fdatasync_p50_us` (and `_p99_us`), `loopback_mib_s`.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Instant;
+
+use glommio::io::OpenOptions;
+use hdrhistogram::Histogram;
+use strand_storage::testkit;
+
+use crate::report::{mib_s, round2, table, Latency};
+use crate::storage::{err, raw_write_slice, MIB};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Directory on the disk to measure (a temporary file is made there).
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    pub dir: PathBuf,
+    /// MiB written and read.
+    #[arg(long, default_value_t = 1024)]
+    pub mib: usize,
+    /// fdatasyncs timed.
+    #[arg(long, default_value_t = 300)]
+    pub syncs: usize,
+    /// MiB sent over loopback.
+    #[arg(long, default_value_t = 2048)]
+    pub loopback_mib: usize,
+}
+
+/// The limits, as the suite uses them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Limits {
+    pub disk_write_mib_s: f64,
+    pub disk_read_mib_s: f64,
+    pub fdatasync: Latency,
+    pub loopback_mib_s: f64,
+}
+
+impl Limits {
+    pub fn json(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("disk_write_mib_s".into(), round2(self.disk_write_mib_s).into());
+        m.insert("disk_read_mib_s".into(), round2(self.disk_read_mib_s).into());
+        m.insert("fdatasync_p50_us".into(), round2(self.fdatasync.p50_us).into());
+        m.insert("fdatasync_p99_us".into(), round2(self.fdatasync.p99_us).into());
+        m.insert("loopback_mib_s".into(), round2(self.loopback_mib_s).into());
+        m
+    }
+
+    pub fn print(&self) {
+        table(
+            "baseline: this host's limits",
+            &[
+                ("disk write, O_DIRECT 1 MiB QD1", self.disk_write_mib_s, "MiB/s"),
+                ("disk read, O_DIRECT 1 MiB QD1", self.disk_read_mib_s, "MiB/s"),
+                ("fdatasync after a 4 KiB overwrite, p50", self.fdatasync.p50_us, "us"),
+                ("  p99", self.fdatasync.p99_us, "us"),
+                ("loopback TCP, 1 MiB writes", self.loopback_mib_s, "MiB/s"),
+            ],
+        );
+    }
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let limits = measure(&args)?;
+    limits.print();
+    let mut json = limits.json();
+    json.insert("scenario".into(), "baseline".into());
+    println!("{}", serde_json::Value::Object(json));
+    Ok(())
+}
+
+/// Measures every limit.
+pub fn measure(args: &Args) -> Result<Limits, String> {
+    if args.mib == 0 || args.syncs == 0 || args.loopback_mib == 0 {
+        return Err("--mib, --syncs and --loopback-mib must be > 0".into());
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("strand-bench-baseline-")
+        .tempdir_in(&args.dir)
+        .map_err(|e| format!("making a temporary directory in {}: {e}", args.dir.display()))?;
+    let path = tmp.path().join("disk.bin");
+    let (mib, syncs) = (args.mib, args.syncs);
+    let (disk_write_mib_s, disk_read_mib_s, fdatasync) =
+        testkit::run_on_executor(move || async move { disk(&path, mib, syncs).await })?;
+    Ok(Limits {
+        disk_write_mib_s,
+        disk_read_mib_s,
+        fdatasync,
+        loopback_mib_s: loopback(args.loopback_mib)?,
+    })
+}
+
+async fn disk(path: &Path, mib: usize, syncs: usize) -> Result<(f64, f64, Latency), String> {
+    // glommio probes (once per device) whether polled reads work by reading
+    // the file it opens; an empty file answers "yes" on devices that cannot
+    // (reads then fail with EOPNOTSUPP), so the file starts with a block.
+    std::fs::write(path, vec![0u8; 4096]).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .dma_open(path)
+        .await
+        .map_err(err)?;
+    let mut block = file.alloc_dma_buffer(MIB);
+    testkit::fill_value(block.as_bytes_mut(), 7, 1);
+    let block = Rc::new(block);
+    let write_secs = raw_write_slice(&file, &block, 0..mib).await?;
+    let mut small = file.alloc_dma_buffer(4096);
+    testkit::fill_value(small.as_bytes_mut(), 9, 1);
+    let small = Rc::new(small);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(err)?;
+    for _ in 0..syncs {
+        file.write_rc_at(small.clone(), 0).await.map_err(err)?;
+        let t = Instant::now();
+        file.fdatasync().await.map_err(err)?;
+        hist.saturating_record(t.elapsed().as_nanos() as u64);
+    }
+    file.close().await.map_err(err)?;
+    drop((block, small));
+    let file = glommio::io::DmaFile::open(path)
+        .await
+        .map_err(|e| format!("reopening: {e}"))?;
+    let start = Instant::now();
+    for i in 0..mib {
+        let got = file
+            .read_at_aligned((i * MIB) as u64, MIB)
+            .await
+            .map_err(|e| format!("reading {i} MiB: {e}"))?;
+        if got.len() != MIB {
+            return Err(format!("short read at {i} MiB"));
+        }
+    }
+    let read_secs = start.elapsed().as_secs_f64();
+    file.close().await.map_err(err)?;
+    Ok((
+        mib_s((mib * MIB) as u64, write_secs),
+        mib_s((mib * MIB) as u64, read_secs),
+        Latency::from_nanos(&hist),
+    ))
+}
+
+/// Pins the calling thread to core `n` (modulo the cores there are).
+fn pin(n: usize) {
+    if let Some(cores) = core_affinity::get_core_ids() {
+        if !cores.is_empty() {
+            core_affinity::set_for_current(cores[n % cores.len()]);
+        }
+    }
+}
+
+/// MiB/s from one pinned thread to another over 127.0.0.1.
+fn loopback(mib: usize) -> Result<f64, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    let sender = std::thread::spawn(move || -> Result<(), String> {
+        pin(1);
+        let mut s = std::net::TcpStream::connect(addr).map_err(err)?;
+        let buf = vec![0x5au8; MIB];
+        for _ in 0..mib {
+            s.write_all(&buf).map_err(err)?;
+        }
+        Ok(())
+    });
+    pin(0);
+    let (mut conn, _) = listener.accept().map_err(err)?;
+    let mut buf = vec![0u8; MIB];
+    let mut got = 0usize;
+    let start = Instant::now();
+    while got < mib * MIB {
+        let n = conn.read(&mut buf).map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    sender
+        .join()
+        .map_err(|_| "the loopback sender panicked".to_string())??;
+    if got < mib * MIB {
+        return Err(format!("loopback: {got} of {} bytes arrived", mib * MIB));
+    }
+    Ok(mib_s(got as u64, secs))
+}

@@ -1,0 +1,683 @@
+//! `strand-bench produce | consume | e2e`: load against running brokers
+//! through strand-client, as an application sees it.
+//!
+//! - `produce`: `--producers` threads, each with its own [`Producer`], send
+//!   `--message-bytes` records to `--queues` queues of `--partitions`
+//!   partitions (created fresh with `--fsync`, unless `--queue` names an
+//!   existing one) with the chosen `--keys`, `--batch-bytes`, `--linger-ms`
+//!   and `--acks`, for `--seconds` or `--count` records. Without `--rate`
+//!   they send as fast as the producer's buffer lets them (closed loop) and
+//!   latency runs from the send call to the acknowledgement; with `--rate`
+//!   (records/s over all producers) sends are due at fixed times and
+//!   latency runs from the due time, so a stall counts against every record
+//!   it delayed (corrected for coordinated omission).
+//! - `consume`: `--consumers` threads read `--queue` from its earliest
+//!   record, partitions dealt round robin, until `--count` records or
+//!   `--seconds`; latency is per poll.
+//! - `e2e`: consumers start at the end of fresh queues, then producers send
+//!   at `--rate`; each record carries its due time, and latency runs from
+//!   it to the moment a consumer hands the record out.
+//!
+//! Last stdout line: JSON with `msgs_s`, `mib_s` (record values), `p50_us`,
+//! `p99_us`, `p999_us`, `max_us`, `records`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use strand_client::{
+    block_on, Acks, Admin, ConsumedRecord, Consumer, ConsumerConfig, FsyncSpec, Producer, ProducerConfig, QueueSpec,
+    Seek,
+};
+use strand_wire::ErrorCode;
+
+use crate::report::{mib_s, round2, table, Latency};
+use crate::storage::err;
+
+/// How records are keyed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Keys {
+    /// No key: sticky batches spread over the partitions.
+    None,
+    /// One of `n` keys, each as likely.
+    Uniform(u64),
+    /// One of `n` keys, key `k` (from 1) with weight `1 / k^s`: a few hot keys.
+    Zipf(u64, f64),
+}
+
+impl std::str::FromStr for Keys {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Keys, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let n = |i: usize| -> Result<u64, String> {
+            parts
+                .get(i)
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("bad key count in {s:?}"))
+        };
+        match parts[0] {
+            "none" if parts.len() == 1 => Ok(Keys::None),
+            "uniform" if parts.len() == 2 => Ok(Keys::Uniform(n(1)?)),
+            "zipf" if parts.len() == 2 || parts.len() == 3 => {
+                let exponent = match parts.get(2) {
+                    Some(e) => e.parse().map_err(|_| format!("bad zipf exponent in {s:?}"))?,
+                    None => 1.0,
+                };
+                Ok(Keys::Zipf(n(1)?, exponent))
+            }
+            _ => Err(format!("--keys must be none, uniform:N or zipf:N[:S], not {s:?}")),
+        }
+    }
+}
+
+/// Draws keys per a [`Keys`] distribution (xorshift; no crate needed).
+pub struct KeyGen {
+    state: u64,
+    keys: Keys,
+    /// Zipf: cumulative weights, normalised to 1.
+    cdf: Vec<f64>,
+}
+
+impl KeyGen {
+    pub fn new(keys: Keys, seed: u64) -> KeyGen {
+        let cdf = match keys {
+            Keys::Zipf(n, s) => {
+                let weights: Vec<f64> = (1..=n).map(|k| 1.0 / (k as f64).powf(s)).collect();
+                let total: f64 = weights.iter().sum();
+                weights
+                    .iter()
+                    .scan(0.0, |acc, w| {
+                        *acc += w / total;
+                        Some(*acc)
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        KeyGen {
+            state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            keys,
+            cdf,
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.state
+    }
+
+    /// The next key's index, if records are keyed.
+    pub fn next_index(&mut self) -> Option<u64> {
+        match self.keys {
+            Keys::None => None,
+            Keys::Uniform(n) => Some(self.next_u64() % n),
+            Keys::Zipf(..) => {
+                let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                Some(self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1) as u64)
+            }
+        }
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub brokers: String,
+    /// An existing queue to use (else fresh ones are created).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Fresh queues to spread the load over.
+    #[arg(long, default_value_t = 1)]
+    pub queues: usize,
+    #[arg(long, default_value_t = 1)]
+    pub partitions: u32,
+    #[arg(long, default_value_t = 1)]
+    pub producers: usize,
+    #[arg(long, default_value_t = 1)]
+    pub consumers: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub message_bytes: usize,
+    /// none, uniform:N or zipf:N[:S].
+    #[arg(long, default_value = "none")]
+    pub keys: Keys,
+    #[arg(long, default_value_t = 1 << 20)]
+    pub batch_bytes: usize,
+    #[arg(long, default_value_t = 0)]
+    pub linger_ms: u64,
+    /// 0, 1 or all.
+    #[arg(long, default_value = "1")]
+    pub acks: String,
+    /// always or interval (fresh queues).
+    #[arg(long, default_value = "always")]
+    pub fsync: String,
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Records in total (instead of --seconds).
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Records per second over all producers (open loop).
+    #[arg(long)]
+    pub rate: Option<u64>,
+}
+
+/// What one load run measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Outcome {
+    pub records: u64,
+    pub bytes: u64,
+    pub secs: f64,
+    pub latency: Latency,
+}
+
+impl Outcome {
+    pub fn msgs_s(&self) -> f64 {
+        self.records as f64 / self.secs.max(1e-9)
+    }
+
+    pub fn mib_s(&self) -> f64 {
+        mib_s(self.bytes, self.secs)
+    }
+
+    pub fn json(&self, scenario: &str) -> serde_json::Value {
+        let mut m = self.latency.json("");
+        m.insert("scenario".into(), scenario.into());
+        m.insert("records".into(), self.records.into());
+        m.insert("msgs_s".into(), round2(self.msgs_s()).into());
+        m.insert("mib_s".into(), round2(self.mib_s()).into());
+        serde_json::Value::Object(m)
+    }
+
+    pub fn print(&self, title: &str) {
+        table(
+            title,
+            &[
+                &[
+                    ("records", self.records as f64, ""),
+                    ("records per second", self.msgs_s(), "msg/s"),
+                    ("record values", self.mib_s(), "MiB/s"),
+                ][..],
+                &self.latency.rows("latency p50"),
+            ]
+            .concat(),
+        );
+    }
+}
+
+fn acks(text: &str) -> Result<Acks, String> {
+    match text {
+        "0" => Ok(Acks::None),
+        "1" => Ok(Acks::Leader),
+        "all" | "-1" => Ok(Acks::All),
+        other => Err(format!("--acks must be 0, 1 or all, not {other:?}")),
+    }
+}
+
+fn fsync(text: &str) -> Result<FsyncSpec, String> {
+    match text {
+        "always" => Ok(FsyncSpec::Always),
+        "interval" => Ok(FsyncSpec::Interval { ms: 100, bytes: 0 }),
+        other => Err(format!("--fsync must be always or interval, not {other:?}")),
+    }
+}
+
+/// Creates a queue with a fresh name (so runs do not mix).
+pub fn fresh_queue(admin: &Admin, prefix: &str, partitions: u32, fsync: FsyncSpec) -> Result<String, String> {
+    for n in 0..10_000 {
+        let name = format!("{prefix}-{n}");
+        let spec = QueueSpec {
+            partitions: Some(partitions),
+            fsync: Some(fsync),
+            ..QueueSpec::default()
+        };
+        match block_on(admin.create_queue(&name, &spec)) {
+            Ok(()) => return Ok(name),
+            Err(e) if e.code() == Some(ErrorCode::QueueAlreadyExists) => continue,
+            Err(e) => return Err(format!("creating {name}: {e}")),
+        }
+    }
+    Err("no free queue name".into())
+}
+
+/// The queues a run uses: `--queue`, or fresh ones.
+fn queues(args: &Args, prefix: &str) -> Result<Vec<String>, String> {
+    if let Some(q) = &args.queue {
+        return Ok(vec![q.clone()]);
+    }
+    let admin = Admin::connect(&args.brokers).map_err(err)?;
+    (0..args.queues.max(1))
+        .map(|_| fresh_queue(&admin, prefix, args.partitions, fsync(&args.fsync)?))
+        .collect()
+}
+
+/// Nanoseconds since this process's first call: the clock records carry.
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("constant, valid bounds")
+}
+
+/// Latencies and counts gathered from callbacks on the client's threads.
+#[derive(Default)]
+struct Tally {
+    hist: Mutex<Option<Histogram<u64>>>,
+    acked: AtomicU64,
+    failed: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl Tally {
+    fn record(&self, nanos: u64) {
+        if let Ok(mut h) = self.hist.lock() {
+            h.get_or_insert_with(histogram).saturating_record(nanos);
+        }
+        self.acked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn fail(&self, e: String) {
+        if let Ok(mut f) = self.first_error.lock() {
+            f.get_or_insert(e);
+        }
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn latency(&self) -> Latency {
+        match self.hist.lock().ok().and_then(|h| h.clone()) {
+            Some(h) => Latency::from_nanos(&h),
+            None => Latency::default(),
+        }
+    }
+}
+
+/// Runs the producers until the deadline or count; returns the records and
+/// value bytes acknowledged and the seconds it took, latencies in `tally`.
+fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &AtomicBool) -> Result<(u64, f64), String> {
+    let acks = acks(&args.acks)?;
+    let producers = args.producers.max(1);
+    let total = args.count;
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let start = Instant::now();
+    let sent = std::thread::scope(|scope| -> Result<u64, String> {
+        let handles: Vec<_> = (0..producers)
+            .map(|i| {
+                let tally = tally.clone();
+                scope.spawn(move || -> Result<u64, String> {
+                    let producer = Producer::new(
+                        &args.brokers,
+                        ProducerConfig {
+                            acks,
+                            batch_bytes: args.batch_bytes,
+                            linger: Duration::from_millis(args.linger_ms),
+                            ..ProducerConfig::default()
+                        },
+                    )
+                    .map_err(err)?;
+                    let share = total.map(|t| t / producers as u64 + u64::from((i as u64) < t % producers as u64));
+                    let interval = args
+                        .rate
+                        .map(|r| Duration::from_nanos(1_000_000_000 * producers as u64 / r.max(1)));
+                    let mut keys = KeyGen::new(args.keys, i as u64 + 1);
+                    let mut value = vec![b'x'; args.message_bytes.max(8)];
+                    let started = Instant::now();
+                    let mut n = 0u64;
+                    loop {
+                        if share.is_some_and(|s| n >= s) || (share.is_none() && Instant::now() >= deadline) {
+                            break;
+                        }
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let due = match interval {
+                            Some(iv) => {
+                                let due = started + iv * n as u32;
+                                // Sleep only when well ahead: fine-grained
+                                // sleeps cost more than they save.
+                                let now = Instant::now();
+                                if due > now + Duration::from_micros(200) {
+                                    std::thread::sleep(due - now);
+                                }
+                                due
+                            }
+                            None => Instant::now(),
+                        };
+                        let due_ns = now_ns().saturating_sub(due.elapsed().as_nanos() as u64);
+                        value[..8].copy_from_slice(&due_ns.to_le_bytes());
+                        let key = keys.next_index().map(|k| format!("key-{k}"));
+                        let queue = &queues[(n as usize + i) % queues.len()];
+                        let d = block_on(producer.enqueue(queue, key.as_deref().map(str::as_bytes), &value, &[]))
+                            .map_err(err)?;
+                        let tally = tally.clone();
+                        d.on_done(move |r| match r {
+                            Ok(_) => tally.record(due.elapsed().as_nanos() as u64),
+                            Err(e) => tally.fail(e.to_string()),
+                        });
+                        n += 1;
+                    }
+                    block_on(producer.flush());
+                    Ok(n)
+                })
+            })
+            .collect();
+        let mut sent = 0;
+        for h in handles {
+            sent += h.join().map_err(|_| "a producer thread panicked".to_string())??;
+        }
+        Ok(sent)
+    })?;
+    // Every send is settled once flushed; wait (bounded) for the callbacks.
+    let settle = Instant::now() + Duration::from_secs(60);
+    while tally.acked.load(Ordering::SeqCst) + tally.failed.load(Ordering::SeqCst) < sent {
+        if Instant::now() > settle {
+            return Err("acknowledgements stopped coming".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(e) = tally.first_error.lock().map_err(err)?.take() {
+        return Err(format!(
+            "{} of {sent} records failed; the first: {e}",
+            tally.failed.load(Ordering::SeqCst)
+        ));
+    }
+    Ok((sent, secs))
+}
+
+pub fn produce(args: &Args) -> Result<Outcome, String> {
+    let queues = queues(args, "bench-produce")?;
+    let tally = Arc::new(Tally::default());
+    let (records, secs) = run_producers(args, &queues, &tally, &AtomicBool::new(false))?;
+    Ok(Outcome {
+        records,
+        bytes: records * args.message_bytes as u64,
+        secs,
+        latency: tally.latency(),
+    })
+}
+
+/// One consumer per thread; partition `p` of every queue goes to consumer
+/// `p mod consumers`. `on_record` sees every record; the loop ends when
+/// `done` says so (checked after every poll) or at the deadline.
+fn run_consumers(
+    args: &Args,
+    queues: &[String],
+    start: Seek,
+    ready: &AtomicU64,
+    on_record: &(dyn Fn(&ConsumedRecord) + Sync),
+    done: &(dyn Fn() -> bool + Sync),
+    deadline: Instant,
+) -> Result<Histogram<u64>, String> {
+    let consumers = args.consumers.max(1);
+    std::thread::scope(|scope| -> Result<Histogram<u64>, String> {
+        let handles: Vec<_> = (0..consumers)
+            .map(|i| {
+                scope.spawn(move || -> Result<Histogram<u64>, String> {
+                    let mut c = Consumer::new(
+                        &args.brokers,
+                        ConsumerConfig {
+                            start,
+                            max_wait: Duration::from_millis(100),
+                            ..ConsumerConfig::default()
+                        },
+                    )
+                    .map_err(err)?;
+                    for q in queues {
+                        let n = block_on(c.assign_all(q)).map_err(err)?;
+                        for p in 0..n {
+                            if p as usize % consumers != i {
+                                c.unassign(q, p);
+                            }
+                        }
+                    }
+                    let mut polls = histogram();
+                    if c.assignment().is_empty() {
+                        ready.fetch_add(1, Ordering::SeqCst);
+                        return Ok(polls);
+                    }
+                    // The first poll resolves the start positions.
+                    let first = block_on(c.poll()).map_err(err)?;
+                    ready.fetch_add(1, Ordering::SeqCst);
+                    first.iter().for_each(on_record);
+                    while !done() && Instant::now() < deadline {
+                        let t = Instant::now();
+                        let got = block_on(c.poll()).map_err(err)?;
+                        polls.saturating_record(t.elapsed().as_nanos() as u64);
+                        got.iter().for_each(on_record);
+                    }
+                    Ok(polls)
+                })
+            })
+            .collect();
+        let mut all = histogram();
+        for h in handles {
+            let part = h.join().map_err(|_| "a consumer thread panicked".to_string())??;
+            all.add(&part).map_err(err)?;
+        }
+        Ok(all)
+    })
+}
+
+pub fn consume(args: &Args) -> Result<Outcome, String> {
+    let queue = args
+        .queue
+        .clone()
+        .ok_or("consume needs --queue (an existing queue with records)")?;
+    let records = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    let target = args.count.unwrap_or(u64::MAX);
+    let start = Instant::now();
+    let polls = run_consumers(
+        args,
+        &[queue],
+        Seek::Earliest,
+        &AtomicU64::new(0),
+        &|r| {
+            records.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(r.value.as_ref().map_or(0, |v| v.len()) as u64, Ordering::Relaxed);
+        },
+        &|| records.load(Ordering::Relaxed) >= target,
+        start + Duration::from_secs(args.seconds),
+    )?;
+    Ok(Outcome {
+        records: records.load(Ordering::SeqCst),
+        bytes: bytes.load(Ordering::SeqCst),
+        secs: start.elapsed().as_secs_f64(),
+        latency: Latency::from_nanos(&polls),
+    })
+}
+
+pub fn e2e(args: &Args) -> Result<Outcome, String> {
+    if args.rate.is_none() {
+        return Err("e2e needs --rate (records per second)".into());
+    }
+    let queues = queues(args, "bench-e2e")?;
+    let received = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    let e2e = Mutex::new(histogram());
+    let ready = AtomicU64::new(0);
+    let sent = AtomicU64::new(u64::MAX);
+    let deadline = Instant::now() + Duration::from_secs(args.seconds + 60);
+    let tally = Arc::new(Tally::default());
+    let consumers = args.consumers.max(1) as u64;
+    let (result, consumed) = std::thread::scope(|scope| {
+        let consumed = scope.spawn(|| {
+            run_consumers(
+                args,
+                &queues,
+                Seek::Latest,
+                &ready,
+                &|r| {
+                    let due = r
+                        .value
+                        .as_ref()
+                        .and_then(|v| v.get(..8))
+                        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+                    if let Ok(mut h) = e2e.lock() {
+                        h.saturating_record(now_ns().saturating_sub(due));
+                    }
+                    received.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(r.value.as_ref().map_or(0, |v| v.len()) as u64, Ordering::Relaxed);
+                },
+                &|| received.load(Ordering::Relaxed) >= sent.load(Ordering::Relaxed),
+                deadline,
+            )
+        });
+        // Producers start once every consumer sits at the end.
+        while ready.load(Ordering::SeqCst) < consumers && !consumed.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let result = run_producers(args, &queues, &tally, &AtomicBool::new(false));
+        sent.store(result.as_ref().map_or(0, |r| r.0), Ordering::SeqCst);
+        (result, consumed.join())
+    });
+    let (records, secs) = result?;
+    consumed.map_err(|_| "a consumer thread panicked".to_string())??;
+    let got = received.load(Ordering::SeqCst);
+    if got < records {
+        return Err(format!("{got} of {records} records reached the consumers"));
+    }
+    let hist = e2e.lock().map_err(err)?;
+    Ok(Outcome {
+        records: got,
+        bytes: bytes.load(Ordering::SeqCst),
+        secs,
+        latency: Latency::from_nanos(&hist),
+    })
+}
+
+/// Runs a load scenario and prints its table and JSON line.
+pub fn run(scenario: &str, args: Args) -> Result<(), String> {
+    let outcome = match scenario {
+        "produce" => produce(&args)?,
+        "consume" => consume(&args)?,
+        _ => e2e(&args)?,
+    };
+    outcome.print(&format!(
+        "{scenario} against {}: {} B records, {} producer(s), {} consumer(s), {} partition(s), keys {:?}, batch {} B, \
+         linger {} ms, acks {}, rate {}",
+        args.brokers,
+        args.message_bytes,
+        args.producers,
+        args.consumers,
+        args.partitions,
+        args.keys,
+        args.batch_bytes,
+        args.linger_ms,
+        args.acks,
+        args.rate.map_or("open".to_string(), |r| format!("{r}/s"))
+    ));
+    println!("{}", outcome.json(scenario));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `strand` binary `cargo test --workspace` builds beside this test.
+    fn strand_binary() -> std::path::PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.parent().and_then(|deps| deps.parent()).unwrap().join("strand");
+        assert!(
+            path.exists(),
+            "{} is missing: build it first (cargo build -p strand-broker), or run cargo test --workspace",
+            path.display()
+        );
+        path
+    }
+
+    #[test]
+    fn produce_consume_and_e2e_run_against_a_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let broker = crate::suite::OwnBroker::start(&strand_binary(), &dir.path().to_path_buf(), Some(2)).unwrap();
+        let base = Args {
+            brokers: broker.addr.clone(),
+            queue: None,
+            queues: 2,
+            partitions: 3,
+            producers: 2,
+            consumers: 2,
+            message_bytes: 200,
+            keys: Keys::Zipf(50, 1.0),
+            batch_bytes: 16 << 10,
+            linger_ms: 1,
+            acks: "all".into(),
+            fsync: "interval".into(),
+            seconds: 30,
+            count: Some(3000),
+            rate: None,
+        };
+        let produced = produce(&base).unwrap();
+        assert_eq!(produced.records, 3000);
+        assert_eq!(produced.bytes, 3000 * 200);
+        assert!(produced.latency.p50_us > 0.0 && produced.latency.p99_us >= produced.latency.p50_us);
+
+        // A queue of its own to read back exactly what went in.
+        let one = Args {
+            queues: 1,
+            ..base.clone()
+        };
+        let admin = Admin::connect(&broker.addr).unwrap();
+        let queue = fresh_queue(&admin, "bench-test", 3, FsyncSpec::Always).unwrap();
+        produce(&Args {
+            queue: Some(queue.clone()),
+            count: Some(1000),
+            ..one.clone()
+        })
+        .unwrap();
+        let consumed = consume(&Args {
+            queue: Some(queue),
+            count: Some(1000),
+            ..one.clone()
+        })
+        .unwrap();
+        assert_eq!(consumed.records, 1000);
+
+        let e2e = e2e(&Args {
+            count: None,
+            seconds: 1,
+            rate: Some(2000),
+            ..one
+        })
+        .unwrap();
+        assert!(e2e.records >= 1900, "{} records", e2e.records);
+        assert!(e2e.latency.p50_us > 0.0);
+        assert!(e2e.latency.p50_us < 1_000_000.0, "{:?}", e2e.latency);
+    }
+
+    #[test]
+    fn key_specs_parse() {
+        assert_eq!("none".parse::<Keys>(), Ok(Keys::None));
+        assert_eq!("uniform:10".parse::<Keys>(), Ok(Keys::Uniform(10)));
+        assert_eq!("zipf:100".parse::<Keys>(), Ok(Keys::Zipf(100, 1.0)));
+        assert_eq!("zipf:100:1.5".parse::<Keys>(), Ok(Keys::Zipf(100, 1.5)));
+        for bad in ["", "uniform", "uniform:0", "zipf:x", "zipf:10:y", "hot"] {
+            assert!(bad.parse::<Keys>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn zipf_keys_are_hot_and_uniform_keys_are_not() {
+        let count = |keys: Keys| {
+            let mut g = KeyGen::new(keys, 42);
+            let mut c = vec![0u32; 100];
+            for _ in 0..100_000 {
+                c[g.next_index().unwrap() as usize] += 1;
+            }
+            c
+        };
+        let zipf = count(Keys::Zipf(100, 1.0));
+        // Key 0 weighs 1/H(100) ≈ 19% of draws; key 99 ≈ 0.2%.
+        assert!(zipf[0] > 15_000 && zipf[0] < 23_000, "{}", zipf[0]);
+        assert!(zipf[99] < 600, "{}", zipf[99]);
+        let uniform = count(Keys::Uniform(100));
+        assert!(uniform.iter().all(|&n| (700..1300).contains(&n)), "{uniform:?}");
+        assert_eq!(KeyGen::new(Keys::None, 1).next_index(), None);
+    }
+}

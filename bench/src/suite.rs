@@ -1,0 +1,361 @@
+//! `strand-bench suite [--quick] [--save]`: the standard scenarios on a
+//! broker of its own, with a report to plan capacity by.
+//!
+//! Starts `strand serve` (the binary beside this one, or `--strand`) on
+//! 127.0.0.1 with a fresh data directory in `--dir`, measures `baseline`,
+//! then runs:
+//! 1. one producer, 1,000-byte records, 1 MiB batches, acks=1,
+//!    fsync=always, one partition: throughput;
+//! 2. the same with 8 partitions and 4 producers;
+//! 3. 100-byte records, linger 0, acks=1, 5,000 records/s (open loop),
+//!    fsync=interval: latency;
+//! 4. one consumer catching up on a backlog (2 GiB; 256 MiB with `--quick`)
+//!    written like (1), then the broker's RSS;
+//! 5. produce → consume latency at half of (1)'s throughput;
+//!
+//! and, first of all, the broker's RSS before and after creating 1,000
+//! partitions. It stops
+//! the broker, removes its data, prints a markdown report and, last, one
+//! JSON line: `produce_vs_limit` (= (1) MiB/s ÷ min(disk write, loopback)),
+//! `consume_vs_limit` (= (4) MiB/s ÷ min(disk read, loopback)),
+//! `small_p50_us`, `small_p99_us`, `small_p999_us`, `e2e_p99_us`, and every
+//! scenario's figures. `--save` also writes the report to
+//! `bench/results/<date>-<host>.md`.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::baseline::{self, Limits};
+use crate::load::{self, Keys, Outcome};
+use crate::report::round2;
+use crate::storage::err;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Smaller sizes and shorter runs (about two minutes in all).
+    #[arg(long)]
+    quick: bool,
+    /// Also write the report to bench/results/<date>-<host>.md.
+    #[arg(long)]
+    save: bool,
+    /// The `strand` binary [default: the one beside strand-bench].
+    #[arg(long)]
+    strand: Option<PathBuf>,
+    /// Where the broker's data and the baseline's file go.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    dir: PathBuf,
+    /// Shards of the broker [default: every core].
+    #[arg(long)]
+    cores: Option<usize>,
+}
+
+/// A broker this run started; stopped (and its data removed) when dropped.
+pub(crate) struct OwnBroker {
+    child: Child,
+    pub(crate) addr: String,
+    _data: tempfile::TempDir,
+}
+
+impl OwnBroker {
+    pub(crate) fn start(strand: &PathBuf, dir: &PathBuf, cores: Option<usize>) -> Result<OwnBroker, String> {
+        let data = tempfile::Builder::new()
+            .prefix("strand-bench-suite-")
+            .tempdir_in(dir)
+            .map_err(|e| format!("making a data directory in {}: {e}", dir.display()))?;
+        let mut cmd = Command::new(strand);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path());
+        if let Some(c) = cores {
+            cmd.args(["--cores", &c.to_string()]);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "starting {}: {e} (build it first: cargo build --release -p strand-broker)",
+                    strand.display()
+                )
+            })?;
+        let stdout = child.stdout.take().ok_or("no stdout from strand")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut broker = OwnBroker {
+            child,
+            addr: String::new(),
+            _data: data,
+        };
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .map_err(|_| "the broker printed no ready line within 60 s".to_string())?;
+        broker.addr = line
+            .split_whitespace()
+            .nth(3)
+            .filter(|_| line.contains("ready"))
+            .ok_or_else(|| format!("unexpected first line from the broker: {line}"))?
+            .to_string();
+        Ok(broker)
+    }
+
+    /// Resident memory of the broker process, MiB.
+    fn rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        // SAFETY: kill sends SIGTERM to the child this run started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn load_args(addr: &str) -> load::Args {
+    load::Args {
+        brokers: addr.to_string(),
+        queue: None,
+        queues: 1,
+        partitions: 1,
+        producers: 1,
+        consumers: 1,
+        message_bytes: 1000,
+        keys: Keys::None,
+        batch_bytes: 1 << 20,
+        linger_ms: 0,
+        acks: "1".into(),
+        fsync: "always".into(),
+        seconds: 10,
+        count: None,
+        rate: None,
+    }
+}
+
+/// The date (UTC) as YYYY-MM-DD, from the system clock.
+fn today() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+fn row(name: &str, o: &Outcome) -> String {
+    format!(
+        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
+        o.msgs_s(),
+        o.mib_s(),
+        o.latency.p50_us,
+        o.latency.p99_us,
+        o.latency.p999_us,
+        o.latency.max_us
+    )
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let strand = match &args.strand {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().map_err(err)?.with_file_name("strand"),
+    };
+    let (secs, backlog_mib, base) = if args.quick {
+        (
+            3,
+            256,
+            baseline::Args {
+                dir: args.dir.clone(),
+                mib: 256,
+                syncs: 100,
+                loopback_mib: 512,
+            },
+        )
+    } else {
+        (
+            10,
+            2048,
+            baseline::Args {
+                dir: args.dir.clone(),
+                mib: 1024,
+                syncs: 300,
+                loopback_mib: 2048,
+            },
+        )
+    };
+    eprintln!("suite: baseline");
+    let limits: Limits = baseline::measure(&base)?;
+    let broker = OwnBroker::start(&strand, &args.dir, args.cores)?;
+    let addr = broker.addr.clone();
+    let rss_start = broker.rss_mib();
+    // First, while the heap holds nothing freed that new partitions could
+    // reuse unseen.
+    let admin = strand_client::Admin::connect(&addr).map_err(err)?;
+    eprintln!("suite: 1,000 partitions");
+    let before = broker.rss_mib();
+    load::fresh_queue(&admin, "bench-partitions", 1000, strand_client::FsyncSpec::Always)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let after = broker.rss_mib();
+    let per_partition_kib = (after - before).max(0.0) * 1024.0 / 1000.0;
+
+    eprintln!("suite: (1) one producer, 1 MiB batches, fsync=always");
+    let one = load::produce(&load::Args {
+        seconds: secs,
+        ..load_args(&addr)
+    })?;
+    eprintln!("suite: (2) 8 partitions, 4 producers");
+    let two = load::produce(&load::Args {
+        seconds: secs,
+        partitions: 8,
+        producers: 4,
+        ..load_args(&addr)
+    })?;
+    eprintln!("suite: (3) small records at 5,000/s");
+    let three = load::produce(&load::Args {
+        seconds: secs,
+        message_bytes: 100,
+        rate: Some(5000),
+        fsync: "interval".into(),
+        ..load_args(&addr)
+    })?;
+    eprintln!("suite: (4) a consumer catching up on {backlog_mib} MiB");
+    let backlog = load::fresh_queue(&admin, "bench-backlog", 1, strand_client::FsyncSpec::Always)?;
+    let records = (backlog_mib as u64) << 20 >> 10; // ~1 KiB each
+    load::produce(&load::Args {
+        queue: Some(backlog.clone()),
+        count: Some(records),
+        seconds: 3600,
+        ..load_args(&addr)
+    })?;
+    let four = load::consume(&load::Args {
+        queue: Some(backlog),
+        count: Some(records),
+        seconds: 600,
+        ..load_args(&addr)
+    })?;
+    let rss_after_backlog = broker.rss_mib();
+    eprintln!("suite: (5) produce → consume at half of (1)");
+    let rate = ((one.msgs_s() / 2.0) as u64).max(1);
+    let five = load::e2e(&load::Args {
+        seconds: secs,
+        rate: Some(rate),
+        ..load_args(&addr)
+    })?;
+    drop(broker);
+
+    let produce_limit = limits.disk_write_mib_s.min(limits.loopback_mib_s);
+    let consume_limit = limits.disk_read_mib_s.min(limits.loopback_mib_s);
+    let produce_vs_limit = one.mib_s() / produce_limit.max(1e-9);
+    let consume_vs_limit = four.mib_s() / consume_limit.max(1e-9);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    let cpus = core_affinity::get_core_ids().map_or(1, |c| c.len());
+    let mut md = String::new();
+    md.push_str(&format!(
+        "# strand-bench suite{} — {} on {host} ({cpus} cores)\n\n",
+        if args.quick { " --quick" } else { "" },
+        today()
+    ));
+    md.push_str("## Limits of this host (baseline)\n\n| measure | value |\n|---|---|\n");
+    md.push_str(&format!(
+        "| disk write, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n| disk read, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n\
+         | fdatasync after a 4 KiB overwrite | p50 {:.0} µs, p99 {:.0} µs |\n| loopback TCP | {:.0} MiB/s |\n\n",
+        limits.disk_write_mib_s,
+        limits.disk_read_mib_s,
+        limits.fdatasync.p50_us,
+        limits.fdatasync.p99_us,
+        limits.loopback_mib_s
+    ));
+    md.push_str("## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs |\n|---|---|---|---|---|---|---|\n");
+    for (name, o) in [
+        (
+            "(1) 1 producer, 1 KB records, 1 MiB batches, acks=1, fsync=always, 1 partition",
+            &one,
+        ),
+        ("(2) as (1), 8 partitions, 4 producers", &two),
+        ("(3) 100 B records, linger 0, 5,000/s, acks=1, fsync=interval", &three),
+        ("(4) 1 consumer catching up on the backlog (latency: per poll)", &four),
+        (
+            "(5) produce → consume at half of (1)'s rate (latency: end to end)",
+            &five,
+        ),
+    ] {
+        md.push_str(&row(name, o));
+        md.push('\n');
+    }
+    md.push_str(&format!(
+        "\n## Against the limits\n\n- produce_vs_limit = (1) ÷ min(disk write, loopback) = {:.2}\n\
+         - consume_vs_limit = (4) ÷ min(disk read, loopback) = {:.2}\n\n## Memory (broker RSS)\n\n\
+         - at start: {rss_start:.0} MiB; after the backlog and its catch-up: {rss_after_backlog:.0} MiB\n\
+         - 1,000 more partitions: {before:.1} → {after:.1} MiB ({per_partition_kib:.1} KiB per partition)\n\n\
+         Reproduce: `cargo build --release -p strand-broker -p strand-bench && target/release/strand-bench suite{}`\n",
+        produce_vs_limit,
+        consume_vs_limit,
+        if args.quick { " --quick" } else { "" }
+    ));
+    println!("{md}");
+    if args.save {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let path = dir.join(format!("{}-{host}.md", today()));
+        std::fs::write(&path, &md).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("suite: saved {}", path.display());
+    }
+    let mut json = limits.json();
+    json.insert("scenario".into(), "suite".into());
+    json.insert("quick".into(), args.quick.into());
+    json.insert("produce_vs_limit".into(), round2(produce_vs_limit).into());
+    json.insert("consume_vs_limit".into(), round2(consume_vs_limit).into());
+    json.insert("small_p50_us".into(), round2(three.latency.p50_us).into());
+    json.insert("small_p99_us".into(), round2(three.latency.p99_us).into());
+    json.insert("small_p999_us".into(), round2(three.latency.p999_us).into());
+    json.insert("e2e_p99_us".into(), round2(five.latency.p99_us).into());
+    json.insert("rss_after_backlog_mib".into(), round2(rss_after_backlog).into());
+    json.insert("rss_per_partition_kib".into(), round2(per_partition_kib).into());
+    for (name, o) in [("s1", &one), ("s2", &two), ("s3", &three), ("s4", &four), ("s5", &five)] {
+        json.insert(format!("{name}_msgs_s"), round2(o.msgs_s()).into());
+        json.insert(format!("{name}_mib_s"), round2(o.mib_s()).into());
+        json.insert(format!("{name}_p99_us"), round2(o.latency.p99_us).into());
+    }
+    println!("{}", serde_json::Value::Object(json));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn today_is_a_date() {
+        let d = super::today();
+        assert_eq!(d.len(), 10);
+        assert!(d.starts_with("20"), "{d}");
+        assert_eq!(&d[4..5], "-");
+    }
+}
