@@ -149,6 +149,7 @@ fn load_args(addr: &str) -> load::Args {
         seconds: 10,
         count: None,
         rate: None,
+        max_in_flight: 1,
     }
 }
 
