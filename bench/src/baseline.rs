@@ -176,19 +176,26 @@ fn loopback(mib: usize) -> Result<f64, String> {
         }
         Ok(())
     });
-    pin(0);
-    let (mut conn, _) = listener.accept().map_err(err)?;
-    let mut buf = vec![0u8; MIB];
-    let mut got = 0usize;
-    let start = Instant::now();
-    while got < mib * MIB {
-        let n = conn.read(&mut buf).map_err(err)?;
-        if n == 0 {
-            break;
+    // The receiver pins a thread of its own too: pinning the caller would
+    // pin everything it starts later (the suite's broker among them).
+    let receiver = std::thread::spawn(move || -> Result<(usize, f64), String> {
+        pin(0);
+        let (mut conn, _) = listener.accept().map_err(err)?;
+        let mut buf = vec![0u8; MIB];
+        let mut got = 0usize;
+        let start = Instant::now();
+        while got < mib * MIB {
+            let n = conn.read(&mut buf).map_err(err)?;
+            if n == 0 {
+                break;
+            }
+            got += n;
         }
-        got += n;
-    }
-    let secs = start.elapsed().as_secs_f64();
+        Ok((got, start.elapsed().as_secs_f64()))
+    });
+    let (got, secs) = receiver
+        .join()
+        .map_err(|_| "the loopback receiver panicked".to_string())??;
     sender
         .join()
         .map_err(|_| "the loopback sender panicked".to_string())??;

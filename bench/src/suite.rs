@@ -65,8 +65,15 @@ impl OwnBroker {
             .tempdir_in(dir)
             .map_err(|e| format!("making a data directory in {}: {e}", dir.display()))?;
         let mut cmd = Command::new(strand);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data.path());
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(data.path());
         if let Some(c) = cores {
             cmd.args(["--cores", &c.to_string()]);
         }

@@ -11,6 +11,8 @@
 //! - [`groups`]: consumer groups — the coordinator on the shard that owns
 //!   the group's `__groups` partition, assignment strategies, the records
 //!   that keep group state across restarts.
+//! - [`metrics`]: per-shard counters, the `/metrics` and `/health`
+//!   endpoint on shard 0.
 //! - [`config`]: defaults < TOML file < flags.
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 
@@ -19,5 +21,6 @@ pub mod config;
 pub mod controller;
 pub mod groups;
 mod handlers;
+pub mod metrics;
 pub mod routing;
 pub mod server;

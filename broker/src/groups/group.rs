@@ -93,6 +93,8 @@ pub struct Group {
     pub busy: bool,
     /// The id of each queue positions are kept for.
     queue_ids: BTreeMap<String, u64>,
+    /// Rebalances since this coordinator loaded the group (a metric).
+    pub rebalances: u64,
 }
 
 impl Group {
@@ -112,6 +114,7 @@ impl Group {
             grace_until: None,
             busy: false,
             queue_ids: BTreeMap::new(),
+            rebalances: 0,
         }
     }
 
@@ -331,6 +334,7 @@ impl Group {
         self.holders.retain(|(q, p), _| counts.get(q).is_some_and(|n| p < n));
         self.counts = counts;
         self.generation += 1;
+        self.rebalances += 1;
     }
 }
 

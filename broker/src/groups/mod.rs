@@ -1080,6 +1080,7 @@ impl Coordinator {
         };
         append(shard, part, group, &[settled]).await?;
         tracing::info!(group, queue = %tp.0, partition = tp.1, offset, attempts, "dead-lettered");
+        shard.metrics.dead_lettered(&tp.0);
         self.finish(shard, p, part, group, tp, |a| a.done(offset)).await
     }
 
@@ -1242,6 +1243,24 @@ impl Coordinator {
                 g.forget_queues(|q, id| table.queue(q).is_some_and(|r| r.id == id));
             }
         }
+    }
+
+    /// For the metrics: every (group, queue, partition, committed position)
+    /// and every group's rebalance count, of the groups loaded here.
+    #[allow(clippy::type_complexity)]
+    pub fn positions(&self) -> (Vec<(String, String, u32, u64)>, Vec<(String, u64)>) {
+        let loaded = self.loaded.borrow();
+        let mut positions = Vec::new();
+        let mut rebalances = Vec::new();
+        for l in loaded.values() {
+            for (name, g) in &l.groups {
+                rebalances.push((name.clone(), g.rebalances));
+                for ((q, p), o) in g.all_committed() {
+                    positions.push((name.clone(), q.clone(), *p, o));
+                }
+            }
+        }
+        (positions, rebalances)
     }
 
     /// Forgets the groups of partitions this shard no longer holds.

@@ -109,6 +109,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
                     }
                 }
             }
+            shard.metrics.fetched(queue, tail.len() - start as usize);
             entries.push(FetchPartitionResult::create(
                 &mut fbb,
                 &FetchPartitionResultArgs {

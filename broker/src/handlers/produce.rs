@@ -98,6 +98,22 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
             results.push(t.await);
         }
     }
+    // Counted per queue of the request, with the bytes its parts appended.
+    let mut k = 0;
+    while k < parts.len() {
+        let queue = &parts[k].queue;
+        let (mut bytes, mut appended) = (0usize, false);
+        while k < parts.len() && &parts[k].queue == queue {
+            if results[k].is_ok() {
+                bytes += parts[k].len as usize;
+                appended = true;
+            }
+            k += 1;
+        }
+        if appended {
+            shard.metrics.produced(queue, bytes);
+        }
+    }
     if acks == 0 {
         return Ok(None);
     }

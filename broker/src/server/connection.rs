@@ -47,6 +47,7 @@ enum Pending {
 }
 
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+    shard.metrics.connection_opened();
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let (reader, writer) = futures_lite::io::split(stream);
     let (to_writer, responses) = local_channel::new_bounded::<Pending>(MAX_IN_FLIGHT);
@@ -75,6 +76,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     read_requests(&shard, reader, &to_writer, &writer_failed, &peer).await;
     drop(to_writer);
     writing.await;
+    shard.metrics.connection_closed();
 }
 
 async fn read_requests(
@@ -94,9 +96,11 @@ async fn read_requests(
                 // Counted from now: shutdown waits for every accepted request.
                 shard.in_flight.set(shard.in_flight.get() + 1);
                 let s = shard.clone();
+                let (api, arrived) = (request.header.api, std::time::Instant::now());
                 let task = glommio::spawn_local(async move {
                     let response = handlers::dispatch(&s, request).await;
                     s.in_flight.set(s.in_flight.get() - 1);
+                    s.metrics.request(api, arrived.elapsed());
                     response
                 })
                 .detach();

@@ -177,4 +177,8 @@ pub enum ShardMessage {
     },
     /// A reply (or other work) to run on the receiving shard.
     Run(Deferred),
+    /// For the metrics endpoint: this shard's counters and gauges.
+    Stats {
+        reply: Answer<crate::metrics::ShardSnapshot>,
+    },
 }

@@ -53,6 +53,8 @@ struct Lifecycle {
     /// before that a shard may hold a table from the middle of the replay
     /// and would call existing queues unknown.
     metadata_ready: Arc<AtomicBool>,
+    /// Shard 0: the metrics endpoint's listening socket, to serve.
+    metrics_fd: Option<std::os::fd::RawFd>,
 }
 
 enum Event {
@@ -99,6 +101,16 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
             )));
         }
     }
+    // The metrics endpoint's socket, bound here so a busy address is a clear
+    // start-up error and port 0 resolves before the ready line; shard 0
+    // serves it.
+    let metrics = std::net::TcpListener::bind(config.metrics_listen)
+        .map_err(|e| ServeError::Startup(format!("binding the metrics address {}: {e}", config.metrics_listen)))?;
+    let metrics_addr = metrics.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?;
+    metrics
+        .set_nonblocking(true)
+        .map_err(|e| ServeError::Startup(e.to_string()))?;
+    let metrics_fd = Some(std::os::fd::IntoRawFd::into_raw_fd(metrics));
     let config = Arc::new(config);
     let stop = Arc::new(AtomicBool::new(false));
     let drained = Arc::new(AtomicUsize::new(0));
@@ -116,6 +128,7 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
             stop: stop.clone(),
             drained: drained.clone(),
             metadata_ready: metadata_ready.clone(),
+            metrics_fd: metrics_fd.filter(|_| id == 0),
         };
         LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cpus))
             .name(&format!("shard-{id}"))
@@ -156,7 +169,7 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
             Err(_) => return Err(ServeError::Startup("a shard stopped or hung during start-up".into())),
         }
     }
-    println!("strand ready on {addr} with {shards} shards");
+    println!("strand ready on {addr} with {shards} shards; metrics on http://{metrics_addr}/metrics");
     let mut failure = None;
     for h in handles {
         match h.join() {
@@ -221,6 +234,12 @@ async fn shard_main(
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     start_timers(&shard);
+    if let Some(fd) = lifecycle.metrics_fd {
+        // SAFETY: the fd is a bound, listening, non-blocking TCP socket that
+        // `run` gave up ownership of (into_raw_fd) for this shard alone.
+        let listener = unsafe { <TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        crate::metrics::http::start(&shard, listener);
+    }
     let _ = events.send(Event::Ready);
     accept_until_stopped(&shard, listener, &lifecycle.stop).await;
     shutdown(&shard, &lifecycle.drained).await;

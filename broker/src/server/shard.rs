@@ -47,6 +47,8 @@ pub struct Shard {
     pub stopping: Cell<bool>,
     /// The consumer groups of the `__groups` partitions this shard owns.
     pub groups: Coordinator,
+    /// This shard's counters (see `crate::metrics`).
+    pub metrics: crate::metrics::ShardMetrics,
 }
 
 impl Shard {
@@ -72,6 +74,7 @@ impl Shard {
             in_flight: Cell::new(0),
             stopping: Cell::new(false),
             groups: Coordinator::default(),
+            metrics: crate::metrics::ShardMetrics::default(),
         }
     }
 
@@ -401,6 +404,44 @@ impl Shard {
         })
     }
 
+    /// This shard's counters, partitions and group positions, for a scrape.
+    pub fn snapshot(&self) -> crate::metrics::ShardSnapshot {
+        let partitions = self
+            .partitions
+            .all()
+            .into_iter()
+            .map(|((queue, partition), part)| crate::metrics::PartitionGauges {
+                queue,
+                partition,
+                log_start: part.log.log_start().0,
+                log_end: part.log.log_end().0,
+                high_watermark: part.log.high_watermark().0,
+                stored_bytes: part.log.size_bytes(),
+            })
+            .collect();
+        let (positions, rebalances) = self.groups.positions();
+        let mut snap = crate::metrics::ShardSnapshot {
+            shard: self.id.0,
+            partitions,
+            positions,
+            rebalances,
+            ..Default::default()
+        };
+        self.metrics.fill(&mut snap);
+        snap
+    }
+
+    /// Asks shard `peer` for its snapshot over the mesh; `None` if it has
+    /// stopped.
+    pub async fn ask_snapshot(&self, peer: u16) -> Option<crate::metrics::ShardSnapshot> {
+        let (tx, rx) = Answer::channel(self.id.0);
+        self.peers
+            .send_to(usize::from(peer), ShardMessage::Stats { reply: tx })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+
     /// Serves messages from other shards until they all hang up.
     pub fn start_mesh_receivers(self: &Rc<Self>, receivers: Receivers<ShardMessage>) {
         let receivers = Rc::new(receivers);
@@ -439,6 +480,7 @@ impl Shard {
                 self.apply_table(table).await;
                 applied.send(());
             }
+            ShardMessage::Stats { reply } => reply.send(self.snapshot()),
         }
     }
 }

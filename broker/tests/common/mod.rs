@@ -23,6 +23,8 @@ pub const TS: i64 = 1_700_000_000_000;
 pub struct Broker {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The metrics endpoint (`--metrics-listen 127.0.0.1:0`).
+    pub metrics: SocketAddr,
     pub data_dir: PathBuf,
 }
 
@@ -38,7 +40,16 @@ impl Broker {
     /// A broker listening on `listen` (to restart one on the same port).
     pub fn start_at(data_dir: &Path, listen: &str, extra: &[&str]) -> Broker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_strand"))
-            .args(["serve", "--listen", listen, "--cores", "2", "--data-dir"])
+            .args([
+                "serve",
+                "--listen",
+                listen,
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--cores",
+                "2",
+                "--data-dir",
+            ])
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -59,9 +70,17 @@ impl Broker {
             .expect("strand printed no ready line");
         assert!(line.contains("ready"), "{line}");
         let addr = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+        let metrics = line
+            .split("http://")
+            .nth(1)
+            .and_then(|m| m.split('/').next())
+            .unwrap()
+            .parse()
+            .unwrap();
         Broker {
             child,
             addr,
+            metrics,
             data_dir: data_dir.to_path_buf(),
         }
     }

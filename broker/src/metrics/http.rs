@@ -1,0 +1,174 @@
+//! The metrics endpoint: `GET /metrics` (every shard's snapshot, rendered)
+//! and `GET /health` (200 when every shard answers, else 503 with the
+//! reason). Minimal HTTP/1.x: one request per connection, then close.
+//!
+//! Runs on: shard 0. Robust to slow or bad clients: a request head must
+//! arrive within 2 s and fit in 8 KiB, at most 64 scrapes are served at
+//! once (more wait in the kernel's backlog), and a shard that does not
+//! answer within 1 s makes `/health` say so rather than hang the scrape.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+
+use super::{render, ShardSnapshot};
+use crate::server::shard::Shard;
+
+const HEAD_MAX: usize = 8 << 10;
+const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+const SHARD_TIMEOUT: Duration = Duration::from_secs(1);
+const CONCURRENT_MAX: usize = 64;
+
+/// Serves the endpoint until the shard stops.
+pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
+    let shard = shard.clone();
+    let serving = Rc::new(Cell::new(0usize));
+    glommio::spawn_local(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("metrics accept failed: {e}");
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            if shard.stopping.get() {
+                continue;
+            }
+            while serving.get() >= CONCURRENT_MAX {
+                glommio::timer::sleep(Duration::from_millis(1)).await;
+            }
+            serving.set(serving.get() + 1);
+            let (s, count) = (shard.clone(), serving.clone());
+            glommio::spawn_local(async move {
+                if let Err(e) = serve(&s, stream).await {
+                    tracing::debug!("metrics request: {e}");
+                }
+                count.set(count.get() - 1);
+            })
+            .detach();
+        }
+    })
+    .detach();
+}
+
+/// Reads the request line (within the limits), answers, closes.
+async fn serve(shard: &Rc<Shard>, mut stream: TcpStream) -> Result<(), String> {
+    let mut head = Vec::with_capacity(512);
+    let read = glommio::timer::timeout(HEAD_TIMEOUT, async {
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+            if head.len() >= HEAD_MAX {
+                break;
+            }
+            let n = stream.read(&mut buf).await.map_err(glommio::GlommioError::IoError)?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok(())
+    })
+    .await;
+    if read.is_err() {
+        return respond(&mut stream, 408, "text/plain", "request head too slow\n").await;
+    }
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    if head.len() >= HEAD_MAX {
+        return respond(&mut stream, 431, "text/plain", "request head too large\n").await;
+    }
+    if method != "GET" {
+        return respond(&mut stream, 405, "text/plain", "only GET is served\n").await;
+    }
+    match path.split('?').next().unwrap_or_default() {
+        "/metrics" => {
+            let (snapshots, missing) = gather(shard).await;
+            if let Some(m) = missing {
+                tracing::warn!("metrics scrape without {m}");
+            }
+            match render(snapshots) {
+                Ok(text) => {
+                    respond(
+                        &mut stream,
+                        200,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        &text,
+                    )
+                    .await
+                }
+                Err(e) => respond(&mut stream, 500, "text/plain", &format!("{e}\n")).await,
+            }
+        }
+        "/health" => {
+            let (_, missing) = gather(shard).await;
+            match missing {
+                None if !shard.stopping.get() => respond(&mut stream, 200, "text/plain", "ok\n").await,
+                None => respond(&mut stream, 503, "text/plain", "shutting down\n").await,
+                Some(m) => respond(&mut stream, 503, "text/plain", &format!("{m}\n")).await,
+            }
+        }
+        _ => respond(&mut stream, 404, "text/plain", "not found: try /metrics or /health\n").await,
+    }
+}
+
+/// Every shard's snapshot (this one's directly, the others' over the mesh);
+/// the second value names the shards that did not answer in time.
+async fn gather(shard: &Rc<Shard>) -> (Vec<ShardSnapshot>, Option<String>) {
+    let mut all = vec![shard.snapshot()];
+    let mut missing = Vec::new();
+    for peer in 0..shard.shards {
+        if peer == shard.id.0 {
+            continue;
+        }
+        let got = glommio::timer::timeout(SHARD_TIMEOUT, async {
+            shard
+                .ask_snapshot(peer)
+                .await
+                .ok_or(glommio::GlommioError::Closed(glommio::ResourceType::Channel(())))
+        })
+        .await;
+        match got {
+            Ok(s) => all.push(s),
+            Err(_) => missing.push(peer),
+        }
+    }
+    let missing = (!missing.is_empty()).then(|| {
+        let list: Vec<String> = missing.iter().map(u16::to_string).collect();
+        format!("shard(s) {} did not answer within {SHARD_TIMEOUT:?}", list.join(", "))
+    });
+    (all, missing)
+}
+
+async fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &str) -> Result<(), String> {
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        _ => "Service Unavailable",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.flush().await?;
+        stream.close().await
+    };
+    glommio::timer::timeout(HEAD_TIMEOUT * 5, async {
+        write.await.map_err(glommio::GlommioError::IoError)
+    })
+    .await
+    .map_err(|e| e.to_string())
+}

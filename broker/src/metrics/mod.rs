@@ -1,0 +1,414 @@
+//! Metrics: per-shard counters on the data path, gathered over the shard
+//! channels at scrape time, served as Prometheus / OpenMetrics text.
+//!
+//! Runs on: every shard (its [`ShardMetrics`], plain `Cell`s — no lock, no
+//! atomic on the data path) and shard 0 (the HTTP endpoint, `http.rs`, which
+//! asks every shard for a [`ShardSnapshot`] over the mesh and renders them).
+//!
+//! Series (labels in braces):
+//! - `strand_produce_requests_total`, `strand_produce_bytes_total`,
+//!   `strand_fetch_bytes_total` {queue}
+//! - `strand_request_latency_seconds` histogram {api}
+//! - `strand_partition_log_end_offset`, `strand_partition_high_watermark`,
+//!   `strand_partition_log_start_offset`, `strand_partition_stored_bytes`
+//!   {queue, partition}
+//! - `strand_group_lag` {group, queue, partition} (high watermark − committed
+//!   position, for partitions with one)
+//! - `strand_group_rebalances_total` {group}, `strand_dlq_records_total`
+//!   {queue}
+//! - `strand_connections` {shard}
+//!
+//! Label cardinality is bounded by what the broker holds: queues ×
+//! partitions (a queue has at most `PARTITIONS_MAX`), groups × their
+//! partitions, and the fixed API and shard sets; nothing is labelled by
+//! client, member or key.
+
+pub mod http;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use strand_wire::Api;
+
+/// Upper bounds (seconds) of the request latency buckets.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 10.0,
+];
+
+/// One API's request latencies: per-bucket counts (the last one: above
+/// every bound), their sum and count.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyHistogram {
+    pub buckets: [u64; LATENCY_BUCKETS.len() + 1],
+    pub sum_secs: f64,
+    pub count: u64,
+}
+
+impl LatencyHistogram {
+    fn observe(&mut self, secs: f64) {
+        let i = LATENCY_BUCKETS.partition_point(|&b| b < secs);
+        self.buckets[i] += 1;
+        self.sum_secs += secs;
+        self.count += 1;
+    }
+
+    fn add(&mut self, other: &LatencyHistogram) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
+            *a += b;
+        }
+        self.sum_secs += other.sum_secs;
+        self.count += other.count;
+    }
+}
+
+/// Produce counters of one queue.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueCounters {
+    pub produce_requests: u64,
+    pub produce_bytes: u64,
+    pub fetch_bytes: u64,
+    pub dlq_records: u64,
+}
+
+/// One shard's counters, touched only by its own thread.
+#[derive(Default)]
+pub struct ShardMetrics {
+    queues: RefCell<HashMap<String, QueueCounters>>,
+    latency: RefCell<BTreeMap<u16, LatencyHistogram>>,
+    connections: Cell<i64>,
+}
+
+impl ShardMetrics {
+    fn queue(&self, queue: &str, f: impl FnOnce(&mut QueueCounters)) {
+        let mut queues = self.queues.borrow_mut();
+        match queues.get_mut(queue) {
+            Some(c) => f(c),
+            None => f(queues.entry(queue.to_string()).or_default()),
+        }
+    }
+
+    /// A produce request's batches for `queue` were appended.
+    pub fn produced(&self, queue: &str, bytes: usize) {
+        self.queue(queue, |c| {
+            c.produce_requests += 1;
+            c.produce_bytes += bytes as u64;
+        });
+    }
+
+    pub fn fetched(&self, queue: &str, bytes: usize) {
+        self.queue(queue, |c| c.fetch_bytes += bytes as u64);
+    }
+
+    pub fn dead_lettered(&self, queue: &str) {
+        self.queue(queue, |c| c.dlq_records += 1);
+    }
+
+    /// A request of `api` was answered after `took`.
+    pub fn request(&self, api: u16, took: Duration) {
+        self.latency
+            .borrow_mut()
+            .entry(api)
+            .or_default()
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn connection_opened(&self) {
+        self.connections.set(self.connections.get() + 1);
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections.set(self.connections.get() - 1);
+    }
+
+    /// Copies the counters into a snapshot.
+    pub fn fill(&self, snap: &mut ShardSnapshot) {
+        snap.queues = self.queues.borrow().iter().map(|(q, c)| (q.clone(), *c)).collect();
+        snap.latency = self.latency.borrow().iter().map(|(a, h)| (*a, h.clone())).collect();
+        snap.connections = self.connections.get();
+    }
+}
+
+/// A partition's offsets and size, from the shard that holds it.
+#[derive(Debug, Clone)]
+pub struct PartitionGauges {
+    pub queue: String,
+    pub partition: u32,
+    pub log_start: u64,
+    pub log_end: u64,
+    pub high_watermark: u64,
+    pub stored_bytes: u64,
+}
+
+/// What one shard reports at a scrape.
+#[derive(Debug, Clone, Default)]
+pub struct ShardSnapshot {
+    pub shard: u16,
+    pub queues: Vec<(String, QueueCounters)>,
+    pub latency: Vec<(u16, LatencyHistogram)>,
+    pub connections: i64,
+    pub partitions: Vec<PartitionGauges>,
+    /// (group, queue, partition, committed position) of the groups this
+    /// shard coordinates.
+    pub positions: Vec<(String, String, u32, u64)>,
+    /// (group, rebalances) of the groups this shard coordinates.
+    pub rebalances: Vec<(String, u64)>,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The scrape's data, encoded on demand.
+#[derive(Debug)]
+struct Scrape {
+    snapshots: Vec<ShardSnapshot>,
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: Vec<(Labels, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(v).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: Vec<(Labels, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn as_i64(v: u64) -> i64 {
+    v.min(i64::MAX as u64) as i64
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut queues: BTreeMap<&str, QueueCounters> = BTreeMap::new();
+        let mut latency: BTreeMap<u16, LatencyHistogram> = BTreeMap::new();
+        let mut hw: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for s in &self.snapshots {
+            for (q, c) in &s.queues {
+                let t = queues.entry(q).or_default();
+                t.produce_requests += c.produce_requests;
+                t.produce_bytes += c.produce_bytes;
+                t.fetch_bytes += c.fetch_bytes;
+                t.dlq_records += c.dlq_records;
+            }
+            for (api, h) in &s.latency {
+                latency.entry(*api).or_default().add(h);
+            }
+            for p in &s.partitions {
+                hw.insert((&p.queue, p.partition), p.high_watermark);
+            }
+        }
+        let by_queue = |f: fn(&QueueCounters) -> u64| -> Vec<(Labels, u64)> {
+            queues
+                .iter()
+                .filter(|(_, c)| f(c) > 0)
+                .map(|(q, c)| (vec![("queue", q.to_string())], f(c)))
+                .collect()
+        };
+        counter(
+            &mut encoder,
+            "strand_produce_requests",
+            "Produce requests appended, by queue.",
+            by_queue(|c| c.produce_requests),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_produce_bytes",
+            "Record batch bytes appended, by queue.",
+            by_queue(|c| c.produce_bytes),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_fetch_bytes",
+            "Record batch bytes fetched, by queue.",
+            by_queue(|c| c.fetch_bytes),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_dlq_records",
+            "Records moved to a dead-letter queue, by source queue.",
+            by_queue(|c| c.dlq_records),
+        )?;
+        {
+            let mut metric = encoder.encode_descriptor(
+                "strand_request_latency_seconds",
+                "Time from a request's arrival to its response, by API.",
+                None,
+                MetricType::Histogram,
+            )?;
+            for (api, h) in &latency {
+                let name = Api::from_u16(*api).map_or("unknown", Api::name);
+                let labels: Labels = vec![("api", name.to_string())];
+                let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+                    .iter()
+                    .copied()
+                    .chain(std::iter::once(f64::INFINITY))
+                    .zip(h.buckets.iter().copied())
+                    .collect();
+                metric
+                    .encode_family(&labels)?
+                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(h.sum_secs, h.count, &buckets, None)?;
+            }
+        }
+        let partitions = |f: fn(&PartitionGauges) -> u64| -> Vec<(Labels, i64)> {
+            let mut all: Vec<(Labels, i64)> = self
+                .snapshots
+                .iter()
+                .flat_map(|s| s.partitions.iter())
+                .map(|p| {
+                    (
+                        vec![("queue", p.queue.clone()), ("partition", p.partition.to_string())],
+                        as_i64(f(p)),
+                    )
+                })
+                .collect();
+            all.sort();
+            all
+        };
+        gauge(
+            &mut encoder,
+            "strand_partition_log_end_offset",
+            "Offset after the partition's last record.",
+            partitions(|p| p.log_end),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_high_watermark",
+            "Offset below which records are committed and readable.",
+            partitions(|p| p.high_watermark),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_log_start_offset",
+            "Oldest offset still stored.",
+            partitions(|p| p.log_start),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_stored_bytes",
+            "Bytes the partition's segments hold.",
+            partitions(|p| p.stored_bytes),
+        )?;
+        let mut lag: Vec<(Labels, i64)> = Vec::new();
+        for s in &self.snapshots {
+            for (group, queue, partition, position) in &s.positions {
+                if let Some(end) = hw.get(&(queue.as_str(), *partition)) {
+                    lag.push((
+                        vec![
+                            ("group", group.clone()),
+                            ("queue", queue.clone()),
+                            ("partition", partition.to_string()),
+                        ],
+                        as_i64(end.saturating_sub(*position)),
+                    ));
+                }
+            }
+        }
+        lag.sort();
+        gauge(
+            &mut encoder,
+            "strand_group_lag",
+            "Records the group has yet to read: high watermark minus committed position.",
+            lag,
+        )?;
+        let mut rebalances: Vec<(Labels, u64)> = self
+            .snapshots
+            .iter()
+            .flat_map(|s| s.rebalances.iter())
+            .map(|(g, n)| (vec![("group", g.clone())], *n))
+            .collect();
+        rebalances.sort();
+        counter(
+            &mut encoder,
+            "strand_group_rebalances",
+            "Rebalances since the coordinator loaded the group.",
+            rebalances,
+        )?;
+        let connections: Vec<(Labels, i64)> = self
+            .snapshots
+            .iter()
+            .map(|s| (vec![("shard", s.shard.to_string())], s.connections))
+            .collect();
+        gauge(
+            &mut encoder,
+            "strand_connections",
+            "Open client connections, by shard.",
+            connections,
+        )?;
+        Ok(())
+    }
+}
+
+/// The text exposition of every shard's snapshot.
+pub fn render(snapshots: Vec<ShardSnapshot>) -> Result<String, String> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape { snapshots }));
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).map_err(|e| format!("encoding metrics: {e}"))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_series_with_labels_and_joins_lag() {
+        let m = ShardMetrics::default();
+        m.produced("orders", 1000);
+        m.produced("orders", 500);
+        m.request(Api::Produce as u16, Duration::from_micros(80));
+        m.request(Api::Produce as u16, Duration::from_millis(3));
+        m.connection_opened();
+        let mut snap = ShardSnapshot {
+            shard: 0,
+            partitions: vec![PartitionGauges {
+                queue: "orders".into(),
+                partition: 0,
+                log_start: 0,
+                log_end: 42,
+                high_watermark: 40,
+                stored_bytes: 4096,
+            }],
+            positions: vec![("billing".into(), "orders".into(), 0, 30)],
+            rebalances: vec![("billing".into(), 2)],
+            ..ShardSnapshot::default()
+        };
+        m.fill(&mut snap);
+        let text = render(vec![snap]).unwrap();
+        for line in [
+            "strand_produce_requests_total{queue=\"orders\"} 2",
+            "strand_produce_bytes_total{queue=\"orders\"} 1500",
+            "strand_partition_log_end_offset{queue=\"orders\",partition=\"0\"} 42",
+            "strand_group_lag{group=\"billing\",queue=\"orders\",partition=\"0\"} 10",
+            "strand_group_rebalances_total{group=\"billing\"} 2",
+            "strand_request_latency_seconds_count{api=\"Produce\"} 2",
+            "strand_request_latency_seconds_bucket{le=\"0.0001\",api=\"Produce\"} 1",
+            "strand_connections{shard=\"0\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,148 @@
+//! The metrics endpoint against a running broker: series values after
+//! produce and consume (log end = what was produced, lag = what the group
+//! has not consumed), `/health`, bad and slow requests, many concurrent
+//! scrapes.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::*;
+use strand_client::*;
+use strand_wire::ErrorCode;
+
+/// One HTTP request; (status, body).
+fn http(addr: SocketAddr, request: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn scrape(broker: &Broker) -> String {
+    let (status, body) = http(broker.metrics, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the series whose line starts with `series ` (name and labels).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+#[test]
+fn series_follow_produce_and_consume() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    assert_eq!(broker.client().create_queue("m", 2), ErrorCode::None);
+    let addr = broker.addr.to_string();
+    let producer = Producer::new(&addr, ProducerConfig::default()).unwrap();
+    for i in 0..100u32 {
+        let key = format!("k{}", i % 2);
+        block_on(producer.send("m", Some(key.as_bytes()), b"0123456789", &[])).unwrap();
+    }
+    // A group reads 60 of them and commits.
+    let config = GroupConfig {
+        start: GroupStart::Earliest,
+        auto_commit: false,
+        consumer: ConsumerConfig {
+            max_wait: Duration::from_millis(100),
+            ..ConsumerConfig::default()
+        },
+        ..GroupConfig::default()
+    };
+    let mut member = block_on(GroupConsumer::subscribe(&addr, "readers", &["m"], config)).unwrap();
+    let mut read = 0;
+    while read < 60 {
+        for r in block_on(member.poll()).unwrap() {
+            if read < 60 {
+                block_on(member.commit_record(&r)).unwrap();
+                read += 1;
+            }
+        }
+    }
+    block_on(member.close()).unwrap();
+
+    let text = scrape(&broker);
+    let end = |p: u32| {
+        value(
+            &text,
+            &format!("strand_partition_log_end_offset{{queue=\"m\",partition=\"{p}\"}}"),
+        )
+        .unwrap()
+    };
+    let hw = |p: u32| {
+        value(
+            &text,
+            &format!("strand_partition_high_watermark{{queue=\"m\",partition=\"{p}\"}}"),
+        )
+        .unwrap()
+    };
+    assert_eq!(end(0) + end(1), 100.0, "{text}");
+    assert_eq!(hw(0) + hw(1), 100.0);
+    let lag = |p: u32| {
+        value(
+            &text,
+            &format!("strand_group_lag{{group=\"readers\",queue=\"m\",partition=\"{p}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(lag(0) + lag(1), 40.0, "lag = what the group has not consumed\n{text}");
+    assert_eq!(value(&text, "strand_produce_requests_total{queue=\"m\"}"), Some(100.0));
+    assert!(value(&text, "strand_produce_bytes_total{queue=\"m\"}").unwrap() > 1000.0);
+    assert!(value(&text, "strand_fetch_bytes_total{queue=\"m\"}").unwrap() > 0.0);
+    assert!(value(&text, "strand_group_rebalances_total{group=\"readers\"}").unwrap() >= 1.0);
+    assert!(value(&text, "strand_partition_stored_bytes{queue=\"m\",partition=\"0\"}").unwrap() > 0.0);
+    assert!(text.contains("strand_request_latency_seconds_bucket"), "{text}");
+    assert!(text.contains("strand_connections{shard=\"0\"}"));
+    assert!(text.ends_with("# EOF\n"));
+}
+
+#[test]
+fn health_bad_requests_and_many_scrapers() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    assert_eq!(
+        http(broker.metrics, "GET /health HTTP/1.1\r\n\r\n"),
+        (200, "ok\n".to_string())
+    );
+    assert_eq!(http(broker.metrics, "GET /nope HTTP/1.1\r\n\r\n").0, 404);
+    assert_eq!(http(broker.metrics, "POST /metrics HTTP/1.1\r\n\r\n").0, 405);
+    assert_eq!(
+        http(broker.metrics, &format!("GET /{} HTTP/1.1\r\n\r\n", "x".repeat(10_000))).0,
+        431
+    );
+    // A client that sends half a request and stalls is cut off.
+    let mut slow = TcpStream::connect(broker.metrics).unwrap();
+    slow.write_all(b"GET /met").unwrap();
+    // 100 concurrent scrapers, while the stalled one waits.
+    let scrapers: Vec<_> = (0..100)
+        .map(|_| {
+            let m = broker.metrics;
+            std::thread::spawn(move || http(m, "GET /metrics HTTP/1.1\r\n\r\n").0)
+        })
+        .collect();
+    for s in scrapers {
+        assert_eq!(s.join().unwrap(), 200);
+    }
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = String::new();
+    slow.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    // The broker serves on.
+    assert_eq!(broker.client().create_queue("after", 1), ErrorCode::None);
+    assert_eq!(http(broker.metrics, "GET /health HTTP/1.1\r\n\r\n").0, 200);
+}
