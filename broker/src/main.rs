@@ -64,6 +64,10 @@ enum Command {
         /// TOML config file.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Log lines as `human` text or `json` objects (one per line), on
+        /// stderr; levels from RUST_LOG (default info).
+        #[arg(long, default_value = "human")]
+        log_format: String,
         #[command(flatten)]
         flags: Overrides,
     },
@@ -72,13 +76,26 @@ enum Command {
 fn main() -> ExitCode {
     strand_storage::tune_process_allocator();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .init();
+    let json_logs = match &cli.command {
+        Command::Serve { log_format, .. } => match log_format.as_str() {
+            "json" => true,
+            "human" => false,
+            other => {
+                eprintln!("strand: --log-format must be human or json, not {other:?}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => false,
+    };
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+    );
+    if json_logs {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     match cli.command {
         Command::Queue {
             command,
@@ -109,7 +126,7 @@ fn main() -> ExitCode {
             finish(strand_broker::cli::produce::run(args, &brokers.list(), stdin.lock()))
         }
         Command::Consume { args, brokers } => finish(strand_broker::cli::consume::run(args, &brokers.list())),
-        Command::Serve { config, flags } => {
+        Command::Serve { config, flags, .. } => {
             let config = match BrokerConfig::load(config.as_deref(), &flags) {
                 Ok(c) => c,
                 Err(e) => {

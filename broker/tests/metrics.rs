@@ -108,6 +108,16 @@ fn series_follow_produce_and_consume() {
     assert!(value(&text, "strand_partition_stored_bytes{queue=\"m\",partition=\"0\"}").unwrap() > 0.0);
     assert!(text.contains("strand_request_latency_seconds_bucket"), "{text}");
     assert!(text.contains("strand_connections{shard=\"0\"}"));
+    // fsync=always: every produce was fdatasync'd.
+    assert!(
+        value(&text, "strand_fsync_latency_seconds_count").unwrap() >= 1.0,
+        "{text}"
+    );
+    for shard in ["0", "1"] {
+        let busy = value(&text, &format!("strand_shard_busy_ratio{{shard=\"{shard}\"}}")).unwrap();
+        assert!((0.0..=1.0).contains(&busy), "{busy}");
+        assert!(value(&text, &format!("strand_shard_requests_in_flight{{shard=\"{shard}\"}}")).is_some());
+    }
     assert!(text.ends_with("# EOF\n"));
 }
 
@@ -145,4 +155,40 @@ fn health_bad_requests_and_many_scrapers() {
     // The broker serves on.
     assert_eq!(broker.client().create_queue("after", 1), ErrorCode::None);
     assert_eq!(http(broker.metrics, "GET /health HTTP/1.1\r\n\r\n").0, 200);
+}
+
+#[test]
+fn logs_can_be_json_lines() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--cores",
+            "1",
+        ])
+        .args(["--log-format", "json", "--data-dir"])
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let line = std::io::BufReader::new(stderr).lines().next().unwrap().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["serve", "--log-format", "yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--log-format must be human or json"));
 }

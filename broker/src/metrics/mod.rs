@@ -16,7 +16,10 @@
 //!   position, for partitions with one)
 //! - `strand_group_rebalances_total` {group}, `strand_dlq_records_total`
 //!   {queue}
-//! - `strand_connections` {shard}
+//! - `strand_connections`, `strand_shard_busy_ratio` (share of the time
+//!   since the previous scrape the shard's executor ran tasks or I/O, spin
+//!   excluded), `strand_shard_requests_in_flight` {shard}
+//! - `strand_fsync_latency_seconds` histogram (every open log's fdatasyncs)
 //!
 //! Label cardinality is bounded by what the broker holds: queues ×
 //! partitions (a queue has at most `PARTITIONS_MAX`), groups × their
@@ -78,11 +81,24 @@ pub struct QueueCounters {
 }
 
 /// One shard's counters, touched only by its own thread.
-#[derive(Default)]
 pub struct ShardMetrics {
     queues: RefCell<HashMap<String, QueueCounters>>,
     latency: RefCell<BTreeMap<u16, LatencyHistogram>>,
     connections: Cell<i64>,
+    /// When the busy ratio was last taken (the executor's run time counts
+    /// from there).
+    last_busy: Cell<std::time::Instant>,
+}
+
+impl Default for ShardMetrics {
+    fn default() -> Self {
+        ShardMetrics {
+            queues: RefCell::default(),
+            latency: RefCell::default(),
+            connections: Cell::new(0),
+            last_busy: Cell::new(std::time::Instant::now()),
+        }
+    }
 }
 
 impl ShardMetrics {
@@ -127,6 +143,14 @@ impl ShardMetrics {
         self.connections.set(self.connections.get() - 1);
     }
 
+    /// Share of the time since the last call that the executor spent
+    /// running (given its run time over that span).
+    pub fn busy_ratio(&self, ran: Duration) -> f64 {
+        let now = std::time::Instant::now();
+        let span = now.duration_since(self.last_busy.replace(now));
+        (ran.as_secs_f64() / span.as_secs_f64().max(1e-9)).clamp(0.0, 1.0)
+    }
+
     /// Copies the counters into a snapshot.
     pub fn fill(&self, snap: &mut ShardSnapshot) {
         snap.queues = self.queues.borrow().iter().map(|(q, c)| (q.clone(), *c)).collect();
@@ -159,6 +183,13 @@ pub struct ShardSnapshot {
     pub positions: Vec<(String, String, u32, u64)>,
     /// (group, rebalances) of the groups this shard coordinates.
     pub rebalances: Vec<(String, u64)>,
+    pub busy_ratio: f64,
+    pub requests_in_flight: u64,
+    /// fdatasync latencies of this shard's open logs: per-bucket counts of
+    /// `strand_storage::log::SYNC_BUCKETS_SECS`, sum (s), count.
+    pub fsync_buckets: Vec<u64>,
+    pub fsync_sum_secs: f64,
+    pub fsync_count: u64,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -187,6 +218,19 @@ fn gauge(
     name: &str,
     help: &str,
     series: Vec<(Labels, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge_f64(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: Vec<(Labels, f64)>,
 ) -> Result<(), std::fmt::Error> {
     let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, v) in series {
@@ -356,6 +400,49 @@ impl Collector for Scrape {
             "Open client connections, by shard.",
             connections,
         )?;
+        let by_shard = |f: fn(&ShardSnapshot) -> f64| -> Vec<(Labels, f64)> {
+            self.snapshots
+                .iter()
+                .map(|s| (vec![("shard", s.shard.to_string())], f(s)))
+                .collect()
+        };
+        gauge_f64(
+            &mut encoder,
+            "strand_shard_busy_ratio",
+            "Share of the time since the previous scrape the shard ran tasks or I/O.",
+            by_shard(|s| s.busy_ratio),
+        )?;
+        gauge_f64(
+            &mut encoder,
+            "strand_shard_requests_in_flight",
+            "Requests the shard is serving (its connections' and forwarded ones).",
+            by_shard(|s| s.requests_in_flight as f64),
+        )?;
+        {
+            let bounds = strand_storage::log::SYNC_BUCKETS_SECS;
+            let mut buckets = vec![0u64; bounds.len() + 1];
+            let (mut sum, mut count) = (0.0, 0);
+            for s in &self.snapshots {
+                for (b, n) in buckets.iter_mut().zip(&s.fsync_buckets) {
+                    *b += n;
+                }
+                sum += s.fsync_sum_secs;
+                count += s.fsync_count;
+            }
+            let pairs: Vec<(f64, u64)> = bounds
+                .iter()
+                .copied()
+                .chain(std::iter::once(f64::INFINITY))
+                .zip(buckets)
+                .collect();
+            let mut metric = encoder.encode_descriptor(
+                "strand_fsync_latency_seconds",
+                "fdatasync latency of the open partition logs.",
+                None,
+                MetricType::Histogram,
+            )?;
+            metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &pairs, None)?;
+        }
         Ok(())
     }
 }

@@ -28,6 +28,7 @@ use glommio::net::TcpStream;
 use glommio::task::JoinHandle;
 use strand_net::frame::{self, FrameLimits};
 use strand_net::OutFrame;
+use tracing::Instrument;
 
 use super::shard::Shard;
 use crate::handlers;
@@ -97,12 +98,17 @@ async fn read_requests(
                 shard.in_flight.set(shard.in_flight.get() + 1);
                 let s = shard.clone();
                 let (api, arrived) = (request.header.api, std::time::Instant::now());
-                let task = glommio::spawn_local(async move {
-                    let response = handlers::dispatch(&s, request).await;
-                    s.in_flight.set(s.in_flight.get() - 1);
-                    s.metrics.request(api, arrived.elapsed());
-                    response
-                })
+                // A span per request at debug level (nothing at info).
+                let span = tracing::debug_span!("request", api, correlation_id = request.header.correlation_id);
+                let task = glommio::spawn_local(
+                    async move {
+                        let response = handlers::dispatch(&s, request).await;
+                        s.in_flight.set(s.in_flight.get() - 1);
+                        s.metrics.request(api, arrived.elapsed());
+                        response
+                    }
+                    .instrument(span),
+                )
                 .detach();
                 if to_writer.send(Pending::Task(task)).await.is_err() {
                     return;

@@ -428,6 +428,19 @@ impl Shard {
             ..Default::default()
         };
         self.metrics.fill(&mut snap);
+        snap.busy_ratio = self
+            .metrics
+            .busy_ratio(glommio::executor().executor_stats().total_runtime());
+        snap.requests_in_flight = self.in_flight.get() as u64;
+        snap.fsync_buckets = vec![0; strand_storage::log::SYNC_BUCKETS_SECS.len() + 1];
+        for part in self.partitions.logs() {
+            let stats = part.log.stats();
+            for (b, n) in snap.fsync_buckets.iter_mut().zip(stats.sync_buckets) {
+                *b += n;
+            }
+            snap.fsync_sum_secs += stats.sync_ns as f64 / 1e9;
+            snap.fsync_count += stats.syncs;
+        }
         snap
     }
 

@@ -105,6 +105,24 @@ pub struct LogStats {
     /// Time spent in data writes and in fdatasync (summed, ns).
     pub write_ns: u64,
     pub sync_ns: u64,
+    /// fdatasync latencies: counts per bucket of [`SYNC_BUCKETS_SECS`] (the
+    /// last: above every bound).
+    pub sync_buckets: [u64; SYNC_BUCKETS_SECS.len() + 1],
+}
+
+/// Upper bounds (seconds) of the fdatasync latency buckets in [`LogStats`].
+pub const SYNC_BUCKETS_SECS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
+];
+
+impl LogStats {
+    /// Adds one fdatasync that took `ns`.
+    pub(crate) fn record_sync(&mut self, ns: u64) {
+        self.syncs += 1;
+        self.sync_ns += ns;
+        let secs = ns as f64 / 1e9;
+        self.sync_buckets[SYNC_BUCKETS_SECS.partition_point(|&b| b < secs)] += 1;
+    }
 }
 
 /// A partition log. See the module doc.

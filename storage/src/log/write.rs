@@ -239,8 +239,7 @@ impl Log {
         let mut st = self.inner.state.borrow_mut();
         assert!(target >= st.flushed, "the flushed offset only rises");
         st.flushed = target;
-        st.stats.syncs += 1;
-        st.stats.sync_ns += started.elapsed().as_nanos() as u64;
+        st.stats.record_sync(started.elapsed().as_nanos() as u64);
         st.unsynced_bytes = 0;
         st.last_sync_ms = mono_ms();
         Ok(())
