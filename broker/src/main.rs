@@ -59,6 +59,12 @@ enum Command {
         #[command(flatten)]
         brokers: strand_broker::cli::Brokers,
     },
+    /// A live view of per-queue rates, group lag and its trend, hot
+    /// partitions and dead-letter growth, from the brokers' metrics.
+    Top {
+        #[command(flatten)]
+        args: strand_broker::cli::top::TopArgs,
+    },
     /// Run a broker. Flags override the config file, which overrides defaults.
     Serve {
         /// TOML config file.
@@ -126,6 +132,7 @@ fn main() -> ExitCode {
             finish(strand_broker::cli::produce::run(args, &brokers.list(), stdin.lock()))
         }
         Command::Consume { args, brokers } => finish(strand_broker::cli::consume::run(args, &brokers.list())),
+        Command::Top { args } => finish(strand_broker::cli::top::run(args)),
         Command::Serve { config, flags, .. } => {
             let config = match BrokerConfig::load(config.as_deref(), &flags) {
                 Ok(c) => c,

@@ -192,3 +192,53 @@ fn logs_can_be_json_lines() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--log-format must be human or json"));
 }
+
+#[test]
+fn strand_top_shows_rates_lag_and_hot_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    assert_eq!(broker.client().create_queue("hot", 4), ErrorCode::None);
+    let addr = broker.addr.to_string();
+    // A hot key: every record of one key lands on one partition.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, a) = (stop.clone(), addr.clone());
+    let load = std::thread::spawn(move || {
+        let producer = Producer::new(&a, ProducerConfig::default()).unwrap();
+        let mut i = 0u64;
+        while !s.load(std::sync::atomic::Ordering::SeqCst) {
+            let key: &[u8] = if i % 10 == 0 { b"cold" } else { b"the-hot-key" };
+            block_on(producer.send("hot", Some(key), b"payload", &[])).unwrap();
+            i += 1;
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args([
+            "top",
+            "--metrics",
+            &broker.metrics.to_string(),
+            "--interval-ms",
+            "700",
+            "--iterations",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    load.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.matches("strand top").count(), 2, "{text}");
+    assert!(text.lines().any(|l| l.starts_with("hot ")), "{text}");
+    let hot = strand_wire::partition_for_key(b"the-hot-key", 4);
+    assert!(
+        text.contains(&format!("hot/{hot}: ")),
+        "the hot key's partition is flagged:\n{text}"
+    );
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["top", "--metrics", "127.0.0.1:1", "--iterations", "1"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert_eq!(String::from_utf8_lossy(&bad.stderr).trim_end().lines().count(), 1);
+}

@@ -9,6 +9,7 @@ pub mod group;
 pub mod parse;
 pub mod produce;
 pub mod queue;
+pub mod top;
 
 /// The `--brokers` flag every client command takes.
 #[derive(clap::Args, Debug, Clone)]
