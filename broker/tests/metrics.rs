@@ -114,6 +114,8 @@ fn series_follow_produce_and_consume() {
         "{text}"
     );
     for shard in ["0", "1"] {
+        assert!(value(&text, &format!("strand_shard_forward_queue_depth{{shard=\"{shard}\"}}")).is_some());
+        assert!(value(&text, &format!("strand_reactor_stalls_total{{shard=\"{shard}\"}}")).is_some());
         let busy = value(&text, &format!("strand_shard_busy_ratio{{shard=\"{shard}\"}}")).unwrap();
         assert!((0.0..=1.0).contains(&busy), "{busy}");
         assert!(value(&text, &format!("strand_shard_requests_in_flight{{shard=\"{shard}\"}}")).is_some());
@@ -154,6 +156,44 @@ fn health_bad_requests_and_many_scrapers() {
     assert!(out.starts_with("HTTP/1.1 408"), "{out}");
     // The broker serves on.
     assert_eq!(broker.client().create_queue("after", 1), ErrorCode::None);
+    // Produce latency with and without 100 scrapers at once: measured and
+    // printed (timing is not asserted in tests; see bench/).
+    let producer = Producer::new(&broker.addr.to_string(), ProducerConfig::default()).unwrap();
+    let sends = |n: usize| {
+        let mut took: Vec<Duration> = (0..n)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                block_on(producer.send("after", None, b"x", &[])).unwrap();
+                t.elapsed()
+            })
+            .collect();
+        took.sort();
+        (took[n / 2], took[n * 99 / 100])
+    };
+    let quiet = sends(300);
+    let m = broker.metrics;
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let scrapers: Vec<_> = (0..100)
+        .map(|_| {
+            let busy = busy.clone();
+            std::thread::spawn(move || {
+                // Each scrapes every 200 ms: 500 scrapes a second in all.
+                while busy.load(std::sync::atomic::Ordering::SeqCst) {
+                    assert_eq!(http(m, "GET /metrics HTTP/1.1\r\n\r\n").0, 200);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        })
+        .collect();
+    let scraped = sends(300);
+    busy.store(false, std::sync::atomic::Ordering::SeqCst);
+    for s in scrapers {
+        s.join().unwrap();
+    }
+    eprintln!(
+        "produce latency p50/p99: {:?}/{:?} alone, {:?}/{:?} under 100 scrapers (each every 200 ms)",
+        quiet.0, quiet.1, scraped.0, scraped.1
+    );
     assert_eq!(http(broker.metrics, "GET /health HTTP/1.1\r\n\r\n").0, 200);
 }
 

@@ -133,6 +133,7 @@ pub(crate) async fn ask<T: Send + 'static>(
     make: impl FnOnce(Reply<T>) -> PartitionRequest,
 ) -> Result<T, WireError> {
     let (tx, rx) = Answer::channel(shard.id.0);
+    let _forwarded = (shard.owner(&queue, partition) != shard.id).then(|| shard.metrics.forwarding());
     shard.route(queue, partition, make(tx)).await;
     rx.await.unwrap_or_else(|_| {
         Err(WireError::new(

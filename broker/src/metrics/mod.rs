@@ -19,6 +19,13 @@
 //! - `strand_connections`, `strand_shard_busy_ratio` (share of the time
 //!   since the previous scrape the shard's executor ran tasks or I/O, spin
 //!   excluded), `strand_shard_requests_in_flight` {shard}
+//! - `strand_shard_forward_queue_depth` {shard}: requests the shard sent to
+//!   other shards and awaits answers for (queued in the mesh or being
+//!   served there)
+//! - `strand_reactor_stalls_total` {shard}: times the shard's 10 ms timer
+//!   woke more than 500 µs late — a task held the shard that long (or the
+//!   OS descheduled its thread); logged at most every 10 s with the count
+//!   (glommio cannot name the task without its signal-based detector)
 //! - `strand_fsync_latency_seconds` histogram (every open log's fdatasyncs)
 //!
 //! Label cardinality is bounded by what the broker holds: queues ×
@@ -88,6 +95,23 @@ pub struct ShardMetrics {
     /// When the busy ratio was last taken (the executor's run time counts
     /// from there).
     last_busy: Cell<std::time::Instant>,
+    /// Requests this shard forwarded to another and awaits answers for.
+    forwarded: Cell<u64>,
+    /// Timer wake-ups late by more than [`STALL`].
+    stalls: Cell<u64>,
+}
+
+/// A shard's 10 ms timer waking later than this counts as a reactor stall.
+pub const STALL: Duration = Duration::from_micros(500);
+
+/// Counts one forwarded request while it lives (dropped: answered or given
+/// up).
+pub struct Forwarded<'a>(&'a ShardMetrics);
+
+impl Drop for Forwarded<'_> {
+    fn drop(&mut self) {
+        self.0.forwarded.set(self.0.forwarded.get().saturating_sub(1));
+    }
 }
 
 impl Default for ShardMetrics {
@@ -97,6 +121,8 @@ impl Default for ShardMetrics {
             latency: RefCell::default(),
             connections: Cell::new(0),
             last_busy: Cell::new(std::time::Instant::now()),
+            forwarded: Cell::new(0),
+            stalls: Cell::new(0),
         }
     }
 }
@@ -143,6 +169,18 @@ impl ShardMetrics {
         self.connections.set(self.connections.get() - 1);
     }
 
+    /// A request sent to another shard; counted until the guard drops.
+    pub fn forwarding(&self) -> Forwarded<'_> {
+        self.forwarded.set(self.forwarded.get() + 1);
+        Forwarded(self)
+    }
+
+    /// A timer woke `late` after its deadline; returns the stall count.
+    pub fn stalled(&self) -> u64 {
+        self.stalls.set(self.stalls.get() + 1);
+        self.stalls.get()
+    }
+
     /// Share of the time since the last call that the executor spent
     /// running (given its run time over that span).
     pub fn busy_ratio(&self, ran: Duration) -> f64 {
@@ -156,6 +194,8 @@ impl ShardMetrics {
         snap.queues = self.queues.borrow().iter().map(|(q, c)| (q.clone(), *c)).collect();
         snap.latency = self.latency.borrow().iter().map(|(a, h)| (*a, h.clone())).collect();
         snap.connections = self.connections.get();
+        snap.forward_queue_depth = self.forwarded.get();
+        snap.stalls = self.stalls.get();
     }
 }
 
@@ -185,6 +225,8 @@ pub struct ShardSnapshot {
     pub rebalances: Vec<(String, u64)>,
     pub busy_ratio: f64,
     pub requests_in_flight: u64,
+    pub forward_queue_depth: u64,
+    pub stalls: u64,
     /// fdatasync latencies of this shard's open logs: per-bucket counts of
     /// `strand_storage::log::SYNC_BUCKETS_SECS`, sum (s), count.
     pub fsync_buckets: Vec<u64>,
@@ -417,6 +459,23 @@ impl Collector for Scrape {
             "strand_shard_requests_in_flight",
             "Requests the shard is serving (its connections' and forwarded ones).",
             by_shard(|s| s.requests_in_flight as f64),
+        )?;
+        gauge_f64(
+            &mut encoder,
+            "strand_shard_forward_queue_depth",
+            "Requests the shard forwarded to other shards and awaits answers for.",
+            by_shard(|s| s.forward_queue_depth as f64),
+        )?;
+        let stalls: Vec<(Labels, u64)> = self
+            .snapshots
+            .iter()
+            .map(|s| (vec![("shard", s.shard.to_string())], s.stalls))
+            .collect();
+        counter(
+            &mut encoder,
+            "strand_reactor_stalls",
+            "Times the shard's 10 ms timer woke more than 500 us late (a task or the OS held the shard).",
+            stalls,
         )?;
         {
             let bounds = strand_storage::log::SYNC_BUCKETS_SECS;

@@ -282,8 +282,33 @@ async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &A
 }
 
 /// Retention on every partition every 10 s; interval-fsync ticks every 5 ms;
-/// consumer-group sessions checked every 100 ms.
+/// consumer-group sessions checked every 100 ms; the reactor-stall probe
+/// (a 10 ms timer that notes how late it wakes).
 fn start_timers(shard: &Rc<Shard>) {
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        const TICK: Duration = Duration::from_millis(10);
+        let mut last_log = Instant::now();
+        let mut logged = 0;
+        while !s.stopping.get() {
+            let asked = Instant::now();
+            glommio::timer::sleep(TICK).await;
+            let late = asked.elapsed().saturating_sub(TICK);
+            if late > crate::metrics::STALL {
+                let total = s.metrics.stalled();
+                if last_log.elapsed() >= Duration::from_secs(10) {
+                    tracing::warn!(
+                        shard = s.id.0,
+                        late_us = late.as_micros() as u64,
+                        stalls = total - logged,
+                        "reactor stalls: the shard's timer woke late (a task held the shard, or the OS did)"
+                    );
+                    (last_log, logged) = (Instant::now(), total);
+                }
+            }
+        }
+    })
+    .detach();
     let s = shard.clone();
     glommio::spawn_local(async move {
         while !s.stopping.get() {
