@@ -98,21 +98,19 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
             results.push(t.await);
         }
     }
-    // Counted per queue of the request, with the bytes its parts appended.
-    let mut k = 0;
-    while k < parts.len() {
-        let queue = &parts[k].queue;
-        let (mut bytes, mut appended) = (0usize, false);
-        while k < parts.len() && &parts[k].queue == queue {
-            if results[k].is_ok() {
-                bytes += parts[k].len as usize;
-                appended = true;
+    // Counted once per queue of the request, with the bytes its parts
+    // appended.
+    let mut per_queue: Vec<(&str, usize)> = Vec::new();
+    for (part, result) in parts.iter().zip(&results) {
+        if result.is_ok() {
+            match per_queue.iter_mut().find(|(q, _)| *q == part.queue) {
+                Some((_, bytes)) => *bytes += part.len as usize,
+                None => per_queue.push((&part.queue, part.len as usize)),
             }
-            k += 1;
         }
-        if appended {
-            shard.metrics.produced(queue, bytes);
-        }
+    }
+    for (queue, bytes) in per_queue {
+        shard.metrics.produced(queue, bytes);
     }
     if acks == 0 {
         return Ok(None);

@@ -90,8 +90,11 @@ async fn serve(shard: &Rc<Shard>, mut stream: TcpStream) -> Result<(), String> {
     match path.split('?').next().unwrap_or_default() {
         "/metrics" => {
             let (snapshots, missing) = gather(shard).await;
+            // Without a shard its counters would seem to fall (and then
+            // jump): no partial answer.
             if let Some(m) = missing {
-                tracing::warn!("metrics scrape without {m}");
+                tracing::warn!("metrics scrape failed: {m}");
+                return respond(&mut stream, 503, "text/plain", &format!("{m}\n")).await;
             }
             match render(snapshots) {
                 Ok(text) => {
@@ -123,20 +126,27 @@ async fn serve(shard: &Rc<Shard>, mut stream: TcpStream) -> Result<(), String> {
 async fn gather(shard: &Rc<Shard>) -> (Vec<ShardSnapshot>, Option<String>) {
     let mut all = vec![shard.snapshot()];
     let mut missing = Vec::new();
-    for peer in 0..shard.shards {
-        if peer == shard.id.0 {
-            continue;
-        }
-        let got = glommio::timer::timeout(SHARD_TIMEOUT, async {
-            shard
-                .ask_snapshot(peer)
+    // All shards at once, under one deadline.
+    let asks: Vec<_> = (0..shard.shards)
+        .filter(|&peer| peer != shard.id.0)
+        .map(|peer| {
+            let s = shard.clone();
+            let ask = glommio::spawn_local(async move {
+                glommio::timer::timeout(SHARD_TIMEOUT, async {
+                    s.ask_snapshot(peer)
+                        .await
+                        .ok_or(glommio::GlommioError::Closed(glommio::ResourceType::Channel(())))
+                })
                 .await
-                .ok_or(glommio::GlommioError::Closed(glommio::ResourceType::Channel(())))
+                .ok()
+            });
+            (peer, ask)
         })
-        .await;
-        match got {
-            Ok(s) => all.push(s),
-            Err(_) => missing.push(peer),
+        .collect();
+    for (peer, ask) in asks {
+        match ask.await {
+            Some(s) => all.push(s),
+            None => missing.push(peer),
         }
     }
     let missing = (!missing.is_empty()).then(|| {

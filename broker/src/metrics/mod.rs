@@ -47,6 +47,14 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use strand_wire::Api;
 
+/// The last bucket's bound: prometheus-client writes `le="+Inf"` only for
+/// `f64::MAX` (`f64::INFINITY` would come out as `inf`).
+const INF_BOUND: f64 = f64::MAX;
+
+/// The API id recorded for requests naming an API this build does not
+/// know (one series for all of them, whatever a client sends).
+pub const UNKNOWN_API: u16 = u16::MAX;
+
 /// Upper bounds (seconds) of the request latency buckets.
 pub const LATENCY_BUCKETS: [f64; 14] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 10.0,
@@ -154,6 +162,7 @@ impl ShardMetrics {
 
     /// A request of `api` was answered after `took`.
     pub fn request(&self, api: u16, took: Duration) {
+        let api = Api::from_u16(api).map_or(UNKNOWN_API, |a| a as u16);
         self.latency
             .borrow_mut()
             .entry(api)
@@ -349,7 +358,7 @@ impl Collector for Scrape {
                 let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
                     .iter()
                     .copied()
-                    .chain(std::iter::once(f64::INFINITY))
+                    .chain(std::iter::once(INF_BOUND))
                     .zip(h.buckets.iter().copied())
                     .collect();
                 metric
@@ -457,7 +466,7 @@ impl Collector for Scrape {
         gauge_f64(
             &mut encoder,
             "strand_shard_requests_in_flight",
-            "Requests the shard is serving (its connections' and forwarded ones).",
+            "Requests of this shard's connections being served.",
             by_shard(|s| s.requests_in_flight as f64),
         )?;
         gauge_f64(
@@ -491,7 +500,7 @@ impl Collector for Scrape {
             let pairs: Vec<(f64, u64)> = bounds
                 .iter()
                 .copied()
-                .chain(std::iter::once(f64::INFINITY))
+                .chain(std::iter::once(INF_BOUND))
                 .zip(buckets)
                 .collect();
             let mut metric = encoder.encode_descriptor(
@@ -526,6 +535,9 @@ mod tests {
         m.produced("orders", 500);
         m.request(Api::Produce as u16, Duration::from_micros(80));
         m.request(Api::Produce as u16, Duration::from_millis(3));
+        // Unknown API ids from a client share one series.
+        m.request(9999, Duration::from_millis(1));
+        m.request(12345, Duration::from_millis(1));
         m.connection_opened();
         let mut snap = ShardSnapshot {
             shard: 0,
@@ -551,6 +563,9 @@ mod tests {
             "strand_group_rebalances_total{group=\"billing\"} 2",
             "strand_request_latency_seconds_count{api=\"Produce\"} 2",
             "strand_request_latency_seconds_bucket{le=\"0.0001\",api=\"Produce\"} 1",
+            "strand_request_latency_seconds_bucket{le=\"+Inf\",api=\"Produce\"} 2",
+            "strand_request_latency_seconds_bucket{le=\"+Inf\",api=\"unknown\"} 2",
+            "strand_fsync_latency_seconds_bucket{le=\"+Inf\"} 0",
             "strand_connections{shard=\"0\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
