@@ -212,23 +212,6 @@ impl Outcome {
     }
 }
 
-fn acks(text: &str) -> Result<Acks, String> {
-    match text {
-        "0" => Ok(Acks::None),
-        "1" => Ok(Acks::Leader),
-        "all" | "-1" => Ok(Acks::All),
-        other => Err(format!("--acks must be 0, 1 or all, not {other:?}")),
-    }
-}
-
-fn fsync(text: &str) -> Result<FsyncSpec, String> {
-    match text {
-        "always" => Ok(FsyncSpec::Always),
-        "interval" => Ok(FsyncSpec::Interval { ms: 100, bytes: 0 }),
-        other => Err(format!("--fsync must be always or interval, not {other:?}")),
-    }
-}
-
 /// Creates a queue with a fresh name (so runs do not mix).
 pub fn fresh_queue(admin: &Admin, prefix: &str, partitions: u32, fsync: FsyncSpec) -> Result<String, String> {
     for n in 0..10_000 {
@@ -254,7 +237,7 @@ fn queues(args: &Args, prefix: &str) -> Result<Vec<String>, String> {
     }
     let admin = Admin::connect(&args.brokers).map_err(err)?;
     (0..args.queues.max(1))
-        .map(|_| fresh_queue(&admin, prefix, args.partitions, fsync(&args.fsync)?))
+        .map(|_| fresh_queue(&admin, prefix, args.partitions, args.fsync.parse::<FsyncSpec>()?))
         .collect()
 }
 
@@ -308,7 +291,7 @@ impl Tally {
 /// Runs the producers until the deadline or count; returns the records and
 /// value bytes acknowledged and the seconds it took, latencies in `tally`.
 fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &AtomicBool) -> Result<(u64, f64), String> {
-    let acks = acks(&args.acks)?;
+    let acks: Acks = args.acks.parse()?;
     let producers = args.producers.max(1);
     let total = args.count;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);

@@ -18,6 +18,19 @@ pub enum FsyncSpec {
     Interval { ms: u32, bytes: u64 },
 }
 
+impl std::str::FromStr for FsyncSpec {
+    type Err = String;
+
+    /// `always`, or `interval` (every 100 ms), as the CLI and the bench take it.
+    fn from_str(text: &str) -> Result<FsyncSpec, String> {
+        match text {
+            "always" => Ok(FsyncSpec::Always),
+            "interval" => Ok(FsyncSpec::Interval { ms: 100, bytes: 0 }),
+            other => Err(format!("--fsync must be always or interval, not {other:?}")),
+        }
+    }
+}
+
 impl FsyncSpec {
     /// The wire's (mode, interval ms, interval bytes).
     fn wire(self) -> (FsyncMode, u32, u64) {

@@ -75,6 +75,20 @@ pub enum Acks {
     All,
 }
 
+impl std::str::FromStr for Acks {
+    type Err = String;
+
+    /// `0`, `1`, or `all` (also `-1`), as the CLI and the bench take it.
+    fn from_str(text: &str) -> Result<Acks, String> {
+        match text {
+            "0" => Ok(Acks::None),
+            "1" => Ok(Acks::Leader),
+            "all" | "-1" => Ok(Acks::All),
+            other => Err(format!("--acks must be 0, 1 or all, not {other:?}")),
+        }
+    }
+}
+
 impl Acks {
     fn wire(self) -> i8 {
         match self {

@@ -12,7 +12,7 @@ use std::io::BufRead;
 use std::time::Duration;
 
 use clap::Args;
-use strand_client::{block_on, Acks, ClientError, Delivery, Producer, ProducerConfig};
+use strand_client::{block_on, ClientError, Delivery, Producer, ProducerConfig};
 
 use super::parse;
 
@@ -31,15 +31,6 @@ pub struct ProduceArgs {
     /// The longest a message waits for its batch to fill.
     #[arg(long, default_value_t = 0)]
     pub linger_ms: u64,
-}
-
-fn acks(text: &str) -> Result<Acks, String> {
-    match text {
-        "0" => Ok(Acks::None),
-        "1" => Ok(Acks::Leader),
-        "all" | "-1" => Ok(Acks::All),
-        other => Err(format!("--acks must be 0, 1 or all, not {other:?}")),
-    }
 }
 
 /// Splits a line into (key, value) at the first `sep`.
@@ -78,7 +69,7 @@ pub fn run(args: ProduceArgs, brokers: &str, input: impl BufRead) -> Result<(), 
         .ok_or("--batch-bytes must be a size")?
         .min(u64::from(u32::MAX)) as usize;
     let config = ProducerConfig {
-        acks: acks(&args.acks)?,
+        acks: args.acks.parse()?,
         batch_bytes,
         linger: Duration::from_millis(args.linger_ms),
         ..ProducerConfig::default()
@@ -152,9 +143,13 @@ mod tests {
 
     #[test]
     fn acks_parse() {
-        assert_eq!(acks("all"), Ok(Acks::All));
-        assert_eq!(acks("1"), Ok(Acks::Leader));
-        assert_eq!(acks("0"), Ok(Acks::None));
-        assert!(acks("2").is_err());
+        use strand_client::Acks;
+        assert_eq!("all".parse::<Acks>(), Ok(Acks::All));
+        assert_eq!("-1".parse::<Acks>(), Ok(Acks::All));
+        assert_eq!("1".parse::<Acks>(), Ok(Acks::Leader));
+        assert_eq!("0".parse::<Acks>(), Ok(Acks::None));
+        assert!("2".parse::<Acks>().is_err());
+        assert!("interval".parse::<strand_client::FsyncSpec>().is_ok());
+        assert!("sometimes".parse::<strand_client::FsyncSpec>().is_err());
     }
 }

@@ -45,14 +45,6 @@ pub enum QueueCommand {
     Delete { name: String },
 }
 
-fn fsync(text: &str) -> Result<FsyncSpec, String> {
-    match text {
-        "always" => Ok(FsyncSpec::Always),
-        "interval" => Ok(FsyncSpec::Interval { ms: 100, bytes: 0 }),
-        other => Err(format!("--fsync must be always or interval, not {other:?}")),
-    }
-}
-
 /// Runs a queue command; `json` selects machine output.
 pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), String> {
     let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
@@ -72,7 +64,7 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                 replication_factor: Some(replication_factor),
                 retention_ms: Some(parse::duration_ms(&retention)?),
                 retention_bytes: retention_bytes.as_deref().map(parse::bytes).transpose()?,
-                fsync: Some(fsync(&mode)?),
+                fsync: Some(mode.parse()?),
                 max_message_bytes: None,
                 max_delivery_attempts,
             };
