@@ -155,8 +155,14 @@ impl Group {
         self.rebalance(counts);
     }
 
-    /// Removes a member, releasing what it holds, and rebalances.
-    pub fn leave(&mut self, id: &str, counts: BTreeMap<String, u32>) -> Result<(), GroupError> {
+    /// Removes a member, releasing what it holds, and rebalances;
+    /// `counts_of` gives the partition counts of the queues the remaining
+    /// members read.
+    pub fn leave(
+        &mut self,
+        id: &str,
+        counts_of: impl FnOnce(&[String]) -> BTreeMap<String, u32>,
+    ) -> Result<(), GroupError> {
         let before = self.members.len();
         self.members.retain(|m| m.id != id);
         if self.members.len() == before {
@@ -164,12 +170,13 @@ impl Group {
         }
         self.holders.retain(|_, h| h.member != id);
         self.release_records(id);
-        self.rebalance(counts);
+        self.rebalance(counts_of(&self.subscribed()));
         Ok(())
     }
 
-    /// Removes members whose session ran out; returns their ids.
-    pub fn expire(&mut self, now: Instant, counts: impl FnOnce() -> BTreeMap<String, u32>) -> Vec<String> {
+    /// Removes members whose session ran out, rebalancing if any did (as
+    /// [`Group::leave`]); returns their ids.
+    pub fn expire(&mut self, now: Instant, counts_of: impl FnOnce(&[String]) -> BTreeMap<String, u32>) -> Vec<String> {
         let gone: Vec<String> = self
             .members
             .iter()
@@ -182,7 +189,7 @@ impl Group {
             for id in &gone {
                 self.release_records(id);
             }
-            self.rebalance(counts());
+            self.rebalance(counts_of(&self.subscribed()));
         }
         gone
     }
@@ -419,7 +426,7 @@ mod tests {
         let later = now + Duration::from_secs(8);
         let (_, b) = g.heartbeat("b", &[], later, counts(2)).unwrap();
         assert_eq!((a.len(), b.len()), (1, 1));
-        let gone = g.expire(now + Duration::from_secs(11), || counts(2));
+        let gone = g.expire(now + Duration::from_secs(11), |_| counts(2));
         assert_eq!(gone, vec!["a".to_string()]);
         let (_, b2) = g.heartbeat("b", &b, now + Duration::from_secs(11), counts(2)).unwrap();
         assert_eq!(b2, vec![tp(0), tp(1)]);
