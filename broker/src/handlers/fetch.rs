@@ -109,7 +109,12 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
                     }
                 }
             }
-            shard.metrics.fetched(queue, tail.len() - start as usize);
+            // Only data counts: a fetch naming a queue that does not exist
+            // must not add a series (the counter map stays bounded by the
+            // queues that exist).
+            if tail.len() > start as usize {
+                shard.metrics.fetched(queue, tail.len() - start as usize);
+            }
             entries.push(FetchPartitionResult::create(
                 &mut fbb,
                 &FetchPartitionResultArgs {

@@ -144,6 +144,12 @@ impl ShardMetrics {
         }
     }
 
+    /// Drops the counters of queues `exists` says are gone (deleted), so
+    /// the map holds no more queues than the broker does.
+    pub fn retain_queues(&self, exists: impl Fn(&str) -> bool) {
+        self.queues.borrow_mut().retain(|q, _| exists(q));
+    }
+
     /// A produce request's batches for `queue` were appended.
     pub fn produced(&self, queue: &str, bytes: usize) {
         self.queue(queue, |c| {
@@ -251,43 +257,43 @@ struct Scrape {
     snapshots: Vec<ShardSnapshot>,
 }
 
+/// One metric family: its descriptor, then each labelled series.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    series: impl IntoIterator<Item = (Labels, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, m) in series {
+        m.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 fn counter(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     series: Vec<(Labels, u64)>,
 ) -> Result<(), std::fmt::Error> {
-    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, v) in series {
-        ConstCounter::new(v).encode(metric.encode_family(&labels)?)?;
-    }
-    Ok(())
+    let series = series.into_iter().map(|(l, v)| (l, ConstCounter::new(v)));
+    family(encoder, name, help, MetricType::Counter, series)
 }
 
-fn gauge(
+/// A gauge family (integer or float values).
+fn gauge<V>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    series: Vec<(Labels, i64)>,
-) -> Result<(), std::fmt::Error> {
-    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, v) in series {
-        ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
-    }
-    Ok(())
-}
-
-fn gauge_f64(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    series: Vec<(Labels, f64)>,
-) -> Result<(), std::fmt::Error> {
-    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, v) in series {
-        ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
-    }
-    Ok(())
+    series: Vec<(Labels, V)>,
+) -> Result<(), std::fmt::Error>
+where
+    ConstGauge<V>: EncodeMetric,
+{
+    let series = series.into_iter().map(|(l, v)| (l, ConstGauge::new(v)));
+    family(encoder, name, help, MetricType::Gauge, series)
 }
 
 fn as_i64(v: u64) -> i64 {
@@ -457,19 +463,19 @@ impl Collector for Scrape {
                 .map(|s| (vec![("shard", s.shard.to_string())], f(s)))
                 .collect()
         };
-        gauge_f64(
+        gauge(
             &mut encoder,
             "strand_shard_busy_ratio",
             "Share of the time since the previous scrape the shard ran tasks or I/O.",
             by_shard(|s| s.busy_ratio),
         )?;
-        gauge_f64(
+        gauge(
             &mut encoder,
             "strand_shard_requests_in_flight",
             "Requests of this shard's connections being served.",
             by_shard(|s| s.requests_in_flight as f64),
         )?;
-        gauge_f64(
+        gauge(
             &mut encoder,
             "strand_shard_forward_queue_depth",
             "Requests the shard forwarded to other shards and awaits answers for.",

@@ -96,6 +96,7 @@ impl Shard {
         self.partitions.apply(&table).await;
         self.groups.retain(|p| self.partitions.get(GROUPS_QUEUE, p).is_some());
         self.groups.forget_deleted_queues(&table);
+        self.metrics.retain_queues(|q| table.queue(q).is_some());
         *self.table.borrow_mut() = table;
     }
 
