@@ -20,7 +20,8 @@ use std::time::Instant;
 
 use glommio::io::OpenOptions;
 use hdrhistogram::Histogram;
-use strand_storage::testkit;
+use strand_storage::shard::ShardStorageConfig;
+use strand_storage::{testkit, ShardStorage};
 
 use crate::report::{mib_s, round2, table, Latency};
 use crate::storage::{err, raw_write_slice, MIB};
@@ -106,13 +107,19 @@ pub fn measure(args: &Args) -> Result<Limits, String> {
 }
 
 async fn disk(path: &Path, mib: usize, syncs: usize) -> Result<(f64, f64, Latency), String> {
-    // glommio probes (once per device) whether polled reads work by reading
-    // the file it opens; an empty file answers "yes" on devices that cannot
-    // (reads then fail with EOPNOTSUPP), so the file starts with a block.
-    std::fs::write(path, vec![0u8; 4096]).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    // glommio probes once per device, on the first file it opens, whether
+    // polled reads work; an empty file wrongly answers yes. A shard's
+    // storage opens its non-empty probe file first (see
+    // `strand_storage::shard`), so open one beside the file.
+    let dir = path.parent().ok_or("the disk file has no directory")?;
+    let _storage = ShardStorage::open(dir.join("probe"), ShardStorageConfig::default())
+        .await
+        .map_err(err)?;
     let file = OpenOptions::new()
         .read(true)
         .write(true)
+        .create(true)
+        .truncate(true)
         .dma_open(path)
         .await
         .map_err(err)?;
