@@ -226,6 +226,25 @@ struct Membership {
     error: Option<ClientError>,
     /// Bumped whenever `granted` changes; `poll` waits on it while idle.
     changes: u64,
+    /// Tasks waiting (in `poll` / `receive`) for a deadline or a change; the
+    /// heartbeat thread wakes them (no timer thread per wait).
+    sleepers: Vec<(std::time::Instant, std::task::Waker)>,
+}
+
+impl Membership {
+    /// Wakes the sleepers whose deadline passed (all of them if `all`);
+    /// returns the earliest deadline left.
+    fn wake_sleepers(&mut self, all: bool) -> Option<std::time::Instant> {
+        let now = std::time::Instant::now();
+        self.sleepers.retain(|(deadline, waker)| {
+            let due = all || *deadline <= now;
+            if due {
+                waker.wake_by_ref();
+            }
+            !due
+        });
+        self.sleepers.iter().map(|(d, _)| *d).min()
+    }
 }
 
 struct Shared {
@@ -377,33 +396,44 @@ impl Shared {
 /// then leaves the group.
 fn heartbeat_loop(shared: Arc<Shared>) {
     let mut quick = 0;
+    let mut next_beat = std::time::Instant::now();
     while !shared.stop.load(Ordering::SeqCst) {
-        let before = shared.state().changes;
-        if let Err(e) = crate::block_on(shared.heartbeat()) {
-            let fatal = matches!(
-                e.code(),
-                Some(ErrorCode::UnknownQueue | ErrorCode::InvalidRequest | ErrorCode::InvalidQueueName)
-            );
-            if fatal {
-                shared.state().error = Some(e);
+        let release = std::mem::take(&mut shared.state().release_pending);
+        if release || std::time::Instant::now() >= next_beat {
+            let before = shared.state().changes;
+            if let Err(e) = crate::block_on(shared.heartbeat()) {
+                let fatal = matches!(
+                    e.code(),
+                    Some(ErrorCode::UnknownQueue | ErrorCode::InvalidRequest | ErrorCode::InvalidQueueName)
+                );
+                if fatal {
+                    shared.state().error = Some(e);
+                }
+            }
+            let mut st = shared.state();
+            if st.changes != before {
+                quick = 5;
+                st.wake_sleepers(true);
+            }
+            let wait = if quick > 0 {
+                quick -= 1;
+                Duration::from_millis(20)
+            } else {
+                st.heartbeat_interval.max(Duration::from_millis(50))
+            };
+            next_beat = std::time::Instant::now() + wait;
+            // A release made while that heartbeat was on its way goes now.
+            if st.release_pending {
+                continue;
             }
         }
         let mut st = shared.state();
-        if st.changes != before {
-            quick = 5;
-        }
-        // A release made while that heartbeat was on its way goes now.
-        if std::mem::take(&mut st.release_pending) {
-            continue;
-        }
-        let wait = if quick > 0 {
-            quick -= 1;
-            Duration::from_millis(20)
-        } else {
-            st.heartbeat_interval.max(Duration::from_millis(50))
-        };
-        let _ = shared.wake.wait_timeout(st, wait);
+        let until = st.wake_sleepers(false).map_or(next_beat, |d| d.min(next_beat));
+        let _ = shared
+            .wake
+            .wait_timeout(st, until.saturating_duration_since(std::time::Instant::now()));
     }
+    shared.state().wake_sleepers(true);
     let _ = crate::block_on(shared.leave());
 }
 
@@ -904,20 +934,19 @@ impl GroupConsumer {
     async fn wait_for_assignment(&self, limit: Duration) {
         let seen = self.shared.state().changes;
         let deadline = std::time::Instant::now() + limit;
-        let shared = self.shared.clone();
-        // No runtime timer here: a short-lived thread does the waiting.
-        let (tx, rx) = futures_channel::oneshot::channel::<()>();
-        let spawned = std::thread::Builder::new()
-            .name("strand-group-wait".into())
-            .spawn(move || {
-                while std::time::Instant::now() < deadline && shared.state().changes == seen {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                let _ = tx.send(());
-            });
-        if spawned.is_ok() {
-            let _ = rx.await;
-        }
+        // No runtime timer here: the heartbeat thread wakes the task at the
+        // deadline or when the grant changes.
+        std::future::poll_fn(|cx| {
+            let mut st = self.shared.state();
+            if st.changes != seen || std::time::Instant::now() >= deadline || self.shared.stop.load(Ordering::SeqCst) {
+                return std::task::Poll::Ready(());
+            }
+            st.sleepers.push((deadline, cx.waker().clone()));
+            drop(st);
+            self.shared.wake.notify_all();
+            std::task::Poll::Pending
+        })
+        .await
     }
 
     /// Commits (with auto-commit), leaves the group (its partitions move to
