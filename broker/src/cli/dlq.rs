@@ -48,8 +48,10 @@ fn text(b: &Option<bytes::Bytes>) -> Option<String> {
     b.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
-/// Every record of the DLQ up to its end when asked.
-fn read_all(brokers: &str, dlq: &str) -> Result<Vec<ConsumedRecord>, String> {
+/// Hands every record of the DLQ, oldest first, to `each` as it is read
+/// (nothing is held: a DLQ may be large), until two polls in a row find
+/// nothing new.
+fn each_record(brokers: &str, dlq: &str, mut each: impl FnMut(&ConsumedRecord)) -> Result<(), String> {
     let config = ConsumerConfig {
         start: Seek::Earliest,
         max_wait: Duration::from_millis(200),
@@ -57,42 +59,42 @@ fn read_all(brokers: &str, dlq: &str) -> Result<Vec<ConsumedRecord>, String> {
     };
     let mut c = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
     block_on(c.assign_all(dlq)).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    // Two empty polls in a row: caught up.
     let mut empty = 0;
     while empty < 2 {
         let got = block_on(c.poll()).map_err(|e| e.to_string())?;
         empty = if got.is_empty() { empty + 1 } else { 0 };
-        out.extend(got);
+        got.iter().for_each(&mut each);
     }
-    Ok(out)
+    Ok(())
 }
 
 pub fn run(command: DlqCommand, brokers: &str, json: bool) -> Result<(), String> {
     match command {
         DlqCommand::List { queue } => {
-            let records = read_all(brokers, &dlq_name(&queue))?;
+            let number = |r: &ConsumedRecord, h: &str| header(r, h).and_then(|a| a.parse::<u64>().ok());
             if json {
-                let list: Vec<_> = records
-                    .iter()
-                    .map(|r| {
-                        serde_json::json!({
-                            "offset": r.offset, "key": text(&r.key), "value": text(&r.value),
-                            "attempts": header(r, "strand.attempts").and_then(|a| a.parse::<u64>().ok()),
-                            "last_error": header(r, "strand.last_error"),
-                            "source_partition": header(r, "strand.source.partition").and_then(|a| a.parse::<u64>().ok()),
-                            "source_offset": header(r, "strand.source.offset").and_then(|a| a.parse::<u64>().ok()),
-                            "timestamp_ms": r.timestamp_ms,
-                        })
-                    })
-                    .collect();
-                println!("{}", serde_json::Value::Array(list));
+                // One JSON array, written element by element.
+                let mut first = true;
+                print!("[");
+                each_record(brokers, &dlq_name(&queue), |r| {
+                    let item = serde_json::json!({
+                        "offset": r.offset, "key": text(&r.key), "value": text(&r.value),
+                        "attempts": number(r, "strand.attempts"),
+                        "last_error": header(r, "strand.last_error"),
+                        "source_partition": number(r, "strand.source.partition"),
+                        "source_offset": number(r, "strand.source.offset"),
+                        "timestamp_ms": r.timestamp_ms,
+                    });
+                    print!("{}{item}", if first { "" } else { "," });
+                    first = false;
+                })?;
+                println!("]");
             } else {
                 println!(
                     "{:>8}  {:<16}  {:>8}  {:>9}  {:<30}  VALUE",
                     "OFFSET", "KEY", "ATTEMPTS", "SOURCE", "LAST_ERROR"
                 );
-                for r in &records {
+                each_record(brokers, &dlq_name(&queue), |r| {
                     let preview: String = text(&r.value).unwrap_or_default().chars().take(40).collect();
                     let source = format!(
                         "{}/{}",
@@ -108,7 +110,7 @@ pub fn run(command: DlqCommand, brokers: &str, json: bool) -> Result<(), String>
                         header(r, "strand.last_error").unwrap_or_default(),
                         preview.replace('\n', " ")
                     );
-                }
+                })?;
             }
         }
         DlqCommand::Replay { queue, max } => {
