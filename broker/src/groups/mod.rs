@@ -225,6 +225,16 @@ pub struct GroupDescription {
     pub partitions: Vec<PartitionDescription>,
 }
 
+/// Where a coordinator operation runs: the shard, the group's `__groups`
+/// partition (its number and its open log) and the group.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    shard: &'a Rc<Shard>,
+    p: u32,
+    part: &'a Rc<Partition>,
+    group: &'a str,
+}
+
 /// The coordinator's answer.
 #[derive(Debug)]
 pub enum GroupReply {
@@ -397,7 +407,16 @@ impl Coordinator {
                     g.check_commit(&member_id, generation, &tps).map_err(group_error)?;
                     Ok(GroupReply::Done)
                 })?;
-                self.commit(shard, p, part, &group, offsets).await?;
+                self.commit(
+                    &At {
+                        shard,
+                        p,
+                        part,
+                        group: &group,
+                    },
+                    offsets,
+                )
+                .await?;
                 Ok(GroupReply::Done)
             }
             GroupOp::FetchOffsets { group, partitions } => self.with_group(p, &group, |g| {
@@ -433,21 +452,56 @@ impl Coordinator {
                 queue,
                 partitions,
                 to,
-            } => self.reset(shard, p, part, &group, &queue, partitions, to).await,
+            } => {
+                self.reset(
+                    &At {
+                        shard,
+                        p,
+                        part,
+                        group: &group,
+                    },
+                    &queue,
+                    partitions,
+                    to,
+                )
+                .await
+            }
             GroupOp::Receive {
                 group,
                 member_id,
                 max_records,
                 lock,
             } => {
-                self.receive(shard, p, part, &group, &member_id, max_records, lock)
-                    .await
+                self.receive(
+                    &At {
+                        shard,
+                        p,
+                        part,
+                        group: &group,
+                    },
+                    &member_id,
+                    max_records,
+                    lock,
+                )
+                .await
             }
             GroupOp::Settle {
                 group,
                 member_id,
                 records,
-            } => self.settle(shard, p, part, &group, &member_id, records).await,
+            } => {
+                self.settle(
+                    &At {
+                        shard,
+                        p,
+                        part,
+                        group: &group,
+                    },
+                    &member_id,
+                    records,
+                )
+                .await
+            }
             GroupOp::Delete { group } => {
                 self.with_group(p, &group, |g| {
                     Self::check_empty(&group, g, "deleted")?;
@@ -594,14 +648,8 @@ impl Coordinator {
     }
 
     /// Makes `offsets` durable, then applies them.
-    async fn commit(
-        &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
-        offsets: Vec<(Tp, u64)>,
-    ) -> Result<(), WireError> {
+    async fn commit(&self, at: &At<'_>, offsets: Vec<(Tp, u64)>) -> Result<(), WireError> {
+        let At { shard, p, part, group } = *at;
         if offsets.is_empty() {
             return Ok(());
         }
@@ -682,17 +730,14 @@ impl Coordinator {
         Ok(GroupReply::Describe(desc))
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn reset(
         &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
+        at: &At<'_>,
         queue: &str,
         partitions: Vec<u32>,
         to: ResetTo,
     ) -> Result<GroupReply, WireError> {
+        let At { shard, p, group, .. } = *at;
         self.with_group(p, group, |g| Self::check_empty(group, g, "reset"))?;
         let n = shard
             .table()
@@ -738,7 +783,7 @@ impl Coordinator {
             g.busy = true;
             Ok(())
         })?;
-        let written = self.commit(shard, p, part, group, offsets.clone()).await;
+        let written = self.commit(at, offsets.clone()).await;
         let _ = self.with_group(p, group, |g| {
             g.busy = false;
             Ok(())
@@ -752,17 +797,8 @@ impl Coordinator {
     /// handed out. A partition that fails (its data unreadable, its
     /// dead-letter queue refusing) is skipped with a warning while others
     /// still deliver; the error is returned only if nothing was delivered.
-    #[allow(clippy::too_many_arguments)]
-    async fn receive(
-        &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
-        member: &str,
-        max: u32,
-        lock: Duration,
-    ) -> Result<GroupReply, WireError> {
+    async fn receive(&self, at: &At<'_>, member: &str, max: u32, lock: Duration) -> Result<GroupReply, WireError> {
+        let At { p, group, .. } = *at;
         if !(LOCK_MIN..=LOCK_MAX).contains(&lock) {
             return Err(WireError::new(
                 ErrorCode::InvalidRequest,
@@ -790,7 +826,7 @@ impl Coordinator {
             if left == 0 {
                 break;
             }
-            match self.receive_from(shard, p, part, group, member, &tp, left, lock).await {
+            match self.receive_from(at, member, &tp, left, lock).await {
                 Ok(Some(got)) => {
                     left = left.saturating_sub(got.offsets.len() as u32);
                     out.push(got);
@@ -809,19 +845,16 @@ impl Coordinator {
     }
 
     /// One partition's part of a receive.
-    #[allow(clippy::too_many_arguments)]
     async fn receive_from(
         &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
+        at: &At<'_>,
         member: &str,
         tp: &Tp,
         max: u32,
         lock: Duration,
     ) -> Result<Option<ReceivedPart>, WireError> {
-        self.ensure_ack_state(shard, p, part, group, tp).await?;
+        let At { shard, p, part, group } = *at;
+        self.ensure_ack_state(at, tp).await?;
         // The queue's setting (deliveries before the dead-letter queue).
         let max_attempts = shard
             .table()
@@ -836,8 +869,7 @@ impl Coordinator {
             Ok((a.plan(now, max, IN_FLIGHT_WINDOW, max_attempts), a.next))
         })?;
         for (offset, attempts, last_error) in plan.dead {
-            self.dead_letter(shard, p, part, group, tp, offset, attempts, last_error)
-                .await?;
+            self.dead_letter(at, tp, offset, attempts, last_error).await?;
         }
         let mut batches: Vec<bytes::Bytes> = Vec::new();
         let mut offsets: Vec<u64> = Vec::new();
@@ -857,7 +889,7 @@ impl Coordinator {
                 // Retention removed it while it waited: nothing to deliver.
                 Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
                     tracing::warn!(group, queue = %tp.0, partition = tp.1, offset, "a record waiting for redelivery was removed by retention");
-                    self.finish(shard, p, part, group, tp, |a| a.done(offset)).await?;
+                    self.finish(at, tp, |a| a.done(offset)).await?;
                 }
                 Err(e) => return Err(e),
             }
@@ -865,7 +897,7 @@ impl Coordinator {
         if plan.new > 0 {
             let got = match fetch(shard, tp, next, 1 << 20).await {
                 Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
-                    self.skip_to_log_start(shard, p, part, group, tp, next).await?;
+                    self.skip_to_log_start(at, tp, next).await?;
                     return Ok(None);
                 }
                 other => other?,
@@ -939,14 +971,8 @@ impl Coordinator {
 
     /// Ack mode: the record state of a partition, starting at its
     /// committed position (or the group's start).
-    async fn ensure_ack_state(
-        &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
-        tp: &Tp,
-    ) -> Result<(), WireError> {
+    async fn ensure_ack_state(&self, at: &At<'_>, tp: &Tp) -> Result<(), WireError> {
+        let At { shard, p, group, .. } = *at;
         let (exists, committed, start) =
             self.with_group(p, group, |g| Ok((g.acks.contains_key(tp), g.committed(tp), g.start)))?;
         if exists {
@@ -963,7 +989,7 @@ impl Coordinator {
         })?;
         // A start resolved now is recorded: the next reader starts here too.
         if committed.is_none() {
-            self.commit(shard, p, part, group, vec![(tp.clone(), position)]).await?;
+            self.commit(at, vec![(tp.clone(), position)]).await?;
         }
         Ok(())
     }
@@ -972,15 +998,8 @@ impl Coordinator {
     /// records nobody acknowledged): reset per the group's start policy
     /// (earliest: the log start; latest: the log end), say so loudly, and
     /// record it as a commit.
-    async fn skip_to_log_start(
-        &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
-        tp: &Tp,
-        at: u64,
-    ) -> Result<(), WireError> {
+    async fn skip_to_log_start(&self, at: &At<'_>, tp: &Tp, position: u64) -> Result<(), WireError> {
+        let At { shard, p, group, .. } = *at;
         let policy = self.with_group(p, group, |g| Ok(g.start))?;
         let query = match policy {
             Start::Earliest => OffsetQuery::Earliest,
@@ -991,34 +1010,31 @@ impl Coordinator {
             group,
             queue = %tp.0,
             partition = tp.1,
-            position = at,
+            position,
             reset_to = to,
             "the group's position fell below the log start (retention removed records it had not acknowledged); \
              reset per its start policy ({policy:?}): {} records skipped",
-            to.saturating_sub(at)
+            to.saturating_sub(position)
         );
-        self.commit(shard, p, part, group, vec![(tp.clone(), to)]).await
+        self.commit(at, vec![(tp.clone(), to)]).await
     }
 
     /// Copies a record to `<queue>.dlq` (its key, value and headers, plus
     /// `DLQ_HEADERS`), then records it as settled (done).
-    #[allow(clippy::too_many_arguments)]
     async fn dead_letter(
         &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
+        at: &At<'_>,
         tp: &Tp,
         offset: u64,
         attempts: u32,
         last_error: Option<String>,
     ) -> Result<(), WireError> {
+        let At { shard, part, group, .. } = *at;
         let got = match fetch(shard, tp, offset, 1).await {
             // Retention removed it: nothing left to move aside.
             Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
                 tracing::warn!(group, queue = %tp.0, partition = tp.1, offset, "a record due for the dead-letter queue was removed by retention");
-                return self.finish(shard, p, part, group, tp, |a| a.done(offset)).await;
+                return self.finish(at, tp, |a| a.done(offset)).await;
             }
             other => other?,
         };
@@ -1083,41 +1099,27 @@ impl Coordinator {
         append(shard, part, group, &[settled]).await?;
         tracing::info!(group, queue = %tp.0, partition = tp.1, offset, attempts, "dead-lettered");
         shard.metrics.dead_lettered(&tp.0);
-        self.finish(shard, p, part, group, tp, |a| a.done(offset)).await
+        self.finish(at, tp, |a| a.done(offset)).await
     }
 
     /// Applies `change` to a partition's record state, then commits the
     /// position if the done prefix grew.
-    async fn finish(
-        &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
-        tp: &Tp,
-        change: impl FnOnce(&mut AckState),
-    ) -> Result<(), WireError> {
+    async fn finish(&self, at: &At<'_>, tp: &Tp, change: impl FnOnce(&mut AckState)) -> Result<(), WireError> {
+        let At { p, group, .. } = *at;
         let moved = self.with_group(p, group, |g| {
             let Some(a) = g.acks.get_mut(tp) else { return Ok(None) };
             change(a);
             Ok(a.advance().then_some(a.position))
         })?;
         match moved {
-            Some(position) => self.commit(shard, p, part, group, vec![(tp.clone(), position)]).await,
+            Some(position) => self.commit(at, vec![(tp.clone(), position)]).await,
             None => Ok(()),
         }
     }
 
     /// Ack mode: settles records `member` holds, all or none.
-    async fn settle(
-        &self,
-        shard: &Rc<Shard>,
-        p: u32,
-        part: &Rc<Partition>,
-        group: &str,
-        member: &str,
-        records: Vec<SettleItem>,
-    ) -> Result<GroupReply, WireError> {
+    async fn settle(&self, at: &At<'_>, member: &str, records: Vec<SettleItem>) -> Result<GroupReply, WireError> {
+        let At { shard, p, part, group } = *at;
         self.with_group(p, group, |g| {
             if !g.has_member(member) {
                 return Err(group_error(GroupError::UnknownMember(member.to_string())));
@@ -1171,15 +1173,14 @@ impl Coordinator {
                     .reason
                     .clone()
                     .or_else(|| Some("dead-lettered by the consumer".into()));
-                self.dead_letter(shard, p, part, group, &r.tp, r.offset, attempts, reason)
-                    .await?;
+                self.dead_letter(at, &r.tp, r.offset, attempts, reason).await?;
                 continue;
             }
             let (offset, outcome, reason) = (r.offset, r.outcome, r.reason);
             // Held when checked; if its lock ran out since (and another
             // receive took it), the settle changes nothing: it is that
             // delivery's to settle.
-            self.finish(shard, p, part, group, &r.tp, |a| {
+            self.finish(at, &r.tp, |a| {
                 if !a.settle(offset, member, outcome, reason, now) {
                     tracing::debug!(offset, "settle of a record no longer held by its member ignored");
                 }
