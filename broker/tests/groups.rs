@@ -51,6 +51,25 @@ fn member(broker: &Broker, group: &str, queue: &str, config: GroupConfig) -> Gro
     member_at(&broker.addr.to_string(), group, queue, config)
 }
 
+/// A member of `group` on `queue` starting at the earliest record, with a
+/// 10 s session.
+fn earliest_member(broker: &Broker, group: &str, queue: &str) -> GroupConsumer {
+    member(
+        broker,
+        group,
+        queue,
+        config(GroupStart::Earliest, Duration::from_secs(10)),
+    )
+}
+
+/// A broker in a fresh directory with `queue` created.
+fn broker_with(queue: &str, partitions: u32) -> (tempfile::TempDir, Broker) {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, queue, partitions);
+    (dir, broker)
+}
+
 /// A member joining from another thread (which has no `&Broker`).
 fn member_at(addr: &str, group: &str, queue: &str, config: GroupConfig) -> GroupConsumer {
     block_on(GroupConsumer::subscribe(addr, group, &[queue], config)).unwrap()
@@ -96,9 +115,7 @@ fn assert_ordered(records: &[ConsumedRecord]) {
 
 #[test]
 fn every_group_gets_every_message_and_within_a_group_each_goes_to_one_member() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "orders", 4);
+    let (_dir, broker) = broker_with("orders", 4);
     let n = 400;
     produce(&broker, "orders", "m", n, 40);
 
@@ -137,12 +154,7 @@ fn every_group_gets_every_message_and_within_a_group_each_goes_to_one_member() {
     assert_eq!(all.len(), n, "and each reached one member only (no member failed)");
 
     // Group "audit": one member, independently, sees all of them too.
-    let mut audit = member(
-        &broker,
-        "audit",
-        "orders",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut audit = earliest_member(&broker, "audit", "orders");
     let got = poll_until(&mut audit, Duration::from_secs(30), |g| g.len() >= n);
     assert_eq!(got.iter().map(value).collect::<BTreeSet<_>>().len(), n);
     assert_ordered(&got);
@@ -167,9 +179,7 @@ fn every_group_gets_every_message_and_within_a_group_each_goes_to_one_member() {
 
 #[test]
 fn a_killed_member_s_partitions_move_without_redelivering_what_it_committed() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "jobs", 3);
+    let (_dir, broker) = broker_with("jobs", 3);
     let n = 300;
     produce(&broker, "jobs", "j", n, 30);
     // The CLI member commits after each line it prints; it is killed mid-stream.
@@ -226,9 +236,7 @@ fn a_killed_member_s_partitions_move_without_redelivering_what_it_committed() {
 
 #[test]
 fn a_rebalance_moves_only_the_partitions_that_change_member() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "events", 4);
+    let (_dir, broker) = broker_with("events", 4);
     let revoked: Arc<Mutex<Vec<QueuePartition>>> = Arc::default();
     let assigned: Arc<Mutex<Vec<QueuePartition>>> = Arc::default();
     let mut cfg = config(GroupStart::Earliest, Duration::from_secs(10));
@@ -303,9 +311,7 @@ fn a_rebalance_moves_only_the_partitions_that_change_member() {
 
 #[test]
 fn reset_replays_by_offset_and_timestamp_only_without_members() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "log", 1);
+    let (_dir, broker) = broker_with("log", 1);
     produce(&broker, "log", "old", 50, 1);
     std::thread::sleep(Duration::from_millis(20));
     let cut = now_ms();
@@ -313,12 +319,7 @@ fn reset_replays_by_offset_and_timestamp_only_without_members() {
     produce(&broker, "log", "new", 50, 1);
     let admin = Admin::connect(&broker.addr.to_string()).unwrap();
 
-    let mut m = member(
-        &broker,
-        "r",
-        "log",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "r", "log");
     let all = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 100);
     assert_eq!(all.len(), 100);
     let err = block_on(admin.reset_group("r", "log", &[], ResetTarget::Earliest)).unwrap_err();
@@ -332,12 +333,7 @@ fn reset_replays_by_offset_and_timestamp_only_without_members() {
     // By offset.
     let moved = block_on(admin.reset_group("r", "log", &[0], ResetTarget::Offset(90))).unwrap();
     assert_eq!(moved, vec![(0, 90)]);
-    let mut m = member(
-        &broker,
-        "r",
-        "log",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "r", "log");
     let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 10);
     assert_eq!(got.first().map(|r| r.offset), Some(90));
     assert_eq!(got.len(), 10);
@@ -345,12 +341,7 @@ fn reset_replays_by_offset_and_timestamp_only_without_members() {
 
     // By timestamp: the first record at or after the cut is "new-0".
     block_on(admin.reset_group("r", "log", &[], ResetTarget::Timestamp(cut))).unwrap();
-    let mut m = member(
-        &broker,
-        "r",
-        "log",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "r", "log");
     let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 50);
     assert_eq!(value(&got[0]), "new-0");
     assert_eq!(got.len(), 50);
@@ -367,16 +358,9 @@ fn reset_replays_by_offset_and_timestamp_only_without_members() {
 
 #[test]
 fn group_positions_survive_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "q", 2);
+    let (dir, broker) = broker_with("q", 2);
     produce(&broker, "q", "a", 100, 10);
-    let mut m = member(
-        &broker,
-        "keep",
-        "q",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "keep", "q");
     let first = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 100);
     block_on(m.close()).unwrap();
     let admin = Admin::connect(&broker.addr.to_string()).unwrap();
@@ -393,12 +377,7 @@ fn group_positions_survive_a_restart() {
     );
     assert_eq!(after.start, GroupStart::Earliest);
     produce(&broker, "q", "b", 20, 10);
-    let mut m = member(
-        &broker,
-        "keep",
-        "q",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "keep", "q");
     let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 20);
     assert!(
         got.iter().all(|r| value(r).starts_with("b-")),
@@ -418,9 +397,7 @@ fn strand(args: &[&str], brokers: &str) -> Output {
 
 #[test]
 fn the_group_commands() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "cli", 2);
+    let (_dir, broker) = broker_with("cli", 2);
     produce(&broker, "cli", "c", 30, 5);
     let addr = broker.addr.to_string();
     let out = strand(
@@ -511,9 +488,7 @@ fn the_group_commands() {
 
 #[test]
 fn a_poison_message_is_tried_five_times_then_dead_lettered_and_can_be_replayed() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "jobs", 2);
+    let (_dir, broker) = broker_with("jobs", 2);
     let addr = broker.addr.to_string();
     let mut lines: Vec<String> = (0..30).map(|i| format!("k{}:job{i}", i % 4)).collect();
     lines.insert(12, "k1:poison".into());
@@ -636,9 +611,7 @@ fn a_poison_message_is_tried_five_times_then_dead_lettered_and_can_be_replayed()
 
 #[test]
 fn ack_mode_redelivers_what_was_not_acked_across_locks_and_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "tasks", 1);
+    let (dir, broker) = broker_with("tasks", 1);
     produce(&broker, "tasks", "t", 6, 1);
     let mut cfg = config(GroupStart::Earliest, Duration::from_secs(10));
     cfg.lock = Duration::from_millis(300);
@@ -671,12 +644,7 @@ fn ack_mode_redelivers_what_was_not_acked_across_locks_and_restarts() {
     let addr = broker.addr.to_string();
     assert!(broker.terminate().success());
     let broker = Broker::start_at(dir.path(), &addr, &[]);
-    let mut m = member(
-        &broker,
-        "acks",
-        "tasks",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "acks", "tasks");
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen = Vec::new();
     while seen.len() < 4 {
@@ -696,28 +664,16 @@ fn ack_mode_redelivers_what_was_not_acked_across_locks_and_restarts() {
 
 #[test]
 fn positions_of_a_deleted_queue_are_forgotten() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(dir.path());
-    create(&broker, "temp", 1);
+    let (dir, broker) = broker_with("temp", 1);
     produce(&broker, "temp", "old", 20, 1);
-    let mut m = member(
-        &broker,
-        "g",
-        "temp",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "g", "temp");
     poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 20);
     block_on(m.close()).unwrap();
     assert_eq!(broker.client().delete_queue("temp"), ErrorCode::None);
     create(&broker, "temp", 1);
     produce(&broker, "temp", "new", 5, 1);
     let check = |broker: &Broker| {
-        let mut m = member(
-            broker,
-            "g",
-            "temp",
-            config(GroupStart::Earliest, Duration::from_secs(10)),
-        );
+        let mut m = earliest_member(broker, "g", "temp");
         let got = poll_until(&mut m, Duration::from_secs(30), |g| g.len() >= 5);
         assert_eq!(
             got.iter().map(value).collect::<Vec<_>>(),
@@ -752,12 +708,7 @@ fn max_delivery_attempts_is_a_queue_setting() {
     let err = block_on(admin.create_queue("none", &bad)).unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidConfig), "{err}");
     produce(&broker, "few", "f", 2, 1);
-    let mut m = member(
-        &broker,
-        "g",
-        "few",
-        config(GroupStart::Earliest, Duration::from_secs(10)),
-    );
+    let mut m = earliest_member(&broker, "g", "few");
     for attempt in 1..=2 {
         let got = block_on(m.receive(1)).unwrap();
         assert_eq!((got[0].record.offset, got[0].attempt), (0, attempt));
