@@ -552,13 +552,20 @@ impl GroupConsumer {
                 other => other?,
             }
         }
-        if self.consumer.assignment().is_empty() {
+        if self.shared.state().active.is_empty() {
             self.wait_for_assignment(self.max_wait).await;
             return Ok(Vec::new());
         }
         let records = self.consumer.poll().await?;
-        for r in &records {
-            self.uncommitted.insert((r.queue.clone(), r.partition), r.offset + 1);
+        // A partition's records come together, in offset order: its last
+        // one sets the position (one map entry per partition, not per record).
+        for (i, r) in records.iter().enumerate() {
+            let last_of_run = records
+                .get(i + 1)
+                .is_none_or(|n| n.partition != r.partition || n.queue != r.queue);
+            if last_of_run {
+                self.uncommitted.insert((r.queue.clone(), r.partition), r.offset + 1);
+            }
         }
         self.record_start_positions().await?;
         Ok(records)
@@ -644,6 +651,10 @@ impl GroupConsumer {
             if stale && !st.granted.is_empty() {
                 st.granted.clear();
                 st.changes += 1;
+            }
+            // The usual case: nothing to apply, nothing to copy.
+            if st.granted == st.active {
+                return Ok(());
             }
             (st.granted.clone(), st.active.clone())
         };
