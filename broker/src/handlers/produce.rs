@@ -98,19 +98,22 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
             results.push(t.await);
         }
     }
-    // Counted once per queue of the request, with the bytes its parts
-    // appended.
-    let mut per_queue: Vec<(&str, usize)> = Vec::new();
-    for (part, result) in parts.iter().zip(&results) {
-        if result.is_ok() {
-            match per_queue.iter_mut().find(|(q, _)| *q == part.queue) {
-                Some((_, bytes)) => *bytes += part.len as usize,
-                None => per_queue.push((&part.queue, part.len as usize)),
+    // Counted per queue entry of the request (its parts are consecutive, as
+    // the response groups them): linear, no allocation.
+    let mut k = 0;
+    while k < parts.len() {
+        let queue = &parts[k].queue;
+        let (mut bytes, mut appended) = (0usize, false);
+        while k < parts.len() && &parts[k].queue == queue {
+            if results[k].is_ok() {
+                bytes += parts[k].len as usize;
+                appended = true;
             }
+            k += 1;
         }
-    }
-    for (queue, bytes) in per_queue {
-        shard.metrics.produced(queue, bytes);
+        if appended {
+            shard.metrics.produced(queue, bytes);
+        }
     }
     if acks == 0 {
         return Ok(None);
