@@ -28,9 +28,7 @@ pub use strand_wire::fnv1a64;
 /// The shard that owns `partition` of `queue` on a node with `shards`
 /// shards. Panics if `shards` is 0 (a node has at least one).
 pub fn shard_for(queue: &str, partition: u32, shards: u16) -> ShardId {
-    assert!(shards > 0, "a node has at least one shard");
-    let slot = fnv1a64(queue.as_bytes()).wrapping_add(u64::from(partition)) % u64::from(shards);
-    ShardId(slot as u16)
+    ShardId(strand_wire::shard_for_partition(queue, partition, shards))
 }
 
 #[cfg(test)]

@@ -282,3 +282,86 @@ fn strand_top_shows_rates_lag_and_hot_partitions() {
     assert!(!bad.status.success());
     assert_eq!(String::from_utf8_lossy(&bad.stderr).trim_end().lines().count(), 1);
 }
+
+/// The sum of a counter over the broker's shards, and its value per shard.
+fn per_shard(text: &str, series: &str, shards: u16) -> Vec<f64> {
+    (0..shards)
+        .map(|s| value(text, &format!("{series}{{shard=\"{s}\"}}")).unwrap_or(0.0))
+        .collect()
+}
+
+/// A connection is served by the shard its client port picks (a
+/// shard-aware client picks the port), and the client library's producer
+/// and consumer send each partition's requests to its owning shard: none is
+/// forwarded between cores. A request sent deliberately to the other shard
+/// is forwarded, and counted.
+#[test]
+fn connections_are_served_by_the_shard_their_port_picks() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path()); // 2 shards
+    let addr = broker.addr.to_string();
+    let wait_for_connections = |want: &[f64]| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = per_shard(&scrape(&broker), "strand_connections", 2);
+            if got == want {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "connections per shard {got:?}, want {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Each shard in turn: the connection is counted by that shard alone.
+    for shard in 0..2u16 {
+        let conn = Connection::connect_placed(&addr, Duration::ZERO, Some((shard, 2))).unwrap();
+        let port = conn.local_addr().unwrap().port();
+        assert_eq!(strand_wire::shard_for_port(port, 2), shard);
+        let mut want = vec![0.0; 2];
+        want[usize::from(shard)] = 1.0;
+        wait_for_connections(&want);
+        drop(conn);
+        wait_for_connections(&[0.0, 0.0]);
+    }
+
+    // Producer and consumer over 4 partitions (two per shard).
+    assert_eq!(broker.client().create_queue("placed", 4), ErrorCode::None);
+    let producer = Producer::new(&addr, ProducerConfig::default()).unwrap();
+    for i in 0..400u32 {
+        let key = format!("k{i}");
+        block_on(producer.send("placed", Some(key.as_bytes()), b"v", &[])).unwrap();
+    }
+    let mut consumer = Consumer::new(
+        &addr,
+        ConsumerConfig {
+            max_wait: Duration::from_millis(50),
+            ..ConsumerConfig::default()
+        },
+    )
+    .unwrap();
+    consumer.assign("placed", &[0, 1, 2, 3]);
+    consumer.seek_all(Seek::Earliest);
+    let mut read = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while read < 400 {
+        assert!(std::time::Instant::now() < deadline, "read {read} of 400");
+        read += block_on(consumer.poll()).unwrap().len();
+    }
+    let forwarded = per_shard(&scrape(&broker), "strand_shard_forwarded_requests_total", 2);
+    assert_eq!(forwarded, vec![0.0, 0.0], "requests forwarded per shard");
+
+    // One produce sent on shard 0's connection for a partition of shard 1.
+    let partition = (0..4)
+        .find(|&p| strand_wire::shard_for_partition("placed", p, 2) == 1)
+        .unwrap();
+    let conn = Connection::connect_placed(&addr, Duration::ZERO, Some((0, 2))).unwrap();
+    let mut batch = strand_wire::batch::BatchBuilder::new();
+    batch.push(None, Some(b"across"), &[], 0);
+    let (body, tail) = requests::produce("placed", partition, 1, batch.build().freeze());
+    let frame = block_on(conn.request(strand_wire::Api::Produce, &body, tail)).unwrap();
+    requests::produced(&frame).unwrap();
+    let forwarded = per_shard(&scrape(&broker), "strand_shard_forwarded_requests_total", 2);
+    assert_eq!(forwarded, vec![1.0, 0.0], "requests forwarded per shard");
+}

@@ -1,6 +1,14 @@
-//! What the client knows of the cluster: the bootstrap addresses, one open
-//! connection per broker, and each queue's partitions with their leaders
-//! (from Metadata), shared by a producer's or consumer's threads.
+//! What the client knows of the cluster: the bootstrap addresses, open
+//! connections, and each queue's partitions with their leaders (from
+//! Metadata), shared by a producer's or consumer's threads.
+//!
+//! Shard-aware routing: a broker reports its shard count, and the shard
+//! that owns a partition is a pure function of (queue, partition, shards)
+//! ([`strand_wire::shard_for_partition`]). The client keeps one connection
+//! per (broker, shard), each from a local port that has the broker serve it
+//! on that shard ([`crate::connection::connect_to_shard`]); a partition's
+//! requests go on its shard's connection and never cross between the
+//! broker's cores. Brokers that report no shards get plain connections.
 //!
 //! Runs on: the caller's threads and the producer's sender thread; the state
 //! sits behind one mutex held only for map lookups, never across I/O.
@@ -45,12 +53,21 @@ pub struct Cluster {
     state: Mutex<State>,
 }
 
+/// Which of a broker's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Route {
+    /// A numbered connection, served by whichever shard.
+    Lane(usize),
+    /// The connection served by `shard` of a broker with `shards` shards.
+    Shard { shard: u16, shards: u16 },
+}
+
 #[derive(Default)]
 struct State {
-    /// node id → `host:port`.
-    brokers: HashMap<u32, String>,
-    /// (`host:port`, lane) → open connection.
-    connections: HashMap<(String, usize), Connection>,
+    /// node id → (`host:port`, shards; 0 if it did not say).
+    brokers: HashMap<u32, (String, u16)>,
+    /// (`host:port`, route) → open connection.
+    connections: HashMap<(String, Route), Connection>,
     /// Queue metadata and when it was asked for.
     queues: HashMap<String, (Arc<QueueInfo>, Instant)>,
     /// Where the next bootstrap attempt starts (rotates on failure).
@@ -107,13 +124,27 @@ impl Cluster {
     /// An open connection to `addr` on one of several lanes (separate
     /// connections to one broker, so its shards' listeners share the load).
     pub fn lane_to(&self, addr: &str, lane: usize) -> Result<Connection, ClientError> {
-        let key = (addr.to_string(), lane);
+        self.route_to(addr, Route::Lane(lane))
+    }
+
+    /// An open connection to `addr` served by its shard `shard` (of
+    /// `shards`), reusing one that is still up.
+    pub fn shard_connection(&self, addr: &str, shard: u16, shards: u16) -> Result<Connection, ClientError> {
+        self.route_to(addr, Route::Shard { shard, shards })
+    }
+
+    fn route_to(&self, addr: &str, route: Route) -> Result<Connection, ClientError> {
+        let key = (addr.to_string(), route);
         if let Some(c) = self.state().connections.get(&key) {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
         }
-        let c = Connection::connect_with(addr, self.busy_poll)?;
+        let placement = match route {
+            Route::Shard { shard, shards } => Some((shard, shards)),
+            Route::Lane(_) => None,
+        };
+        let c = Connection::connect_placed(addr, self.busy_poll, placement)?;
         let mut st = self.state();
         // Another thread may have connected meanwhile: keep one connection
         // (dropping the other closes it before it carried anything).
@@ -149,13 +180,18 @@ impl Cluster {
         self.leader_lane(queue, partition, 1)
     }
 
-    /// The connection to the leader of `partition` among `lanes` per
-    /// broker: partition `p` uses lane `p mod lanes`.
+    /// The connection to the leader of `partition`: the one its owning
+    /// shard serves when the leader reported its shards, else one of
+    /// `lanes` per broker (partition `p` uses lane `p mod lanes`).
     pub fn leader_lane(&self, queue: &QueueInfo, partition: u32, lanes: usize) -> Result<Connection, ClientError> {
         let leader = queue.leaders.get(partition as usize).copied();
-        let addr = leader.and_then(|l| self.state().brokers.get(&l).cloned());
-        match addr {
-            Some(a) => self.lane_to(&a, partition as usize % lanes.max(1)),
+        let broker = leader.and_then(|l| self.state().brokers.get(&l).cloned());
+        match broker {
+            Some((addr, shards)) if shards > 1 => {
+                let shard = strand_wire::shard_for_partition(&queue.name, partition, shards);
+                self.shard_connection(&addr, shard, shards)
+            }
+            Some((addr, _)) => self.lane_to(&addr, partition as usize % lanes.max(1)),
             None => self.any_connection(),
         }
     }
@@ -199,7 +235,7 @@ impl Cluster {
             let host = b.host().unwrap_or_default();
             let unspecified = host.is_empty() || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_unspecified());
             let host = if unspecified { via_host.as_str() } else { host };
-            brokers.insert(b.node_id(), format!("{host}:{}", b.port()));
+            brokers.insert(b.node_id(), (format!("{host}:{}", b.port()), b.shards()));
         }
         let q = resp
             .queues()

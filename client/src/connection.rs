@@ -35,6 +35,68 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the reader looks for overdue requests while the socket is quiet.
 const OVERDUE_CHECK: Duration = Duration::from_secs(1);
 
+/// Most local ports tried for a shard-placed connection before settling
+/// for any port (about one in `shards` places it; the rest are skipped
+/// without a system call).
+const PLACED_PORT_TRIES: u32 = 4096;
+
+/// Connects to `sock` from a local port for which
+/// [`strand_wire::shard_for_port`] gives `shard`: the broker hands each
+/// connection to the shard its client port picks, so requests for that
+/// shard's partitions never cross between cores. Ports come from the
+/// system's ephemeral range, starting at a random one; a port in use is
+/// skipped. If none is free (or a NAT rewrites the port) the connection is
+/// an ordinary one, served by whichever shard — slower, never wrong.
+pub fn connect_to_shard(sock: SocketAddr, shard: u16, shards: u16) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::hash::{BuildHasher, Hasher};
+    let (low, high) = ephemeral_ports();
+    let span = u32::from(high.saturating_sub(low)) + 1;
+    // A random start (std's hasher keys are random per process).
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    let start = (h.finish() % u64::from(span)) as u32;
+    for i in 0..span.min(PLACED_PORT_TRIES) {
+        let port = low + ((start + i) % span) as u16;
+        if strand_wire::shard_for_port(port, shards) != shard {
+            continue;
+        }
+        let socket = Socket::new(Domain::for_address(sock), Type::STREAM, Some(Protocol::TCP))?;
+        let local = match sock {
+            SocketAddr::V4(_) => SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)),
+            SocketAddr::V6(_) => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+        };
+        if socket.bind(&local.into()).is_err() {
+            continue; // in use
+        }
+        match socket.connect_timeout(&sock.into(), CONNECT_TIMEOUT) {
+            Ok(()) => return Ok(socket.into()),
+            // This 4-tuple is taken (a closing connection): the next port.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AddrNotAvailable
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT)
+}
+
+/// The system's ephemeral port range (Linux's default if unreadable).
+fn ephemeral_ports() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u16>);
+            match (it.next()?, it.next()?) {
+                (Ok(low), Ok(high)) if low > 0 && low <= high => Some((low, high)),
+                _ => None,
+            }
+        })
+        .unwrap_or((32_768, 60_999))
+}
+
 /// What to do with a response (or the failure that replaces it); runs on
 /// the connection's reader thread, so it must be quick.
 pub type OnResponse = Box<dyn FnOnce(Result<Frame, ClientError>) + Send>;
@@ -79,6 +141,17 @@ impl Connection {
     /// core's time for not waiting on a thread wake-up (tens of µs on
     /// virtual machines) per response.
     pub fn connect_with(addr: &str, busy_poll: Duration) -> Result<Connection, ClientError> {
+        Self::connect_placed(addr, busy_poll, None)
+    }
+
+    /// Connects as [`Connection::connect_with`]; with `Some((shard,
+    /// shards))`, from a local port that has the broker serve the
+    /// connection on that shard (see [`connect_to_shard`]).
+    pub fn connect_placed(
+        addr: &str,
+        busy_poll: Duration,
+        placement: Option<(u16, u16)>,
+    ) -> Result<Connection, ClientError> {
         let io = |e: std::io::Error| ClientError::Io {
             addr: addr.to_string(),
             message: e.to_string(),
@@ -88,7 +161,11 @@ impl Connection {
             .map_err(io)?
             .next()
             .ok_or_else(|| ClientError::Invalid(format!("{addr} resolves to no address")))?;
-        let stream = TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT).map_err(io)?;
+        let stream = match placement {
+            Some((shard, shards)) if shards > 1 => connect_to_shard(sock, shard, shards),
+            _ => TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT),
+        }
+        .map_err(io)?;
         stream.set_read_timeout(Some(OVERDUE_CHECK)).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
         let reader = stream.try_clone().map_err(io)?;
@@ -110,6 +187,17 @@ impl Connection {
 
     pub fn addr(&self) -> &str {
         &self.inner.addr
+    }
+
+    /// Tells connections apart (one broker may have one per shard); the
+    /// same for every clone.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// This end's address (its port says which shard serves it).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.inner.writer.lock().ok()?.0.local_addr().ok()
     }
 
     /// Whether the connection has ended (its reader stopped).

@@ -303,11 +303,11 @@ impl Consumer {
             return Ok(());
         }
         // Each partition's leader knows its offsets.
-        let mut by_conn: HashMap<String, (Connection, Vec<(Key, Seek)>)> = HashMap::new();
+        let mut by_conn: HashMap<usize, (Connection, Vec<(Key, Seek)>)> = HashMap::new();
         for (key, seek) in pending {
             let conn = self.leader_of(&key.0, key.1)?;
             by_conn
-                .entry(conn.addr().to_string())
+                .entry(conn.id())
                 .or_insert_with(|| (conn, Vec::new()))
                 .1
                 .push((key, seek));
@@ -335,13 +335,13 @@ impl Consumer {
 
     /// Sends one fetch per leader for every assigned partition.
     fn send_fetch(&self) -> Result<InFlight, ClientError> {
-        let mut by_conn: HashMap<String, (Connection, Vec<(Key, u64)>)> = HashMap::new();
+        let mut by_conn: HashMap<usize, (Connection, Vec<(Key, u64)>)> = HashMap::new();
         let mut asked = Vec::new();
         for (key, pos) in &self.positions {
             let Position::At(offset) = *pos else { continue };
             let conn = self.leader_of(&key.0, key.1)?;
             by_conn
-                .entry(conn.addr().to_string())
+                .entry(conn.id())
                 .or_insert_with(|| (conn, Vec::new()))
                 .1
                 .push((key.clone(), offset));

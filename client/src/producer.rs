@@ -129,9 +129,10 @@ pub struct ProducerConfig {
     pub delivery_timeout: Duration,
     /// The broker's time limit for a request (replication waits).
     pub request_timeout: Duration,
-    /// Connections to each broker; partition `p` uses connection
-    /// `p mod connections_per_broker`. More than one lets a thread-per-core
-    /// broker take a busy producer's requests on several cores.
+    /// Connections to a broker that does not report its shards; partition
+    /// `p` uses connection `p mod connections_per_broker`. (A broker that
+    /// does gets one connection per shard, each served by its shard: see
+    /// `crate::cluster`.)
     pub connections_per_broker: usize,
     /// While requests are unanswered, each connection's reader polls the
     /// socket this long before sleeping: lower latency for a core's time.
@@ -342,6 +343,18 @@ struct PartState {
     open: Option<OpenBatch>,
     ready: VecDeque<ReadyBatch>,
     in_flight: usize,
+    /// The size the last closed batch reached: the next one starts with that
+    /// much room (a stream of full batches never grows one by doubling).
+    last_batch_bytes: usize,
+}
+
+impl PartState {
+    /// Closes the open batch, if any, noting its size.
+    fn close_open(&mut self) -> Option<ReadyBatch> {
+        let open = self.open.take()?;
+        self.last_batch_bytes = open.builder.size_bytes();
+        Some(open.close())
+    }
 }
 
 struct OpenBatch {
@@ -586,8 +599,8 @@ impl Shared {
                 if !fits(&qs.parts[qs.sticky as usize]) {
                     // The sticky batch is full: close it, move on.
                     let part = &mut qs.parts[qs.sticky as usize];
-                    if let Some(open) = part.open.take() {
-                        part.ready.push_back(open.close());
+                    if let Some(closed) = part.close_open() {
+                        part.ready.push_back(closed);
                     }
                     qs.sticky = (qs.sticky + 1) % partitions;
                 }
@@ -596,23 +609,20 @@ impl Shared {
         };
         let part = &mut qs.parts[partition as usize];
         if !fits(part) {
-            if let Some(open) = part.open.take() {
-                part.ready.push_back(open.close());
+            if let Some(closed) = part.close_open() {
+                part.ready.push_back(closed);
             }
         }
         // A batch that will fill (its partition is busy, or there is a
         // linger) gets its whole size up front: growing by doubling copied
         // and page-faulted about as much again as the batch itself. One that
-        // leaves at once starts small.
+        // may leave at once starts as large as the partition's last batch.
         let fills = part.in_flight >= cfg.max_in_flight_per_partition || !cfg.linger.is_zero();
+        let wanted = if fills { batch_limit } else { part.last_batch_bytes };
         // Never more than a quarter of the buffer's free room: many
         // partitions must not reserve far more than `buffer_bytes`.
         let room = cfg.buffer_bytes.saturating_sub(st.buffered) / 4;
-        let capacity = if fills {
-            batch_limit.min(MAX_PREALLOCATED).min(room)
-        } else {
-            4096
-        };
+        let capacity = wanted.min(batch_limit).min(MAX_PREALLOCATED).min(room).max(4096);
         let seq = st.next_seq;
         st.next_seq += 1;
         let new_batch = part.open.is_none();
@@ -638,8 +648,8 @@ impl Shared {
         open.accounted += size;
         let full = open.builder.size_bytes() >= batch_limit;
         if full {
-            if let Some(open) = part.open.take() {
-                part.ready.push_back(open.close());
+            if let Some(closed) = part.close_open() {
+                part.ready.push_back(closed);
             }
             if key.is_none() {
                 qs.sticky = (qs.sticky + 1) % partitions;
@@ -689,8 +699,8 @@ impl Shared {
             .as_ref()
             .is_some_and(|o| o.first_seq < flush_until || o.since + cfg.linger <= now)
         {
-            if let Some(open) = part.open.take() {
-                batch = Some(open.close());
+            if let Some(closed) = part.close_open() {
+                batch = Some(closed);
                 if qs.sticky == partition {
                     qs.sticky = (qs.sticky + 1) % qs.info.partitions();
                 }

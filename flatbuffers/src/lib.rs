@@ -38,7 +38,7 @@ mod generated;
 
 pub use api::Api;
 pub use generated::strand::wire::*;
-pub use hash::{fnv1a64, partition_for_key};
+pub use hash::{fnv1a64, partition_for_key, shard_for_partition, shard_for_port};
 pub use names::{validate_queue_name, QUEUE_NAME_MAX};
 pub use offset::{LeaderEpoch, Offset};
 

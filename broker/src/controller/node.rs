@@ -49,6 +49,7 @@ impl Controller {
         dir: &Path,
         node_id: u64,
         address: String,
+        shards: u16,
         publish: Publish,
     ) -> Result<Controller, ProposeError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
@@ -92,10 +93,18 @@ impl Controller {
             .await
             .map_err(|e| unavailable("replaying the controller log", &e))?;
         let controller = Controller { raft, node_id };
-        let registered = sm.table().brokers.get(&node_id).is_some_and(|b| b.address == address);
+        let registered = sm
+            .table()
+            .brokers
+            .get(&node_id)
+            .is_some_and(|b| b.address == address && b.shards == shards);
         if !registered {
             controller
-                .propose(Command::RegisterBroker { id: node_id, address })
+                .propose(Command::RegisterBroker {
+                    id: node_id,
+                    address,
+                    shards,
+                })
                 .await?;
         }
         Ok(controller)
@@ -203,7 +212,7 @@ mod tests {
                 let seen = seen.clone();
                 Rc::new(move |t: &MetadataTable| *seen.borrow_mut() = t.clone())
             };
-            let c = Controller::start(&path, 7, "127.0.0.1:1".into(), publish.clone())
+            let c = Controller::start(&path, 7, "127.0.0.1:1".into(), 2, publish.clone())
                 .await
                 .unwrap();
             assert!(seen.borrow().brokers.contains_key(&7), "the broker registers itself");
@@ -229,7 +238,7 @@ mod tests {
 
             // Restart: the log replays into the same table; no new registration.
             *seen.borrow_mut() = MetadataTable::default();
-            let c = Controller::start(&path, 7, "127.0.0.1:1".into(), publish.clone())
+            let c = Controller::start(&path, 7, "127.0.0.1:1".into(), 2, publish.clone())
                 .await
                 .unwrap();
             c.propose(Command::DeleteQueue { name: "nope".into() })

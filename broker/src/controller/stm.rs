@@ -20,10 +20,13 @@ pub const MESSAGE_BYTES_MAX: u32 = 64 << 20;
 /// A change to the metadata, as proposed to the Raft group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// A broker joins (or updates its address).
+    /// A broker joins (or updates its address or shard count).
     RegisterBroker {
         id: NodeId,
         address: String,
+        /// Its shards (0 in logs written before brokers reported them).
+        #[serde(default)]
+        shards: u16,
     },
     CreateQueue {
         name: String,
@@ -102,12 +105,13 @@ impl MetadataStm {
         assert!(index > self.table.applied_index, "commands apply in log order, once");
         self.table.applied_index = index;
         match command {
-            Command::RegisterBroker { id, address } => {
+            Command::RegisterBroker { id, address, shards } => {
                 self.table.brokers.insert(
                     *id,
                     super::table::BrokerRecord {
                         id: *id,
                         address: address.clone(),
+                        shards: *shards,
                     },
                 );
                 Ok(())

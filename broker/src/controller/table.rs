@@ -16,6 +16,10 @@ pub struct BrokerRecord {
     pub id: NodeId,
     /// Where clients reach it, `host:port`.
     pub address: String,
+    /// Its shards, one per core (0: unknown, from an older log). Clients
+    /// use it to connect to the shard that owns a partition.
+    #[serde(default)]
+    pub shards: u16,
 }
 
 /// When a queue's appended data is fdatasync'd.

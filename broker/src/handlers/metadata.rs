@@ -35,6 +35,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                     node_id: b.id as u32,
                     host: Some(host),
                     port,
+                    shards: b.shards,
                 },
             )
         })

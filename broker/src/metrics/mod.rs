@@ -22,6 +22,10 @@
 //! - `strand_shard_forward_queue_depth` {shard}: requests the shard sent to
 //!   other shards and awaits answers for (queued in the mesh or being
 //!   served there)
+//! - `strand_shard_forwarded_requests_total` {shard}: requests the shard
+//!   forwarded to the owning shard since the start (shard-aware clients
+//!   keep it near zero; a rising count means clients that connect to any
+//!   shard, each request paying a cross-core hop)
 //! - `strand_reactor_stalls_total` {shard}: times the shard's 10 ms timer
 //!   woke more than 500 µs late — a task held the shard that long (or the
 //!   OS descheduled its thread); logged at most every 10 s with the count
@@ -105,6 +109,8 @@ pub struct ShardMetrics {
     last_busy: Cell<std::time::Instant>,
     /// Requests this shard forwarded to another and awaits answers for.
     forwarded: Cell<u64>,
+    /// Requests this shard forwarded, in all.
+    forwarded_total: Cell<u64>,
     /// Timer wake-ups late by more than [`STALL`].
     stalls: Cell<u64>,
 }
@@ -130,6 +136,7 @@ impl Default for ShardMetrics {
             connections: Cell::new(0),
             last_busy: Cell::new(std::time::Instant::now()),
             forwarded: Cell::new(0),
+            forwarded_total: Cell::new(0),
             stalls: Cell::new(0),
         }
     }
@@ -187,6 +194,7 @@ impl ShardMetrics {
     /// A request sent to another shard; counted until the guard drops.
     pub fn forwarding(&self) -> Forwarded<'_> {
         self.forwarded.set(self.forwarded.get() + 1);
+        self.forwarded_total.set(self.forwarded_total.get() + 1);
         Forwarded(self)
     }
 
@@ -210,6 +218,7 @@ impl ShardMetrics {
         snap.latency = self.latency.borrow().iter().map(|(a, h)| (*a, h.clone())).collect();
         snap.connections = self.connections.get();
         snap.forward_queue_depth = self.forwarded.get();
+        snap.forwarded_total = self.forwarded_total.get();
         snap.stalls = self.stalls.get();
     }
 }
@@ -241,6 +250,7 @@ pub struct ShardSnapshot {
     pub busy_ratio: f64,
     pub requests_in_flight: u64,
     pub forward_queue_depth: u64,
+    pub forwarded_total: u64,
     pub stalls: u64,
     /// fdatasync latencies of this shard's open logs: per-bucket counts of
     /// `strand_storage::log::SYNC_BUCKETS_SECS`, sum (s), count.
@@ -446,51 +456,41 @@ impl Collector for Scrape {
             "Rebalances since the coordinator loaded the group.",
             rebalances,
         )?;
-        let connections: Vec<(Labels, i64)> = self
-            .snapshots
-            .iter()
-            .map(|s| (vec![("shard", s.shard.to_string())], s.connections))
-            .collect();
         gauge(
             &mut encoder,
             "strand_connections",
             "Open client connections, by shard.",
-            connections,
+            by_shard(&self.snapshots, |s| s.connections),
         )?;
-        let by_shard = |f: fn(&ShardSnapshot) -> f64| -> Vec<(Labels, f64)> {
-            self.snapshots
-                .iter()
-                .map(|s| (vec![("shard", s.shard.to_string())], f(s)))
-                .collect()
-        };
         gauge(
             &mut encoder,
             "strand_shard_busy_ratio",
             "Share of the time since the previous scrape the shard ran tasks or I/O.",
-            by_shard(|s| s.busy_ratio),
+            by_shard(&self.snapshots, |s| s.busy_ratio),
         )?;
         gauge(
             &mut encoder,
             "strand_shard_requests_in_flight",
             "Requests of this shard's connections being served.",
-            by_shard(|s| s.requests_in_flight as f64),
+            by_shard(&self.snapshots, |s| s.requests_in_flight as f64),
         )?;
         gauge(
             &mut encoder,
             "strand_shard_forward_queue_depth",
             "Requests the shard forwarded to other shards and awaits answers for.",
-            by_shard(|s| s.forward_queue_depth as f64),
+            by_shard(&self.snapshots, |s| s.forward_queue_depth as f64),
         )?;
-        let stalls: Vec<(Labels, u64)> = self
-            .snapshots
-            .iter()
-            .map(|s| (vec![("shard", s.shard.to_string())], s.stalls))
-            .collect();
+        counter(
+            &mut encoder,
+            "strand_shard_forwarded_requests",
+            "Requests the shard forwarded to the shard owning their partition.",
+            by_shard(&self.snapshots, |s| s.forwarded_total),
+        )?;
         counter(
             &mut encoder,
             "strand_reactor_stalls",
             "Times the shard's 10 ms timer woke more than 500 us late (a task or the OS held the shard).",
-            stalls,
+            by_shard(&self.snapshots, |s| s.stalls),
         )?;
         {
             let bounds = strand_storage::log::SYNC_BUCKETS_SECS;
@@ -528,6 +528,14 @@ pub fn render(snapshots: Vec<ShardSnapshot>) -> Result<String, String> {
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).map_err(|e| format!("encoding metrics: {e}"))?;
     Ok(out)
+}
+
+/// One series per shard, labelled `shard`, valued by `f`.
+fn by_shard<T>(snapshots: &[ShardSnapshot], f: impl Fn(&ShardSnapshot) -> T) -> Vec<(Labels, T)> {
+    snapshots
+        .iter()
+        .map(|s| (vec![("shard", s.shard.to_string())], f(s)))
+        .collect()
 }
 
 #[cfg(test)]

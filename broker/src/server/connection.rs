@@ -1,8 +1,10 @@
 //! One client connection: read frames, serve up to [`MAX_IN_FLIGHT`] of
 //! them at once, write the responses in request order.
 //!
-//! Runs on: the shard whose listener accepted the connection (the kernel
-//! spreads connections over the shards' SO_REUSEPORT listeners). Two tasks
+//! Runs on: the shard its client port picks ([`place`]: a listener that
+//! accepts a connection for another shard hands the socket over the mesh;
+//! the kernel spreads connections over the shards' SO_REUSEPORT listeners
+//! before that). Two tasks
 //! per connection: this reader, which decodes frames and spawns one handler
 //! task per request, and a writer, which awaits those tasks in the order the
 //! requests came and writes each response. So a client may pipeline: a long
@@ -30,6 +32,7 @@ use strand_net::frame::{self, FrameLimits};
 use strand_net::OutFrame;
 use tracing::Instrument;
 
+use super::messages::ShardMessage;
 use super::shard::Shard;
 use crate::handlers;
 
@@ -45,6 +48,56 @@ pub const MAX_IN_FLIGHT: usize = 64;
 enum Pending {
     Task(JoinHandle<Option<OutFrame>>),
     Ready(OutFrame),
+}
+
+/// Serves a connection this shard accepted on the shard its client port
+/// picks ([`strand_wire::shard_for_port`]): here, or handed over the mesh.
+/// A shard-aware client picks its port so that this is the shard owning
+/// the partitions it uses, and its requests never cross between cores; for
+/// any other client the port is random and so is the shard, as with
+/// SO_REUSEPORT alone. If the hand-over fails the connection stays here.
+pub fn place(shard: &Rc<Shard>, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let target = stream
+        .peer_addr()
+        .ok()
+        .map(|a| strand_wire::shard_for_port(a.port(), shard.shards))
+        .filter(|&t| t != shard.id.0);
+    if let Some(target) = target {
+        match hand_over(shard, &stream, target) {
+            // Dropping `stream` closes this shard's descriptor; the target
+            // serves the socket through its own.
+            Ok(()) => return,
+            Err(e) => tracing::debug!("serving a connection for shard {target} here: {e}"),
+        }
+    }
+    glommio::spawn_local(serve(shard.clone(), stream)).detach();
+}
+
+fn hand_over(shard: &Shard, stream: &TcpStream, target: u16) -> Result<(), String> {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    // SAFETY: `stream` owns this open descriptor for the whole borrow, which
+    // only duplicates it.
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }
+        .try_clone_to_owned()
+        .map_err(|e| format!("duplicating the socket: {e}"))?;
+    // On failure the message, and with it the duplicate, is dropped.
+    shard
+        .peers
+        .try_send_to(usize::from(target), ShardMessage::Connection(fd))
+        .map_err(|e| e.to_string())
+}
+
+/// Serves a connection another shard handed over ([`place`]).
+pub async fn adopt(shard: Rc<Shard>, fd: std::os::fd::OwnedFd) {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    if shard.stopping.get() {
+        return; // dropping `fd` closes it
+    }
+    // SAFETY: `fd` is a connected TCP socket (accepted by glommio on another
+    // shard, whose descriptor is closed) whose ownership moves here.
+    let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
+    serve(shard, stream).await;
 }
 
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
@@ -90,9 +143,17 @@ async fn read_requests(
     let limits = FrameLimits {
         max_frame_bytes: shard.config.max_frame_bytes,
     };
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // `buf[..filled]` holds bytes read and not yet decoded; the rest of
+    // `buf` is zeroed (or stale) room the next read lands in. Keeping that
+    // room between reads zeroes each byte of the buffer once, not once per
+    // read (a 1 MiB frame arrives in many reads).
+    let mut buf = BytesMut::new();
+    let mut filled = 0;
     loop {
-        match frame::decode_mut(&mut buf, limits) {
+        let room = buf.split_off(filled);
+        let decoded = frame::decode_mut(&mut buf, limits);
+        let decoded_any = matches!(decoded, Ok(Some(_)));
+        match decoded {
             Ok(Some(request)) => {
                 // Counted from now: shutdown waits for every accepted request.
                 shard.in_flight.set(shard.in_flight.get() + 1);
@@ -113,7 +174,6 @@ async fn read_requests(
                 if to_writer.send(Pending::Task(task)).await.is_err() {
                     return;
                 }
-                continue;
             }
             Ok(None) => {}
             Err(e) => {
@@ -130,18 +190,28 @@ async fn read_requests(
                 return;
             }
         }
+        filled = buf.len();
+        // Contiguous again (the decoded frame was split off the front): O(1).
+        buf.unsplit(room);
+        if decoded_any {
+            continue;
+        }
         if shard.stopping.get() || writer_failed.get() {
             return;
         }
         // Grow by at most READ_GROW a read: a header claiming a large frame
         // costs memory only as its bytes arrive.
-        let needed = frame::needed(&buf, limits).unwrap_or(READ_CHUNK);
-        let want = needed.saturating_sub(buf.len()).clamp(READ_CHUNK, READ_GROW);
-        let start = buf.len();
-        buf.resize(start + want, 0);
-        match stream.read(&mut buf[start..]).await {
+        let needed = frame::needed(&buf[..filled], limits).unwrap_or(READ_CHUNK);
+        let want = needed.saturating_sub(filled).clamp(READ_CHUNK, READ_GROW);
+        if buf.len() < filled + want {
+            // Too little room: drop the stale room (a reallocation would copy
+            // it) and zero a fresh stretch.
+            buf.truncate(filled);
+            buf.resize(filled + want, 0);
+        }
+        match stream.read(&mut buf[filled..filled + want]).await {
             Ok(0) => return,
-            Ok(n) => buf.truncate(start + n),
+            Ok(n) => filled += n,
             Err(e) => {
                 tracing::debug!(%peer, "read failed: {e}");
                 return;

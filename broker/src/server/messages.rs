@@ -181,4 +181,8 @@ pub enum ShardMessage {
     Stats {
         reply: Answer<crate::metrics::ShardSnapshot>,
     },
+    /// A client connection another shard accepted, for this shard to serve
+    /// (its client port picked this shard: `strand_wire::shard_for_port`).
+    /// Dropping the message closes the socket.
+    Connection(std::os::fd::OwnedFd),
 }

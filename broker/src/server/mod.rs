@@ -214,6 +214,7 @@ async fn shard_main(
             &config.data_dir.join("__controller"),
             config.node_id,
             addr.to_string(),
+            shards,
             publish,
         )
         .await
@@ -260,10 +261,7 @@ async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &A
     glommio::spawn_local(async move {
         loop {
             match listener.accept().await {
-                Ok(stream) if !s.stopping.get() => {
-                    let _ = stream.set_nodelay(true);
-                    glommio::spawn_local(connection::serve(s.clone(), stream)).detach();
-                }
+                Ok(stream) if !s.stopping.get() => connection::place(&s, stream),
                 Ok(_) => {} // stopping: closed at once
                 Err(e) => {
                     tracing::warn!("accept failed: {e}");

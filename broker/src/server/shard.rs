@@ -32,7 +32,7 @@ pub struct Shard {
     pub config: Arc<BrokerConfig>,
     pub partitions: Partitions,
     pub table: RefCell<Arc<MetadataTable>>,
-    peers: Senders<ShardMessage>,
+    pub(super) peers: Senders<ShardMessage>,
     /// Shard 0: the controller member.
     pub controller: RefCell<Option<Rc<Controller>>>,
     /// Shard 0: highest table version every shard has applied.
@@ -495,6 +495,7 @@ impl Shard {
                 applied.send(());
             }
             ShardMessage::Stats { reply } => reply.send(self.snapshot()),
+            ShardMessage::Connection(fd) => super::connection::adopt(self, fd).await,
         }
     }
 }

@@ -1645,6 +1645,7 @@ impl<'a> BrokerInfo<'a> {
   pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 4;
   pub const VT_HOST: ::flatbuffers::VOffsetT = 6;
   pub const VT_PORT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_SHARDS: ::flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1658,6 +1659,7 @@ impl<'a> BrokerInfo<'a> {
     let mut builder = BrokerInfoBuilder::new(_fbb);
     if let Some(x) = args.host { builder.add_host(x); }
     builder.add_node_id(args.node_id);
+    builder.add_shards(args.shards);
     builder.add_port(args.port);
     builder.finish()
   }
@@ -1684,6 +1686,13 @@ impl<'a> BrokerInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u16>(BrokerInfo::VT_PORT, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn shards(&self) -> u16 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u16>(BrokerInfo::VT_SHARDS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
@@ -1695,6 +1704,7 @@ impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
      .visit_field::<u32>("node_id", Self::VT_NODE_ID, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("host", Self::VT_HOST, false)?
      .visit_field::<u16>("port", Self::VT_PORT, false)?
+     .visit_field::<u16>("shards", Self::VT_SHARDS, false)?
      .finish();
     Ok(())
   }
@@ -1703,6 +1713,7 @@ pub struct BrokerInfoArgs<'a> {
     pub node_id: u32,
     pub host: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub port: u16,
+    pub shards: u16,
 }
 impl<'a> Default for BrokerInfoArgs<'a> {
   #[inline]
@@ -1711,6 +1722,7 @@ impl<'a> Default for BrokerInfoArgs<'a> {
       node_id: 0,
       host: None,
       port: 0,
+      shards: 0,
     }
   }
 }
@@ -1733,6 +1745,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerInfoBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<u16>(BrokerInfo::VT_PORT, port, 0);
   }
   #[inline]
+  pub fn add_shards(&mut self, shards: u16) {
+    self.fbb_.push_slot::<u16>(BrokerInfo::VT_SHARDS, shards, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     BrokerInfoBuilder {
@@ -1753,6 +1769,7 @@ impl ::core::fmt::Debug for BrokerInfo<'_> {
       ds.field("node_id", &self.node_id());
       ds.field("host", &self.host());
       ds.field("port", &self.port());
+      ds.field("shards", &self.shards());
       ds.finish()
   }
 }

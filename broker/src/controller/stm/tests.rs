@@ -19,6 +19,7 @@ fn one_node() -> (MetadataStm, u64) {
         &Command::RegisterBroker {
             id: 1,
             address: "127.0.0.1:9400".into(),
+            shards: 2,
         },
     )
     .unwrap();
@@ -147,6 +148,7 @@ fn snapshot_restore_and_replay_agree() {
         commands.push(Command::RegisterBroker {
             id,
             address: format!("10.0.0.{id}:9400"),
+            shards: 4,
         });
     }
     for q in 0..20u32 {
