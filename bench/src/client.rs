@@ -67,7 +67,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     connections: usize,
     /// Producer requests in flight per partition (throughput phase).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = strand_client::IDEMPOTENT_MAX_IN_FLIGHT)]
     max_in_flight: usize,
     /// The client readers' busy poll while responses are due (µs; 0: none)
     /// for the latency phases.

@@ -163,9 +163,9 @@ pub struct Args {
     /// Records per second over all producers (open loop).
     #[arg(long)]
     pub rate: Option<u64>,
-    /// Produce requests in flight per partition (above 1, a retry can
-    /// reorder a partition's records).
-    #[arg(long, default_value_t = 1)]
+    /// Produce requests in flight per partition (the producer is
+    /// idempotent: at most 5, and a retry never reorders records).
+    #[arg(long, default_value_t = strand_client::IDEMPOTENT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
 }
 

@@ -3,7 +3,8 @@
 //!
 //! Starts `strand serve` (the binary beside this one, or `--strand`) on
 //! 127.0.0.1 with a fresh data directory in `--dir`, measures `baseline`,
-//! then runs:
+//! then runs (every producer with the client's defaults: idempotent, up to
+//! 5 requests in flight per partition):
 //! 1. one producer, 1,000-byte records, 1 MiB batches, acks=1,
 //!    fsync=always, one partition: throughput;
 //! 2. the same with 8 partitions and 4 producers;
@@ -156,7 +157,7 @@ fn load_args(addr: &str) -> load::Args {
         seconds: 10,
         count: None,
         rate: None,
-        max_in_flight: 1,
+        max_in_flight: strand_client::IDEMPOTENT_MAX_IN_FLIGHT,
     }
 }
 
@@ -305,7 +306,7 @@ pub fn run(args: Args) -> Result<(), String> {
     md.push_str("## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs |\n|---|---|---|---|---|---|---|\n");
     for (name, o) in [
         (
-            "(1) 1 producer, 1 KB records, 1 MiB batches, acks=1, fsync=always, 1 partition",
+            "(1) 1 producer (idempotent, 5 in flight), 1 KB records, 1 MiB batches, acks=1, fsync=always, 1 partition",
             &one,
         ),
         ("(2) as (1), 8 partitions, 4 producers", &two),

@@ -6,6 +6,8 @@
 //! - `handlers`: one file per API.
 //! - [`routing`]: which shard of a node owns a partition (pure function,
 //!   known to every shard).
+//! - [`idempotence`]: per partition, the last batches of each idempotent
+//!   producer (pipelined and retried batches stored once, in order).
 //! - [`controller`]: the cluster metadata kept by openraft — commands, the
 //!   table they build, the Raft storage, the glommio runtime shim.
 //! - [`groups`]: consumer groups — the coordinator on the shard that owns
@@ -21,6 +23,7 @@ pub mod config;
 pub mod controller;
 pub mod groups;
 mod handlers;
+pub mod idempotence;
 pub mod metrics;
 pub mod routing;
 pub mod server;

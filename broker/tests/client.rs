@@ -573,3 +573,59 @@ fn acks_one_on_an_interval_queue_answers_at_append_and_consumers_see_the_records
     let mut consumer = earliest_consumer(&broker, "fast");
     assert_eq!(consume_n(&mut consumer, 50).len(), 50);
 }
+
+/// An idempotent producer's batches on the wire: a resend of one already
+/// stored is answered with its first offsets and not stored again; one that
+/// skips ahead is refused (OutOfOrderSequence, retriable) and stored once
+/// the gap is filled; a producer the leader does not know must start at
+/// sequence 0 (UnknownProducer); batches without a producer id are stored
+/// as they come.
+#[test]
+fn idempotent_batches_are_stored_once_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let mut c = broker.client();
+    assert_eq!(c.create_queue("idem", 1), ErrorCode::None);
+    let ts = now_ms();
+    let stamped = |tag: &str, n: u32, seq: i32| {
+        let mut b = strand_wire::batch::BatchBuilder::new();
+        b.producer(42, 0, seq);
+        for i in 0..n {
+            b.push(None, Some(format!("{tag}-{i}").as_bytes()), &[], ts);
+        }
+        b.build().freeze()
+    };
+    assert_eq!(c.produce("idem", 0, stamped("a", 3, 0), 1), Ok((0, 2)));
+    assert_eq!(c.produce("idem", 0, stamped("a", 3, 0), 1), Ok((0, 2)), "a resend");
+    let err = c.produce("idem", 0, stamped("c", 2, 5), 1).unwrap_err();
+    assert_eq!(err.0, ErrorCode::OutOfOrderSequence, "{}", err.1);
+    assert!(err.1.contains("expects sequence 3"), "{}", err.1);
+    assert_eq!(c.produce("idem", 0, stamped("b", 2, 3), 1), Ok((3, 4)));
+    assert_eq!(c.produce("idem", 0, stamped("c", 2, 5), 1), Ok((5, 6)));
+    assert_eq!(
+        c.produce("idem", 0, stamped("b", 2, 3), 1),
+        Ok((3, 4)),
+        "an older resend"
+    );
+    // Another producer, and batches without one, are separate.
+    let other = |seq: i32| {
+        let mut b = strand_wire::batch::BatchBuilder::new();
+        b.producer(43, 0, seq);
+        b.push(None, Some(b"o-0"), &[], ts);
+        b.build().freeze()
+    };
+    let err = c.produce("idem", 0, other(77), 1).unwrap_err();
+    assert_eq!(err.0, ErrorCode::UnknownProducer, "{}", err.1);
+    assert_eq!(c.produce("idem", 0, other(0), 1), Ok((7, 7)));
+    assert_eq!(c.produce("idem", 0, batch("x", 1, ts), 1), Ok((8, 8)));
+    assert_eq!(c.produce("idem", 0, batch("x", 1, ts), 1), Ok((9, 9)));
+    let values: Vec<String> = c
+        .fetch_all("idem", 0, 0)
+        .into_iter()
+        .map(|(_, v)| String::from_utf8(v).unwrap())
+        .collect();
+    assert_eq!(
+        values,
+        ["a-0", "a-1", "a-2", "b-0", "b-1", "c-0", "c-1", "o-0", "x-0", "x-0"]
+    );
+}

@@ -39,7 +39,7 @@ pub use group::{
     is_fenced, GroupConfig, GroupConsumer, GroupDescription, GroupListing, GroupMemberInfo, GroupPartitionInfo,
     GroupStart, QueuePartition, Received, ResetTarget, Strategy,
 };
-pub use producer::{Acks, Delivered, Delivery, Producer, ProducerConfig, WhenFull};
+pub use producer::{Acks, Delivered, Delivery, Producer, ProducerConfig, WhenFull, IDEMPOTENT_MAX_IN_FLIGHT};
 
 /// Runs a future to completion on the current thread (the blocking API).
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {

@@ -26,15 +26,26 @@
 //!    to acknowledgement. When it is full, `enqueue` waits for room or fails
 //!    with [`ClientError::BufferFull`] ([`WhenFull`]).
 //! 4. **Retry.** Retriable failures (lost connection, NOT_LEADER, unknown
-//!    partition, overloaded, timeout) put the batch back at the head of its
-//!    partition and resend it after a backoff (doubling from
-//!    `retry_backoff` to `retry_backoff_max`), refreshing metadata first when
-//!    the broker said the partition moved, until `delivery_timeout` from the
-//!    oldest record's enqueue. With the default one request in flight per
-//!    partition a retry can never reorder records of a key. A request whose
-//!    answer was lost with the connection is sent again: delivery is at least
-//!    once (no idempotent producer yet), never lost, never reordered.
-//! 5. **Requests.** One batch per produce request (the broker appends a
+//!    partition, overloaded, timeout, out-of-order sequence) put the batch
+//!    back in its partition's queue in record order and resend it after a
+//!    backoff (doubling from `retry_backoff` to `retry_backoff_max`),
+//!    refreshing metadata first when the broker said the partition moved,
+//!    until `delivery_timeout` from the oldest record's enqueue.
+//! 5. **Idempotence** (on by default). Each partition's batches go out under
+//!    a random producer id with consecutive sequences (stamped when first
+//!    sent; see the broker's `idempotence` module). The leader stores a
+//!    batch only if it follows the last one it holds from the producer (or
+//!    is sequence 0 of a producer it does not know), answers a resend of one
+//!    of the last five with the offsets it got the first time, and refuses
+//!    the rest — out of order, or unknown producer — which the producer
+//!    retries in order (after an unknown-producer answer, and after a batch
+//!    that failed for good, under a new producer id from sequence 0). So up
+//!    to [`IDEMPOTENT_MAX_IN_FLIGHT`] requests per partition are pipelined
+//!    (the default) and a retry never reorders records nor, while the
+//!    leader lives, duplicates them; across a leader restart delivery is at
+//!    least once. Without idempotence keep `max_in_flight_per_partition` at
+//!    1 where per-key order matters.
+//! 6. **Requests.** One batch per produce request (the broker appends a
 //!    request's batches one at a time, so only a lone batch's offsets follow
 //!    from the base it reports; the producer checks the count). A request
 //!    unanswered for [`crate::connection::RESPONSE_TIMEOUT`] fails its
@@ -43,9 +54,10 @@
 //! Threads: with linger 0 the calling thread writes an idle partition's
 //! batch itself (a blocking socket write of at most one batch: the lowest
 //! latency); everything else is written by the sender thread. With more
-//! than one request in flight per partition, those two writers may also
-//! swap two batches of a partition — keep the default of 1 where per-key
-//! order matters. [`Producer::flush`] waits for the records enqueued before
+//! than one request in flight per partition, those two writers may swap two
+//! batches of a partition on the wire: an idempotent producer's leader
+//! refuses the second-sequence one and it is resent after the first;
+//! without idempotence that would reorder them. [`Producer::flush`] waits for the records enqueued before
 //! it (each record has a sequence number; the producer keeps the first one
 //! of every unfinished batch in order).
 
@@ -56,7 +68,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use strand_wire::batch::{BatchBuilder, HEADER_LEN};
 use strand_wire::{partition_for_key, Api, ErrorCode};
 
@@ -120,9 +132,16 @@ pub struct ProducerConfig {
     /// Bytes of records enqueued but not yet acknowledged, at most.
     pub buffer_bytes: usize,
     pub when_full: WhenFull,
-    /// Requests out per partition. Above 1, a retry (or a broker whose
-    /// append stalls between two pipelined requests) may reorder records.
+    /// Requests out per partition (pipelining: the next batch goes while
+    /// the broker stores the last). With `idempotence`, at most
+    /// [`IDEMPOTENT_MAX_IN_FLIGHT`]; without it, above 1 a retry may reorder
+    /// records.
     pub max_in_flight_per_partition: usize,
+    /// Stamp batches with a producer id and per-partition sequences, so the
+    /// partition's leader stores each batch once and in order whatever is
+    /// retried or pipelined (see the broker's `idempotence` module; not
+    /// with `Acks::None`, which gets no answers to retry on).
+    pub idempotence: bool,
     pub retry_backoff: Duration,
     pub retry_backoff_max: Duration,
     /// A record that is not acknowledged this long after enqueue fails.
@@ -148,7 +167,8 @@ impl Default for ProducerConfig {
             linger: Duration::ZERO,
             buffer_bytes: 64 << 20,
             when_full: WhenFull::Wait,
-            max_in_flight_per_partition: 1,
+            max_in_flight_per_partition: IDEMPOTENT_MAX_IN_FLIGHT,
+            idempotence: true,
             retry_backoff: Duration::from_millis(50),
             retry_backoff_max: Duration::from_secs(1),
             delivery_timeout: Duration::from_secs(60),
@@ -346,6 +366,10 @@ struct PartState {
     /// The size the last closed batch reached: the next one starts with that
     /// much room (a stream of full batches never grows one by doubling).
     last_batch_bytes: usize,
+    /// Idempotence: the producer id this partition's batches go out under
+    /// and the next batch's base sequence; `None` until the first send, and
+    /// again after a batch failed for good (the next send starts a new id).
+    sequence: Option<(i64, i32)>,
 }
 
 impl PartState {
@@ -369,6 +393,10 @@ struct OpenBatch {
 
 struct ReadyBatch {
     bytes: Bytes,
+    /// CRC-32 of the records (restamping the producer fields needs it).
+    records_crc: u32,
+    /// The (producer id, base sequence) it was last sent with, if idempotent.
+    stamp: Option<(i64, i32)>,
     first_seq: u64,
     outcome: Arc<Outcome>,
     records: usize,
@@ -378,12 +406,45 @@ struct ReadyBatch {
     deadline: Instant,
 }
 
+impl ReadyBatch {
+    /// Writes the idempotent producer's id and base sequence into the batch
+    /// (O(header): see `strand_wire::batch::set_producer`).
+    fn stamp(&mut self, producer_id: i64, sequence: i32) {
+        let bytes = std::mem::take(&mut self.bytes);
+        // Unshared unless a request carrying it is still in the works.
+        let mut buf = bytes
+            .try_into_mut()
+            .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+        strand_wire::batch::set_producer(&mut buf, producer_id, 0, sequence, self.records_crc);
+        self.bytes = buf.freeze();
+        self.stamp = Some((producer_id, sequence));
+    }
+}
+
+/// A producer id nobody else uses, in all likelihood: 63 random bits (std's
+/// hasher keys are random per process and per call).
+fn random_producer_id() -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    (h.finish() >> 1) as i64
+}
+
+/// `seq + n` in the sequence space `0..=i32::MAX`.
+fn next_sequence(seq: i32, n: usize) -> i32 {
+    ((seq as u64 + n as u64) % (i32::MAX as u64 + 1)) as i32
+}
+
 impl OpenBatch {
     fn close(self) -> ReadyBatch {
+        let records = self.builder.len() as usize;
+        let (bytes, records_crc) = self.builder.build_with_records_crc();
         ReadyBatch {
-            records: self.builder.len() as usize,
+            records,
             first_seq: self.first_seq,
-            bytes: self.builder.build().freeze(),
+            bytes: bytes.freeze(),
+            records_crc,
+            stamp: None,
             outcome: self.outcome,
             accounted: self.accounted,
             attempts: 0,
@@ -400,6 +461,10 @@ struct Outgoing {
     info: Arc<QueueInfo>,
     batch: ReadyBatch,
 }
+
+/// Most requests an idempotent producer has out per partition: the batches
+/// a partition's leader remembers per producer to answer a retry.
+pub const IDEMPOTENT_MAX_IN_FLIGHT: usize = 5;
 
 /// Most a new batch allocates before its first record.
 const MAX_PREALLOCATED: usize = 4 << 20;
@@ -421,6 +486,13 @@ impl Producer {
             return Err(ClientError::Invalid(
                 "batch_bytes, buffer_bytes and max_in_flight_per_partition must be above 0".into(),
             ));
+        }
+        if config.idempotence && config.max_in_flight_per_partition > IDEMPOTENT_MAX_IN_FLIGHT {
+            return Err(ClientError::Invalid(format!(
+                "max_in_flight_per_partition {} is over {IDEMPOTENT_MAX_IN_FLIGHT}, the most an idempotent \
+                 producer may pipeline (the broker remembers that many batches per producer)",
+                config.max_in_flight_per_partition
+            )));
         }
         let shared = Arc::new(Shared {
             cluster: Cluster::with_busy_poll(brokers, config.busy_poll)?,
@@ -706,7 +778,18 @@ impl Shared {
                 }
             }
         }
-        let batch = batch?;
+        let mut batch = batch?;
+        if cfg.idempotence && cfg.acks != Acks::None {
+            // Sequences go out in send order, which is the records' order
+            // (retries are put back in place). A batch sent before under
+            // this id keeps its stamp: a resend the broker may recognise.
+            let (id, next) = part.sequence.get_or_insert_with(|| (random_producer_id(), 0));
+            if batch.stamp.map(|(stamped, _)| stamped) != Some(*id) {
+                let seq = *next;
+                *next = next_sequence(seq, batch.records);
+                batch.stamp(*id, seq);
+            }
+        }
         part.in_flight += 1;
         Some(Outgoing {
             queue: queue.to_string(),
@@ -814,6 +897,19 @@ impl Shared {
                 if e.leader_moved() {
                     st.stale.insert(out.queue.clone());
                 }
+                // The leader forgot this producer id: go on under a new one
+                // (unless that happened already), from sequence 0.
+                if e.code() == Some(ErrorCode::UnknownProducer) {
+                    if let Some(part) = st
+                        .queues
+                        .get_mut(&out.queue)
+                        .and_then(|q| q.parts.get_mut(out.partition as usize))
+                    {
+                        if b.stamp.map(|(id, _)| id) == part.sequence.map(|(id, _)| id) {
+                            part.sequence = None;
+                        }
+                    }
+                }
                 b.attempts += 1;
                 let shift = b.attempts.min(16);
                 let backoff = self
@@ -828,8 +924,15 @@ impl Shared {
                     .and_then(|q| q.parts.get_mut(out.partition as usize))
                 {
                     part.in_flight = part.in_flight.saturating_sub(1);
-                    // At the head: nothing of this partition overtakes it.
-                    part.ready.push_front(b);
+                    // Back in record order (ahead of everything after it,
+                    // which may have been sent meanwhile and fail too):
+                    // nothing of this partition overtakes it.
+                    let at = part
+                        .ready
+                        .iter()
+                        .position(|r| r.first_seq > b.first_seq)
+                        .unwrap_or(part.ready.len());
+                    part.ready.insert(at, b);
                 }
                 None
             }
@@ -843,13 +946,20 @@ impl Shared {
             other => Some((b, other)),
         };
         let mut wake = Vec::new();
-        if let Some((b, _)) = &finished {
+        if let Some((b, result)) = &finished {
             if let Some(part) = st
                 .queues
                 .get_mut(&out.queue)
                 .and_then(|q| q.parts.get_mut(out.partition as usize))
             {
                 part.in_flight = part.in_flight.saturating_sub(1);
+                // A batch that failed for good leaves a gap the broker would
+                // refuse everything after: go on under a new producer id
+                // (batches sent under the old one are restamped on resend).
+                let failed_stamp = b.stamp.filter(|_| result.is_err());
+                if failed_stamp.is_some_and(|(id, _)| part.sequence.is_some_and(|(current, _)| current == id)) {
+                    part.sequence = None;
+                }
             }
             st.buffered -= b.accounted;
             st.incomplete.remove(&b.first_seq);
@@ -902,6 +1012,8 @@ fn retriable(e: &ClientError) -> bool {
                 | ErrorCode::Timeout
                 | ErrorCode::NotEnoughReplicas
                 | ErrorCode::ControllerUnavailable
+                | ErrorCode::OutOfOrderSequence
+                | ErrorCode::UnknownProducer
         ),
         _ => false,
     }

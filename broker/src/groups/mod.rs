@@ -1286,7 +1286,7 @@ async fn append(
 ) -> Result<u64, WireError> {
     let table = shard.table();
     let batch = record::batch(group, changes, now_ms(), |q| table.queue(q).map_or(0, |r| r.id));
-    let produced = shard.produce(&part.log, batch, -1).await?;
+    let produced = shard.produce(part, batch, -1).await?;
     Ok(produced.base_offset)
 }
 

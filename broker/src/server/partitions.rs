@@ -18,6 +18,7 @@ use strand_storage::notify::Notify;
 use strand_storage::{FsyncPolicy, Log, LogConfig, ShardStorage};
 
 use crate::controller::{FsyncSetting, MetadataTable, QueueSettings};
+use crate::idempotence::ProducerTable;
 use crate::routing::{shard_for, ShardId};
 
 /// An open partition.
@@ -25,6 +26,8 @@ pub struct Partition {
     pub queue_id: u64,
     pub log: Log,
     pub settings: QueueSettings,
+    /// Idempotent producers' last batches (in memory; see `idempotence`).
+    pub producers: RefCell<ProducerTable>,
 }
 
 pub struct Partitions {
@@ -203,6 +206,7 @@ impl Partitions {
             queue_id: id,
             log,
             settings: settings.clone(),
+            producers: RefCell::default(),
         })
     }
 

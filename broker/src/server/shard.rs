@@ -19,10 +19,11 @@ use strand_storage::{LeaderEpoch, Offset, StorageError};
 use strand_wire::ErrorCode;
 
 use super::messages::*;
-use super::partitions::Partitions;
+use super::partitions::{Partition, Partitions};
 use crate::config::BrokerConfig;
 use crate::controller::{Command, Controller, MetadataTable, ProposeError};
 use crate::groups::{Coordinator, GROUPS_QUEUE};
+use crate::idempotence::{Sequenced, Verdict};
 use crate::routing::{shard_for, ShardId};
 
 /// Everything a shard's tasks share.
@@ -251,7 +252,7 @@ impl Shard {
         };
         match request {
             PartitionRequest::Produce { records, acks, reply } => {
-                let result = self.produce(&part.log, records, acks).await;
+                let result = self.produce(&part, records, acks).await;
                 reply.send(result);
             }
             PartitionRequest::Fetch {
@@ -311,10 +312,11 @@ impl Shard {
     /// (one replica: what is durable is committed).
     pub(crate) async fn produce(
         self: &Rc<Self>,
-        log: &strand_storage::Log,
+        part: &Partition,
         mut records: bytes::BytesMut,
         acks: i8,
     ) -> Result<Produced, WireError> {
+        let log = &part.log;
         if records.is_empty() {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
         }
@@ -352,7 +354,7 @@ impl Shard {
                 ));
             }
             let batch = records.split_to(len);
-            let info = log.append(batch, LeaderEpoch(0)).await.map_err(storage_error)?;
+            let info = append_once(part, batch).await?;
             first.get_or_insert(info);
             last = Some(info);
         }
@@ -538,6 +540,63 @@ pub fn run_on_shard(target: u16, work: Deferred) {
         // The target has stopped (shutdown), or this shard has: nobody
         // waits any more.
         Err(_) => {}
+    }
+}
+
+/// Appends one batch of a produce request, unless its producer's sequence
+/// says otherwise ([`crate::idempotence`]): a duplicate is answered with the
+/// offsets it was stored at; a batch out of order is refused
+/// (`OutOfOrderSequence`, which the producer retries in order).
+async fn append_once(part: &Partition, batch: bytes::BytesMut) -> Result<strand_storage::AppendInfo, WireError> {
+    let seq = strand_storage::batch::BatchHeader::parse(&batch)
+        .and_then(|h| Sequenced::of(h.producer_id, h.base_sequence, h.record_count));
+    let Some(seq) = seq else {
+        return part.log.append(batch, LeaderEpoch(0)).await.map_err(storage_error);
+    };
+    let verdict = part.producers.borrow_mut().check(seq);
+    let refuse = |why: String| {
+        Err(WireError::new(
+            ErrorCode::OutOfOrderSequence,
+            format!("producer {}, sequence {}: {why}", seq.producer_id, seq.first),
+        ))
+    };
+    match verdict {
+        Verdict::Append => {}
+        Verdict::Duplicate((base, last, max_timestamp)) => {
+            return Ok(strand_storage::AppendInfo {
+                base_offset: Offset(base),
+                last_offset: Offset(last),
+                max_timestamp,
+                bytes: 0,
+            })
+        }
+        Verdict::InProgress => {
+            return refuse("this batch, or the one before it, is being appended; send it again".into())
+        }
+        Verdict::OutOfOrder { expected } => {
+            return refuse(format!("out of order: the partition expects sequence {expected} next"))
+        }
+        Verdict::Unknown => {
+            return Err(WireError::new(
+                ErrorCode::UnknownProducer,
+                format!(
+                    "producer {}, sequence {}: this leader does not know the producer (restarted, moved, or \
+                     forgot it); go on under a new producer id from sequence 0",
+                    seq.producer_id, seq.first
+                ),
+            ))
+        }
+    }
+    match part.log.append(batch, LeaderEpoch(0)).await {
+        Ok(info) => {
+            let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
+            part.producers.borrow_mut().appended(seq, stored);
+            Ok(info)
+        }
+        Err(e) => {
+            part.producers.borrow_mut().failed(seq);
+            Err(storage_error(e))
+        }
     }
 }
 

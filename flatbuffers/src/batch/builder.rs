@@ -128,6 +128,13 @@ impl BatchBuilder {
     /// Finishes the batch. Panics if no record was pushed (an empty batch is
     /// not a valid batch).
     pub fn build(self) -> BytesMut {
+        self.build_with_records_crc().0
+    }
+
+    /// [`build`](Self::build), also returning the CRC-32 of the records
+    /// (bytes from [`HEADER_LEN`] on), with which [`super::set_producer`]
+    /// can restamp the producer fields later without reading them again.
+    pub fn build_with_records_crc(self) -> (BytesMut, u32) {
         assert!(self.count > 0, "a batch holds at least one record");
         let mut buf = self.buf;
         let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
@@ -141,13 +148,15 @@ impl BatchBuilder {
         buf[field::PRODUCER_EPOCH..field::PRODUCER_EPOCH + 2].copy_from_slice(&self.producer_epoch.to_le_bytes());
         buf[field::BASE_SEQUENCE..field::BASE_SEQUENCE + 4].copy_from_slice(&self.base_sequence.to_le_bytes());
         buf[field::RECORD_COUNT..field::RECORD_COUNT + 4].copy_from_slice(&self.count.to_le_bytes());
-        let crc = crc32fast::hash(&buf[field::BATCH_LENGTH..]);
+        let records_crc = crc32fast::hash(&buf[HEADER_LEN..]);
+        let crc = super::crc_with_records(&buf, records_crc);
         buf[field::CRC..field::CRC + 4].copy_from_slice(&crc.to_le_bytes());
         // A uniquely owned Vec converts without a copy.
-        match bytes::Bytes::from(buf).try_into_mut() {
+        let built = match bytes::Bytes::from(buf).try_into_mut() {
             Ok(unique) => unique,
             Err(shared) => BytesMut::from(&shared[..]),
-        }
+        };
+        (built, records_crc)
     }
 }
 

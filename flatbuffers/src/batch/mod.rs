@@ -340,6 +340,30 @@ pub fn stamp(buf: &mut [u8], max_len: usize, stamp: Stamp) -> Result<BatchHeader
     })
 }
 
+/// The batch CRC of `buf` (a whole batch) given the CRC-32 of its records
+/// (bytes from [`HEADER_LEN`] on): the header is hashed, the records are
+/// not read again (`crc32fast::Hasher::combine`).
+pub fn crc_with_records(buf: &[u8], records_crc: u32) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&buf[field::BATCH_LENGTH..HEADER_LEN]);
+    let records_len = buf.len().saturating_sub(HEADER_LEN) as u64;
+    crc.combine(&crc32fast::Hasher::new_with_initial_len(records_crc, records_len));
+    crc.finalize()
+}
+
+/// Writes an idempotent producer's id, epoch and base sequence into a built
+/// batch and fixes its CRC, given the CRC-32 of its records (from
+/// [`BatchBuilder::build_with_records_crc`]): O(header), however large the
+/// batch. A producer stamps a batch when it first sends it, and again if it
+/// must resend it under a new producer id.
+pub fn set_producer(buf: &mut [u8], producer_id: i64, epoch: i16, base_sequence: i32, records_crc: u32) {
+    buf[field::PRODUCER_ID..field::PRODUCER_ID + 8].copy_from_slice(&producer_id.to_le_bytes());
+    buf[field::PRODUCER_EPOCH..field::PRODUCER_EPOCH + 2].copy_from_slice(&epoch.to_le_bytes());
+    buf[field::BASE_SEQUENCE..field::BASE_SEQUENCE + 4].copy_from_slice(&base_sequence.to_le_bytes());
+    let crc = crc_with_records(buf, records_crc);
+    buf[field::CRC..field::CRC + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// A batch whose framing has been checked, over shared bytes: cloning it or
 /// iterating its records never copies the payload.
 #[derive(Debug, Clone)]

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 25;
+pub const ENUM_MAX_ERROR_CODE: u16 = 27;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 26] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 28] = [
   ErrorCode::None,
   ErrorCode::InvalidRequest,
   ErrorCode::UnsupportedApi,
@@ -43,6 +43,8 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 26] = [
   ErrorCode::UnknownMember,
   ErrorCode::FencedMember,
   ErrorCode::GroupNotEmpty,
+  ErrorCode::OutOfOrderSequence,
+  ErrorCode::UnknownProducer,
 ];
 
 /// Every error the broker reports. 0 is success.
@@ -92,9 +94,19 @@ impl ErrorCode {
   pub const FencedMember: Self = Self(24);
   /// The operation needs a group without active members.
   pub const GroupNotEmpty: Self = Self(25);
+  /// An idempotent producer's batch does not follow the last one the
+  /// partition holds from it (an earlier batch was lost, or is still being
+  /// appended): the producer sends again from the first unacknowledged
+  /// batch, in order. Retriable.
+  pub const OutOfOrderSequence: Self = Self(26);
+  /// The partition's leader knows nothing of this idempotent producer (it
+  /// restarted, leadership moved, or the producer was idle long enough to
+  /// be forgotten) and the batch is not its first (sequence 0): the
+  /// producer goes on under a new producer id from sequence 0. Retriable.
+  pub const UnknownProducer: Self = Self(27);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 25;
+  pub const ENUM_MAX: u16 = 27;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::InvalidRequest,
@@ -122,6 +134,8 @@ impl ErrorCode {
     Self::UnknownMember,
     Self::FencedMember,
     Self::GroupNotEmpty,
+    Self::OutOfOrderSequence,
+    Self::UnknownProducer,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -152,6 +166,8 @@ impl ErrorCode {
       Self::UnknownMember => Some("UnknownMember"),
       Self::FencedMember => Some("FencedMember"),
       Self::GroupNotEmpty => Some("GroupNotEmpty"),
+      Self::OutOfOrderSequence => Some("OutOfOrderSequence"),
+      Self::UnknownProducer => Some("UnknownProducer"),
       _ => None,
     }
   }

@@ -1,0 +1,336 @@
+//! Idempotent producers: what a partition's leader remembers of each
+//! producer so that pipelined and retried batches are appended once each, in
+//! the order the producer made them.
+//!
+//! Runs on: the shard that owns the partition, inside its produce path (one
+//! [`ProducerTable`] per open partition, in memory).
+//!
+//! A producer that wants this stamps its batches with a producer id (any
+//! non-negative `i64` — `strand-client` picks a random one per producer)
+//! and, per partition, a *sequence*: the first record of its first batch is
+//! 0, and each batch's `base_sequence` is the previous one's plus its
+//! record count (wrapping at `i32::MAX` to 0). A batch with producer id -1
+//! is appended as it comes. For the others the table decides:
+//!
+//! - the batch is one of the last [`WINDOW`] this producer had appended (same
+//!   first and last sequence): a **duplicate** — a retry whose first answer
+//!   was lost. It is not appended again; the answer carries the offsets it
+//!   got the first time;
+//! - it is being appended right now: **in progress** — the producer should
+//!   ask again (answered `OutOfOrderSequence`, which producers retry);
+//! - it starts right after the last batch the producer had appended: it is
+//!   **appended**;
+//! - anything else: **out of order** (`OutOfOrderSequence`) — an earlier
+//!   batch failed or has not arrived; the producer sends again from its first
+//!   unacknowledged batch, in order. So with up to [`WINDOW`] requests in
+//!   flight a retry can never reorder a partition's records, and never store
+//!   one twice.
+//!
+//! A producer the table does not know starts at sequence 0; any other batch
+//! of it is refused as **unknown** (`UnknownProducer`): the producer goes on
+//! under a new id from 0, resending its unacknowledged batches in order. The
+//! table is not persisted: after the leader restarts, or leadership moves,
+//! every producer is unknown — so a batch stored just before that moment
+//! and resent after it is stored twice (at least once, as without
+//! idempotence), but order always holds. A table keeps at most
+//! [`MAX_PRODUCERS`] producers, forgetting the least recently used.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Batches remembered per producer: the most requests a producer may have
+/// in flight per partition and still be deduplicated.
+pub const WINDOW: usize = 5;
+/// Producers remembered per partition.
+pub const MAX_PRODUCERS: usize = 1024;
+
+/// A batch's idempotence fields, from its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sequenced {
+    pub producer_id: i64,
+    pub first: i32,
+    pub last: i32,
+}
+
+impl Sequenced {
+    /// The producer id and sequences of a batch whose header carries
+    /// `producer_id`, `base_sequence` and `record_count`; `None` for a batch
+    /// without a producer id (or with a negative sequence).
+    pub fn of(producer_id: i64, base_sequence: i32, record_count: u32) -> Option<Sequenced> {
+        if producer_id < 0 || base_sequence < 0 || record_count == 0 {
+            return None;
+        }
+        let span = (record_count - 1) % (i32::MAX as u32 + 1);
+        Some(Sequenced {
+            producer_id,
+            first: base_sequence,
+            last: wrap_add(base_sequence, span),
+        })
+    }
+}
+
+/// `seq + n` in the sequence space `0..=i32::MAX`.
+fn wrap_add(seq: i32, n: u32) -> i32 {
+    ((seq as u64 + u64::from(n)) % (i32::MAX as u64 + 1)) as i32
+}
+
+/// Offsets a batch was stored at: (base, last, max timestamp).
+pub type Stored = (u64, u64, i64);
+
+/// What to do with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Append it (then [`ProducerTable::appended`] or [`ProducerTable::failed`]).
+    Append,
+    /// Stored already at these offsets: answer with them.
+    Duplicate(Stored),
+    /// The same batch is being appended now.
+    InProgress,
+    /// Not the next batch; the partition expects sequence `expected`.
+    OutOfOrder { expected: i32 },
+    /// A producer the table does not know, not at sequence 0.
+    Unknown,
+}
+
+#[derive(Debug)]
+struct Entry {
+    first: i32,
+    last: i32,
+    /// `None` while being appended.
+    stored: Option<Stored>,
+}
+
+#[derive(Debug, Default)]
+struct ProducerState {
+    /// The last batches, oldest first.
+    batches: VecDeque<Entry>,
+    /// The first sequence of the batch that may come next.
+    next: i32,
+    /// [`ProducerTable::clock`] at the last batch (for eviction).
+    used: u64,
+}
+
+/// One partition's producers.
+#[derive(Debug, Default)]
+pub struct ProducerTable {
+    producers: HashMap<i64, ProducerState>,
+    clock: u64,
+}
+
+impl ProducerTable {
+    /// Decides what to do with `batch`; a batch to append is noted as in
+    /// progress.
+    pub fn check(&mut self, batch: Sequenced) -> Verdict {
+        self.clock += 1;
+        let clock = self.clock;
+        let verdict = match self.producers.get(&batch.producer_id) {
+            None if batch.first == 0 => Verdict::Append,
+            None => Verdict::Unknown,
+            Some(p) => match p.batches.iter().find(|e| e.first == batch.first) {
+                Some(e) if e.last == batch.last => e.stored.map_or(Verdict::InProgress, Verdict::Duplicate),
+                _ if batch.first != p.next => Verdict::OutOfOrder { expected: p.next },
+                // The batch before it is still being appended (its append
+                // may yet fail, or be overtaken): it waits its turn.
+                _ if p.batches.back().is_some_and(|e| e.stored.is_none()) => Verdict::InProgress,
+                _ => Verdict::Append,
+            },
+        };
+        if verdict == Verdict::Append {
+            if !self.producers.contains_key(&batch.producer_id) && self.producers.len() >= MAX_PRODUCERS {
+                self.evict_least_recent();
+            }
+            let p = self.producers.entry(batch.producer_id).or_default();
+            p.used = clock;
+            p.next = wrap_add(batch.last, 1);
+            p.batches.push_back(Entry {
+                first: batch.first,
+                last: batch.last,
+                stored: None,
+            });
+            while p.batches.len() > WINDOW {
+                p.batches.pop_front();
+            }
+        }
+        verdict
+    }
+
+    /// The batch [`check`](Self::check) let through was stored.
+    pub fn appended(&mut self, batch: Sequenced, stored: Stored) {
+        if let Some(e) = self.entry(batch) {
+            e.stored = Some(stored);
+        }
+    }
+
+    /// The batch [`check`](Self::check) let through was not stored: forget
+    /// it; the producer must send it again before anything after it.
+    pub fn failed(&mut self, batch: Sequenced) {
+        if let Some(p) = self.producers.get_mut(&batch.producer_id) {
+            let before = p.batches.len();
+            p.batches
+                .retain(|e| !(e.first == batch.first && e.last == batch.last && e.stored.is_none()));
+            if p.batches.len() < before {
+                p.next = batch.first;
+            }
+        }
+    }
+
+    /// Producers remembered.
+    pub fn len(&self) -> usize {
+        self.producers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.producers.is_empty()
+    }
+
+    fn entry(&mut self, batch: Sequenced) -> Option<&mut Entry> {
+        self.producers
+            .get_mut(&batch.producer_id)?
+            .batches
+            .iter_mut()
+            .find(|e| e.first == batch.first && e.last == batch.last)
+    }
+
+    fn evict_least_recent(&mut self) {
+        let oldest = self.producers.iter().min_by_key(|(_, p)| p.used).map(|(id, _)| *id);
+        if let Some(id) = oldest {
+            self.producers.remove(&id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn batch(first: i32, count: u32) -> Sequenced {
+        Sequenced::of(7, first, count).unwrap()
+    }
+
+    /// Checks and stores `b` at `offset`; returns the verdict.
+    fn send(t: &mut ProducerTable, b: Sequenced, offset: u64) -> Verdict {
+        let v = t.check(b);
+        if v == Verdict::Append {
+            t.appended(b, (offset, offset + (b.last - b.first) as u64, 0));
+        }
+        v
+    }
+
+    #[test]
+    fn in_order_batches_append_and_retries_are_answered_from_memory() {
+        let mut t = ProducerTable::default();
+        assert_eq!(send(&mut t, batch(0, 3), 100), Verdict::Append);
+        assert_eq!(send(&mut t, batch(3, 2), 103), Verdict::Append);
+        // A retry of either: the first offsets, nothing appended.
+        assert_eq!(send(&mut t, batch(0, 3), 999), Verdict::Duplicate((100, 102, 0)));
+        assert_eq!(send(&mut t, batch(3, 2), 999), Verdict::Duplicate((103, 104, 0)));
+        assert_eq!(send(&mut t, batch(5, 1), 105), Verdict::Append);
+    }
+
+    #[test]
+    fn a_gap_is_refused_until_the_missing_batch_comes() {
+        let mut t = ProducerTable::default();
+        assert_eq!(send(&mut t, batch(0, 2), 0), Verdict::Append);
+        // Batch 2..3 was lost; 4.. arrives first.
+        assert_eq!(send(&mut t, batch(4, 2), 9), Verdict::OutOfOrder { expected: 2 });
+        assert_eq!(send(&mut t, batch(2, 2), 2), Verdict::Append);
+        assert_eq!(send(&mut t, batch(4, 2), 4), Verdict::Append);
+    }
+
+    #[test]
+    fn a_batch_being_appended_holds_back_its_retry_and_its_successor() {
+        let mut t = ProducerTable::default();
+        assert_eq!(send(&mut t, batch(0, 1), 0), Verdict::Append);
+        let b = batch(1, 1);
+        assert_eq!(t.check(b), Verdict::Append);
+        assert_eq!(t.check(b), Verdict::InProgress);
+        assert_eq!(t.check(batch(2, 1)), Verdict::InProgress);
+        // The append fails: the batch may come again.
+        t.failed(b);
+        assert_eq!(send(&mut t, batch(2, 1), 9), Verdict::OutOfOrder { expected: 1 });
+        assert_eq!(send(&mut t, b, 1), Verdict::Append);
+        assert_eq!(send(&mut t, batch(2, 1), 2), Verdict::Append);
+    }
+
+    #[test]
+    fn unknown_producers_start_at_zero_and_ids_are_separate() {
+        let mut t = ProducerTable::default();
+        assert_eq!(send(&mut t, batch(500, 1), 0), Verdict::Unknown);
+        assert_eq!(send(&mut t, batch(0, 1), 0), Verdict::Append);
+        let other = Sequenced::of(8, 0, 1).unwrap();
+        assert_eq!(send(&mut t, other, 1), Verdict::Append);
+        assert_eq!(send(&mut t, batch(1, 1), 2), Verdict::Append);
+        assert_eq!(Sequenced::of(-1, 0, 1), None, "no producer id: not tracked");
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn sequences_wrap_at_i32_max() {
+        let mut t = ProducerTable::default();
+        assert_eq!(send(&mut t, batch(0, i32::MAX as u32 - 1), 0), Verdict::Append);
+        // Sequences MAX - 1, MAX, 0.
+        let b = batch(i32::MAX - 1, 3);
+        assert_eq!((b.first, b.last), (i32::MAX - 1, 0));
+        assert_eq!(send(&mut t, b, 0), Verdict::Append);
+        assert_eq!(send(&mut t, batch(1, 1), 3), Verdict::Append);
+    }
+
+    #[test]
+    fn only_the_last_window_is_remembered_and_producers_are_bounded() {
+        let mut t = ProducerTable::default();
+        for i in 0..(WINDOW as i32 + 2) {
+            assert_eq!(send(&mut t, batch(i, 1), i as u64), Verdict::Append);
+        }
+        // The oldest fell out of the window: a retry of it is out of order.
+        assert_eq!(
+            t.check(batch(0, 1)),
+            Verdict::OutOfOrder {
+                expected: WINDOW as i32 + 2
+            }
+        );
+        assert_eq!(t.check(batch(2, 1)), Verdict::Duplicate((2, 2, 0)));
+        for id in 0..(MAX_PRODUCERS as i64 + 10) {
+            let b = Sequenced::of(1000 + id, 0, 1).unwrap();
+            assert_eq!(send(&mut t, b, 0), Verdict::Append);
+        }
+        assert_eq!(t.len(), MAX_PRODUCERS);
+    }
+
+    proptest! {
+        /// A producer's batches, sent in any order with any repeats and
+        /// failures, are stored each at most once and in sequence order.
+        #[test]
+        fn any_delivery_order_stores_in_sequence(
+            counts in proptest::collection::vec(1u32..5, 1..12),
+            order in proptest::collection::vec((0usize..12, any::<bool>()), 0..80),
+        ) {
+            let mut batches = Vec::new();
+            let mut seq = 0;
+            for c in &counts {
+                batches.push(batch(seq, *c));
+                seq += *c as i32;
+            }
+            let mut t = ProducerTable::default();
+            let mut stored: Vec<i32> = Vec::new();
+            let mut next_offset = 0;
+            // Random deliveries, then the producer's in-order resend of
+            // everything (what retries converge to).
+            let tail: Vec<(usize, bool)> = (0..batches.len()).map(|i| (i, false)).collect();
+            for (i, fail) in order.into_iter().chain(tail) {
+                let Some(&b) = batches.get(i) else { continue };
+                if t.check(b) == Verdict::Append {
+                    if fail {
+                        t.failed(b);
+                    } else {
+                        t.appended(b, (next_offset, next_offset, 0));
+                        next_offset += 1;
+                        stored.push(b.first);
+                    }
+                }
+            }
+            // Every batch stored once, in order.
+            let want: Vec<i32> = batches.iter().map(|b| b.first).collect();
+            prop_assert_eq!(stored, want);
+        }
+    }
+}
