@@ -366,6 +366,10 @@ struct PartState {
     /// The size the last closed batch reached: the next one starts with that
     /// much room (a stream of full batches never grows one by doubling).
     last_batch_bytes: usize,
+    /// A batch of this partition is being written to its connection: the
+    /// next waits, so batches reach the socket in the order they were taken
+    /// (the calling thread and the sender thread both write).
+    writing: bool,
     /// Idempotence: the producer id this partition's batches go out under
     /// and the next batch's base sequence; `None` until the first send, and
     /// again after a batch failed for good (the next send starts a new id).
@@ -737,7 +741,7 @@ impl Shared {
     /// request slot and something to send.
     fn sendable_bytes(&self, st: &State, queue: &str, partition: u32) -> Option<usize> {
         let part = st.queues.get(queue)?.parts.get(partition as usize)?;
-        if part.in_flight >= self.config.max_in_flight_per_partition {
+        if part.in_flight >= self.config.max_in_flight_per_partition || part.writing {
             return None;
         }
         match (part.ready.front(), &part.open) {
@@ -754,7 +758,7 @@ impl Shared {
         let cfg = &self.config;
         let qs = st.queues.get_mut(queue)?;
         let part = qs.parts.get_mut(partition as usize)?;
-        if part.in_flight >= cfg.max_in_flight_per_partition {
+        if part.in_flight >= cfg.max_in_flight_per_partition || part.writing {
             return None;
         }
         if part.ready.front().is_some_and(|b| b.not_before > now) {
@@ -791,6 +795,7 @@ impl Shared {
             }
         }
         part.in_flight += 1;
+        part.writing = true;
         Some(Outgoing {
             queue: queue.to_string(),
             partition,
@@ -820,7 +825,9 @@ impl Shared {
         let mut next: Option<Instant> = None;
         for qs in st.queues.values() {
             for p in &qs.parts {
-                if p.in_flight >= self.config.max_in_flight_per_partition {
+                // (A partition being written is looked at again when its
+                // write ends: `dispatch` wakes the sender.)
+                if p.in_flight >= self.config.max_in_flight_per_partition || p.writing {
                     continue;
                 }
                 let t = match (p.ready.front(), &p.open) {
@@ -840,6 +847,28 @@ impl Shared {
     /// Writes one partition's batches to its leader; the response completes
     /// them on the connection's reader thread.
     fn dispatch(self: &Arc<Self>, out: Outgoing) {
+        let (queue, partition) = (out.queue.clone(), out.partition);
+        self.write_request(out);
+        // Its bytes are in the socket (or it failed): the partition's next
+        // batch may go.
+        let mut st = self.lock();
+        let mut more = false;
+        if let Some(part) = st
+            .queues
+            .get_mut(&queue)
+            .and_then(|q| q.parts.get_mut(partition as usize))
+        {
+            part.writing = false;
+            more = !part.ready.is_empty() || part.open.is_some();
+        }
+        drop(st);
+        // (A futex call: only when something of the partition waits.)
+        if more {
+            self.wake.notify_one();
+        }
+    }
+
+    fn write_request(self: &Arc<Self>, out: Outgoing) {
         let conn = match self
             .cluster
             .leader_lane(&out.info, out.partition, self.config.connections_per_broker)

@@ -26,6 +26,10 @@
 //!   forwarded to the owning shard since the start (shard-aware clients
 //!   keep it near zero; a rising count means clients that connect to any
 //!   shard, each request paying a cross-core hop)
+//! - `strand_produce_sequence_refusals_total` {shard}: idempotent
+//!   producers' batches refused as out of order or from an unknown producer
+//!   (each costs the producer a retry; a steady rate means a producer that
+//!   sends out of order, or leaders that keep forgetting producers)
 //! - `strand_reactor_stalls_total` {shard}: times the shard's 10 ms timer
 //!   woke more than 500 µs late — a task held the shard that long (or the
 //!   OS descheduled its thread); logged at most every 10 s with the count
@@ -111,6 +115,8 @@ pub struct ShardMetrics {
     forwarded: Cell<u64>,
     /// Requests this shard forwarded, in all.
     forwarded_total: Cell<u64>,
+    /// Idempotent batches refused (out of order, unknown producer).
+    sequence_refusals: Cell<u64>,
     /// Timer wake-ups late by more than [`STALL`].
     stalls: Cell<u64>,
 }
@@ -137,6 +143,7 @@ impl Default for ShardMetrics {
             last_busy: Cell::new(std::time::Instant::now()),
             forwarded: Cell::new(0),
             forwarded_total: Cell::new(0),
+            sequence_refusals: Cell::new(0),
             stalls: Cell::new(0),
         }
     }
@@ -198,6 +205,11 @@ impl ShardMetrics {
         Forwarded(self)
     }
 
+    /// An idempotent producer's batch was refused.
+    pub fn sequence_refused(&self) {
+        self.sequence_refusals.set(self.sequence_refusals.get() + 1);
+    }
+
     /// A timer woke `late` after its deadline; returns the stall count.
     pub fn stalled(&self) -> u64 {
         self.stalls.set(self.stalls.get() + 1);
@@ -219,6 +231,7 @@ impl ShardMetrics {
         snap.connections = self.connections.get();
         snap.forward_queue_depth = self.forwarded.get();
         snap.forwarded_total = self.forwarded_total.get();
+        snap.sequence_refusals = self.sequence_refusals.get();
         snap.stalls = self.stalls.get();
     }
 }
@@ -251,6 +264,7 @@ pub struct ShardSnapshot {
     pub requests_in_flight: u64,
     pub forward_queue_depth: u64,
     pub forwarded_total: u64,
+    pub sequence_refusals: u64,
     pub stalls: u64,
     /// fdatasync latencies of this shard's open logs: per-bucket counts of
     /// `strand_storage::log::SYNC_BUCKETS_SECS`, sum (s), count.
@@ -485,6 +499,12 @@ impl Collector for Scrape {
             "strand_shard_forwarded_requests",
             "Requests the shard forwarded to the shard owning their partition.",
             by_shard(&self.snapshots, |s| s.forwarded_total),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_produce_sequence_refusals",
+            "Idempotent producers' batches refused: out of order, or from a producer the leader does not know.",
+            by_shard(&self.snapshots, |s| s.sequence_refusals),
         )?;
         counter(
             &mut encoder,

@@ -28,6 +28,10 @@ pub struct Partition {
     pub settings: QueueSettings,
     /// Idempotent producers' last batches (in memory; see `idempotence`).
     pub producers: RefCell<ProducerTable>,
+    /// Held by a produce request while it checks and appends a batch: an
+    /// append can wait (a segment roll, a full write queue), and requests
+    /// behind it must neither overtake it nor find it half done. FIFO.
+    pub appending: glommio::sync::Semaphore,
 }
 
 pub struct Partitions {
@@ -207,6 +211,7 @@ impl Partitions {
             log,
             settings: settings.clone(),
             producers: RefCell::default(),
+            appending: glommio::sync::Semaphore::new(1),
         })
     }
 

@@ -253,6 +253,12 @@ impl Shard {
         match request {
             PartitionRequest::Produce { records, acks, reply } => {
                 let result = self.produce(&part, records, acks).await;
+                if result
+                    .as_ref()
+                    .is_err_and(|e| matches!(e.code, ErrorCode::OutOfOrderSequence | ErrorCode::UnknownProducer))
+                {
+                    self.metrics.sequence_refused();
+                }
                 reply.send(result);
             }
             PartitionRequest::Fetch {
@@ -354,7 +360,14 @@ impl Shard {
                 ));
             }
             let batch = records.split_to(len);
-            let info = append_once(part, batch).await?;
+            let info = {
+                let _turn = part
+                    .appending
+                    .acquire_permit(1)
+                    .await
+                    .map_err(|_| WireError::new(ErrorCode::NotLeader, "the partition is closing; retry"))?;
+                append_once(part, batch).await?
+            };
             first.get_or_insert(info);
             last = Some(info);
         }
@@ -555,6 +568,11 @@ async fn append_once(part: &Partition, batch: bytes::BytesMut) -> Result<strand_
     };
     let verdict = part.producers.borrow_mut().check(seq);
     let refuse = |why: String| {
+        tracing::debug!(
+            producer = seq.producer_id,
+            sequence = seq.first,
+            "produce refused: {why}"
+        );
         Err(WireError::new(
             ErrorCode::OutOfOrderSequence,
             format!("producer {}, sequence {}: {why}", seq.producer_id, seq.first),
