@@ -737,11 +737,18 @@ impl Shared {
         (partition, delivery, new_batch || full)
     }
 
+    /// Whether the partition waits for its requests under a retired producer
+    /// id to come back before it sends under a new one.
+    fn draining(&self, part: &PartState) -> bool {
+        let cfg = &self.config;
+        cfg.idempotence && cfg.acks != Acks::None && part.sequence.is_none() && part.in_flight > 0
+    }
+
     /// The size of the batch a partition could send next, if it has a free
     /// request slot and something to send.
     fn sendable_bytes(&self, st: &State, queue: &str, partition: u32) -> Option<usize> {
         let part = st.queues.get(queue)?.parts.get(partition as usize)?;
-        if part.in_flight >= self.config.max_in_flight_per_partition || part.writing {
+        if part.in_flight >= self.config.max_in_flight_per_partition || part.writing || self.draining(part) {
             return None;
         }
         match (part.ready.front(), &part.open) {
@@ -759,6 +766,13 @@ impl Shared {
         let qs = st.queues.get_mut(queue)?;
         let part = qs.parts.get_mut(partition as usize)?;
         if part.in_flight >= cfg.max_in_flight_per_partition || part.writing {
+            return None;
+        }
+        // After a reset (no producer id), nothing goes under the new id
+        // while requests under the old one are out: the leader keeps no
+        // order between two ids, so those must come back (and be requeued
+        // in place) first. Their completion wakes the sender.
+        if self.draining(part) {
             return None;
         }
         if part.ready.front().is_some_and(|b| b.not_before > now) {
@@ -827,7 +841,7 @@ impl Shared {
             for p in &qs.parts {
                 // (A partition being written is looked at again when its
                 // write ends: `dispatch` wakes the sender.)
-                if p.in_flight >= self.config.max_in_flight_per_partition || p.writing {
+                if p.in_flight >= self.config.max_in_flight_per_partition || p.writing || self.draining(p) {
                     continue;
                 }
                 let t = match (p.ready.front(), &p.open) {
@@ -1069,9 +1083,14 @@ fn sender_loop(shared: &Arc<Shared>) {
                     st.stale.extend(names);
                     last_refresh = Instant::now();
                 }
+                // Metadata first: batches taken now would hold their
+                // partitions' write turn through the refresh.
                 let stale: Vec<String> = st.stale.drain().collect();
+                if !stale.is_empty() {
+                    break (Vec::new(), stale);
+                }
                 let (out, next) = shared.take_sendable(&mut st, Instant::now());
-                if !out.is_empty() || !stale.is_empty() {
+                if !out.is_empty() {
                     break (out, stale);
                 }
                 let until = next.map_or(refresh_due, |t| t.min(refresh_due));
@@ -1118,5 +1137,133 @@ fn sender_loop(shared: &Arc<Shared>) {
         for out in outgoing {
             shared.dispatch(out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            cluster: Cluster::new("127.0.0.1:1").unwrap(),
+            config: ProducerConfig::default(),
+            state: Mutex::default(),
+            wake: Condvar::new(),
+        }
+    }
+
+    fn ready(first_seq: u64, records: u32) -> ReadyBatch {
+        let mut builder = BatchBuilder::new();
+        for i in 0..records {
+            builder.push(None, Some(&i.to_le_bytes()), &[], 0);
+        }
+        let now = Instant::now();
+        OpenBatch {
+            builder,
+            first_seq,
+            since: now,
+            deadline: now + Duration::from_secs(60),
+            outcome: Outcome::new(0),
+            accounted: 0,
+        }
+        .close()
+    }
+
+    /// One queue "q" with one partition holding `batches` ready.
+    fn state_with(batches: Vec<ReadyBatch>) -> State {
+        let mut st = State::default();
+        let info = Arc::new(QueueInfo {
+            name: "q".into(),
+            leaders: vec![1],
+            max_message_bytes: u32::MAX,
+        });
+        let mut part = PartState::default();
+        part.ready.extend(batches);
+        st.queues.insert(
+            "q".into(),
+            QueueState {
+                info,
+                sticky: 0,
+                parts: vec![part],
+            },
+        );
+        st
+    }
+
+    fn header(out: &Outgoing) -> strand_wire::batch::BatchHeader {
+        strand_wire::batch::BatchHeader::parse(&out.batch.bytes).unwrap()
+    }
+
+    #[test]
+    fn batches_are_stamped_with_consecutive_sequences_in_send_order() {
+        let s = shared();
+        let mut st = state_with(vec![ready(0, 3), ready(3, 2), ready(5, 4)]);
+        let mut seqs = Vec::new();
+        let mut id = None;
+        while let Some(out) = s.take_partition(&mut st, "q", 0, Instant::now()) {
+            let h = header(&out);
+            assert!(
+                strand_wire::batch::validate(&out.batch.bytes, usize::MAX).is_ok(),
+                "restamped CRC"
+            );
+            assert_eq!(*id.get_or_insert(h.producer_id), h.producer_id, "one id");
+            seqs.push(h.base_sequence);
+            st.queues.get_mut("q").unwrap().parts[0].writing = false;
+        }
+        assert_eq!(seqs, [0, 3, 5]);
+        assert!(id.unwrap() >= 0);
+    }
+
+    #[test]
+    fn a_new_producer_id_waits_for_requests_under_the_old_one() {
+        let s = shared();
+        let mut st = state_with(vec![ready(0, 1), ready(1, 1)]);
+        let first = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        let old_id = header(&first).producer_id;
+        let part = &mut st.queues.get_mut("q").unwrap().parts[0];
+        part.writing = false;
+        // The first batch failed for good: the id is retired while the
+        // partition still has a request out (in_flight 1, the first's).
+        part.sequence = None;
+        assert!(
+            s.take_partition(&mut st, "q", 0, Instant::now()).is_none(),
+            "sent under a new id too early"
+        );
+        // Its request came back: the next batch goes under a new id from 0.
+        st.queues.get_mut("q").unwrap().parts[0].in_flight = 0;
+        let next = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        let h = header(&next);
+        assert_ne!(h.producer_id, old_id);
+        assert_eq!(h.base_sequence, 0);
+    }
+
+    #[test]
+    fn a_resend_under_the_same_id_keeps_its_stamp_and_one_under_a_new_id_is_restamped() {
+        let s = shared();
+        let mut st = state_with(vec![ready(0, 2)]);
+        let out = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        let (id, seq) = (header(&out).producer_id, header(&out).base_sequence);
+        let mut batch = out.batch;
+        {
+            let part = &mut st.queues.get_mut("q").unwrap().parts[0];
+            part.writing = false;
+            part.in_flight = 0;
+            part.ready.push_front(batch);
+        }
+        let again = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        assert_eq!((header(&again).producer_id, header(&again).base_sequence), (id, seq));
+        batch = again.batch;
+        {
+            let part = &mut st.queues.get_mut("q").unwrap().parts[0];
+            part.writing = false;
+            part.in_flight = 0;
+            part.sequence = None; // the leader forgot the producer
+            part.ready.push_front(batch);
+        }
+        let fresh = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        assert_ne!(header(&fresh).producer_id, id);
+        assert_eq!(header(&fresh).base_sequence, 0);
+        assert!(strand_wire::batch::validate(&fresh.batch.bytes, usize::MAX).is_ok());
     }
 }
