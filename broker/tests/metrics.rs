@@ -428,4 +428,15 @@ fn pipelined_sends_reach_the_leader_in_order() {
         .iter()
         .sum();
     assert_eq!(refused, 1.0);
+
+    // A resend of a stored batch is answered, and not counted as produced.
+    let produced = || value(&scrape(&broker), "strand_produce_bytes_total{queue=\"seq\"}").unwrap();
+    let before = produced();
+    let mut b = strand_wire::batch::BatchBuilder::new();
+    b.producer(6, 0, 0);
+    b.push(None, Some(b"once"), &[], 0);
+    let once = b.build().freeze();
+    let first = raw.produce("seq", 0, once.clone(), 1).unwrap();
+    assert_eq!(raw.produce("seq", 0, once.clone(), 1).unwrap(), first);
+    assert_eq!(produced() - before, once.len() as f64);
 }

@@ -105,8 +105,8 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
         let queue = &parts[k].queue;
         let (mut bytes, mut appended) = (0usize, false);
         while k < parts.len() && &parts[k].queue == queue {
-            if results[k].is_ok() {
-                bytes += parts[k].len as usize;
+            if let Ok(produced) = &results[k] {
+                bytes += produced.stored_bytes;
                 appended = true;
             }
             k += 1;

@@ -45,6 +45,9 @@ pub struct Produced {
     pub last_offset: u64,
     pub log_append_time_ms: i64,
     pub log_start: u64,
+    /// Bytes appended (an idempotent producer's resend of a stored batch
+    /// appends none).
+    pub stored_bytes: usize,
 }
 
 /// What a partition's owner answers to a fetch.

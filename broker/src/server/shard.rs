@@ -342,6 +342,7 @@ impl Shard {
         }
         let mut first = None;
         let mut last = None;
+        let mut stored_bytes = 0;
         while !records.is_empty() {
             let len = strand_storage::batch::batch_length(&records).unwrap_or(0) as usize;
             if len > max {
@@ -370,6 +371,7 @@ impl Shard {
             };
             first.get_or_insert(info);
             last = Some(info);
+            stored_bytes += info.bytes;
         }
         let (Some(first), Some(last)) = (first, last) else {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
@@ -417,6 +419,7 @@ impl Shard {
                 -1
             },
             log_start: log.log_start().0,
+            stored_bytes,
         })
     }
 
