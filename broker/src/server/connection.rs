@@ -152,7 +152,9 @@ async fn read_requests(
     loop {
         let room = buf.split_off(filled);
         let decoded = frame::decode_mut(&mut buf, limits);
-        let decoded_any = matches!(decoded, Ok(Some(_)));
+        filled = buf.len();
+        // Contiguous again (a decoded frame was split off the front): O(1).
+        buf.unsplit(room);
         match decoded {
             Ok(Some(request)) => {
                 // Counted from now: shutdown waits for every accepted request.
@@ -174,12 +176,13 @@ async fn read_requests(
                 if to_writer.send(Pending::Task(task)).await.is_err() {
                     return;
                 }
+                continue;
             }
             Ok(None) => {}
             Err(e) => {
                 tracing::info!(%peer, "closing the connection: malformed frame: {e}");
                 // Say why, if the frame's fixed fields arrived, then close.
-                if let Some(header) = frame::peek_header(&buf) {
+                if let Some(header) = frame::peek_header(&buf[..filled]) {
                     let code = match e {
                         frame::FrameError::TooLarge { .. } => strand_wire::ErrorCode::FrameTooLarge,
                         _ => strand_wire::ErrorCode::MalformedFrame,
@@ -189,12 +192,6 @@ async fn read_requests(
                 }
                 return;
             }
-        }
-        filled = buf.len();
-        // Contiguous again (the decoded frame was split off the front): O(1).
-        buf.unsplit(room);
-        if decoded_any {
-            continue;
         }
         if shard.stopping.get() || writer_failed.get() {
             return;
