@@ -49,13 +49,9 @@ const PLACED_PORT_TRIES: u32 = 4096;
 /// an ordinary one, served by whichever shard — slower, never wrong.
 pub fn connect_to_shard(sock: SocketAddr, shard: u16, shards: u16) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Protocol, Socket, Type};
-    use std::hash::{BuildHasher, Hasher};
     let (low, high) = ephemeral_ports();
     let span = u32::from(high.saturating_sub(low)) + 1;
-    // A random start (std's hasher keys are random per process).
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    let start = (h.finish() % u64::from(span)) as u32;
+    let start = (crate::random_u64() % u64::from(span)) as u32;
     for i in 0..span.min(PLACED_PORT_TRIES) {
         let port = low + ((start + i) % span) as u16;
         if strand_wire::shard_for_port(port, shards) != shard {

@@ -41,6 +41,20 @@ pub use group::{
 };
 pub use producer::{Acks, Delivered, Delivery, Producer, ProducerConfig, WhenFull, IDEMPOTENT_MAX_IN_FLIGHT};
 
+/// 64 random bits for ids and starting points that must differ between
+/// producers and connections (not for cryptography): std's hasher keys are
+/// random per process and per call, salted here with the wall clock.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 /// Runs a future to completion on the current thread (the blocking API).
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     futures_lite::future::block_on(future)

@@ -428,10 +428,7 @@ impl ReadyBatch {
 /// A producer id nobody else uses, in all likelihood: 63 random bits (std's
 /// hasher keys are random per process and per call).
 fn random_producer_id() -> i64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    (h.finish() >> 1) as i64
+    (crate::random_u64() >> 1) as i64
 }
 
 /// `seq + n` in the sequence space `0..=i32::MAX`.
@@ -460,8 +457,8 @@ impl OpenBatch {
 
 /// A batch on its way to its partition's leader.
 struct Outgoing {
-    queue: String,
     partition: u32,
+    /// The queue (its name is the key in `State::queues`).
     info: Arc<QueueInfo>,
     batch: ReadyBatch,
 }
@@ -737,18 +734,22 @@ impl Shared {
         (partition, delivery, new_batch || full)
     }
 
-    /// Whether the partition waits for its requests under a retired producer
-    /// id to come back before it sends under a new one.
-    fn draining(&self, part: &PartState) -> bool {
+    /// Whether the partition may send a request now (something to send
+    /// aside): a free request slot, no batch of it being written, and — after
+    /// a producer-id reset — no request still out under the retired id (the
+    /// leader keeps no order between two ids, so those must come back and be
+    /// requeued in place first; their completion wakes the sender).
+    fn may_send(&self, part: &PartState) -> bool {
         let cfg = &self.config;
-        cfg.idempotence && cfg.acks != Acks::None && part.sequence.is_none() && part.in_flight > 0
+        let draining = cfg.idempotence && cfg.acks != Acks::None && part.sequence.is_none() && part.in_flight > 0;
+        part.in_flight < cfg.max_in_flight_per_partition && !part.writing && !draining
     }
 
     /// The size of the batch a partition could send next, if it has a free
     /// request slot and something to send.
     fn sendable_bytes(&self, st: &State, queue: &str, partition: u32) -> Option<usize> {
         let part = st.queues.get(queue)?.parts.get(partition as usize)?;
-        if part.in_flight >= self.config.max_in_flight_per_partition || part.writing || self.draining(part) {
+        if !self.may_send(part) {
             return None;
         }
         match (part.ready.front(), &part.open) {
@@ -765,17 +766,7 @@ impl Shared {
         let cfg = &self.config;
         let qs = st.queues.get_mut(queue)?;
         let part = qs.parts.get_mut(partition as usize)?;
-        if part.in_flight >= cfg.max_in_flight_per_partition || part.writing {
-            return None;
-        }
-        // After a reset (no producer id), nothing goes under the new id
-        // while requests under the old one are out: the leader keeps no
-        // order between two ids, so those must come back (and be requeued
-        // in place) first. Their completion wakes the sender.
-        if self.draining(part) {
-            return None;
-        }
-        if part.ready.front().is_some_and(|b| b.not_before > now) {
+        if !self.may_send(part) || part.ready.front().is_some_and(|b| b.not_before > now) {
             return None;
         }
         // One batch per request: the broker appends a request's batches for
@@ -811,7 +802,6 @@ impl Shared {
         part.in_flight += 1;
         part.writing = true;
         Some(Outgoing {
-            queue: queue.to_string(),
             partition,
             info: qs.info.clone(),
             batch,
@@ -841,7 +831,7 @@ impl Shared {
             for p in &qs.parts {
                 // (A partition being written is looked at again when its
                 // write ends: `dispatch` wakes the sender.)
-                if p.in_flight >= self.config.max_in_flight_per_partition || p.writing || self.draining(p) {
+                if !self.may_send(p) {
                     continue;
                 }
                 let t = match (p.ready.front(), &p.open) {
@@ -861,7 +851,7 @@ impl Shared {
     /// Writes one partition's batches to its leader; the response completes
     /// them on the connection's reader thread.
     fn dispatch(self: &Arc<Self>, out: Outgoing) {
-        let (queue, partition) = (out.queue.clone(), out.partition);
+        let (info, partition) = (out.info.clone(), out.partition);
         self.write_request(out);
         // Its bytes are in the socket (or it failed): the partition's next
         // batch may go.
@@ -869,7 +859,7 @@ impl Shared {
         let mut more = false;
         if let Some(part) = st
             .queues
-            .get_mut(&queue)
+            .get_mut(&info.name)
             .and_then(|q| q.parts.get_mut(partition as usize))
         {
             part.writing = false;
@@ -893,7 +883,7 @@ impl Shared {
         let acks = self.config.acks;
         let timeout_ms = self.config.request_timeout.as_millis().min(u128::from(u32::MAX)) as u32;
         let (body, tail) = requests::produce_with_timeout(
-            &out.queue,
+            &out.info.name,
             out.partition,
             acks.wire(),
             timeout_ms,
@@ -933,19 +923,19 @@ impl Shared {
         let mut st = self.lock();
         let known = st
             .queues
-            .get(&out.queue)
+            .get(&out.info.name)
             .is_some_and(|q| (out.partition as usize) < q.parts.len());
         let finished = match result {
             Err(e) if retriable(&e) && now < b.deadline && known && !st.closed => {
                 if e.leader_moved() {
-                    st.stale.insert(out.queue.clone());
+                    st.stale.insert(out.info.name.clone());
                 }
                 // The leader forgot this producer id: go on under a new one
                 // (unless that happened already), from sequence 0.
                 if e.code() == Some(ErrorCode::UnknownProducer) {
                     if let Some(part) = st
                         .queues
-                        .get_mut(&out.queue)
+                        .get_mut(&out.info.name)
                         .and_then(|q| q.parts.get_mut(out.partition as usize))
                     {
                         if b.stamp.map(|(id, _)| id) == part.sequence.map(|(id, _)| id) {
@@ -963,7 +953,7 @@ impl Shared {
                 b.not_before = now + backoff;
                 if let Some(part) = st
                     .queues
-                    .get_mut(&out.queue)
+                    .get_mut(&out.info.name)
                     .and_then(|q| q.parts.get_mut(out.partition as usize))
                 {
                     part.in_flight = part.in_flight.saturating_sub(1);
@@ -992,7 +982,7 @@ impl Shared {
         if let Some((b, result)) = &finished {
             if let Some(part) = st
                 .queues
-                .get_mut(&out.queue)
+                .get_mut(&out.info.name)
                 .and_then(|q| q.parts.get_mut(out.partition as usize))
             {
                 part.in_flight = part.in_flight.saturating_sub(1);
