@@ -16,8 +16,6 @@
 //!   first and last sequence): a **duplicate** — a retry whose first answer
 //!   was lost. It is not appended again; the answer carries the offsets it
 //!   got the first time;
-//! - it is being appended right now: **in progress** — the producer should
-//!   ask again (answered `OutOfOrderSequence`, which producers retry);
 //! - it starts right after the last batch the producer had appended: it is
 //!   **appended**;
 //! - anything else: **out of order** (`OutOfOrderSequence`) — an earlier
@@ -79,12 +77,10 @@ pub type Stored = (u64, u64, i64);
 /// What to do with a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Append it (then [`ProducerTable::appended`] or [`ProducerTable::failed`]).
+    /// Append it, then tell [`ProducerTable::appended`].
     Append,
     /// Stored already at these offsets: answer with them.
     Duplicate(Stored),
-    /// The same batch is being appended now.
-    InProgress,
     /// Not the next batch; the partition expects sequence `expected`.
     OutOfOrder { expected: i32 },
     /// A producer the table does not know, not at sequence 0.
@@ -95,21 +91,22 @@ pub enum Verdict {
 struct Entry {
     first: i32,
     last: i32,
-    /// `None` while being appended.
-    stored: Option<Stored>,
+    stored: Stored,
 }
 
 #[derive(Debug, Default)]
 struct ProducerState {
-    /// The last batches, oldest first.
+    /// The last batches stored, oldest first (never empty).
     batches: VecDeque<Entry>,
-    /// The first sequence of the batch that may come next.
-    next: i32,
     /// [`ProducerTable::clock`] at the last batch (for eviction).
     used: u64,
 }
 
-/// One partition's producers.
+/// One partition's producers. The caller checks and appends one batch at a
+/// time per partition (the produce path holds the partition's append turn
+/// from [`check`](Self::check) to [`appended`](Self::appended)), so a batch
+/// being appended is never judged against: an append that fails leaves the
+/// table as it was, and the producer's resend is the next batch again.
 #[derive(Debug, Default)]
 pub struct ProducerTable {
     producers: HashMap<i64, ProducerState>,
@@ -117,59 +114,45 @@ pub struct ProducerTable {
 }
 
 impl ProducerTable {
-    /// Decides what to do with `batch`; a batch to append is noted as in
-    /// progress.
-    pub fn check(&mut self, batch: Sequenced) -> Verdict {
-        self.clock += 1;
-        let clock = self.clock;
-        let verdict = match self.producers.get(&batch.producer_id) {
-            None if batch.first == 0 => Verdict::Append,
-            None => Verdict::Unknown,
-            Some(p) => match p.batches.iter().find(|e| e.first == batch.first) {
-                Some(e) if e.last == batch.last => e.stored.map_or(Verdict::InProgress, Verdict::Duplicate),
-                _ if batch.first != p.next => Verdict::OutOfOrder { expected: p.next },
-                // The batch before it is still being appended (its append
-                // may yet fail, or be overtaken): it waits its turn.
-                _ if p.batches.back().is_some_and(|e| e.stored.is_none()) => Verdict::InProgress,
-                _ => Verdict::Append,
-            },
+    /// Decides what to do with `batch`.
+    pub fn check(&self, batch: Sequenced) -> Verdict {
+        let Some(p) = self.producers.get(&batch.producer_id) else {
+            return if batch.first == 0 {
+                Verdict::Append
+            } else {
+                Verdict::Unknown
+            };
         };
-        if verdict == Verdict::Append {
-            if !self.producers.contains_key(&batch.producer_id) && self.producers.len() >= MAX_PRODUCERS {
-                self.evict_least_recent();
-            }
-            let p = self.producers.entry(batch.producer_id).or_default();
-            p.used = clock;
-            p.next = wrap_add(batch.last, 1);
-            p.batches.push_back(Entry {
-                first: batch.first,
-                last: batch.last,
-                stored: None,
-            });
-            while p.batches.len() > WINDOW {
-                p.batches.pop_front();
-            }
+        if let Some(e) = p
+            .batches
+            .iter()
+            .find(|e| e.first == batch.first && e.last == batch.last)
+        {
+            return Verdict::Duplicate(e.stored);
         }
-        verdict
+        let expected = p.batches.back().map_or(0, |e| wrap_add(e.last, 1));
+        if batch.first == expected {
+            Verdict::Append
+        } else {
+            Verdict::OutOfOrder { expected }
+        }
     }
 
-    /// The batch [`check`](Self::check) let through was stored.
+    /// A batch [`check`](Self::check) let through was stored at `stored`.
     pub fn appended(&mut self, batch: Sequenced, stored: Stored) {
-        if let Some(e) = self.entry(batch) {
-            e.stored = Some(stored);
+        self.clock += 1;
+        if !self.producers.contains_key(&batch.producer_id) && self.producers.len() >= MAX_PRODUCERS {
+            self.evict_least_recent();
         }
-    }
-
-    /// The batch [`check`](Self::check) let through was not stored: forget
-    /// it; the producer must send it again before anything after it.
-    pub fn failed(&mut self, batch: Sequenced) {
-        if let Some(p) = self.producers.get_mut(&batch.producer_id) {
-            let before = p.batches.len();
-            p.batches
-                .retain(|e| !(e.first == batch.first && e.last == batch.last && e.stored.is_none()));
-            if p.batches.len() < before {
-                p.next = batch.first;
-            }
+        let p = self.producers.entry(batch.producer_id).or_default();
+        p.used = self.clock;
+        p.batches.push_back(Entry {
+            first: batch.first,
+            last: batch.last,
+            stored,
+        });
+        while p.batches.len() > WINDOW {
+            p.batches.pop_front();
         }
     }
 
@@ -180,14 +163,6 @@ impl ProducerTable {
 
     pub fn is_empty(&self) -> bool {
         self.producers.is_empty()
-    }
-
-    fn entry(&mut self, batch: Sequenced) -> Option<&mut Entry> {
-        self.producers
-            .get_mut(&batch.producer_id)?
-            .batches
-            .iter_mut()
-            .find(|e| e.first == batch.first && e.last == batch.last)
     }
 
     fn evict_least_recent(&mut self) {
@@ -238,15 +213,12 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_being_appended_holds_back_its_retry_and_its_successor() {
+    fn a_batch_whose_append_failed_comes_again_before_its_successor() {
         let mut t = ProducerTable::default();
         assert_eq!(send(&mut t, batch(0, 1), 0), Verdict::Append);
         let b = batch(1, 1);
+        // Let through, but the append fails (never reported appended).
         assert_eq!(t.check(b), Verdict::Append);
-        assert_eq!(t.check(b), Verdict::InProgress);
-        assert_eq!(t.check(batch(2, 1)), Verdict::InProgress);
-        // The append fails: the batch may come again.
-        t.failed(b);
         assert_eq!(send(&mut t, batch(2, 1), 9), Verdict::OutOfOrder { expected: 1 });
         assert_eq!(send(&mut t, b, 1), Verdict::Append);
         assert_eq!(send(&mut t, batch(2, 1), 2), Verdict::Append);
@@ -318,14 +290,11 @@ mod tests {
             let tail: Vec<(usize, bool)> = (0..batches.len()).map(|i| (i, false)).collect();
             for (i, fail) in order.into_iter().chain(tail) {
                 let Some(&b) = batches.get(i) else { continue };
-                if t.check(b) == Verdict::Append {
-                    if fail {
-                        t.failed(b);
-                    } else {
-                        t.appended(b, (next_offset, next_offset, 0));
-                        next_offset += 1;
-                        stored.push(b.first);
-                    }
+                // A failed append is never reported appended.
+                if t.check(b) == Verdict::Append && !fail {
+                    t.appended(b, (next_offset, next_offset, 0));
+                    next_offset += 1;
+                    stored.push(b.first);
                 }
             }
             // Every batch stored once, in order.

@@ -569,20 +569,14 @@ async fn append_once(part: &Partition, batch: bytes::BytesMut) -> Result<strand_
     let Some(seq) = seq else {
         return part.log.append(batch, LeaderEpoch(0)).await.map_err(storage_error);
     };
-    let verdict = part.producers.borrow_mut().check(seq);
-    let refuse = |why: String| {
-        tracing::debug!(
-            producer = seq.producer_id,
-            sequence = seq.first,
-            "produce refused: {why}"
-        );
-        Err(WireError::new(
-            ErrorCode::OutOfOrderSequence,
-            format!("producer {}, sequence {}: {why}", seq.producer_id, seq.first),
-        ))
-    };
-    match verdict {
-        Verdict::Append => {}
+    let verdict = part.producers.borrow().check(seq);
+    let (code, why) = match verdict {
+        Verdict::Append => {
+            let info = part.log.append(batch, LeaderEpoch(0)).await.map_err(storage_error)?;
+            let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
+            part.producers.borrow_mut().appended(seq, stored);
+            return Ok(info);
+        }
         Verdict::Duplicate((base, last, max_timestamp)) => {
             return Ok(strand_storage::AppendInfo {
                 base_offset: Offset(base),
@@ -591,34 +585,26 @@ async fn append_once(part: &Partition, batch: bytes::BytesMut) -> Result<strand_
                 bytes: 0,
             })
         }
-        Verdict::InProgress => {
-            return refuse("this batch, or the one before it, is being appended; send it again".into())
-        }
-        Verdict::OutOfOrder { expected } => {
-            return refuse(format!("out of order: the partition expects sequence {expected} next"))
-        }
-        Verdict::Unknown => {
-            return Err(WireError::new(
-                ErrorCode::UnknownProducer,
-                format!(
-                    "producer {}, sequence {}: this leader does not know the producer (restarted, moved, or \
-                     forgot it); go on under a new producer id from sequence 0",
-                    seq.producer_id, seq.first
-                ),
-            ))
-        }
-    }
-    match part.log.append(batch, LeaderEpoch(0)).await {
-        Ok(info) => {
-            let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
-            part.producers.borrow_mut().appended(seq, stored);
-            Ok(info)
-        }
-        Err(e) => {
-            part.producers.borrow_mut().failed(seq);
-            Err(storage_error(e))
-        }
-    }
+        Verdict::OutOfOrder { expected } => (
+            ErrorCode::OutOfOrderSequence,
+            format!("out of order: the partition expects sequence {expected} next"),
+        ),
+        Verdict::Unknown => (
+            ErrorCode::UnknownProducer,
+            "this leader does not know the producer (restarted, moved, or forgot it); go on under a new \
+             producer id from sequence 0"
+                .to_string(),
+        ),
+    };
+    tracing::debug!(
+        producer = seq.producer_id,
+        sequence = seq.first,
+        "produce refused: {why}"
+    );
+    Err(WireError::new(
+        code,
+        format!("producer {}, sequence {}: {why}", seq.producer_id, seq.first),
+    ))
 }
 
 /// Answers a partition request with an error.

@@ -95,9 +95,9 @@ impl ErrorCode {
   /// The operation needs a group without active members.
   pub const GroupNotEmpty: Self = Self(25);
   /// An idempotent producer's batch does not follow the last one the
-  /// partition holds from it (an earlier batch was lost, or is still being
-  /// appended): the producer sends again from the first unacknowledged
-  /// batch, in order. Retriable.
+  /// partition holds from it (an earlier batch was lost, or has not arrived
+  /// yet): the producer sends again from the first unacknowledged batch, in
+  /// order. Retriable.
   pub const OutOfOrderSequence: Self = Self(26);
   /// The partition's leader knows nothing of this idempotent producer (it
   /// restarted, leadership moved, or the producer was idle long enough to
