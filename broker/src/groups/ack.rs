@@ -33,7 +33,8 @@ pub enum Outcome {
 enum State {
     /// `lock`: the member's lock period (a renewal extends by it).
     Acquired {
-        member: String,
+        /// Shared by every record of one receive.
+        member: std::rc::Rc<str>,
         until: Instant,
         lock: Duration,
     },
@@ -101,7 +102,7 @@ impl AckState {
     /// left, or its session ran out).
     pub fn release(&mut self, member: &str, now: Instant) {
         for r in self.records.values_mut() {
-            if matches!(&r.state, State::Acquired { member: m, .. } if m == member) {
+            if matches!(&r.state, State::Acquired { member: m, .. } if **m == *member) {
                 r.state = State::Available { not_before: now };
             }
         }
@@ -154,6 +155,7 @@ impl AckState {
     /// skipped; returns the ones acquired.
     pub fn acquire(&mut self, offsets: &[u64], member: &str, now: Instant, lock: Duration) -> Vec<u64> {
         let mut taken = Vec::new();
+        let member: std::rc::Rc<str> = member.into();
         for &o in offsets {
             if !self.acquirable(o, now) {
                 continue;
@@ -165,7 +167,7 @@ impl AckState {
             });
             r.attempts += 1;
             r.state = State::Acquired {
-                member: member.to_string(),
+                member: member.clone(),
                 until: now + lock,
                 lock,
             };
@@ -177,7 +179,7 @@ impl AckState {
 
     /// Checks that `member` holds the record (for a settle).
     pub fn held_by(&self, offset: u64, member: &str) -> bool {
-        matches!(self.records.get(&offset), Some(Rec { state: State::Acquired { member: m, .. }, .. }) if m == member)
+        matches!(self.records.get(&offset), Some(Rec { state: State::Acquired { member: m, .. }, .. }) if **m == *member)
     }
 
     /// Applies a settle of a record `member` holds; false (nothing changes)

@@ -32,7 +32,9 @@
 //! only partitions a member reports holding are granted.
 //!
 //! Limits: `__groups` has no retention (a commit must not expire), so it
-//! grows with every commit (about 60 bytes each) and replay reads all of
+//! grows with every commit, and in ack mode with every delivery and settle
+//! (about 60 bytes each; a settle request writes one batch of settles and
+//! one commit, however many records it settles), and replay reads all of
 //! it; compaction — a snapshot record per group and deleting what it
 //! supersedes — is future work.
 
@@ -1160,6 +1162,7 @@ impl Coordinator {
             append(shard, part, group, &stored).await?;
         }
         let now = Instant::now();
+        let mut moved: Vec<Tp> = Vec::new();
         for r in records {
             if r.outcome == Outcome::DeadLetter {
                 let held = self.with_group(p, group, |g| {
@@ -1180,13 +1183,29 @@ impl Coordinator {
             // Held when checked; if its lock ran out since (and another
             // receive took it), the settle changes nothing: it is that
             // delivery's to settle.
-            self.finish(at, &r.tp, |a| {
+            let advanced = self.with_group(p, group, |g| {
+                let Some(a) = g.acks.get_mut(&r.tp) else {
+                    return Ok(false);
+                };
                 if !a.settle(offset, member, outcome, reason, now) {
                     tracing::debug!(offset, "settle of a record no longer held by its member ignored");
                 }
-            })
-            .await?;
+                Ok(a.advance())
+            })?;
+            if advanced && !moved.contains(&r.tp) {
+                moved.push(r.tp);
+            }
         }
+        // One durable commit for every partition whose done prefix grew (at
+        // its position now, which a dead letter above may have moved too),
+        // not one per settled record.
+        let positions = self.with_group(p, group, |g| {
+            Ok(moved
+                .into_iter()
+                .filter_map(|tp| g.acks.get(&tp).map(|a| a.position).map(|position| (tp, position)))
+                .collect())
+        })?;
+        self.commit(at, positions).await?;
         Ok(GroupReply::Done)
     }
 
