@@ -133,8 +133,10 @@ pub(crate) async fn ask<T: Send + 'static>(
     make: impl FnOnce(Reply<T>) -> PartitionRequest,
 ) -> Result<T, WireError> {
     let (tx, rx) = Answer::channel(shard.id.0);
-    let _forwarded = (shard.owner(&queue, partition) != shard.id).then(|| shard.metrics.forwarding());
-    shard.route(queue, partition, make(tx)).await;
+    let owner = shard.owner(&queue, partition);
+    // Counted while the owner has it.
+    let _forwarded = (owner != shard.id).then(|| shard.metrics.forwarding());
+    shard.route(owner, queue, partition, make(tx)).await;
     rx.await.unwrap_or_else(|_| {
         Err(WireError::new(
             ErrorCode::Internal,

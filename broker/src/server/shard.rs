@@ -186,10 +186,9 @@ impl Shard {
         shard_for(queue, partition, self.shards)
     }
 
-    /// Serves `request` here if this shard owns the partition, else
-    /// forwards it to the owner.
-    pub async fn route(self: &Rc<Self>, queue: String, partition: u32, request: PartitionRequest) {
-        let owner = self.owner(&queue, partition);
+    /// Serves `request` here if this shard is `owner` (the partition's,
+    /// from [`Shard::owner`]), else forwards it there.
+    pub async fn route(self: &Rc<Self>, owner: ShardId, queue: String, partition: u32, request: PartitionRequest) {
         if owner == self.id {
             self.serve_partition(&queue, partition, request).await;
             return;
