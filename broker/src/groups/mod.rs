@@ -505,19 +505,8 @@ impl Coordinator {
                 .await
             }
             GroupOp::Delete { group } => {
-                self.with_group(p, &group, |g| {
-                    Self::check_empty(&group, g, "deleted")?;
-                    g.busy = true;
-                    Ok(())
-                })?;
-                let written = append(shard, part, &group, &[GroupChange::Deleted]).await;
-                if let Err(e) = written {
-                    let _ = self.with_group(p, &group, |g| {
-                        g.busy = false;
-                        Ok(())
-                    });
-                    return Err(e);
-                }
+                let write = append(shard, part, &group, &[GroupChange::Deleted]);
+                self.while_empty(p, &group, "deleted", write).await?;
                 if let Some(l) = self.loaded.borrow_mut().get_mut(&p) {
                     l.groups.remove(&group);
                 }
@@ -555,6 +544,29 @@ impl Coordinator {
         ))
     }
 
+    /// Runs `write` (a reset or delete of `group`, `what` it is) if the
+    /// group has no active member, refusing joins until it is written.
+    async fn while_empty<T>(
+        &self,
+        p: u32,
+        group: &str,
+        what: &str,
+        write: impl std::future::Future<Output = Result<T, WireError>>,
+    ) -> Result<T, WireError> {
+        self.with_group(p, group, |g| {
+            Self::check_empty(group, g, what)?;
+            g.busy = true;
+            Ok(())
+        })?;
+        let written = write.await;
+        // (After a delete the group is gone: nothing to clear.)
+        let _ = self.with_group(p, group, |g| {
+            g.busy = false;
+            Ok(())
+        });
+        written
+    }
+
     async fn join(
         &self,
         shard: &Rc<Shard>,
@@ -580,7 +592,7 @@ impl Coordinator {
             return Err(WireError::new(
                 ErrorCode::InvalidRequest,
                 format!(
-                    "session timeout {session_timeout:?} is outside {SESSION_TIMEOUT_MIN:?}..={SESSION_TIMEOUT_MAX:?}"
+                    "session timeout {session_timeout:?} must be between {SESSION_TIMEOUT_MIN:?} and {SESSION_TIMEOUT_MAX:?}"
                 ),
             ));
         }
@@ -770,7 +782,7 @@ impl Coordinator {
                     if !(start..=end).contains(&o) {
                         return Err(WireError::new(
                             ErrorCode::OffsetOutOfRange,
-                            format!("offset {o} is outside {queue}/{q_p}'s log ({start}..={end})"),
+                            format!("offset {o} is outside {queue}/{q_p}'s log (offsets {start} to {end})"),
                         ));
                     }
                     o
@@ -780,17 +792,8 @@ impl Coordinator {
         }
         // Members may have joined while the offsets were looked up; none
         // may join while the reset is written.
-        self.with_group(p, group, |g| {
-            Self::check_empty(group, g, "reset")?;
-            g.busy = true;
-            Ok(())
-        })?;
-        let written = self.commit(at, offsets.clone()).await;
-        let _ = self.with_group(p, group, |g| {
-            g.busy = false;
-            Ok(())
-        });
-        written?;
+        self.while_empty(p, group, "reset", self.commit(at, offsets.clone()))
+            .await?;
         Ok(GroupReply::Reset(offsets))
     }
 
@@ -804,7 +807,7 @@ impl Coordinator {
         if !(LOCK_MIN..=LOCK_MAX).contains(&lock) {
             return Err(WireError::new(
                 ErrorCode::InvalidRequest,
-                format!("lock {lock:?} is outside {LOCK_MIN:?}..={LOCK_MAX:?}"),
+                format!("lock period {lock:?} must be between {LOCK_MIN:?} and {LOCK_MAX:?}"),
             ));
         }
         let mut held = self.with_group(p, group, |g| {
@@ -875,16 +878,19 @@ impl Coordinator {
         }
         let mut batches: Vec<bytes::Bytes> = Vec::new();
         let mut offsets: Vec<u64> = Vec::new();
+        // The offsets of the last batch fetched: the plan's offsets rise, so
+        // the ones that batch holds need no fetch of their own.
+        let mut held: Option<std::ops::RangeInclusive<u64>> = None;
         for offset in plan.redeliver {
+            if held.as_ref().is_some_and(|r| r.contains(&offset)) {
+                offsets.push(offset);
+                continue;
+            }
             match fetch(shard, tp, offset, 1).await {
                 Ok(got) => {
                     if let Some(b) = got.batches.into_iter().next() {
-                        // Offsets of one batch come in a row: compare the
-                        // batch's base offset (not its bytes) with the last.
-                        let base = |b: &bytes::Bytes| strand_wire::batch::BatchHeader::parse(b).map(|h| h.base_offset);
-                        if batches.last().map(base) != Some(base(&b)) {
-                            batches.push(b);
-                        }
+                        held = strand_wire::batch::BatchHeader::parse(&b).map(|h| h.base_offset.0..=h.last_offset().0);
+                        batches.push(b);
                         offsets.push(offset);
                     }
                 }
