@@ -904,11 +904,12 @@ impl GroupConsumer {
         let mut fbb = FlatBufferBuilder::new();
         let group = fbb.create_string(&self.shared.calls.group);
         let member = fbb.create_string(&member_id);
+        // One copy of the reason, and of each queue name, in the request.
+        let reason = reason.map(|t| fbb.create_string(t));
         let items: Vec<_> = records
             .iter()
             .map(|r| {
-                let queue = fbb.create_string(&r.queue);
-                let reason = reason.map(|t| fbb.create_string(t));
+                let queue = fbb.create_shared_string(&r.queue);
                 SettleRecord::create(
                     &mut fbb,
                     &SettleRecordArgs {
