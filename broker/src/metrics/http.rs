@@ -7,7 +7,6 @@
 //! once (more wait in the kernel's backlog), and a shard that does not
 //! answer within 1 s makes `/health` say so rather than hang the scrape.
 
-use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ const CONCURRENT_MAX: usize = 64;
 /// Serves the endpoint until the shard stops.
 pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
     let shard = shard.clone();
-    let serving = Rc::new(Cell::new(0usize));
+    let slots = Rc::new(glommio::sync::Semaphore::new(CONCURRENT_MAX as u64));
     glommio::spawn_local(async move {
         loop {
             let stream = match listener.accept().await {
@@ -39,16 +38,16 @@ pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
             if shard.stopping.get() {
                 continue;
             }
-            while serving.get() >= CONCURRENT_MAX {
-                glommio::timer::sleep(Duration::from_millis(1)).await;
-            }
-            serving.set(serving.get() + 1);
-            let (s, count) = (shard.clone(), serving.clone());
+            // At most CONCURRENT_MAX at once: the next waits for a slot.
+            let Ok(slot) = slots.acquire_static_permit(1).await else {
+                return;
+            };
+            let s = shard.clone();
             glommio::spawn_local(async move {
                 if let Err(e) = serve(&s, stream).await {
                     tracing::debug!("metrics request: {e}");
                 }
-                count.set(count.get() - 1);
+                drop(slot);
             })
             .detach();
         }

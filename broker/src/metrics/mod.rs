@@ -103,6 +103,22 @@ pub struct QueueCounters {
     pub dlq_records: u64,
 }
 
+impl std::ops::AddAssign for QueueCounters {
+    /// Sums every counter (shards' counts of one queue into the node's).
+    fn add_assign(&mut self, other: QueueCounters) {
+        let QueueCounters {
+            produce_requests,
+            produce_bytes,
+            fetch_bytes,
+            dlq_records,
+        } = other;
+        self.produce_requests += produce_requests;
+        self.produce_bytes += produce_bytes;
+        self.fetch_bytes += fetch_bytes;
+        self.dlq_records += dlq_records;
+    }
+}
+
 /// One shard's counters, touched only by its own thread.
 pub struct ShardMetrics {
     queues: RefCell<HashMap<String, QueueCounters>>,
@@ -331,11 +347,7 @@ impl Collector for Scrape {
         let mut hw: BTreeMap<(&str, u32), u64> = BTreeMap::new();
         for s in &self.snapshots {
             for (q, c) in &s.queues {
-                let t = queues.entry(q).or_default();
-                t.produce_requests += c.produce_requests;
-                t.produce_bytes += c.produce_bytes;
-                t.fetch_bytes += c.fetch_bytes;
-                t.dlq_records += c.dlq_records;
+                *queues.entry(q).or_default() += *c;
             }
             for (api, h) in &s.latency {
                 latency.entry(*api).or_default().add(h);

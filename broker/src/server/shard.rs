@@ -424,41 +424,37 @@ impl Shard {
 
     /// This shard's counters, partitions and group positions, for a scrape.
     pub fn snapshot(&self) -> crate::metrics::ShardSnapshot {
-        let partitions = self
-            .partitions
-            .all()
-            .into_iter()
-            .map(|((queue, partition), part)| crate::metrics::PartitionGauges {
-                queue,
-                partition,
-                log_start: part.log.log_start().0,
-                log_end: part.log.log_end().0,
-                high_watermark: part.log.high_watermark().0,
-                stored_bytes: part.log.size_bytes(),
-            })
-            .collect();
         let (positions, rebalances) = self.groups.positions();
         let mut snap = crate::metrics::ShardSnapshot {
             shard: self.id.0,
-            partitions,
             positions,
             rebalances,
+            fsync_buckets: vec![0; strand_storage::log::SYNC_BUCKETS_SECS.len() + 1],
             ..Default::default()
         };
-        self.metrics.fill(&mut snap);
-        snap.busy_ratio = self
-            .metrics
-            .busy_ratio(glommio::executor().executor_stats().total_runtime());
-        snap.requests_in_flight = self.in_flight.get() as u64;
-        snap.fsync_buckets = vec![0; strand_storage::log::SYNC_BUCKETS_SECS.len() + 1];
-        for part in self.partitions.logs() {
-            let stats = part.log.stats();
+        // One pass over the partitions: their gauges and fdatasync stats.
+        for ((queue, partition), part) in self.partitions.all() {
+            let log = &part.log;
+            snap.partitions.push(crate::metrics::PartitionGauges {
+                queue,
+                partition,
+                log_start: log.log_start().0,
+                log_end: log.log_end().0,
+                high_watermark: log.high_watermark().0,
+                stored_bytes: log.size_bytes(),
+            });
+            let stats = log.stats();
             for (b, n) in snap.fsync_buckets.iter_mut().zip(stats.sync_buckets) {
                 *b += n;
             }
             snap.fsync_sum_secs += stats.sync_ns as f64 / 1e9;
             snap.fsync_count += stats.syncs;
         }
+        self.metrics.fill(&mut snap);
+        snap.busy_ratio = self
+            .metrics
+            .busy_ratio(glommio::executor().executor_stats().total_runtime());
+        snap.requests_in_flight = self.in_flight.get() as u64;
         snap
     }
 
