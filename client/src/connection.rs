@@ -6,7 +6,7 @@
 //! pipelined: many may be in flight on one connection.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -305,35 +305,41 @@ fn write_frame(stream: &mut TcpStream, out: &OutFrame) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reads what is there without blocking; `None` when nothing is.
-fn read_now(stream: &TcpStream, chunk: &mut [u8]) -> Option<std::io::Result<usize>> {
+/// Bytes a read asks the socket for at least.
+const READ_CHUNK: usize = 64 << 10;
+/// Most the buffer grows by for one read (a response larger than this
+/// arrives over several reads and one reallocation each).
+const READ_GROW: usize = 16 << 20;
+
+/// Receives into `buf`'s spare capacity (the bytes land where the frame will
+/// be decoded from: no second copy); `None` when nothing was read and there
+/// is nothing to report (interrupted, or nothing there with
+/// `MSG_DONTWAIT`). A blocking receive's timeout is `WouldBlock`.
+fn recv_into(stream: &TcpStream, buf: &mut BytesMut, flags: libc::c_int) -> Option<std::io::Result<usize>> {
     use std::os::fd::AsRawFd;
-    // SAFETY: recv into a buffer we own, of its length, on our socket.
-    let n = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            chunk.as_mut_ptr().cast(),
-            chunk.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
+    let room = buf.spare_capacity_mut();
+    // SAFETY: recv writes at most `room.len()` bytes into memory `buf` owns
+    // and has reserved; only the `n` bytes it reports written are then
+    // counted as initialised by `set_len`.
+    let n = unsafe { libc::recv(stream.as_raw_fd(), room.as_mut_ptr().cast(), room.len(), flags) };
     if n >= 0 {
+        // SAFETY: the first `n` bytes of the spare capacity were written above.
+        unsafe { buf.set_len(buf.len() + n as usize) };
         return Some(Ok(n as usize));
     }
     let e = std::io::Error::last_os_error();
     match e.kind() {
-        std::io::ErrorKind::WouldBlock => None,
+        std::io::ErrorKind::WouldBlock if flags & libc::MSG_DONTWAIT != 0 => None,
         std::io::ErrorKind::Interrupted => None,
         _ => Some(Err(e)),
     }
 }
 
-fn read_loop(mut stream: TcpStream, pending: Pending, addr: String, busy_poll: Duration) {
-    let mut buf = BytesMut::with_capacity(64 << 10);
+fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Duration) {
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let limits = FrameLimits {
         max_frame_bytes: MAX_RESPONSE_BYTES,
     };
-    let mut chunk = vec![0u8; 64 << 10];
     let failure = loop {
         match frame::decode(&mut buf, limits) {
             Ok(Some(f)) => {
@@ -349,21 +355,26 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String, busy_poll: D
             Ok(None) => {}
             Err(e) => break format!("malformed frame from the broker: {e}"),
         }
-        // Busy-poll while a response is due, then sleep in read.
+        // Room for the rest of the frame under way, so that a large
+        // response is read in few calls into one allocation and handed out
+        // from there.
+        let needed = frame::needed(&buf, limits).unwrap_or(READ_CHUNK);
+        buf.reserve(needed.saturating_sub(buf.len()).clamp(READ_CHUNK, READ_GROW));
+        // Busy-poll while a response is due, then sleep in recv.
         let mut got = None;
         if !busy_poll.is_zero() && pending.lock().is_ok_and(|p| !p.waiting.is_empty()) {
             let until = Instant::now() + busy_poll;
             while got.is_none() && Instant::now() < until {
-                got = read_now(&stream, &mut chunk);
+                got = recv_into(&stream, &mut buf, libc::MSG_DONTWAIT);
                 if got.is_none() {
                     std::hint::spin_loop();
                 }
             }
         }
-        match got.unwrap_or_else(|| stream.read(&mut chunk)) {
-            Ok(0) => break "the broker closed the connection".to_string(),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+        match got.or_else(|| recv_into(&stream, &mut buf, 0)) {
+            Some(Ok(0)) => break "the broker closed the connection".to_string(),
+            Some(Ok(_)) => {}
+            Some(Err(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 let overdue = pending
                     .lock()
                     .is_ok_and(|p| p.waiting.values().any(|(sent, _)| sent.elapsed() > RESPONSE_TIMEOUT));
@@ -371,7 +382,8 @@ fn read_loop(mut stream: TcpStream, pending: Pending, addr: String, busy_poll: D
                     break format!("no response within {RESPONSE_TIMEOUT:?}");
                 }
             }
-            Err(e) => break e.to_string(),
+            Some(Err(e)) => break e.to_string(),
+            None => {}
         }
     };
     // Writers fail from now on too.

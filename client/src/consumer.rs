@@ -6,9 +6,10 @@
 //!
 //! Fetches are long polls (the broker answers once `min_bytes` are there or
 //! `max_wait` passed) and are pipelined: as soon as a response arrives, the
-//! next fetch — from the positions just past the records handed back — is
-//! sent before those records are returned, so the network round trip and
-//! the broker's work overlap the application's processing. A `seek` or
+//! next fetch — from the positions just past its batches, read off their
+//! headers — is sent before those batches are checked and their records
+//! read and returned, so the network round trip and the broker's work
+//! overlap the client's parsing and the application's processing. A `seek` or
 //! `assign` drops the fetch in flight (its answer would be for positions
 //! that no longer hold).
 //!
@@ -25,7 +26,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use strand_net::message::{read_body, TailBuilder};
 use strand_net::Frame;
-use strand_wire::batch::{batch_length, RecordBatch};
+use strand_wire::batch::{batch_length, BatchHeader, RecordBatch};
 use strand_wire::flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, WIPOffset};
 use strand_wire::*;
 
@@ -258,13 +259,33 @@ impl Consumer {
         for r in std::mem::take(&mut in_flight.responses) {
             frames.push(r.await);
         }
-        // Each partition's records and position move together: a failure
+        // Each partition's run and position move together: a failure
         // elsewhere in the fetch neither drops nor skips them. An error is
         // returned once there are no records to hand out first.
-        let mut records = Vec::new();
+        let mut runs = Vec::new();
         for frame in frames {
-            if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut records)) {
+            if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut runs)) {
                 self.forget_if_moved(&e, &in_flight.asked);
+                self.deferred_error.get_or_insert(e);
+            }
+        }
+        // Pipelining: the positions already stand past the runs (read off
+        // their batch headers), so the next fetch is sent before these
+        // records are checked and read — the broker works on it meanwhile
+        // (unless a leader moved: the next poll asks for metadata first).
+        let leaders_known = self.positions.keys().all(|k| self.cluster.cached(&k.0).is_some());
+        if leaders_known && self.positions.values().all(|p| matches!(p, Position::At(_))) {
+            self.in_flight = self.send_fetch().ok();
+        }
+        let mut records = Vec::new();
+        for run in runs {
+            let before = records.len();
+            if let Err(e) = read_batches(&run.key, run.position, run.bytes, &mut records) {
+                // Nothing of a run with a bad batch is handed out: the
+                // partition is read again from where it was (the fetch just
+                // sent no longer matches its position, so it is dropped).
+                records.truncate(before);
+                self.positions.insert(run.key, Position::At(run.position));
                 self.deferred_error.get_or_insert(e);
             }
         }
@@ -272,12 +293,6 @@ impl Consumer {
             if let Some(e) = self.deferred_error.take() {
                 return Err(e);
             }
-        }
-        // Pipelining: the next fetch is on its way while these are processed
-        // (unless a leader moved: the next poll asks for metadata first).
-        let leaders_known = self.positions.keys().all(|k| self.cluster.cached(&k.0).is_some());
-        if leaders_known && self.positions.values().all(|p| matches!(p, Position::At(_))) {
-            self.in_flight = self.send_fetch().ok();
         }
         Ok(records)
     }
@@ -362,8 +377,9 @@ impl Consumer {
         }
     }
 
-    /// Takes the records out of one fetch response and moves positions.
-    fn read_fetch(&mut self, frame: &Frame, out: &mut Vec<ConsumedRecord>) -> Result<(), ClientError> {
+    /// Takes each partition's run of batches out of one fetch response and
+    /// moves its position past them (records are read later: `read_batches`).
+    fn read_fetch(&mut self, frame: &Frame, out: &mut Vec<Run>) -> Result<(), ClientError> {
         let resp = read_body::<FetchResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         ClientError::check(resp.error())?;
         for q in resp.queues().iter().flatten() {
@@ -418,14 +434,47 @@ impl Consumer {
                     .get(start..end)
                     .map(|_| frame.tail.slice(start..end))
                     .ok_or_else(|| ClientError::Protocol("fetch records past the frame's tail".into()))?;
-                let mut mine = Vec::new();
-                let next = read_batches(&key, position, run, &mut mine)?;
-                out.append(&mut mine);
-                self.positions.insert(key, Position::At(next));
+                let next = run_end(&key, position, &run)?;
+                self.positions.insert(key.clone(), Position::At(next));
+                out.push(Run {
+                    key,
+                    position,
+                    bytes: run,
+                });
             }
         }
         Ok(())
     }
+}
+
+/// One partition's batches from a fetch response, not yet checked or read.
+struct Run {
+    key: Key,
+    /// The partition's position when the fetch was sent.
+    position: u64,
+    bytes: Bytes,
+}
+
+/// The offset after a run of whole batches (at least `position`), from
+/// their headers alone: what the next fetch asks for. The batches are
+/// checked when their records are read ([`read_batches`]).
+fn run_end(key: &Key, mut position: u64, run: &[u8]) -> Result<u64, ClientError> {
+    let mut rest = run;
+    while !rest.is_empty() {
+        let header = batch_length(rest)
+            .map(|l| l as usize)
+            .filter(|&l| l > 0 && l <= rest.len())
+            .and_then(|l| Some((BatchHeader::parse(&rest[..l])?, l)));
+        let Some((header, len)) = header else {
+            return Err(ClientError::Protocol(format!(
+                "{}/{}: a torn batch in a fetch",
+                key.0, key.1
+            )));
+        };
+        position = position.max(header.next_offset().0);
+        rest = &rest[len..];
+    }
+    Ok(position)
 }
 
 /// Appends the records at or after `position` from a run of whole batches;
@@ -582,4 +631,68 @@ async fn list_offsets(conn: &Connection, seeks: &[(Key, Seek)]) -> Result<Vec<(K
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strand_wire::batch::{stamp, BatchBuilder, Stamp};
+    use strand_wire::{LeaderEpoch, Offset};
+
+    /// A stored batch of `records` records at `base`.
+    fn stored(base: u64, records: u32) -> Vec<u8> {
+        let mut b = BatchBuilder::new();
+        for i in 0..records {
+            b.push(None, Some(format!("v{}", base + u64::from(i)).as_bytes()), &[], 1_000);
+        }
+        let mut bytes = b.build();
+        let stamp_with = Stamp {
+            base_offset: Offset(base),
+            leader_epoch: LeaderEpoch(1),
+            log_append_time_ms: None,
+        };
+        stamp(&mut bytes, usize::MAX, stamp_with).unwrap();
+        bytes.to_vec()
+    }
+
+    fn key() -> Key {
+        (Arc::from("q"), 0)
+    }
+
+    #[test]
+    fn the_next_position_comes_from_the_batch_headers_alone() {
+        let mut run = stored(10, 3);
+        run.extend(stored(13, 5));
+        assert_eq!(run_end(&key(), 11, &run).unwrap(), 18);
+        // Reading the records agrees, skipping those below the position.
+        let mut out = Vec::new();
+        assert_eq!(
+            read_batches(&key(), 11, Bytes::from(run.clone()), &mut out).unwrap(),
+            18
+        );
+        assert_eq!(
+            out.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            (11..18).collect::<Vec<_>>()
+        );
+        // A position past the run stays where it is; an empty run moves nothing.
+        assert_eq!(run_end(&key(), 30, &run).unwrap(), 30);
+        assert_eq!(run_end(&key(), 7, &[]).unwrap(), 7);
+    }
+
+    #[test]
+    fn a_torn_run_is_refused_by_the_header_walk() {
+        let mut run = stored(0, 4);
+        run.extend(stored(4, 4));
+        for cut in [1, 11, run.len() - 1] {
+            let e = run_end(&key(), 0, &run[..cut]).unwrap_err();
+            assert!(e.to_string().contains("torn"), "{e}");
+        }
+        // A damaged record body passes the header walk (headers are intact)
+        // but not the CRC check when the records are read.
+        let last = run.len() - 1;
+        run[last] ^= 0xff;
+        assert_eq!(run_end(&key(), 0, &run).unwrap(), 8);
+        let mut out = Vec::new();
+        assert!(read_batches(&key(), 0, Bytes::from(run), &mut out).is_err());
+    }
 }

@@ -92,6 +92,14 @@ impl SegmentIndex {
         }
     }
 
+    /// The last indexed batch start in `(after, at_most]` (file positions),
+    /// if there is one: a position where a batch begins.
+    pub fn batch_start_within(&self, after: u32, at_most: u32) -> Option<u32> {
+        let i = self.offsets.partition_point(|&(_, pos)| pos <= at_most);
+        let pos = self.offsets.get(i.checked_sub(1)?)?.1;
+        (pos > after).then_some(pos)
+    }
+
     /// The relative offset to start scanning from to find the first batch
     /// whose max timestamp is at or after `timestamp`: every batch before the
     /// returned one has only older records.

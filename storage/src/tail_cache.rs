@@ -58,6 +58,10 @@ pub struct ReadBatches {
     pub bytes: usize,
     /// Offset after the last batch returned (the next one to ask for).
     pub next_offset: Offset,
+    /// Read from the segment file: the batches slice this shard's I/O
+    /// buffers (see `log::readahead`); [`ReadBatches::detach`] before
+    /// they go to another thread.
+    pub from_disk: bool,
 }
 
 impl ReadBatches {
@@ -66,6 +70,18 @@ impl ReadBatches {
             batches: Vec::new(),
             bytes: 0,
             next_offset: at,
+            from_disk: false,
+        }
+    }
+
+    /// Makes the batches safe to drop on any thread: those read from disk
+    /// are copied out of the shard's I/O buffers (a buffer dropped on
+    /// another thread would be leaked, not freed).
+    pub fn detach(&mut self) {
+        if std::mem::take(&mut self.from_disk) {
+            for b in &mut self.batches {
+                *b = Bytes::copy_from_slice(b);
+            }
         }
     }
 

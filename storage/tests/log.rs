@@ -303,3 +303,73 @@ fn the_high_watermark_only_moves_forward_and_stays_within_the_log() {
         log.close().await.unwrap();
     });
 }
+
+/// Batches from a few KiB to over the 2 MiB read-ahead block, read back from
+/// disk (a reopened log) with fetch sizes small and large: every batch comes
+/// back whole and unchanged, whichever block it lies in, and bytes handed
+/// out of a shard's read buffers are freed on that shard only.
+#[test]
+fn disk_reads_hand_out_whole_batches_of_every_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let config = || LogConfig {
+        segment_bytes_max: 16 << 20,
+        batch_bytes_max: 4 << 20,
+        tail_cache_bytes_max: 0,
+        ..LogConfig::default()
+    };
+    run(move || async move {
+        let (shard, log) = open(&path, config()).await;
+        let mut next = 0u64;
+        for tag in 0..60u64 {
+            // 1 to ~3,000 records of 1,000 bytes: 1 KB to ~3 MB a batch.
+            let records = [1, 3, 17, 600, 1030, 1100, 2500, 3000][(tag * 7 % 8) as usize];
+            append(&log, tag, records, 1000).await;
+            next += u64::from(records);
+        }
+        log.flush().await.unwrap();
+        log.close().await.unwrap();
+        drop(log);
+        let log = shard.open_log(log_dir(&path), config()).await.unwrap();
+        assert!(log.segment_count() > 2, "16 MiB segments must have rolled");
+        let whole = read_all(&log).await;
+        assert_eq!(whole.len() as u64, next);
+        check_contents(&whole, 0);
+        for max in [1, 64 << 10, 1 << 20, 3 << 20, 8 << 20] {
+            let mut from = Offset(0);
+            let mut seen = 0;
+            while from < log.log_end() {
+                let got = log.read(from, max).await.unwrap();
+                assert!(got.from_disk);
+                for b in &got.batches {
+                    let batch = strand_storage::batch::RecordBatch::new(b.clone(), 4 << 20).expect("whole batches");
+                    for r in batch.records().filter(|r| r.offset >= from) {
+                        assert_eq!(r.offset.0, seen);
+                        assert_eq!(
+                            r.value.unwrap(),
+                            whole[seen as usize].2,
+                            "offset {seen}, fetches of {max}"
+                        );
+                        seen += 1;
+                    }
+                }
+                from = got.next_offset;
+            }
+            assert_eq!(seen, next, "fetches of {max}");
+        }
+        // A batch read from disk dropped on another thread is leaked there
+        // (counted), never freed into this shard's buffers; detached, it
+        // is bytes of its own.
+        let before = strand_storage::log::foreign_drops();
+        let got = log.read(Offset(0), 1).await.unwrap();
+        let batch = got.batches[0].clone();
+        drop(got);
+        std::thread::spawn(move || drop(batch)).join().unwrap();
+        assert_eq!(strand_storage::log::foreign_drops(), before + 1);
+        let mut got = log.read(Offset(0), 1).await.unwrap();
+        got.detach();
+        assert!(!got.from_disk);
+        std::thread::spawn(move || drop(got)).join().unwrap();
+        assert_eq!(strand_storage::log::foreign_drops(), before + 1);
+    });
+}

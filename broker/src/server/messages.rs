@@ -97,6 +97,11 @@ impl<V: Send + 'static> Answer<V> {
         (Answer { tx: Some(tx), origin }, rx)
     }
 
+    /// The shard the answer goes to.
+    pub fn origin(&self) -> u16 {
+        self.origin
+    }
+
     /// Completes it: at once on the origin shard, else over the mesh.
     pub fn send(mut self, value: V) {
         if let Some(tx) = self.tx.take() {

@@ -270,6 +270,15 @@ impl Shard {
                 let result = log
                     .read_below(Offset(offset), max_bytes as usize, hw)
                     .await
+                    .map(|mut got| {
+                        // Batches read from disk slice this shard's I/O
+                        // buffers, which must not be freed on another
+                        // thread: copied when the answer leaves the shard.
+                        if reply.origin() != self.id.0 {
+                            got.detach();
+                        }
+                        got
+                    })
                     .map(|got| Fetched {
                         bytes: got.bytes,
                         batches: got.batches,

@@ -40,8 +40,9 @@
 //! segments each cost ≈ 34 KB of RSS per partition, of which ≈ 24.5 KiB is
 //! tail cache (its limit there is 32 KiB) and ≈ 4 KiB the active segment's
 //! bookkeeping. An appending log also holds a staging buffer for its next
-//! write (64 KiB, doubling up to what is pending) and up to four 1 MiB
-//! read-ahead blocks while a reader goes through old data.
+//! write (64 KiB, doubling up to what is pending) and up to three ~2 MiB
+//! read-ahead blocks while a reader goes through old data (plus any block
+//! a batch handed out still slices, until that batch is dropped).
 //!
 //! # What opening checks
 //! Sealed segments: the batches after their last index entry (CRC and
@@ -55,6 +56,7 @@
 mod maintain;
 mod read;
 mod readahead;
+pub use readahead::foreign_drops;
 mod write;
 
 use std::cell::RefCell;

@@ -3,8 +3,8 @@
 //!
 //! Reads near the tail come from the tail cache (no I/O). Older data is read
 //! from the segment file from the nearest index entry on, through the
-//! read-ahead blocks (`readahead.rs`), copied once into shared bytes that
-//! every returned batch slices. The read path checks framing and offsets but
+//! read-ahead blocks (`readahead.rs`): every returned batch slices the DMA
+//! buffer it was read into (no copy). The read path checks framing and offsets but
 //! not CRCs: the consumer checks every batch's CRC, and opening a log checks
 //! the CRCs of everything recovery relies on.
 
@@ -14,9 +14,11 @@ use std::rc::Rc;
 use bytes::Bytes;
 use glommio::io::DmaFile;
 
+use super::readahead::SegmentFile;
 use super::Log;
 use crate::batch::RecordBatch;
 use crate::error::{Result, StorageError};
+use crate::index::SegmentIndex;
 use crate::scan::{scan_one_with, ScanEnd, ScanStep};
 use crate::segment::SealedSegment;
 use crate::tail_cache::ReadBatches;
@@ -91,14 +93,24 @@ impl Log {
                     entry,
                     end,
                 } => {
-                    self.read_segment(&file, &path, base, entry, end, from, max_bytes, upto)
+                    self.read_segment(&file, &path, None, base, entry, end, from, max_bytes, upto)
                         .await
                 }
                 Source::Sealed(seg) => {
                     let open = self.inner.shard.sealed(&seg, &self.inner.config).await?;
                     let entry = open.index.lookup_offset((from.0 - seg.base.0) as u32);
-                    self.read_segment(&open.file, &seg.path, seg.base, entry, seg.size, from, max_bytes, upto)
-                        .await
+                    self.read_segment(
+                        &open.file,
+                        &seg.path,
+                        Some(&open.index),
+                        seg.base,
+                        entry,
+                        seg.size,
+                        from,
+                        max_bytes,
+                        upto,
+                    )
+                    .await
                 }
             };
         }
@@ -148,14 +160,16 @@ impl Log {
     }
 
     /// Reads whole batches of one segment from the one holding `from`.
-    /// `entry` is the index entry (relative offset, position) to start at
-    /// and `end` the bytes of the file that hold written batches. Disk
-    /// reads go through the read-ahead blocks (`readahead.rs`).
+    /// `index` is the segment's (`None`: the active segment's), `entry` the
+    /// index entry (relative offset, position) to start at and `end` the
+    /// bytes of the file that hold written batches. Disk reads go through
+    /// the read-ahead blocks (`readahead.rs`).
     #[allow(clippy::too_many_arguments)]
     async fn read_segment(
         &self,
         file: &Rc<DmaFile>,
         path: &Path,
+        index: Option<&SegmentIndex>,
         base: Offset,
         entry: (u32, u32),
         end: u64,
@@ -165,6 +179,7 @@ impl Log {
     ) -> Result<ReadBatches> {
         let batch_bytes_max = self.inner.config.stored_batch_bytes_max();
         let mut out = ReadBatches::empty(from);
+        out.from_disk = true;
         let mut pos = u64::from(entry.1);
         let mut expected = base.plus(u64::from(entry.0));
         // One read covers the index gap (≤ one interval plus a batch) and max_bytes.
@@ -195,7 +210,9 @@ impl Log {
                         break;
                     }
                     let len = (end - pos).min(n.max(want) as u64) as usize;
-                    buf = self.read_window(file, path, pos, len, end).await?;
+                    buf = self
+                        .read_window(SegmentFile { file, path, index }, pos, len, n, end)
+                        .await?;
                     buf_pos = pos;
                     want = max_bytes.saturating_sub(out.bytes).max(64 << 10);
                     if buf.len() < n.min(len) {

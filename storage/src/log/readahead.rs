@@ -1,34 +1,67 @@
-//! Read-ahead for readers that go through a segment from disk.
+//! Read-ahead for readers that go through a segment from disk, handing out
+//! the bytes read without copying them.
 //!
-//! Disk reads go through fixed 1 MiB blocks aligned in the file. A read
-//! takes the blocks it spans (from this log's small block cache when they
-//! are there, else reads them now) and copies the wanted bytes out once;
-//! then it starts reading the next [`DEPTH`] blocks in the background. A
-//! sequential reader (a consumer catching up, a follower) so always finds
-//! its next bytes in flight or in memory, and the disk never idles while
-//! the shard copies or the reader works.
+//! Disk reads go through *blocks* of about [`BLOCK`] bytes that start at
+//! the 4 KiB page holding a batch start. A read takes the block that covers
+//! what it needs (from this log's small block cache, else reads it now) and
+//! returns a slice of it: the `Bytes` every returned batch slices share the
+//! block's DMA buffer, so a fetch from disk is sent to the socket from the
+//! memory the disk wrote into (no copy on the way). A block may end inside
+//! a batch; the next block starts at the page of the first batch the block
+//! does not hold whole, so every batch lies entirely in one block (a batch
+//! cut by a block end is read again with the next block: the cost is at
+//! most one batch per block of extra disk reads, nothing in memory).
 //!
-//! Only blocks entirely below the readable end of the file are cached:
-//! their bytes never change (truncation clears the cache). The block that
-//! holds the end of the active segment is read afresh each time.
+//! A block read ahead ends where a batch starts, when the segment's index
+//! (an entry every ~32 KiB of batches) knows one within [`BLOCK`] bytes:
+//! so it holds whole batches, and next to nothing is read twice.
+//!
+//! When a reader first uses a block, the next one — found by walking the
+//! batch lengths from the batch the reader is at — is read in the
+//! background, so a sequential reader (a consumer catching up, a follower)
+//! finds its next bytes in flight or in memory, and the disk never idles
+//! while the shard sends or the reader works.
+//!
+//! A block's bytes below the readable end of the file when it was read
+//! never change (appends only add bytes after it; truncation clears the
+//! cache), so a block is used for those bytes only, and a reader that needs
+//! bytes past them reads a fresh block.
+//!
+//! Memory: at most [`CAPACITY`] blocks per log (≤ 6 MiB), freed when no
+//! read used them for a while ([`Log::release_idle_readahead`]); a block
+//! handed out lives on until the last batch slicing it is dropped.
+//!
+//! # Handing a shard's buffer out as `Bytes`
+//! glommio's read buffers belong to the shard that read them (reference
+//! counted with `Rc`, returned to that executor's pool), while `Bytes` may
+//! travel to another thread. [`ShardBlock`] keeps that sound: its bytes
+//! may be read from anywhere (nothing but the buffer, which it keeps alive,
+//! is touched), and it is released only on the thread that made it; if the
+//! last clone is dropped on another thread the block is leaked instead (and
+//! counted in [`foreign_drops`]). The broker copies fetched batches that
+//! go to another shard ([`crate::log::ReadBatches::detach`]), so that never
+//! happens there.
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use glommio::io::{DmaFile, ReadResult};
 
 use super::Log;
+use crate::batch::batch_length;
 use crate::error::{Result, StorageError};
-use crate::segment::io::align_up;
+use crate::index::SegmentIndex;
+use crate::segment::io::{align_down, align_up};
 
-/// Bytes per read-ahead block.
-pub(super) const BLOCK: u64 = 1 << 20;
-/// Blocks read ahead of the last one a reader touched.
-const DEPTH: u64 = 2;
-/// Blocks kept per log (in flight or read).
-const CAPACITY: usize = 4;
+/// Bytes per read-ahead block (more when one read needs more).
+pub(super) const BLOCK: u64 = 2 << 20;
+/// Blocks kept per log (in flight or read): the one in use, the next, and
+/// one for a second reader or a straggler.
+const CAPACITY: usize = 3;
 
 type BlockRead = glommio::Task<std::result::Result<ReadResult, String>>;
 
@@ -39,8 +72,27 @@ enum BlockState {
 
 struct Block {
     path: PathBuf,
-    index: u64,
+    /// File position of the block's first byte (4 KiB aligned).
+    start: u64,
+    /// Bytes from `start` that held written data when it was read (the
+    /// readable end then): the only bytes of it ever used.
+    valid: u64,
     state: BlockState,
+}
+
+impl Block {
+    fn covers(&self, path: &Path, from: u64, to: u64) -> bool {
+        self.start <= from && to <= self.start + self.valid && self.path == path
+    }
+}
+
+/// The segment a read goes to: its file, path and index (`None`: the
+/// active segment's, looked up when needed).
+#[derive(Clone, Copy)]
+pub(super) struct SegmentFile<'a> {
+    pub file: &'a Rc<DmaFile>,
+    pub path: &'a Path,
+    pub index: Option<&'a SegmentIndex>,
 }
 
 /// The block cache of one log.
@@ -54,24 +106,31 @@ pub(super) struct ReadAhead {
 }
 
 impl ReadAhead {
-    fn take(&mut self, path: &Path, index: u64) -> Option<BlockState> {
-        let at = self.blocks.iter().position(|b| b.index == index && b.path == path)?;
-        self.blocks.remove(at).map(|b| b.state)
+    fn take(&mut self, path: &Path, from: u64, to: u64) -> Option<Block> {
+        let at = self.blocks.iter().position(|b| b.covers(path, from, to))?;
+        self.blocks.remove(at)
     }
 
-    fn contains(&self, path: &Path, index: u64) -> bool {
-        self.blocks.iter().any(|b| b.index == index && b.path == path)
+    fn holds_start(&self, path: &Path, start: u64) -> bool {
+        self.blocks.iter().any(|b| b.start == start && b.path == path)
     }
 
-    fn put(&mut self, path: &Path, index: u64, state: BlockState) {
+    /// Keeps a block, making room by dropping the one furthest behind: the
+    /// lowest position, read blocks before blocks in flight.
+    fn put(&mut self, block: Block) {
         while self.blocks.len() >= CAPACITY {
-            self.blocks.pop_front();
+            let behind = self
+                .blocks
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, b)| (matches!(b.state, BlockState::InFlight(_)), b.start))
+                .map(|(at, _)| at);
+            match behind {
+                Some(at) => drop(self.blocks.remove(at)),
+                None => break,
+            }
         }
-        self.blocks.push_back(Block {
-            path: path.to_path_buf(),
-            index,
-            state,
-        });
+        self.blocks.push_back(block);
     }
 
     /// Forgets every block (the files may change: truncation).
@@ -84,7 +143,7 @@ impl ReadAhead {
 impl Log {
     /// Frees the read-ahead blocks if nothing read through them for
     /// `idle_ms` (the shard calls this periodically, so a reader that went
-    /// away does not keep up to 4 MiB per log).
+    /// away does not keep up to [`CAPACITY`] blocks per log).
     pub fn release_idle_readahead(&self, idle_ms: u64) {
         let mut st = self.inner.state.borrow_mut();
         if super::mono_ms().saturating_sub(st.readahead.last_used_ms) >= idle_ms {
@@ -92,80 +151,197 @@ impl Log {
         }
     }
 
-    /// Bytes `[pos, pos + len)` of the file, clamped to `end` (the readable
-    /// end), copied once into shared bytes; then reads ahead.
+    /// Bytes from `pos` (a batch start) of the file: up to `len` of them,
+    /// and at least `need` (fewer only where the readable end `end` comes
+    /// first), clamped to `end`; a slice of a read block, not a copy. Then
+    /// reads the block after it ahead.
     pub(super) async fn read_window(
         &self,
-        file: &Rc<DmaFile>,
-        path: &Path,
+        seg: SegmentFile<'_>,
         pos: u64,
         len: usize,
+        need: usize,
         end: u64,
     ) -> Result<Bytes> {
         self.inner.state.borrow_mut().readahead.last_used_ms = super::mono_ms();
         let stop = (pos + len as u64).min(end);
-        let mut out = BytesMut::with_capacity(stop.saturating_sub(pos) as usize);
-        let mut last = pos / BLOCK;
-        for index in pos / BLOCK..=stop.saturating_sub(1) / BLOCK {
-            let block = self.block(file, path, index, end).await?;
-            let start = index * BLOCK;
-            let from = (pos.max(start) - start) as usize;
-            let to = ((stop - start) as usize).min(block.len());
-            if from >= to {
-                break;
-            }
-            out.extend_from_slice(&block[from..to]);
-            last = index;
+        let must = (pos + need.min(len) as u64).min(end);
+        if stop <= pos {
+            return Ok(Bytes::new());
         }
-        for index in last + 1..=last + DEPTH {
-            if (index + 1) * BLOCK > end {
-                break;
-            }
-            let cached = self.inner.state.borrow().readahead.contains(path, index);
-            if !cached {
-                let task = spawn_block_read(file.clone(), index);
-                self.inner
-                    .state
-                    .borrow_mut()
-                    .readahead
-                    .put(path, index, BlockState::InFlight(task));
-            }
-        }
-        Ok(out.freeze())
+        let (start, valid, block) = self.block(seg.file, seg.path, pos, must, stop, end).await?;
+        let from = (pos - start) as usize;
+        let to = (stop.min(start + valid) - start) as usize;
+        self.read_next_ahead(seg, &block[..valid as usize], start, pos, end);
+        Ok(ShardBlock::bytes(block).slice(from..to.max(from)))
     }
 
-    /// One block, from the cache or read now.
-    async fn block(&self, file: &Rc<DmaFile>, path: &Path, index: u64, end: u64) -> Result<Rc<ReadResult>> {
-        let full = (index + 1) * BLOCK <= end;
-        let generation = self.inner.state.borrow().readahead.generation;
-        let found = self.inner.state.borrow_mut().readahead.take(path, index);
-        let block = match found {
-            Some(BlockState::Ready(block)) => block,
-            Some(BlockState::InFlight(task)) => Rc::new(
-                task.await
-                    .map_err(|e| StorageError::io("reading", path, std::io::Error::other(e)))?,
+    /// A block holding `[pos, must)`: cached, in flight, or read now (from
+    /// the page of `pos`, `BLOCK` bytes or up to `stop` if more, clamped to
+    /// the readable end). Returns its start, how many of its bytes hold
+    /// data, and its bytes.
+    async fn block(
+        &self,
+        file: &Rc<DmaFile>,
+        path: &Path,
+        pos: u64,
+        must: u64,
+        stop: u64,
+        end: u64,
+    ) -> Result<(u64, u64, Rc<ReadResult>)> {
+        let (generation, found) = {
+            let mut st = self.inner.state.borrow_mut();
+            (st.readahead.generation, st.readahead.take(path, pos, must))
+        };
+        let (start, valid, block) = match found {
+            Some(Block {
+                start,
+                valid,
+                state: BlockState::Ready(block),
+                ..
+            }) => (start, valid, block),
+            Some(Block {
+                start,
+                valid,
+                state: BlockState::InFlight(task),
+                ..
+            }) => (
+                start,
+                valid,
+                Rc::new(
+                    task.await
+                        .map_err(|e| StorageError::io("reading", path, std::io::Error::other(e)))?,
+                ),
             ),
             None => {
-                let len = if full { BLOCK } else { align_up(end - index * BLOCK) };
-                Rc::new(
-                    file.read_at_aligned(index * BLOCK, len as usize)
-                        .await
-                        .map_err(|e| StorageError::glommio("reading", path, e))?,
-                )
+                let start = align_down(pos);
+                let valid = (start + BLOCK).max(stop).min(end) - start;
+                let block = file
+                    .read_at_aligned(start, align_up(valid) as usize)
+                    .await
+                    .map_err(|e| StorageError::glommio("reading", path, e))?;
+                (start, valid, Rc::new(block))
             }
         };
+        let valid = valid.min(block.len() as u64);
         let mut st = self.inner.state.borrow_mut();
-        if full && st.readahead.generation == generation {
-            st.readahead.put(path, index, BlockState::Ready(block.clone()));
+        if st.readahead.generation == generation {
+            st.readahead.put(Block {
+                path: path.to_path_buf(),
+                start,
+                valid,
+                state: BlockState::Ready(block.clone()),
+            });
         }
-        Ok(block)
+        Ok((start, valid, block))
+    }
+
+    /// Starts reading the block after `block` (the bytes holding data of a
+    /// block that starts at `start`, with a batch at `pos`): from the page
+    /// of the first batch it does not hold whole, unless that block is
+    /// cached or there is nothing past `block` below `end`. It ends at the
+    /// last batch start `index` (`None`: the active segment's) knows within
+    /// [`BLOCK`] bytes, if any.
+    fn read_next_ahead(&self, seg: SegmentFile<'_>, block: &[u8], start: u64, pos: u64, end: u64) {
+        let SegmentFile { file, path, index } = seg;
+        let held = block.len() as u64;
+        let mut at = pos;
+        while let Some(n) = block
+            .get((at - start) as usize..)
+            .and_then(batch_length)
+            .filter(|&n| n > 0 && at + u64::from(n) <= start + held)
+        {
+            at += u64::from(n);
+        }
+        let next = align_down(at);
+        if next <= start || at >= end {
+            return;
+        }
+        let within = |index: &SegmentIndex| {
+            let as_u32 = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+            index.batch_start_within(as_u32(at), as_u32(next + BLOCK))
+        };
+        let batch_end = match index {
+            Some(index) => within(index),
+            None => {
+                let st = self.inner.state.borrow();
+                (st.active.path == path).then(|| within(&st.active.index)).flatten()
+            }
+        };
+        let stop = batch_end.map_or(next + BLOCK, u64::from);
+        let valid = stop.min(end) - next;
+        let mut st = self.inner.state.borrow_mut();
+        if st.readahead.holds_start(path, next) {
+            return;
+        }
+        let task = spawn_block_read(file.clone(), next, align_up(valid) as usize);
+        st.readahead.put(Block {
+            path: path.to_path_buf(),
+            start: next,
+            valid,
+            state: BlockState::InFlight(task),
+        });
     }
 }
 
-fn spawn_block_read(file: Rc<DmaFile>, index: u64) -> BlockRead {
-    glommio::spawn_local(async move {
-        file.read_at_aligned(index * BLOCK, BLOCK as usize)
-            .await
-            .map_err(|e| e.to_string())
-    })
+fn spawn_block_read(file: Rc<DmaFile>, start: u64, len: usize) -> BlockRead {
+    glommio::spawn_local(async move { file.read_at_aligned(start, len).await.map_err(|e| e.to_string()) })
+}
+
+/// Times a [`ShardBlock`] was dropped off the thread that read it (and so
+/// leaked rather than freed there); 0 when batches from disk stay on their
+/// shard, as the broker arranges.
+pub fn foreign_drops() -> u64 {
+    FOREIGN_DROPS.load(Ordering::Relaxed)
+}
+
+static FOREIGN_DROPS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Its address names the thread (valid while the thread lives).
+    static THREAD_MARK: u8 = const { 0 };
+}
+
+fn thread_mark() -> Option<usize> {
+    THREAD_MARK.try_with(|m| m as *const u8 as usize).ok()
+}
+
+/// A block read by this shard, as the owner of `Bytes` slicing it (see the
+/// module doc: readable anywhere, freed only on its own thread).
+struct ShardBlock {
+    block: ManuallyDrop<Rc<ReadResult>>,
+    home: Option<usize>,
+}
+
+impl ShardBlock {
+    fn bytes(block: Rc<ReadResult>) -> Bytes {
+        Bytes::from_owner(ShardBlock {
+            block: ManuallyDrop::new(block),
+            home: thread_mark(),
+        })
+    }
+}
+
+// SAFETY: the only thing another thread does with a `ShardBlock` is read
+// the buffer's bytes (`as_ref`), which the `Rc` it holds keeps allocated
+// and which nothing writes after the read completed; the `Rc`'s counts are
+// touched only by `drop`, and only on the thread that made it (elsewhere
+// the block is leaked).
+unsafe impl Send for ShardBlock {}
+
+impl AsRef<[u8]> for ShardBlock {
+    fn as_ref(&self) -> &[u8] {
+        &self.block
+    }
+}
+
+impl Drop for ShardBlock {
+    fn drop(&mut self) {
+        if self.home.is_some() && thread_mark() == self.home {
+            // SAFETY: dropped once, here, on the thread that owns the `Rc`.
+            unsafe { ManuallyDrop::drop(&mut self.block) };
+        } else {
+            FOREIGN_DROPS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
