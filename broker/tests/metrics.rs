@@ -440,3 +440,66 @@ fn pipelined_sends_reach_the_leader_in_order() {
     assert_eq!(raw.produce("seq", 0, once.clone(), 1).unwrap(), first);
     assert_eq!(produced() - before, once.len() as f64);
 }
+
+/// Batches read from disk (a restarted broker: cold caches) and fetched over
+/// a connection of the other shard travel between shards: they arrive whole
+/// and none of the owning shard's I/O buffers is dropped on another thread
+/// (the broker copies them on the way; a leak would be counted).
+#[test]
+fn batches_read_from_disk_for_another_shard_arrive_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path()); // 2 shards
+    assert_eq!(broker.client().create_queue("cold", 2), ErrorCode::None);
+    let addr = broker.addr.to_string();
+    let value = vec![7u8; 1000];
+    for partition in 0..2u32 {
+        let owner = strand_wire::shard_for_partition("cold", partition, 2);
+        let conn = Connection::connect_placed(&addr, Duration::ZERO, Some((owner, 2))).unwrap();
+        for _ in 0..30 {
+            let mut batch = strand_wire::batch::BatchBuilder::new();
+            for _ in 0..100 {
+                batch.push(None, Some(&value), &[], 0);
+            }
+            let (body, tail) = requests::produce("cold", partition, 1, batch.build().freeze());
+            let frame = block_on(conn.request(strand_wire::Api::Produce, &body, tail)).unwrap();
+            requests::produced(&frame).unwrap();
+        }
+    }
+    assert!(broker.terminate().success());
+    let broker = Broker::start(dir.path());
+    let addr = broker.addr.to_string();
+    for partition in 0..2u32 {
+        let owner = strand_wire::shard_for_partition("cold", partition, 2);
+        let conn = Connection::connect_placed(&addr, Duration::ZERO, Some((1 - owner, 2))).unwrap();
+        let mut offset = 0u64;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while offset < 3000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{partition}: read to {offset} of 3000"
+            );
+            let body = requests::fetch("cold", partition, offset, 256 << 10);
+            let frame = block_on(conn.request(strand_wire::Api::Fetch, &body, Default::default())).unwrap();
+            for b in requests::fetched(&frame).unwrap() {
+                let batch = strand_wire::batch::RecordBatch::new(b, usize::MAX).expect("whole, intact batches");
+                let from = offset;
+                for r in batch.records().filter(|r| r.offset.0 >= from) {
+                    assert_eq!(r.offset.0, offset);
+                    assert_eq!(r.value.as_deref(), Some(&value[..]));
+                    offset += 1;
+                }
+            }
+        }
+    }
+    let text = scrape(&broker);
+    let forwarded: f64 = per_shard(&text, "strand_shard_forwarded_requests_total", 2)
+        .iter()
+        .sum();
+    assert!(forwarded > 0.0, "the fetches crossed between shards");
+    let leaked = text
+        .lines()
+        .find(|l| l.starts_with("strand_storage_foreign_buffer_drops_total"))
+        .and_then(|l| l.split_whitespace().last())
+        .expect("the leak counter is exported");
+    assert_eq!(leaked, "0", "I/O buffers dropped on another shard");
+}

@@ -541,7 +541,7 @@ fn per_queue<'b, T, P: 'b, Q: 'b>(
     fbb.create_vector(&queues)
 }
 
-fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Vec<u8> {
+pub(crate) fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::new();
     let queues = per_queue(
         &mut fbb,

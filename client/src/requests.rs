@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use strand_net::message::{read_body, TailBuilder};
 use strand_net::Frame;
-use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::flatbuffers::{FlatBufferBuilder, Follow, ForwardsUOffset, Vector};
 use strand_wire::*;
 
 use crate::error::ClientError;
@@ -64,12 +64,52 @@ pub fn produce_with_timeout(
 pub fn produced(frame: &Frame) -> Result<(u64, u64), ClientError> {
     let resp = read_body::<ProduceResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
     ClientError::check(resp.error())?;
-    let part = resp
-        .queues()
-        .and_then(|q| q.iter().next())
-        .and_then(|q| q.partitions())
-        .and_then(|p| p.iter().next())
-        .ok_or_else(|| ClientError::Protocol("produce response without a partition".into()))?;
+    let part = first_partition(resp.queues(), |q| q.partitions(), "produce")?;
     ClientError::check(part.error())?;
     Ok((part.base_offset(), part.last_offset()))
+}
+
+/// The first partition entry of the first queue entry of a response.
+fn first_partition<'a, Q: Follow<'a> + 'a, P: Follow<'a> + 'a>(
+    queues: Option<Vector<'a, ForwardsUOffset<Q>>>,
+    partitions: impl FnOnce(Q::Inner) -> Option<Vector<'a, ForwardsUOffset<P>>>,
+    api: &str,
+) -> Result<P::Inner, ClientError> {
+    queues
+        .and_then(|q| q.iter().next())
+        .and_then(partitions)
+        .and_then(|p| p.iter().next())
+        .ok_or_else(|| ClientError::Protocol(format!("{api} response without a partition")))
+}
+
+/// A Fetch request for one partition from `offset`, at most `max_bytes`,
+/// answered at once (no long poll).
+pub fn fetch(queue: &str, partition: u32, offset: u64, max_bytes: u32) -> Vec<u8> {
+    let config = crate::ConsumerConfig {
+        max_wait: std::time::Duration::ZERO,
+        min_bytes: 0,
+        partition_max_bytes: max_bytes,
+        ..crate::ConsumerConfig::default()
+    };
+    crate::consumer::fetch_request(&config, &[((std::sync::Arc::from(queue), partition), offset)])
+}
+
+/// The record batches of the first partition in a Fetch response (whole
+/// batches, unchecked), or its error.
+pub fn fetched(frame: &Frame) -> Result<Vec<Bytes>, ClientError> {
+    let resp = read_body::<FetchResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    ClientError::check(resp.error())?;
+    let part = first_partition(resp.queues(), |q| q.partitions(), "fetch")?;
+    ClientError::check(part.error())?;
+    let start = part.records_offset() as usize;
+    let mut run = frame
+        .tail
+        .get(start..start + part.records_len() as usize)
+        .map(|_| frame.tail.slice(start..start + part.records_len() as usize))
+        .ok_or_else(|| ClientError::Protocol("fetch records past the frame's tail".into()))?;
+    let mut batches = Vec::new();
+    while let Some(len) = strand_wire::batch::batch_length(&run).filter(|&l| l > 0 && l as usize <= run.len()) {
+        batches.push(run.split_to(len as usize));
+    }
+    Ok(batches)
 }

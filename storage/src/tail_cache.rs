@@ -79,9 +79,7 @@ impl ReadBatches {
     /// another thread would be leaked, not freed).
     pub fn detach(&mut self) {
         if std::mem::take(&mut self.from_disk) {
-            for b in &mut self.batches {
-                *b = Bytes::copy_from_slice(b);
-            }
+            crate::log::copy_batches(&mut self.batches);
         }
     }
 

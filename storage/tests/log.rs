@@ -361,7 +361,7 @@ fn disk_reads_hand_out_whole_batches_of_every_size() {
         // (counted), never freed into this shard's buffers; detached, it
         // is bytes of its own.
         let before = strand_storage::log::foreign_drops();
-        let got = log.read(Offset(0), 1).await.unwrap();
+        let got = log.read(Offset(0), 1 << 20).await.unwrap();
         let batch = got.batches[0].clone();
         drop(got);
         std::thread::spawn(move || drop(batch)).join().unwrap();

@@ -1331,6 +1331,9 @@ async fn list_offset(shard: &Rc<Shard>, tp: &Tp, query: OffsetQuery) -> Result<O
 
 /// Whole batches of a data partition from `offset` (at least the one
 /// holding it), asked of the shard that owns it.
+/// Batches of a data partition for the coordinator. They are copied out of
+/// whatever they slice: handed out records travel in replies to other
+/// shards, and a redelivered batch must not pin a whole read-ahead block.
 async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Result<Fetched, WireError> {
     let asked: Boxed<'_, Result<Fetched, WireError>> =
         Box::pin(crate::handlers::ask(shard, tp.0.clone(), tp.1, |reply| {
@@ -1340,7 +1343,9 @@ async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Resul
                 reply,
             }
         }));
-    asked.await
+    let mut fetched = asked.await?;
+    strand_storage::log::copy_batches(&mut fetched.batches);
+    Ok(fetched)
 }
 
 /// `<queue>.dlq`, created (one partition, the source's retention) if

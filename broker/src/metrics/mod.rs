@@ -35,6 +35,10 @@
 //!   OS descheduled its thread); logged at most every 10 s with the count
 //!   (glommio cannot name the task without its signal-based detector)
 //! - `strand_fsync_latency_seconds` histogram (every open log's fdatasyncs)
+//! - `strand_storage_foreign_buffer_drops_total`: batches read from disk
+//!   whose shard-owned I/O buffer was dropped on another thread, and so
+//!   leaked rather than freed (the broker copies batches that leave their
+//!   shard, so anything but 0 is a bug; see `strand_storage::log::readahead`)
 //!
 //! Label cardinality is bounded by what the broker holds: queues ×
 //! partitions (a queue has at most `PARTITIONS_MAX`), groups × their
@@ -523,6 +527,12 @@ impl Collector for Scrape {
             "strand_reactor_stalls",
             "Times the shard's 10 ms timer woke more than 500 us late (a task or the OS held the shard).",
             by_shard(&self.snapshots, |s| s.stalls),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_storage_foreign_buffer_drops",
+            "Batches read from disk whose shard-owned I/O buffer was dropped on another thread and leaked (a bug if not 0).",
+            vec![(Vec::new(), strand_storage::log::foreign_drops())],
         )?;
         {
             let bounds = strand_storage::log::SYNC_BUCKETS_SECS;

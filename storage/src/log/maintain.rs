@@ -75,6 +75,8 @@ impl Log {
         sync_dir(&self.inner.dir).await?;
         let mut st = self.inner.state.borrow_mut();
         st.active = active;
+        // Readers may have read ahead meanwhile, from the files as they were.
+        st.readahead.clear();
         let end = st.log_end();
         if cut_pos.is_none() {
             st.log_start = keep_base;

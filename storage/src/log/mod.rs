@@ -56,7 +56,7 @@
 mod maintain;
 mod read;
 mod readahead;
-pub use readahead::foreign_drops;
+pub use readahead::{copy_batches, foreign_drops};
 mod write;
 
 use std::cell::RefCell;

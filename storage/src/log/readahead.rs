@@ -16,11 +16,15 @@
 //! (an entry every ~32 KiB of batches) knows one within [`BLOCK`] bytes:
 //! so it holds whole batches, and next to nothing is read twice.
 //!
-//! When a reader first uses a block, the next one — found by walking the
-//! batch lengths from the batch the reader is at — is read in the
-//! background, so a sequential reader (a consumer catching up, a follower)
-//! finds its next bytes in flight or in memory, and the disk never idles
-//! while the shard sends or the reader works.
+//! A read that starts within the previous one's range is *sequential* (a
+//! consumer catching up, a follower): it reads whole blocks, and the block
+//! after the one it uses — found by walking the batch lengths from the
+//! batch it is at, once per block — is read in the background, so it finds
+//! its next bytes in flight or in memory and the disk never idles while the
+//! shard sends or the reader works. Any other read (a seek, a redelivered
+//! record) reads only what it needs. Reads of fewer than [`COPY_BELOW`]
+//! bytes are copied out of their block, so a small fetch does not pin a
+//! whole block. The cache drops its least recently used read block first.
 //!
 //! A block's bytes below the readable end of the file when it was read
 //! never change (appends only add bytes after it; truncation clears the
@@ -62,6 +66,9 @@ pub(super) const BLOCK: u64 = 2 << 20;
 /// Blocks kept per log (in flight or read): the one in use, the next, and
 /// one for a second reader or a straggler.
 const CAPACITY: usize = 3;
+/// Reads of fewer bytes than this are copied out of their block rather
+/// than pinning all of it (a small fetch, a redelivered batch).
+const COPY_BELOW: usize = (BLOCK / 8) as usize;
 
 type BlockRead = glommio::Task<std::result::Result<ReadResult, String>>;
 
@@ -77,6 +84,8 @@ struct Block {
     /// Bytes from `start` that held written data when it was read (the
     /// readable end then): the only bytes of it ever used.
     valid: u64,
+    /// When it was last put or taken (the cache's use counter).
+    used: u64,
     state: BlockState,
 }
 
@@ -103,6 +112,15 @@ pub(super) struct ReadAhead {
     generation: u64,
     /// Monotonic ms of the last read through this cache.
     last_used_ms: u64,
+    /// Counts puts and takes, to find the least recently used block.
+    uses: u64,
+    /// The last read: file, first and last position. A read that starts
+    /// within it is sequential (a reader going through the file) and
+    /// reads ahead; any other reads only what it needs.
+    last_read: Option<(PathBuf, u64, u64)>,
+    /// The last walk of a block's batches: file, block start, and where the
+    /// first batch it does not hold whole starts (walked once per block).
+    walked: Option<(PathBuf, u64, u64)>,
 }
 
 impl ReadAhead {
@@ -115,27 +133,44 @@ impl ReadAhead {
         self.blocks.iter().any(|b| b.start == start && b.path == path)
     }
 
-    /// Keeps a block, making room by dropping the one furthest behind: the
-    /// lowest position, read blocks before blocks in flight.
-    fn put(&mut self, block: Block) {
+    /// Keeps a block (in place of one with the same start), making room by
+    /// dropping the least recently used read block, or if every block is
+    /// in flight the least recently used of those.
+    fn put(&mut self, mut block: Block) {
+        self.blocks
+            .retain(|b| !(b.start == block.start && b.path == block.path));
         while self.blocks.len() >= CAPACITY {
-            let behind = self
+            let victim = self
                 .blocks
                 .iter()
                 .enumerate()
-                .min_by_key(|(_, b)| (matches!(b.state, BlockState::InFlight(_)), b.start))
+                .min_by_key(|(_, b)| (matches!(b.state, BlockState::InFlight(_)), b.used))
                 .map(|(at, _)| at);
-            match behind {
+            match victim {
                 Some(at) => drop(self.blocks.remove(at)),
                 None => break,
             }
         }
+        self.uses += 1;
+        block.used = self.uses;
         self.blocks.push_back(block);
+    }
+
+    /// Whether a read from `pos` of `path` continues the last one, and
+    /// records it as the last.
+    fn note_read(&mut self, path: &Path, pos: u64, stop: u64) -> bool {
+        let sequential = self
+            .last_read
+            .as_ref()
+            .is_some_and(|(p, from, to)| *from <= pos && pos <= *to && p == path);
+        self.last_read = Some((path.to_path_buf(), pos, stop));
+        sequential
     }
 
     /// Forgets every block (the files may change: truncation).
     pub(super) fn clear(&mut self) {
         self.blocks.clear();
+        self.walked = None;
         self.generation += 1;
     }
 }
@@ -153,8 +188,9 @@ impl Log {
 
     /// Bytes from `pos` (a batch start) of the file: up to `len` of them,
     /// and at least `need` (fewer only where the readable end `end` comes
-    /// first), clamped to `end`; a slice of a read block, not a copy. Then
-    /// reads the block after it ahead.
+    /// first), clamped to `end`. A slice of a read block, not a copy,
+    /// unless it is small ([`COPY_BELOW`]). A sequential reader then has
+    /// the block after it read ahead.
     pub(super) async fn read_window(
         &self,
         seg: SegmentFile<'_>,
@@ -163,30 +199,43 @@ impl Log {
         need: usize,
         end: u64,
     ) -> Result<Bytes> {
-        self.inner.state.borrow_mut().readahead.last_used_ms = super::mono_ms();
         let stop = (pos + len as u64).min(end);
         let must = (pos + need.min(len) as u64).min(end);
         if stop <= pos {
             return Ok(Bytes::new());
         }
-        let (start, valid, block) = self.block(seg.file, seg.path, pos, must, stop, end).await?;
+        let (generation, sequential) = {
+            let mut st = self.inner.state.borrow_mut();
+            st.readahead.last_used_ms = super::mono_ms();
+            (st.readahead.generation, st.readahead.note_read(seg.path, pos, stop))
+        };
+        let want = if sequential {
+            (align_down(pos) + BLOCK).max(stop)
+        } else {
+            stop
+        };
+        let (start, valid, block) = self.block(seg.file, seg.path, pos, must, want, end).await?;
         let from = (pos - start) as usize;
-        let to = (stop.min(start + valid) - start) as usize;
-        self.read_next_ahead(seg, &block[..valid as usize], start, pos, end);
-        Ok(ShardBlock::bytes(block).slice(from..to.max(from)))
+        let to = ((stop.min(start + valid) - start) as usize).max(from);
+        if sequential {
+            self.read_next_ahead(seg, generation, &block[..valid as usize], start, pos, end);
+        }
+        if to - from < COPY_BELOW {
+            return Ok(Bytes::copy_from_slice(&block[from..to]));
+        }
+        Ok(ShardBlock::bytes(block).slice(from..to))
     }
 
     /// A block holding `[pos, must)`: cached, in flight, or read now (from
-    /// the page of `pos`, `BLOCK` bytes or up to `stop` if more, clamped to
-    /// the readable end). Returns its start, how many of its bytes hold
-    /// data, and its bytes.
+    /// the page of `pos` up to `want`, clamped to the readable end).
+    /// Returns its start, how many of its bytes hold data, and its bytes.
     async fn block(
         &self,
         file: &Rc<DmaFile>,
         path: &Path,
         pos: u64,
         must: u64,
-        stop: u64,
+        want: u64,
         end: u64,
     ) -> Result<(u64, u64, Rc<ReadResult>)> {
         let (generation, found) = {
@@ -215,7 +264,7 @@ impl Log {
             ),
             None => {
                 let start = align_down(pos);
-                let valid = (start + BLOCK).max(stop).min(end) - start;
+                let valid = want.min(end) - start;
                 let block = file
                     .read_at_aligned(start, align_up(valid) as usize)
                     .await
@@ -230,6 +279,7 @@ impl Log {
                 path: path.to_path_buf(),
                 start,
                 valid,
+                used: 0,
                 state: BlockState::Ready(block.clone()),
             });
         }
@@ -239,22 +289,31 @@ impl Log {
     /// Starts reading the block after `block` (the bytes holding data of a
     /// block that starts at `start`, with a batch at `pos`): from the page
     /// of the first batch it does not hold whole, unless that block is
-    /// cached or there is nothing past `block` below `end`. It ends at the
-    /// last batch start `index` (`None`: the active segment's) knows within
-    /// [`BLOCK`] bytes, if any.
-    fn read_next_ahead(&self, seg: SegmentFile<'_>, block: &[u8], start: u64, pos: u64, end: u64) {
+    /// cached, there is nothing past `block` below `end`, or the cache was
+    /// cleared since `generation`. It ends at the last batch start the
+    /// segment's index knows within [`BLOCK`] bytes, if any.
+    fn read_next_ahead(&self, seg: SegmentFile<'_>, generation: u64, block: &[u8], start: u64, pos: u64, end: u64) {
         let SegmentFile { file, path, index } = seg;
-        let held = block.len() as u64;
-        let mut at = pos;
-        while let Some(n) = block
-            .get((at - start) as usize..)
-            .and_then(batch_length)
-            .filter(|&n| n > 0 && at + u64::from(n) <= start + held)
-        {
-            at += u64::from(n);
-        }
+        let walked = match &self.inner.state.borrow().readahead.walked {
+            Some((p, s, at)) if *s == start && *at >= pos && p == path => Some(*at),
+            _ => None,
+        };
+        let at = walked.unwrap_or_else(|| {
+            let held = block.len() as u64;
+            let mut at = pos;
+            while let Some(n) = block
+                .get((at - start) as usize..)
+                .and_then(batch_length)
+                .filter(|&n| n > 0 && at + u64::from(n) <= start + held)
+            {
+                at += u64::from(n);
+            }
+            at
+        });
         let next = align_down(at);
-        if next <= start || at >= end {
+        let mut st = self.inner.state.borrow_mut();
+        st.readahead.walked = Some((path.to_path_buf(), start, at));
+        if next <= start || at >= end || st.readahead.generation != generation || st.readahead.holds_start(path, next) {
             return;
         }
         let within = |index: &SegmentIndex| {
@@ -263,22 +322,17 @@ impl Log {
         };
         let batch_end = match index {
             Some(index) => within(index),
-            None => {
-                let st = self.inner.state.borrow();
-                (st.active.path == path).then(|| within(&st.active.index)).flatten()
-            }
+            None if st.active.path == path => within(&st.active.index),
+            None => None,
         };
         let stop = batch_end.map_or(next + BLOCK, u64::from);
         let valid = stop.min(end) - next;
-        let mut st = self.inner.state.borrow_mut();
-        if st.readahead.holds_start(path, next) {
-            return;
-        }
         let task = spawn_block_read(file.clone(), next, align_up(valid) as usize);
         st.readahead.put(Block {
             path: path.to_path_buf(),
             start: next,
             valid,
+            used: 0,
             state: BlockState::InFlight(task),
         });
     }
@@ -286,6 +340,19 @@ impl Log {
 
 fn spawn_block_read(file: Rc<DmaFile>, start: u64, len: usize) -> BlockRead {
     glommio::spawn_local(async move { file.read_at_aligned(start, len).await.map_err(|e| e.to_string()) })
+}
+
+/// Replaces `batches` with copies in one allocation of their own: safe to
+/// drop on any thread, and pinning nothing they sliced.
+pub fn copy_batches(batches: &mut [Bytes]) {
+    let mut all = bytes::BytesMut::with_capacity(batches.iter().map(Bytes::len).sum());
+    for b in batches.iter() {
+        all.extend_from_slice(b);
+    }
+    let mut all = all.freeze();
+    for b in batches.iter_mut() {
+        *b = all.split_to(b.len());
+    }
 }
 
 /// Times a [`ShardBlock`] was dropped off the thread that read it (and so
@@ -298,19 +365,23 @@ pub fn foreign_drops() -> u64 {
 static FOREIGN_DROPS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
-    /// Its address names the thread (valid while the thread lives).
-    static THREAD_MARK: u8 = const { 0 };
+    /// This thread's number (from [`THREADS`]), taken on first use.
+    static THREAD_ID: u64 = THREADS.fetch_add(1, Ordering::Relaxed);
 }
 
-fn thread_mark() -> Option<usize> {
-    THREAD_MARK.try_with(|m| m as *const u8 as usize).ok()
+/// Numbers threads for [`ShardBlock`]: unlike a thread-local's address,
+/// never reused by a later thread.
+static THREADS: AtomicU64 = AtomicU64::new(1);
+
+fn thread_mark() -> Option<u64> {
+    THREAD_ID.try_with(|id| *id).ok()
 }
 
 /// A block read by this shard, as the owner of `Bytes` slicing it (see the
 /// module doc: readable anywhere, freed only on its own thread).
 struct ShardBlock {
     block: ManuallyDrop<Rc<ReadResult>>,
-    home: Option<usize>,
+    home: Option<u64>,
 }
 
 impl ShardBlock {
