@@ -122,8 +122,7 @@ impl Recorder {
 /// its acknowledgement comes. Each latency runs from the send's due time, so
 /// a stall counts against every send it delayed (no coordinated omission).
 fn paced(args: &Args, mut send: impl FnMut(Instant, Arc<Recorder>) -> Result<(), String>) -> Result<Latency, String> {
-    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    crate::report::precise_sleeps();
     let recorder = Arc::new(Recorder {
         hist: Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(err)?),
         done: AtomicU64::new(0),

@@ -318,6 +318,9 @@ fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &Atom
                         .map(|r| Duration::from_nanos(1_000_000_000 * producers as u64 / r.max(1)));
                     let mut keys = KeyGen::new(args.keys, i as u64 + 1);
                     let mut value = vec![b'x'; args.message_bytes.max(8)];
+                    if interval.is_some() {
+                        crate::report::precise_sleeps();
+                    }
                     let started = Instant::now();
                     let mut n = 0u64;
                     let epoch = epoch();
@@ -334,10 +337,10 @@ fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &Atom
                         let due = match interval {
                             Some(iv) => {
                                 let due = started + iv * n as u32;
-                                // Sleep only when well ahead: fine-grained
-                                // sleeps cost more than they save.
+                                // Never early: a record goes at its due time
+                                // (precise_sleeps: within microseconds).
                                 let now = Instant::now();
-                                if due > now + Duration::from_micros(200) {
+                                if due > now {
                                     std::thread::sleep(due - now);
                                 }
                                 due

@@ -52,6 +52,17 @@ impl Latency {
 }
 
 /// MiB per second for `bytes` moved in `secs`.
+/// Makes the calling thread's sleeps end within microseconds of when they
+/// are due: Linux lets a sleep overshoot by the thread's timer slack (50 µs
+/// by default; measured here: a 150 µs sleep ended 63 µs late at p50 and
+/// 552 µs at p99, against 11 and 33 µs with a 1 ns slack). An open-loop
+/// load thread that paces itself by sleeping would otherwise count its own
+/// lateness as the system's latency.
+pub fn precise_sleeps() {
+    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+}
+
 pub fn mib_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0) / secs.max(1e-9)
 }

@@ -979,6 +979,12 @@ impl Shared {
             other => Some((b, other)),
         };
         let mut wake = Vec::new();
+        // The sender thread is told only when this response gives it work:
+        // a batch to retry, or the partition's next batch now that a request
+        // slot is free. (Waking it for every response cost a context switch
+        // each, and it preempted this reader thread while acknowledgements
+        // were being delivered.)
+        let mut sender_has_work = finished.is_none();
         if let Some((b, result)) = &finished {
             if let Some(part) = st
                 .queues
@@ -986,6 +992,7 @@ impl Shared {
                 .and_then(|q| q.parts.get_mut(out.partition as usize))
             {
                 part.in_flight = part.in_flight.saturating_sub(1);
+                sender_has_work = !part.ready.is_empty() || part.open.is_some();
                 // A batch that failed for good leaves a gap the broker would
                 // refuse everything after: go on under a new producer id
                 // (batches sent under the old one are restamped on resend).
@@ -1000,12 +1007,14 @@ impl Shared {
             wake.append(&mut st.flush_waiters);
         }
         drop(st);
-        self.wake.notify_one();
         if let Some((b, result)) = finished {
             b.outcome.finish(result);
         }
         for w in wake {
             w.wake();
+        }
+        if sender_has_work {
+            self.wake.notify_one();
         }
     }
 
