@@ -140,13 +140,10 @@ fn paced(args: &Args, mut send: impl FnMut(Instant, Arc<Recorder>) -> Result<(),
     let start = Instant::now();
     for i in 0..total {
         let due = start + interval * i as u32;
-        // Sleep (not spin: on a small machine the broker and the client's
-        // threads need the cores) with a 1 µs timer slack, so sends leave
+        // Sleep, spinning only the last microseconds (on a small machine the
+        // broker and the client's threads need the cores), so sends leave
         // within microseconds of their due time.
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
+        crate::report::wait_until(due);
         send(due, recorder.clone())?;
     }
     recorder.wait_for(total)?;

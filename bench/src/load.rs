@@ -337,12 +337,8 @@ fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &Atom
                         let due = match interval {
                             Some(iv) => {
                                 let due = started + iv * n as u32;
-                                // Never early: a record goes at its due time
-                                // (precise_sleeps: within microseconds).
-                                let now = Instant::now();
-                                if due > now {
-                                    std::thread::sleep(due - now);
-                                }
+                                // At its due time (see wait_until).
+                                crate::report::wait_until(due);
                                 due
                             }
                             None => Instant::now(),

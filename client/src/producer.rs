@@ -982,8 +982,7 @@ impl Shared {
         // The sender thread is told only when this response gives it work:
         // a batch to retry, or the partition's next batch now that a request
         // slot is free. (Waking it for every response cost a context switch
-        // each, and it preempted this reader thread while acknowledgements
-        // were being delivered.)
+        // each.)
         let mut sender_has_work = finished.is_none();
         if let Some((b, result)) = &finished {
             if let Some(part) = st
@@ -1007,14 +1006,16 @@ impl Shared {
             wake.append(&mut st.flush_waiters);
         }
         drop(st);
+        // Before the acknowledgements: the next batch goes out while they
+        // are delivered (a batch's callbacks can take a while).
+        if sender_has_work {
+            self.wake.notify_one();
+        }
         if let Some((b, result)) = finished {
             b.outcome.finish(result);
         }
         for w in wake {
             w.wake();
-        }
-        if sender_has_work {
-            self.wake.notify_one();
         }
     }
 
