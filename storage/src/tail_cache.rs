@@ -58,9 +58,9 @@ pub struct ReadBatches {
     pub bytes: usize,
     /// Offset after the last batch returned (the next one to ask for).
     pub next_offset: Offset,
-    /// Read from the segment file: the batches slice this shard's I/O
-    /// buffers (see `log::readahead`); [`ReadBatches::detach`] before
-    /// they go to another thread.
+    /// Some batches slice this shard's I/O buffers (read from the segment
+    /// file without a copy: see `log::readahead`); [`ReadBatches::detach`]
+    /// before they go to another thread.
     pub from_disk: bool,
 }
 

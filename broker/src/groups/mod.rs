@@ -888,7 +888,7 @@ impl Coordinator {
             }
             match fetch(shard, tp, offset, 1).await {
                 Ok(got) => {
-                    if let Some(b) = got.batches.into_iter().next() {
+                    if let Some(b) = got.read.batches.into_iter().next() {
                         held = strand_wire::batch::BatchHeader::parse(&b).map(|h| h.base_offset.0..=h.last_offset().0);
                         batches.push(b);
                         offsets.push(offset);
@@ -911,7 +911,7 @@ impl Coordinator {
                 other => other?,
             };
             let mut taken = 0;
-            for b in got.batches {
+            for b in got.read.batches {
                 let batch = RecordBatch::new(b.clone(), usize::MAX)
                     .map_err(|e| WireError::new(ErrorCode::CorruptBatch, e.to_string()))?;
                 let mut used = false;
@@ -1047,6 +1047,7 @@ impl Coordinator {
             other => other?,
         };
         let record = got
+            .read
             .batches
             .into_iter()
             .filter_map(|b| RecordBatch::new(b, usize::MAX).ok())
@@ -1330,10 +1331,9 @@ async fn list_offset(shard: &Rc<Shard>, tp: &Tp, query: OffsetQuery) -> Result<O
 }
 
 /// Whole batches of a data partition from `offset` (at least the one
-/// holding it), asked of the shard that owns it.
-/// Batches of a data partition for the coordinator. They are copied out of
-/// whatever they slice: handed out records travel in replies to other
-/// shards, and a redelivered batch must not pin a whole read-ahead block.
+/// holding it), asked of the shard that owns it. Detached (see
+/// `ReadBatches::detach`): the records it hands out travel in replies to
+/// other shards.
 async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Result<Fetched, WireError> {
     let asked: Boxed<'_, Result<Fetched, WireError>> =
         Box::pin(crate::handlers::ask(shard, tp.0.clone(), tp.1, |reply| {
@@ -1344,7 +1344,7 @@ async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Resul
             }
         }));
     let mut fetched = asked.await?;
-    strand_storage::log::copy_batches(&mut fetched.batches);
+    fetched.read.detach();
     Ok(fetched)
 }
 

@@ -72,7 +72,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     let results = loop {
         let seen = shard.partitions.new_data.epoch();
         let results = fetch_all(shard, &wants).await;
-        let total: usize = results.iter().map(|r| r.as_ref().map_or(0, |f| f.bytes)).sum();
+        let total: usize = results.iter().map(|r| r.as_ref().map_or(0, |f| f.read.bytes)).sum();
         let failed = results.iter().any(|r| r.is_err());
         let now = Instant::now();
         if total >= min_bytes || failed || now >= deadline || shard.stopping.get() {
@@ -103,8 +103,8 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             // The first partition always gets its data; later ones only
             // within the request's byte budget.
             if let Some(f) = fetched {
-                if tail.is_empty() || tail.len() + f.bytes <= max_bytes {
-                    for b in &f.batches {
+                if tail.is_empty() || tail.len() + f.read.bytes <= max_bytes {
+                    for b in &f.read.batches {
                         tail.push(b.clone());
                     }
                 }

@@ -15,8 +15,9 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures_channel::oneshot;
+use strand_storage::log::ReadBatches;
 use strand_wire::ErrorCode;
 
 use crate::controller::{Command, MetadataTable, ProposeError};
@@ -53,8 +54,9 @@ pub struct Produced {
 /// What a partition's owner answers to a fetch.
 #[derive(Debug, Clone, Default)]
 pub struct Fetched {
-    pub batches: Vec<Bytes>,
-    pub bytes: usize,
+    /// The batches (`read.detach()` before they leave the shard that read
+    /// them).
+    pub read: ReadBatches,
     pub high_watermark: u64,
     pub log_start: u64,
 }

@@ -270,20 +270,18 @@ impl Shard {
                 let result = log
                     .read_below(Offset(offset), max_bytes as usize, hw)
                     .await
-                    .map(|mut got| {
+                    .map(|mut read| {
                         // Batches read from disk slice this shard's I/O
                         // buffers, which must not be freed on another
                         // thread: copied when the answer leaves the shard.
                         if reply.origin() != self.id.0 {
-                            got.detach();
+                            read.detach();
                         }
-                        got
-                    })
-                    .map(|got| Fetched {
-                        bytes: got.bytes,
-                        batches: got.batches,
-                        high_watermark: hw.0,
-                        log_start: log.log_start().0,
+                        Fetched {
+                            read,
+                            high_watermark: hw.0,
+                            log_start: log.log_start().0,
+                        }
                     })
                     .map_err(storage_error);
                 reply.send(result);

@@ -56,7 +56,8 @@
 mod maintain;
 mod read;
 mod readahead;
-pub use readahead::{copy_batches, foreign_drops};
+pub(crate) use readahead::copy_batches;
+pub use readahead::foreign_drops;
 mod write;
 
 use std::cell::RefCell;

@@ -179,13 +179,14 @@ impl Log {
     ) -> Result<ReadBatches> {
         let batch_bytes_max = self.inner.config.stored_batch_bytes_max();
         let mut out = ReadBatches::empty(from);
-        out.from_disk = true;
         let mut pos = u64::from(entry.1);
         let mut expected = base.plus(u64::from(entry.0));
         // One read covers the index gap (≤ one interval plus a batch) and max_bytes.
         let window = (max_bytes + (64 << 10)).min(batch_bytes_max * 2);
         let mut want = window;
         let mut buf = Bytes::new();
+        // Whether `buf` slices a read-ahead block (see `ReadBatches::from_disk`).
+        let mut buf_is_block = false;
         let mut buf_pos = pos;
         loop {
             let at = (pos - buf_pos) as usize;
@@ -197,6 +198,7 @@ impl Log {
                         if next > upto || !out.fits(b.len() as usize, max_bytes) {
                             break;
                         }
+                        out.from_disk |= buf_is_block;
                         if !out.take(buf.slice(at..at + b.len() as usize), next, max_bytes) {
                             break;
                         }
@@ -210,8 +212,19 @@ impl Log {
                         break;
                     }
                     let len = (end - pos).min(n.max(want) as u64) as usize;
-                    buf = self
-                        .read_window(SegmentFile { file, path, index }, pos, len, n, end)
+                    (buf, buf_is_block) = self
+                        .read_window(
+                            SegmentFile {
+                                file,
+                                path,
+                                base,
+                                index,
+                            },
+                            pos,
+                            len,
+                            n,
+                            end,
+                        )
                         .await?;
                     buf_pos = pos;
                     want = max_bytes.saturating_sub(out.bytes).max(64 << 10);

@@ -48,7 +48,7 @@
 
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -60,6 +60,7 @@ use crate::batch::batch_length;
 use crate::error::{Result, StorageError};
 use crate::index::SegmentIndex;
 use crate::segment::io::{align_down, align_up};
+use crate::Offset;
 
 /// Bytes per read-ahead block (more when one read needs more).
 pub(super) const BLOCK: u64 = 2 << 20;
@@ -78,7 +79,9 @@ enum BlockState {
 }
 
 struct Block {
-    path: PathBuf,
+    /// The segment's base offset (its name, and unique in the log: the
+    /// cache is cleared before a truncation could make one again).
+    segment: u64,
     /// File position of the block's first byte (4 KiB aligned).
     start: u64,
     /// Bytes from `start` that held written data when it was read (the
@@ -90,17 +93,18 @@ struct Block {
 }
 
 impl Block {
-    fn covers(&self, path: &Path, from: u64, to: u64) -> bool {
-        self.start <= from && to <= self.start + self.valid && self.path == path
+    fn covers(&self, segment: u64, from: u64, to: u64) -> bool {
+        self.segment == segment && self.start <= from && to <= self.start + self.valid
     }
 }
 
-/// The segment a read goes to: its file, path and index (`None`: the
-/// active segment's, looked up when needed).
+/// The segment a read goes to: its file, path (for errors), base offset
+/// and index (`None`: the active segment's, looked up when needed).
 #[derive(Clone, Copy)]
 pub(super) struct SegmentFile<'a> {
     pub file: &'a Rc<DmaFile>,
     pub path: &'a Path,
+    pub base: Offset,
     pub index: Option<&'a SegmentIndex>,
 }
 
@@ -114,23 +118,23 @@ pub(super) struct ReadAhead {
     last_used_ms: u64,
     /// Counts puts and takes, to find the least recently used block.
     uses: u64,
-    /// The last read: file, first and last position. A read that starts
-    /// within it is sequential (a reader going through the file) and
+    /// The last read: segment, first and last position. A read that
+    /// starts within it is sequential (a reader going through the file) and
     /// reads ahead; any other reads only what it needs.
-    last_read: Option<(PathBuf, u64, u64)>,
-    /// The last walk of a block's batches: file, block start, and where the
-    /// first batch it does not hold whole starts (walked once per block).
-    walked: Option<(PathBuf, u64, u64)>,
+    last_read: Option<(u64, u64, u64)>,
+    /// The last walk of a block's batches: segment, block start, and where
+    /// the first batch it does not hold whole starts (walked once per block).
+    walked: Option<(u64, u64, u64)>,
 }
 
 impl ReadAhead {
-    fn take(&mut self, path: &Path, from: u64, to: u64) -> Option<Block> {
-        let at = self.blocks.iter().position(|b| b.covers(path, from, to))?;
+    fn take(&mut self, segment: u64, from: u64, to: u64) -> Option<Block> {
+        let at = self.blocks.iter().position(|b| b.covers(segment, from, to))?;
         self.blocks.remove(at)
     }
 
-    fn holds_start(&self, path: &Path, start: u64) -> bool {
-        self.blocks.iter().any(|b| b.start == start && b.path == path)
+    fn holds_start(&self, segment: u64, start: u64) -> bool {
+        self.blocks.iter().any(|b| b.segment == segment && b.start == start)
     }
 
     /// Keeps a block (in place of one with the same start), making room by
@@ -138,7 +142,7 @@ impl ReadAhead {
     /// in flight the least recently used of those.
     fn put(&mut self, mut block: Block) {
         self.blocks
-            .retain(|b| !(b.start == block.start && b.path == block.path));
+            .retain(|b| !(b.segment == block.segment && b.start == block.start));
         while self.blocks.len() >= CAPACITY {
             let victim = self
                 .blocks
@@ -156,14 +160,13 @@ impl ReadAhead {
         self.blocks.push_back(block);
     }
 
-    /// Whether a read from `pos` of `path` continues the last one, and
+    /// Whether a read from `pos` of `segment` continues the last one, and
     /// records it as the last.
-    fn note_read(&mut self, path: &Path, pos: u64, stop: u64) -> bool {
+    fn note_read(&mut self, segment: u64, pos: u64, stop: u64) -> bool {
         let sequential = self
             .last_read
-            .as_ref()
-            .is_some_and(|(p, from, to)| *from <= pos && pos <= *to && p == path);
-        self.last_read = Some((path.to_path_buf(), pos, stop));
+            .is_some_and(|(s, from, to)| s == segment && from <= pos && pos <= to);
+        self.last_read = Some((segment, pos, stop));
         sequential
     }
 
@@ -189,8 +192,9 @@ impl Log {
     /// Bytes from `pos` (a batch start) of the file: up to `len` of them,
     /// and at least `need` (fewer only where the readable end `end` comes
     /// first), clamped to `end`. A slice of a read block, not a copy,
-    /// unless it is small ([`COPY_BELOW`]). A sequential reader then has
-    /// the block after it read ahead.
+    /// unless it is small ([`COPY_BELOW`]); the flag says which (a slice
+    /// must not be dropped on another thread: see the module doc). A
+    /// sequential reader then has the block after it read ahead.
     pub(super) async fn read_window(
         &self,
         seg: SegmentFile<'_>,
@@ -198,32 +202,32 @@ impl Log {
         len: usize,
         need: usize,
         end: u64,
-    ) -> Result<Bytes> {
+    ) -> Result<(Bytes, bool)> {
         let stop = (pos + len as u64).min(end);
         let must = (pos + need.min(len) as u64).min(end);
         if stop <= pos {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), false));
         }
         let (generation, sequential) = {
             let mut st = self.inner.state.borrow_mut();
             st.readahead.last_used_ms = super::mono_ms();
-            (st.readahead.generation, st.readahead.note_read(seg.path, pos, stop))
+            (st.readahead.generation, st.readahead.note_read(seg.base.0, pos, stop))
         };
         let want = if sequential {
             (align_down(pos) + BLOCK).max(stop)
         } else {
             stop
         };
-        let (start, valid, block) = self.block(seg.file, seg.path, pos, must, want, end).await?;
+        let (start, valid, block) = self.block(seg, pos, must, want, end).await?;
         let from = (pos - start) as usize;
         let to = ((stop.min(start + valid) - start) as usize).max(from);
         if sequential {
             self.read_next_ahead(seg, generation, &block[..valid as usize], start, pos, end);
         }
         if to - from < COPY_BELOW {
-            return Ok(Bytes::copy_from_slice(&block[from..to]));
+            return Ok((Bytes::copy_from_slice(&block[from..to]), false));
         }
-        Ok(ShardBlock::bytes(block).slice(from..to))
+        Ok((ShardBlock::bytes(block).slice(from..to), true))
     }
 
     /// A block holding `[pos, must)`: cached, in flight, or read now (from
@@ -231,16 +235,16 @@ impl Log {
     /// Returns its start, how many of its bytes hold data, and its bytes.
     async fn block(
         &self,
-        file: &Rc<DmaFile>,
-        path: &Path,
+        seg: SegmentFile<'_>,
         pos: u64,
         must: u64,
         want: u64,
         end: u64,
     ) -> Result<(u64, u64, Rc<ReadResult>)> {
+        let SegmentFile { file, path, base, .. } = seg;
         let (generation, found) = {
             let mut st = self.inner.state.borrow_mut();
-            (st.readahead.generation, st.readahead.take(path, pos, must))
+            (st.readahead.generation, st.readahead.take(base.0, pos, must))
         };
         let (start, valid, block) = match found {
             Some(Block {
@@ -276,7 +280,7 @@ impl Log {
         let mut st = self.inner.state.borrow_mut();
         if st.readahead.generation == generation {
             st.readahead.put(Block {
-                path: path.to_path_buf(),
+                segment: base.0,
                 start,
                 valid,
                 used: 0,
@@ -293,9 +297,9 @@ impl Log {
     /// cleared since `generation`. It ends at the last batch start the
     /// segment's index knows within [`BLOCK`] bytes, if any.
     fn read_next_ahead(&self, seg: SegmentFile<'_>, generation: u64, block: &[u8], start: u64, pos: u64, end: u64) {
-        let SegmentFile { file, path, index } = seg;
-        let walked = match &self.inner.state.borrow().readahead.walked {
-            Some((p, s, at)) if *s == start && *at >= pos && p == path => Some(*at),
+        let SegmentFile { file, base, index, .. } = seg;
+        let walked = match self.inner.state.borrow().readahead.walked {
+            Some((segment, s, at)) if segment == base.0 && s == start && at >= pos => Some(at),
             _ => None,
         };
         let at = walked.unwrap_or_else(|| {
@@ -312,8 +316,9 @@ impl Log {
         });
         let next = align_down(at);
         let mut st = self.inner.state.borrow_mut();
-        st.readahead.walked = Some((path.to_path_buf(), start, at));
-        if next <= start || at >= end || st.readahead.generation != generation || st.readahead.holds_start(path, next) {
+        st.readahead.walked = Some((base.0, start, at));
+        if next <= start || at >= end || st.readahead.generation != generation || st.readahead.holds_start(base.0, next)
+        {
             return;
         }
         let within = |index: &SegmentIndex| {
@@ -322,14 +327,14 @@ impl Log {
         };
         let batch_end = match index {
             Some(index) => within(index),
-            None if st.active.path == path => within(&st.active.index),
+            None if st.active.base == base => within(&st.active.index),
             None => None,
         };
         let stop = batch_end.map_or(next + BLOCK, u64::from);
         let valid = stop.min(end) - next;
         let task = spawn_block_read(file.clone(), next, align_up(valid) as usize);
         st.readahead.put(Block {
-            path: path.to_path_buf(),
+            segment: base.0,
             start: next,
             valid,
             used: 0,
@@ -344,7 +349,7 @@ fn spawn_block_read(file: Rc<DmaFile>, start: u64, len: usize) -> BlockRead {
 
 /// Replaces `batches` with copies in one allocation of their own: safe to
 /// drop on any thread, and pinning nothing they sliced.
-pub fn copy_batches(batches: &mut [Bytes]) {
+pub(crate) fn copy_batches(batches: &mut [Bytes]) {
     let mut all = bytes::BytesMut::with_capacity(batches.iter().map(Bytes::len).sum());
     for b in batches.iter() {
         all.extend_from_slice(b);
