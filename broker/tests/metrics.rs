@@ -480,7 +480,7 @@ fn batches_read_from_disk_for_another_shard_arrive_whole() {
             );
             let body = requests::fetch("cold", partition, offset, 256 << 10);
             let frame = block_on(conn.request(strand_wire::Api::Fetch, &body, Default::default())).unwrap();
-            for b in requests::fetched(&frame).unwrap() {
+            for b in requests::fetched(&frame, "cold").unwrap() {
                 let batch = strand_wire::batch::RecordBatch::new(b, usize::MAX).expect("whole, intact batches");
                 let from = offset;
                 for r in batch.records().filter(|r| r.offset.0 >= from) {

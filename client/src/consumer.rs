@@ -427,13 +427,7 @@ impl Consumer {
                         }
                     }
                 }
-                let start = p.records_offset() as usize;
-                let end = start + p.records_len() as usize;
-                let run = frame
-                    .tail
-                    .get(start..end)
-                    .map(|_| frame.tail.slice(start..end))
-                    .ok_or_else(|| ClientError::Protocol("fetch records past the frame's tail".into()))?;
+                let run = tail_run(frame, p.records_offset(), p.records_len(), "fetch")?;
                 let next = run_end(&key, position, &run)?;
                 self.positions.insert(key.clone(), Position::At(next));
                 out.push(Run {
@@ -461,20 +455,37 @@ struct Run {
 fn run_end(key: &Key, mut position: u64, run: &[u8]) -> Result<u64, ClientError> {
     let mut rest = run;
     while !rest.is_empty() {
-        let header = batch_length(rest)
-            .map(|l| l as usize)
-            .filter(|&l| l > 0 && l <= rest.len())
-            .and_then(|l| Some((BatchHeader::parse(&rest[..l])?, l)));
-        let Some((header, len)) = header else {
-            return Err(ClientError::Protocol(format!(
-                "{}/{}: a torn batch in a fetch",
-                key.0, key.1
-            )));
-        };
+        let len = whole_batch_len(&key.0, key.1, rest)?;
+        let header = BatchHeader::parse(&rest[..len]).ok_or_else(|| torn(&key.0, key.1))?;
         position = position.max(header.next_offset().0);
         rest = &rest[len..];
     }
     Ok(position)
+}
+
+/// The records `[offset, offset + len)` of a response frame's tail (where
+/// the body says a partition's batches are).
+pub(crate) fn tail_run(frame: &Frame, offset: u32, len: u32, api: &str) -> Result<Bytes, ClientError> {
+    let (start, end) = (offset as usize, offset as usize + len as usize);
+    if end > frame.tail.len() {
+        return Err(ClientError::Protocol(format!(
+            "{api} response: records at {start}..{end} past the frame's tail of {} bytes",
+            frame.tail.len()
+        )));
+    }
+    Ok(frame.tail.slice(start..end))
+}
+
+/// The length of the batch `run` starts with, which `run` must hold whole.
+pub(crate) fn whole_batch_len(queue: &str, partition: u32, run: &[u8]) -> Result<usize, ClientError> {
+    batch_length(run)
+        .map(|l| l as usize)
+        .filter(|&l| l > 0 && l <= run.len())
+        .ok_or_else(|| torn(queue, partition))
+}
+
+fn torn(queue: &str, partition: u32) -> ClientError {
+    ClientError::Protocol(format!("{queue}/{partition}: a torn batch in a fetch"))
 }
 
 /// Appends the records at or after `position` from a run of whole batches;
@@ -486,10 +497,7 @@ pub(crate) fn read_batches(
     out: &mut Vec<ConsumedRecord>,
 ) -> Result<u64, ClientError> {
     while !run.is_empty() {
-        let len = batch_length(&run)
-            .map(|l| l as usize)
-            .filter(|&l| l > 0 && l <= run.len())
-            .ok_or_else(|| ClientError::Protocol(format!("{}/{}: a torn batch in a fetch", key.0, key.1)))?;
+        let len = whole_batch_len(&key.0, key.1, &run)?;
         let bytes = run.split_to(len);
         let batch = RecordBatch::new(bytes, len)
             .map_err(|e| ClientError::Protocol(format!("{}/{}: corrupt batch in a fetch: {e}", key.0, key.1)))?;

@@ -839,18 +839,9 @@ impl GroupConsumer {
                 .flatten()
                 .zip(part.attempts().into_iter().flatten())
                 .collect();
-            let start = part.records_offset() as usize;
-            let end = start + part.records_len() as usize;
-            if end > frame.tail.len() {
-                return Err(ClientError::Protocol("received records past the frame's tail".into()));
-            }
+            let run = crate::consumer::tail_run(&frame, part.records_offset(), part.records_len(), "receive")?;
             let mut records = Vec::new();
-            crate::consumer::read_batches(
-                &(queue, part.partition()),
-                0,
-                frame.tail.slice(start..end),
-                &mut records,
-            )?;
+            crate::consumer::read_batches(&(queue, part.partition()), 0, run, &mut records)?;
             out.extend(records.into_iter().filter_map(|record| {
                 attempts
                     .get(&record.offset)

@@ -94,22 +94,18 @@ pub fn fetch(queue: &str, partition: u32, offset: u64, max_bytes: u32) -> Vec<u8
     crate::consumer::fetch_request(&config, &[((std::sync::Arc::from(queue), partition), offset)])
 }
 
-/// The record batches of the first partition in a Fetch response (whole
-/// batches, unchecked), or its error.
-pub fn fetched(frame: &Frame) -> Result<Vec<Bytes>, ClientError> {
+/// The record batches of `queue`'s first partition in a Fetch response
+/// (whole batches, their CRCs unchecked), or its error.
+pub fn fetched(frame: &Frame, queue: &str) -> Result<Vec<Bytes>, ClientError> {
     let resp = read_body::<FetchResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
     ClientError::check(resp.error())?;
     let part = first_partition(resp.queues(), |q| q.partitions(), "fetch")?;
     ClientError::check(part.error())?;
-    let start = part.records_offset() as usize;
-    let mut run = frame
-        .tail
-        .get(start..start + part.records_len() as usize)
-        .map(|_| frame.tail.slice(start..start + part.records_len() as usize))
-        .ok_or_else(|| ClientError::Protocol("fetch records past the frame's tail".into()))?;
+    let mut run = crate::consumer::tail_run(frame, part.records_offset(), part.records_len(), "fetch")?;
     let mut batches = Vec::new();
-    while let Some(len) = strand_wire::batch::batch_length(&run).filter(|&l| l > 0 && l as usize <= run.len()) {
-        batches.push(run.split_to(len as usize));
+    while !run.is_empty() {
+        let len = crate::consumer::whole_batch_len(queue, part.partition(), &run)?;
+        batches.push(run.split_to(len));
     }
     Ok(batches)
 }
