@@ -34,12 +34,11 @@ use hdrhistogram::Histogram;
 use strand_client::{
     block_on, requests, Acks, Admin, ClientError, Connection, Delivery, FsyncSpec, Producer, ProducerConfig,
 };
-use strand_storage::testkit;
 use strand_wire::Api;
 
 use crate::load::fresh_queue;
 use crate::report::{mib_s, round2, table, Latency};
-use crate::storage::{err, slices, RECORDS_PER_MIB_BATCH, RECORD_BYTES};
+use crate::storage::{err, mib_batch, slices, RECORDS_PER_MIB_BATCH, RECORD_BYTES};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -321,7 +320,7 @@ pub fn run(args: Args) -> Result<(), String> {
         // Batches are built before the clock starts (client work the raw
         // figure leaves out).
         let batches: Vec<Bytes> = slice
-            .map(|tag| testkit::batch(tag as u64, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 1_700_000_000_000).freeze())
+            .map(|tag| mib_batch(tag as u64, 1_700_000_000_000).freeze())
             .collect();
         for side in [round % 2, 1 - round % 2] {
             if side == 0 {

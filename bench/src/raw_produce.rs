@@ -27,7 +27,7 @@ use strand_storage::testkit;
 use strand_wire::{Api, ErrorCode};
 
 use crate::report::{mib_s, round2, table, Latency};
-use crate::storage::{err, raw_write_slice, slices, MIB, RECORDS_PER_MIB_BATCH, RECORD_BYTES};
+use crate::storage::{err, mib_batch, raw_write_slice, slices, MIB};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -83,7 +83,7 @@ pub fn run(args: Args) -> Result<(), String> {
     create_queue(&addr, &args.queue, args.partitions)?;
     // Batches are built before the clock starts (client work).
     let batches: Vec<Bytes> = (0..args.mib as u64)
-        .map(|tag| testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 1_700_000_000_000).freeze())
+        .map(|tag| mib_batch(tag, 1_700_000_000_000).freeze())
         .collect();
     let bytes_per_batch = batches[0].len() as u64;
     let raw_dir = tempfile::Builder::new()

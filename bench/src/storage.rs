@@ -37,6 +37,15 @@ pub const MIB: usize = 1 << 20;
 pub const RECORD_BYTES: usize = 1000;
 /// Records per "1 MiB" batch: 1,000-byte values plus ~14 bytes of framing each.
 pub const RECORDS_PER_MIB_BATCH: u32 = 1034;
+/// A "1 MiB" batch of [`RECORDS_PER_MIB_BATCH`] 1,000-byte records, tagged
+/// `tag`. The records' keys are `k{tag}` ([`testkit::batch`]), so a batch
+/// grows a KiB per digit of the tag; the tag is taken modulo 1,000 so that
+/// every batch stays within a broker's default 1 MiB message limit (with
+/// four digits it is 1,049,444 bytes and the broker refuses it).
+pub fn mib_batch(tag: u64, timestamp_ms: i64) -> BytesMut {
+    testkit::batch(tag % 1000, RECORDS_PER_MIB_BATCH, RECORD_BYTES, timestamp_ms)
+}
+
 /// Records per 16 KiB batch.
 const RECORDS_PER_SMALL_BATCH: u32 = 16;
 
@@ -179,7 +188,7 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
     // the client's work, not the broker's.
     let batches: Rc<Vec<Cell<Option<BytesMut>>>> = Rc::new(
         (0..args.mib as u64)
-            .map(|tag| Cell::new(Some(testkit::batch(tag, RECORDS_PER_MIB_BATCH, RECORD_BYTES, 0))))
+            .map(|tag| Cell::new(Some(mib_batch(tag, 0))))
             .collect(),
     );
     let (mut raw_secs, mut append_secs, mut append_bytes, mut append_cpu, mut append_faults) = (0.0, 0.0, 0u64, 0.0, 0);
