@@ -21,7 +21,7 @@
 //! `consume_vs_limit` (= (4) MiB/s ÷ min(disk read, loopback)),
 //! `small_p50_us`, `small_p99_us`, `small_p999_us`, `e2e_p99_us`, and every
 //! scenario's figures. `--save` also writes the report to
-//! `bench/results/<date>-<host>.md`.
+//! `bench/results/<date>-<host>.md` (`-2`, `-3`, ... when that exists).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -334,7 +334,16 @@ pub fn run(args: Args) -> Result<(), String> {
     if args.save {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results");
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let path = dir.join(format!("{}-{host}.md", today()));
+        // A second suite the same day on the same host gets `-2`, `-3`, ...:
+        // a saved report is never overwritten.
+        let stem = format!("{}-{host}", today());
+        let path = (1..)
+            .map(|n| match n {
+                1 => dir.join(format!("{stem}.md")),
+                n => dir.join(format!("{stem}-{n}.md")),
+            })
+            .find(|p| !p.exists())
+            .unwrap_or_else(|| unreachable!("some suffix is free"));
         std::fs::write(&path, &md).map_err(|e| format!("writing {}: {e}", path.display()))?;
         eprintln!("suite: saved {}", path.display());
     }

@@ -130,7 +130,10 @@ pub struct ProducerConfig {
     pub batch_bytes: usize,
     /// The longest a record waits for its batch to fill.
     pub linger: Duration,
-    /// Bytes of records enqueued but not yet acknowledged, at most.
+    /// Bytes of records enqueued but not yet acknowledged, at most. Open
+    /// batches also reserve their memory up front within this budget (all
+    /// together at most `buffer_bytes`, plus 4 KiB each), so the producer's
+    /// memory is about twice this at worst.
     pub buffer_bytes: usize,
     pub when_full: WhenFull,
     /// Requests out per partition (pipelining: the next batch goes while
