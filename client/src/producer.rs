@@ -590,64 +590,23 @@ impl Producer {
         headers: &[(&str, &[u8])],
     ) -> Result<Delivery, ClientError> {
         let shared = &self.handle.shared;
-        // The producer's own copy first (the sender thread refreshes it); the
-        // cluster's cache (or a Metadata request) for a queue new to it.
-        let known = shared.lock().queues.get(queue).map(|q| q.info.clone());
-        let info = match known {
-            Some(info) => info,
-            None => shared.cluster.queue(queue).await?,
-        };
         let headers: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(k, v)| (k.as_bytes(), Some(*v))).collect();
         let size = BatchBuilder::record_size(key, Some(value), &headers);
-        let limit = (info.max_message_bytes as usize).min(shared.config.buffer_bytes);
-        if size + HEADER_LEN > limit {
-            return Err(ClientError::MessageTooLarge {
-                bytes: size + HEADER_LEN,
-                limit,
-            });
-        }
         let mut record = Some((key, value, headers));
-        futures_lite::future::poll_fn(|cx| {
-            let mut st = shared.lock();
-            if st.closed {
-                return Poll::Ready(Err(ClientError::Closed));
-            }
-            if st.buffered > 0 && st.buffered + size > shared.config.buffer_bytes {
-                if shared.config.when_full == WhenFull::Fail {
-                    return Poll::Ready(Err(ClientError::BufferFull {
-                        buffered: st.buffered,
-                        limit: shared.config.buffer_bytes,
-                    }));
+        loop {
+            // One lock per record: the producer's own copy of the queue's
+            // metadata (the sender thread refreshes it) is read under it.
+            let step = futures_lite::future::poll_fn(|cx| shared.try_append(cx, queue, &mut record, size)).await;
+            match step {
+                Some(done) => return done,
+                // A queue new to this producer: the cluster's cache, or a
+                // Metadata request, then try again.
+                None => {
+                    let info = shared.cluster.queue(queue).await?;
+                    shared.install(&mut shared.lock(), &info);
                 }
-                st.space_waiters.push(cx.waker().clone());
-                return Poll::Pending;
             }
-            let Some((key, value, headers)) = record.take() else {
-                return Poll::Ready(Err(ClientError::Closed));
-            };
-            let (partition, delivery, news, sendable) = shared.append(&mut st, &info, key, value, &headers, size);
-            // With no linger, an idle partition sends a small batch at once
-            // from here (the lowest latency); a large one goes through the
-            // sender thread, so copying it into the socket overlaps the
-            // building of the next.
-            let inline = match sendable {
-                Some(bytes) if bytes <= INLINE_SEND_MAX && shared.config.linger.is_zero() => {
-                    shared.take_partition(&mut st, queue, partition, Instant::now())
-                }
-                // (A notify is a futex syscall: once per batch, not per record.)
-                Some(_) if news => {
-                    shared.wake.notify_one();
-                    None
-                }
-                _ => None,
-            };
-            drop(st);
-            if let Some(out) = inline {
-                shared.dispatch(out);
-            }
-            Poll::Ready(Ok(delivery))
-        })
-        .await
+        }
     }
 
     /// Sends every open batch now and waits until every record enqueued
@@ -678,42 +637,116 @@ impl Producer {
     }
 }
 
+/// A record on its way into a batch: key, value, headers.
+type Record<'a> = (Option<&'a [u8]>, &'a [u8], Vec<(&'a [u8], Option<&'a [u8]>)>);
+
 impl Shared {
+    /// [`Producer::enqueue`]'s step under the lock: `None` if the producer
+    /// does not know the queue yet, else the outcome (`record` taken), or
+    /// pending until the buffer has room.
+    fn try_append(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        queue: &str,
+        record: &mut Option<Record<'_>>,
+        size: usize,
+    ) -> Poll<Option<Result<Delivery, ClientError>>> {
+        let mut st = self.lock();
+        if st.closed {
+            return Poll::Ready(Some(Err(ClientError::Closed)));
+        }
+        let Some(max_message_bytes) = st.queues.get(queue).map(|q| q.info.max_message_bytes) else {
+            return Poll::Ready(None);
+        };
+        let limit = (max_message_bytes as usize).min(self.config.buffer_bytes);
+        if size + HEADER_LEN > limit {
+            return Poll::Ready(Some(Err(ClientError::MessageTooLarge {
+                bytes: size + HEADER_LEN,
+                limit,
+            })));
+        }
+        if st.buffered > 0 && st.buffered + size > self.config.buffer_bytes {
+            if self.config.when_full == WhenFull::Fail {
+                return Poll::Ready(Some(Err(ClientError::BufferFull {
+                    buffered: st.buffered,
+                    limit: self.config.buffer_bytes,
+                })));
+            }
+            st.space_waiters.push(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let Some((key, value, headers)) = record.take() else {
+            return Poll::Ready(Some(Err(ClientError::Closed)));
+        };
+        let Some((partition, delivery, news, sendable)) = self.append(&mut st, queue, key, value, &headers, size)
+        else {
+            unreachable!("the queue was found above, under the same lock")
+        };
+        // With no linger, an idle partition sends a small batch at once
+        // from here (the lowest latency); a large one goes through the
+        // sender thread, so copying it into the socket overlaps the
+        // building of the next.
+        let inline = match sendable {
+            Some(bytes) if bytes <= INLINE_SEND_MAX && self.config.linger.is_zero() => {
+                self.take_partition(&mut st, queue, partition, Instant::now())
+            }
+            // (A notify is a futex syscall: once per batch, not per record.)
+            Some(_) if news => {
+                self.wake.notify_one();
+                None
+            }
+            _ => None,
+        };
+        drop(st);
+        if let Some(out) = inline {
+            self.dispatch(out);
+        }
+        Poll::Ready(Some(Ok(delivery)))
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update keeps the state whole before it can panic.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Takes a queue's metadata into the producer's copy: a queue new to it,
+    /// or one that grew partitions.
+    fn install(&self, st: &mut State, info: &Arc<QueueInfo>) {
+        match st.queues.get_mut(&info.name) {
+            Some(qs) if qs.info.partitions() < info.partitions() => qs.info = info.clone(),
+            Some(_) => {}
+            None => {
+                st.queues.insert(
+                    info.name.clone(),
+                    QueueState {
+                        info: info.clone(),
+                        sticky: (now_ms() as u32) % info.partitions(),
+                        parts: Vec::new(),
+                    },
+                );
+            }
+        }
+    }
+
     /// Adds a record to its partition's open batch; returns the partition,
     /// the record's delivery, whether a batch started or closed, and what
-    /// the partition could send now ([`Shared::sendable_bytes`]).
+    /// the partition could send now ([`Shared::sendable_bytes`]); `None` if
+    /// the producer does not know the queue ([`Shared::install`]).
     fn append(
         &self,
         st: &mut State,
-        info: &Arc<QueueInfo>,
+        queue: &str,
         key: Option<&[u8]>,
         value: &[u8],
         headers: &[(&[u8], Option<&[u8]>)],
         size: usize,
-    ) -> (u32, Delivery, bool, Option<usize>) {
+    ) -> Option<(u32, Delivery, bool, Option<usize>)> {
         let cfg = &self.config;
-        let batch_limit = cfg.batch_bytes.min(info.max_message_bytes as usize).max(HEADER_LEN + 1);
-        if !st.queues.contains_key(&info.name) {
-            st.queues.insert(
-                info.name.clone(),
-                QueueState {
-                    info: info.clone(),
-                    sticky: (now_ms() as u32) % info.partitions(),
-                    parts: Vec::new(),
-                },
-            );
-        }
-        let Some(qs) = st.queues.get_mut(&info.name) else {
-            unreachable!("inserted above")
-        };
-        if qs.info.partitions() < info.partitions() {
-            qs.info = info.clone();
-        }
+        let qs = st.queues.get_mut(queue)?;
+        let batch_limit = cfg
+            .batch_bytes
+            .min(qs.info.max_message_bytes as usize)
+            .max(HEADER_LEN + 1);
         let partitions = qs.info.partitions();
         if qs.parts.len() != partitions as usize {
             qs.parts.resize_with(partitions as usize, PartState::default);
@@ -792,7 +825,7 @@ impl Shared {
         st.buffered += size;
         // The sender thread cares only when a batch starts (its linger
         // clock) or closes (it can go): not about every record.
-        (partition, delivery, new_batch || full, sendable)
+        Some((partition, delivery, new_batch || full, sendable))
     }
 
     /// Whether the partition may send a request now (something to send
@@ -1288,10 +1321,11 @@ mod tests {
             max_message_bytes: u32::MAX,
         });
         let mut st = State::default();
+        s.install(&mut st, &info);
         for k in 0..1000 {
             let key = format!("k{k}");
             let size = BatchBuilder::record_size(Some(key.as_bytes()), Some(b"v"), &[]);
-            s.append(&mut st, &info, Some(key.as_bytes()), b"v", &[], size);
+            assert!(s.append(&mut st, "q", Some(key.as_bytes()), b"v", &[], size).is_some());
         }
         let parts = &mut st.queues.get_mut("q").unwrap().parts;
         let open = parts.iter().filter(|p| p.open.is_some()).count();
