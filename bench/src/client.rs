@@ -139,9 +139,9 @@ fn paced(args: &Args, mut send: impl FnMut(Instant, Arc<Recorder>) -> Result<(),
     let start = Instant::now();
     for i in 0..total {
         let due = start + interval * i as u32;
-        // Sleep, spinning only the last microseconds (on a small machine the
-        // broker and the client's threads need the cores), so sends leave
-        // within microseconds of their due time.
+        // Sleep, never spin (on a small machine the broker and the client's
+        // threads need the cores): sends leave within microseconds of their
+        // due time (see wait_until).
         crate::report::wait_until(due);
         send(due, recorder.clone())?;
     }

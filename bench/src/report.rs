@@ -51,7 +51,6 @@ impl Latency {
     }
 }
 
-/// MiB per second for `bytes` moved in `secs`.
 /// Makes the calling thread's sleeps end within microseconds of when they
 /// are due: Linux lets a sleep overshoot by the thread's timer slack (50 µs
 /// by default; measured here: a 150 µs sleep ended 63 µs late at p50 and
@@ -77,6 +76,7 @@ pub fn wait_until(due: std::time::Instant) {
     }
 }
 
+/// MiB per second for `bytes` moved in `secs`.
 pub fn mib_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0) / secs.max(1e-9)
 }

@@ -337,13 +337,13 @@ pub fn run(args: Args) -> Result<(), String> {
         // A second suite the same day on the same host gets `-2`, `-3`, ...:
         // a saved report is never overwritten.
         let stem = format!("{}-{host}", today());
-        let path = (1..)
-            .map(|n| match n {
-                1 => dir.join(format!("{stem}.md")),
-                n => dir.join(format!("{stem}-{n}.md")),
-            })
-            .find(|p| !p.exists())
-            .unwrap_or_else(|| unreachable!("some suffix is free"));
+        let mut path = dir.join(format!("{stem}.md"));
+        for n in 2.. {
+            if !path.exists() {
+                break;
+            }
+            path = dir.join(format!("{stem}-{n}.md"));
+        }
         std::fs::write(&path, &md).map_err(|e| format!("writing {}: {e}", path.display()))?;
         eprintln!("suite: saved {}", path.display());
     }

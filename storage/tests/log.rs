@@ -380,9 +380,13 @@ fn disk_reads_hand_out_whole_batches_of_every_size() {
         drop(got);
         std::thread::spawn(move || drop(batch)).join().unwrap();
         assert_eq!(strand_storage::log::foreign_drops(), before + 1);
-        let mut got = log.read(Offset(0), 1).await.unwrap();
+        let mut got = log.read(Offset(0), 1 << 20).await.unwrap();
+        assert!(got.from_disk, "a 1 MiB fetch from disk slices its block");
+        let batches = got.batches.clone();
         got.detach();
         assert!(!got.from_disk);
+        assert_eq!(got.batches, batches, "the copies hold the same bytes");
+        drop(batches);
         std::thread::spawn(move || drop(got)).join().unwrap();
         assert_eq!(strand_storage::log::foreign_drops(), before + 1);
     });

@@ -56,7 +56,6 @@
 mod maintain;
 mod read;
 mod readahead;
-pub(crate) use readahead::copy_batches;
 pub use readahead::foreign_drops;
 mod write;
 

@@ -18,7 +18,6 @@ use super::readahead::SegmentFile;
 use super::Log;
 use crate::batch::RecordBatch;
 use crate::error::{Result, StorageError};
-use crate::index::SegmentIndex;
 use crate::scan::{scan_one_with, ScanEnd, ScanStep};
 use crate::segment::SealedSegment;
 use crate::tail_cache::ReadBatches;
@@ -93,24 +92,24 @@ impl Log {
                     entry,
                     end,
                 } => {
-                    self.read_segment(&file, &path, None, base, entry, end, from, max_bytes, upto)
-                        .await
+                    let seg = SegmentFile {
+                        file: &file,
+                        path: &path,
+                        base,
+                        index: None,
+                    };
+                    self.read_segment(seg, entry, end, from, max_bytes, upto).await
                 }
                 Source::Sealed(seg) => {
                     let open = self.inner.shard.sealed(&seg, &self.inner.config).await?;
                     let entry = open.index.lookup_offset((from.0 - seg.base.0) as u32);
-                    self.read_segment(
-                        &open.file,
-                        &seg.path,
-                        Some(&open.index),
-                        seg.base,
-                        entry,
-                        seg.size,
-                        from,
-                        max_bytes,
-                        upto,
-                    )
-                    .await
+                    let file = SegmentFile {
+                        file: &open.file,
+                        path: &seg.path,
+                        base: seg.base,
+                        index: Some(&open.index),
+                    };
+                    self.read_segment(file, entry, seg.size, from, max_bytes, upto).await
                 }
             };
         }
@@ -159,24 +158,20 @@ impl Log {
         }
     }
 
-    /// Reads whole batches of one segment from the one holding `from`.
-    /// `index` is the segment's (`None`: the active segment's), `entry` the
-    /// index entry (relative offset, position) to start at and `end` the
-    /// bytes of the file that hold written batches. Disk reads go through
-    /// the read-ahead blocks (`readahead.rs`).
-    #[allow(clippy::too_many_arguments)]
+    /// Reads whole batches of segment `seg` from the one holding `from`.
+    /// `entry` is the index entry (relative offset, position) to start at
+    /// and `end` the bytes of the file that hold written batches. Disk reads
+    /// go through the read-ahead blocks (`readahead.rs`).
     async fn read_segment(
         &self,
-        file: &Rc<DmaFile>,
-        path: &Path,
-        index: Option<&SegmentIndex>,
-        base: Offset,
+        seg: SegmentFile<'_>,
         entry: (u32, u32),
         end: u64,
         from: Offset,
         max_bytes: usize,
         upto: Offset,
     ) -> Result<ReadBatches> {
+        let SegmentFile { path, base, .. } = seg;
         let batch_bytes_max = self.inner.config.stored_batch_bytes_max();
         let mut out = ReadBatches::empty(from);
         let mut pos = u64::from(entry.1);
@@ -212,20 +207,7 @@ impl Log {
                         break;
                     }
                     let len = (end - pos).min(n.max(want) as u64) as usize;
-                    (buf, buf_is_block) = self
-                        .read_window(
-                            SegmentFile {
-                                file,
-                                path,
-                                base,
-                                index,
-                            },
-                            pos,
-                            len,
-                            n,
-                            end,
-                        )
-                        .await?;
+                    (buf, buf_is_block) = self.read_window(seg, pos, len, n, end).await?;
                     buf_pos = pos;
                     want = max_bytes.saturating_sub(out.bytes).max(64 << 10);
                     if buf.len() < n.min(len) {

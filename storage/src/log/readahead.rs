@@ -347,19 +347,6 @@ fn spawn_block_read(file: Rc<DmaFile>, start: u64, len: usize) -> BlockRead {
     glommio::spawn_local(async move { file.read_at_aligned(start, len).await.map_err(|e| e.to_string()) })
 }
 
-/// Replaces `batches` with copies in one allocation of their own: safe to
-/// drop on any thread, and pinning nothing they sliced.
-pub(crate) fn copy_batches(batches: &mut [Bytes]) {
-    let mut all = bytes::BytesMut::with_capacity(batches.iter().map(Bytes::len).sum());
-    for b in batches.iter() {
-        all.extend_from_slice(b);
-    }
-    let mut all = all.freeze();
-    for b in batches.iter_mut() {
-        *b = all.split_to(b.len());
-    }
-}
-
 /// Times a [`ShardBlock`] was dropped off the thread that read it (and so
 /// leaked rather than freed there); 0 when batches from disk stay on their
 /// shard, as the broker arranges.
