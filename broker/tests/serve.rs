@@ -94,6 +94,70 @@ fn long_poll_wakes_on_new_data() {
     assert_eq!(hw, 1);
 }
 
+/// Chained fetches (sent before the answer they follow): each starts where
+/// the previous fetch of the partition on the connection ends; a chain that
+/// does not match reads from the request's offset (a duplicate, never a
+/// gap); at the tail, the chained fetch waits in the broker and takes the
+/// next data at once.
+#[test]
+fn chained_fetches_follow_on_and_never_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let mut admin = broker.client();
+    assert_eq!(admin.create_queue("chain", 1), ErrorCode::None);
+    for i in 0..5 {
+        admin.produce("chain", 0, batch(&format!("b{i}"), 3, TS), 1).unwrap();
+    }
+    let bases = |c: &mut Client, n: usize| -> Vec<u64> {
+        (0..n)
+            .map(|_| {
+                let (batches, _) = fetched(&c.recv()).unwrap();
+                assert_eq!(batches.len(), 1, "max_bytes 1: one batch an answer");
+                batches[0].base_offset().0
+            })
+            .collect()
+    };
+    let mut c = broker.client();
+    // A plain fetch, then two chained ones, all sent before any answer.
+    c.send_fetch("chain", &[(0, 0)], 1, 0, 0, false);
+    c.send_fetch("chain", &[(0, 0)], 1, 0, 0, true);
+    c.send_fetch("chain", &[(0, 3)], 1, 0, 0, true);
+    assert_eq!(bases(&mut c, 3), [0, 3, 6]);
+    // The chain says the last fetch started at 7: it started at 6, so this
+    // one reads from 7 — the batch holding it, again.
+    c.send_fetch("chain", &[(0, 7)], 1, 0, 0, true);
+    assert_eq!(bases(&mut c, 1), [6]);
+    // A new connection has no chain: from the offset.
+    let mut fresh = broker.client();
+    fresh.send_fetch("chain", &[(0, 9)], 1, 0, 0, true);
+    assert_eq!(bases(&mut fresh, 1), [9]);
+    // A partition named twice in one chained request is answered (its second
+    // entry cannot wait for the first).
+    let id = fresh.send_fetch("chain", &[(0, 9), (0, 9)], 1, 0, 0, true);
+    assert_eq!(fresh.recv().header.correlation_id, id);
+
+    // At the tail: a long poll and one chained behind it, then two batches.
+    let mut tail = broker.client();
+    tail.send_fetch("chain", &[(0, 15)], 1 << 20, 20_000, 1, false);
+    tail.send_fetch("chain", &[(0, 15)], 1 << 20, 20_000, 1, true);
+    let started = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    admin.produce("chain", 0, batch("late1", 2, TS), 1).unwrap();
+    let first = fetched(&tail.recv()).unwrap().0;
+    assert_eq!(first[0].base_offset().0, 15);
+    admin.produce("chain", 0, batch("late2", 2, TS), 1).unwrap();
+    let second = fetched(&tail.recv()).unwrap().0;
+    assert_eq!(
+        second[0].base_offset().0,
+        17,
+        "the chained fetch starts where the first ended"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "woken by the data, not the timeouts"
+    );
+}
+
 #[test]
 fn restart_keeps_queues_and_data_and_delete_removes_files() {
     let dir = tempfile::tempdir().unwrap();

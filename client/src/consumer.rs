@@ -5,19 +5,26 @@
 //! complete fetch responses.
 //!
 //! Fetches are long polls (the broker answers once `min_bytes` are there or
-//! `max_wait` passed) and are pipelined: as soon as a response arrives, the
-//! next fetch — from the positions just past its batches, read off their
-//! headers — is sent before those batches are checked and their records
-//! read and returned, so the network round trip and the broker's work
-//! overlap the client's parsing and the application's processing. A `seek` or
-//! `assign` drops the fetch in flight (its answer would be for positions
-//! that no longer hold).
+//! `max_wait` passed) and are pipelined, two deep: with the fetch being
+//! answered, a *chained* fetch is in flight, which the broker answers from
+//! where the first one's answer ends (`handlers::fetch` in the broker). So
+//! while the client receives, checks and hands out one answer, the broker
+//! already sends — or waits for data for — the next, and no round trip is
+//! paid between them. A chained fetch carries the position its predecessor
+//! started from; if the broker's chain does not match (another connection),
+//! it answers from there instead, which the client sees as records it has
+//! already had and skips. An answer that starts past a partition's position
+//! (a gap) is never taken. With `pipeline_fetches` off, the next fetch is
+//! sent as soon as an answer arrives, from the positions just past its
+//! batches (read off their headers), before those batches are checked and
+//! read. A `seek` or `assign` drops the fetches in flight (their answers
+//! would be for positions that no longer hold).
 //!
 //! Every batch is checked (CRC and record framing) before its records are
 //! handed out; records below the position (a fetch returns whole batches,
 //! so the first may start earlier) are skipped.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -65,6 +72,10 @@ pub struct ConsumerConfig {
     pub reset_out_of_range: Option<Seek>,
     /// See [`crate::ProducerConfig::busy_poll`].
     pub busy_poll: Duration,
+    /// Keep a chained fetch in flight behind the one being answered (see
+    /// the module doc): the broker's answers follow each other without a
+    /// round trip in between. Off: one fetch in flight.
+    pub pipeline_fetches: bool,
 }
 
 impl Default for ConsumerConfig {
@@ -77,6 +88,7 @@ impl Default for ConsumerConfig {
             start: Seek::Latest,
             reset_out_of_range: None,
             busy_poll: Duration::ZERO,
+            pipeline_fetches: true,
         }
     }
 }
@@ -115,10 +127,12 @@ impl Position {
 type Key = (Arc<str>, u32);
 type FrameFuture = Pin<Box<dyn Future<Output = Result<Frame, ClientError>> + Send>>;
 
-/// A fetch that was sent and not yet read: the offsets it asked for and the
-/// responses to come (one per leader).
+/// A fetch that was sent and not yet read: the offsets it asked for (for a
+/// chained one: where its predecessor started) and the responses to come
+/// (one per leader).
 struct InFlight {
     asked: Vec<(Key, u64)>,
+    chained: bool,
     responses: Vec<FrameFuture>,
 }
 
@@ -127,7 +141,8 @@ pub struct Consumer {
     cluster: Arc<Cluster>,
     config: ConsumerConfig,
     positions: BTreeMap<Key, Position>,
-    in_flight: Option<InFlight>,
+    /// Oldest first: the fetch the next poll reads, then a chained one.
+    in_flight: VecDeque<InFlight>,
     /// A failure met while other partitions had records: reported by the
     /// next poll.
     deferred_error: Option<ClientError>,
@@ -164,7 +179,7 @@ impl Consumer {
             cluster,
             config,
             positions: BTreeMap::new(),
-            in_flight: None,
+            in_flight: VecDeque::new(),
             deferred_error: None,
             resets: Vec::new(),
         }
@@ -179,7 +194,7 @@ impl Consumer {
                 .entry((q.clone(), p))
                 .or_insert(Position::of(self.config.start));
         }
-        self.in_flight = None;
+        self.in_flight.clear();
     }
 
     /// Reads every partition of `queue` (asks for its partition count);
@@ -194,7 +209,7 @@ impl Consumer {
     /// Stops reading a partition.
     pub fn unassign(&mut self, queue: &str, partition: u32) {
         self.positions.remove(&(Arc::from(queue), partition));
-        self.in_flight = None;
+        self.in_flight.clear();
     }
 
     /// Moves an assigned partition's position (looked up on the next poll).
@@ -204,7 +219,7 @@ impl Consumer {
             .get_mut(&(Arc::from(queue), partition))
             .ok_or_else(|| ClientError::Invalid(format!("{queue}/{partition} is not assigned")))?;
         *pos = Position::of(to);
-        self.in_flight = None;
+        self.in_flight.clear();
         Ok(())
     }
 
@@ -213,7 +228,7 @@ impl Consumer {
         for pos in self.positions.values_mut() {
             *pos = Position::of(to);
         }
-        self.in_flight = None;
+        self.in_flight.clear();
     }
 
     /// The offset of the next record to be returned for a partition, once
@@ -251,9 +266,18 @@ impl Consumer {
             self.cluster.queue(&q).await?; // leaders, cached
         }
         self.resolve_pending().await?;
-        let mut in_flight = match self.in_flight.take() {
-            Some(f) if self.still_current(&f) => f,
-            _ => self.send_fetch()?,
+        // A chained fetch is current as long as nothing cleared the queue
+        // (a seek, an assignment, a broken chain) since it was sent.
+        let current = self
+            .in_flight
+            .front()
+            .is_some_and(|f| f.chained || self.still_current(f));
+        if !current {
+            self.in_flight.clear();
+        }
+        let mut in_flight = match self.in_flight.pop_front() {
+            Some(f) => f,
+            None => self.send_fetch(false)?,
         };
         let mut frames = Vec::new();
         for r in std::mem::take(&mut in_flight.responses) {
@@ -263,29 +287,42 @@ impl Consumer {
         // elsewhere in the fetch neither drops nor skips them. An error is
         // returned once there are no records to hand out first.
         let mut runs = Vec::new();
+        let mut broken = false;
         for frame in frames {
-            if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut runs)) {
+            if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut runs, &mut broken)) {
                 self.forget_if_moved(&e, &in_flight.asked);
                 self.deferred_error.get_or_insert(e);
             }
+        }
+        if broken {
+            self.in_flight.clear();
         }
         // Pipelining: the positions already stand past the runs (read off
         // their batch headers), so the next fetch is sent before these
         // records are checked and read — the broker works on it meanwhile
         // (unless a leader moved: the next poll asks for metadata first).
+        // A chained fetch still in flight starts at these positions; the
+        // one sent behind it says so.
         let leaders_known = self.positions.keys().all(|k| self.cluster.cached(&k.0).is_some());
         if leaders_known && self.positions.values().all(|p| matches!(p, Position::At(_))) {
-            self.in_flight = self.send_fetch().ok();
+            if self.in_flight.is_empty() {
+                self.in_flight.extend(self.send_fetch(false).ok());
+            }
+            if self.config.pipeline_fetches && self.in_flight.len() == 1 {
+                self.in_flight.extend(self.send_fetch(true).ok());
+            }
         }
         let mut records = Vec::new();
         for run in runs {
             let before = records.len();
             if let Err(e) = read_batches(&run.key, run.position, run.bytes, &mut records) {
                 // Nothing of a run with a bad batch is handed out: the
-                // partition is read again from where it was (the fetch just
-                // sent no longer matches its position, so it is dropped).
+                // partition is read again from where it was (the fetches
+                // just sent no longer match its position, so they are
+                // dropped).
                 records.truncate(before);
                 self.positions.insert(run.key, Position::At(run.position));
+                self.in_flight.clear();
                 self.deferred_error.get_or_insert(e);
             }
         }
@@ -348,8 +385,10 @@ impl Consumer {
         }
     }
 
-    /// Sends one fetch per leader for every assigned partition.
-    fn send_fetch(&self) -> Result<InFlight, ClientError> {
+    /// Sends one fetch per leader for every assigned partition, from the
+    /// positions, or — `chained` — from where the fetch in flight from the
+    /// positions ends.
+    fn send_fetch(&self, chained: bool) -> Result<InFlight, ClientError> {
         let mut by_conn: HashMap<usize, (Connection, Vec<(Key, u64)>)> = HashMap::new();
         let mut asked = Vec::new();
         for (key, pos) in &self.positions {
@@ -364,10 +403,14 @@ impl Consumer {
         }
         let mut responses: Vec<FrameFuture> = Vec::new();
         for (_, (conn, wants)) in by_conn {
-            let body = fetch_request(&self.config, &wants);
+            let body = fetch_request(&self.config, &wants, chained);
             responses.push(Box::pin(conn.request(Api::Fetch, &body, TailBuilder::default())));
         }
-        Ok(InFlight { asked, responses })
+        Ok(InFlight {
+            asked,
+            chained,
+            responses,
+        })
     }
 
     fn leader_of(&self, queue: &str, partition: u32) -> Result<Connection, ClientError> {
@@ -379,7 +422,10 @@ impl Consumer {
 
     /// Takes each partition's run of batches out of one fetch response and
     /// moves its position past them (records are read later: `read_batches`).
-    fn read_fetch(&mut self, frame: &Frame, out: &mut Vec<Run>) -> Result<(), ClientError> {
+    /// Sets `broken` when a position moved otherwise (an out-of-range reset)
+    /// or a run starts past its position: the fetches in flight behind this
+    /// one no longer follow on.
+    fn read_fetch(&mut self, frame: &Frame, out: &mut Vec<Run>, broken: &mut bool) -> Result<(), ClientError> {
         let resp = read_body::<FetchResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         ClientError::check(resp.error())?;
         for q in resp.queues().iter().flatten() {
@@ -406,6 +452,7 @@ impl Consumer {
                                     to: reset,
                                 });
                                 self.positions.insert(key, Position::of(reset));
+                                *broken = true;
                                 continue;
                             }
                             self.deferred_error.get_or_insert(ClientError::broker(
@@ -428,6 +475,12 @@ impl Consumer {
                     }
                 }
                 let run = tail_run(frame, p.records_offset(), p.records_len(), "fetch")?;
+                if run_start(&key, &run)?.is_some_and(|first| first > position) {
+                    // Records between the position and this run were not
+                    // sent: never skip them. Asked again from the position.
+                    *broken = true;
+                    continue;
+                }
                 let next = run_end(&key, position, &run)?;
                 self.positions.insert(key.clone(), Position::At(next));
                 out.push(Run {
@@ -447,6 +500,16 @@ struct Run {
     /// The partition's position when the fetch was sent.
     position: u64,
     bytes: Bytes,
+}
+
+/// The base offset of a run's first batch (`None` for an empty run).
+fn run_start(key: &Key, run: &[u8]) -> Result<Option<u64>, ClientError> {
+    if run.is_empty() {
+        return Ok(None);
+    }
+    let len = whole_batch_len(&key.0, key.1, run)?;
+    let header = BatchHeader::parse(&run[..len]).ok_or_else(|| torn(&key.0, key.1))?;
+    Ok(Some(header.base_offset.0))
 }
 
 /// The offset after a run of whole batches (at least `position`), from
@@ -549,7 +612,7 @@ fn per_queue<'b, T, P: 'b, Q: 'b>(
     fbb.create_vector(&queues)
 }
 
-pub(crate) fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Vec<u8> {
+pub(crate) fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)], chained: bool) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::new();
     let queues = per_queue(
         &mut fbb,
@@ -561,6 +624,7 @@ pub(crate) fn fetch_request(config: &ConsumerConfig, wants: &[(Key, u64)]) -> Ve
                     partition,
                     offset: *offset,
                     max_bytes: config.partition_max_bytes,
+                    chained,
                 },
             )
         },

@@ -91,7 +91,7 @@ pub fn fetch(queue: &str, partition: u32, offset: u64, max_bytes: u32) -> Vec<u8
         partition_max_bytes: max_bytes,
         ..crate::ConsumerConfig::default()
     };
-    crate::consumer::fetch_request(&config, &[((std::sync::Arc::from(queue), partition), offset)])
+    crate::consumer::fetch_request(&config, &[((std::sync::Arc::from(queue), partition), offset)], false)
 }
 
 /// The record batches of `queue`'s first partition in a Fetch response

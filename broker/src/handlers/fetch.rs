@@ -5,9 +5,30 @@
 //!
 //! A wait is woken by new data on this shard's partitions; partitions of
 //! other shards are looked at again every 10 ms while waiting.
+//!
+//! # Chained fetches (pipelining)
+//! A consumer that waits for each answer before asking again leaves the
+//! connection idle for a round trip per fetch. So a partition may be asked
+//! for `chained`: "from where the previous fetch of this partition on this
+//! connection ends", sent before that answer has arrived. Each connection
+//! keeps [`FetchChains`]: for every partition fetched on it, where its last
+//! fetch started and, once answered, where it ended (the offset after the
+//! last batch it returned; its start when it returned none, or failed). A
+//! chained fetch waits for its predecessor's answer to be made, checks that
+//! the predecessor started at the request's `offset` (the client's view of
+//! the chain), and reads from the predecessor's end; if it did not (the
+//! chain was broken: a new connection, a seek), it reads from `offset`, as a
+//! plain fetch — a duplicate the client skips, never a gap. Its long poll
+//! starts once the predecessor's answer is made, so a consumer keeps one
+//! fetch waiting in the broker while it reads the last answer: data that
+//! arrives meanwhile goes out at once, without a round trip.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+use strand_storage::notify::Notify;
 
 use strand_net::frame::FrameHeader;
 use strand_net::message::TailBuilder;
@@ -29,9 +50,115 @@ struct Want {
     partition: u32,
     offset: u64,
     max_bytes: u32,
+    chained: bool,
 }
 
-pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+/// One connection's fetch chains (see the module doc).
+#[derive(Default)]
+pub struct FetchChains {
+    last: RefCell<HashMap<(String, u32), Rc<Link>>>,
+    /// Woken whenever a link's answer is made.
+    answered: Notify,
+}
+
+/// Fetches of partitions this many or more are remembered only while in
+/// flight: the map stays bounded whatever names a client sends.
+const CHAINS_MAX: usize = super::PARTITIONS_PER_REQUEST_MAX;
+
+/// One fetch of one partition: where it started (once known: a chained
+/// fetch learns it from its predecessor) and where its answer ended.
+#[derive(Default)]
+struct Link {
+    start: Cell<Option<u64>>,
+    end: Cell<Option<u64>>,
+}
+
+/// A fetch's place in its chains, made before its first await (handlers
+/// start in arrival order, so links are made in request order). If the
+/// fetch fails before it answers, dropping it answers "nothing read" for
+/// every partition, so no successor waits forever.
+struct Links<'a> {
+    chains: &'a FetchChains,
+    /// Per want: its link, and the predecessor's if it is chained.
+    links: Vec<(Rc<Link>, Option<Rc<Link>>)>,
+}
+
+impl FetchChains {
+    fn link(&self, wants: &[Want]) -> Links<'_> {
+        let mut last = self.last.borrow_mut();
+        if last.len() >= CHAINS_MAX {
+            last.retain(|_, l| l.end.get().is_none());
+        }
+        // A partition named twice in one request: its second entry cannot
+        // chain to the first, whose answer comes with its own.
+        let mut named = std::collections::HashSet::new();
+        let links = wants
+            .iter()
+            .map(|w| {
+                let link = Rc::new(Link::default());
+                let before = last.insert((w.queue.clone(), w.partition), link.clone());
+                let first = named.insert((w.queue.as_str(), w.partition));
+                (link, before.filter(|_| w.chained && first))
+            })
+            .collect();
+        Links { chains: self, links }
+    }
+}
+
+impl Links<'_> {
+    /// Where each want reads from: a chained one, once its predecessor has
+    /// answered, from that answer's end if the chain holds.
+    async fn starts(&self, wants: &mut [Want]) {
+        for (w, (link, before)) in wants.iter_mut().zip(&self.links) {
+            if let Some(before) = before {
+                loop {
+                    let seen = self.chains.answered.epoch();
+                    if before.end.get().is_some() {
+                        break;
+                    }
+                    self.chains.answered.wait(seen).await;
+                }
+                if before.start.get() == Some(w.offset) {
+                    w.offset = before.end.get().unwrap_or(w.offset);
+                }
+            }
+            link.start.set(Some(w.offset));
+        }
+    }
+
+    /// Records where each want's answer ends.
+    fn answer(&self, ends: impl Iterator<Item = u64>) {
+        for ((link, _), end) in self.links.iter().zip(ends) {
+            link.end.set(Some(end));
+        }
+        self.chains.answered.notify_all();
+    }
+}
+
+impl Drop for Links<'_> {
+    fn drop(&mut self) {
+        let mut unanswered = false;
+        for (link, _) in &self.links {
+            if link.end.get().is_none() {
+                // Nothing was read: a successor starts where this fetch did —
+                // or, if this one never learnt its start, from the
+                // successor's own offset (an unknown start breaks the chain).
+                link.end.set(Some(link.start.get().unwrap_or(0)));
+                unanswered = true;
+            }
+        }
+        if unanswered {
+            self.chains.answered.notify_all();
+        }
+    }
+}
+
+pub async fn handle(
+    shard: &Rc<Shard>,
+    chains: &FetchChains,
+    header: FrameHeader,
+    body: &[u8],
+) -> Result<OutFrame, WireError> {
     let (wants, max_wait, min_bytes, max_bytes) = {
         let req = request::<FetchRequest>(body)?;
         let mut wants = Vec::new();
@@ -43,6 +170,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
                     partition: p.partition(),
                     offset: p.offset(),
                     max_bytes: p.max_bytes(),
+                    chained: p.chained(),
                 });
             }
         }
@@ -60,13 +188,15 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         .max(1 << 20);
     let max_bytes = max_bytes.min(frame_room);
     let min_bytes = min_bytes.min(max_bytes);
-    let wants: Vec<Want> = wants
+    let mut wants: Vec<Want> = wants
         .into_iter()
         .map(|w| Want {
             max_bytes: w.max_bytes.min(max_bytes as u32),
             ..w
         })
         .collect();
+    let links = chains.link(&wants);
+    links.starts(&mut wants).await;
     let deadline = Instant::now() + max_wait;
     let all_local = wants.iter().all(|w| shard.owner(&w.queue, w.partition) == shard.id);
     let results = loop {
@@ -91,6 +221,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     let mut fbb = FlatBufferBuilder::new();
     let mut tail = TailBuilder::default();
     let mut queues = Vec::new();
+    let mut ends = Vec::with_capacity(wants.len());
     let mut i = 0;
     while i < wants.len() {
         let queue = &wants[i].queue;
@@ -102,13 +233,18 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             let start = tail.len() as u32;
             // The first partition always gets its data; later ones only
             // within the request's byte budget.
+            let mut end = wants[i].offset;
             if let Some(f) = fetched {
                 if tail.is_empty() || tail.len() + f.read.bytes <= max_bytes {
                     for b in &f.read.batches {
                         tail.push(b.clone());
                     }
+                    if !f.read.batches.is_empty() {
+                        end = f.read.next_offset.0;
+                    }
                 }
             }
+            ends.push(end);
             // Only data counts: a fetch naming a queue that does not exist
             // must not add a series (the counter map stays bounded by the
             // queues that exist).
@@ -138,6 +274,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             },
         ));
     }
+    links.answer(ends.into_iter());
     let queues = fbb.create_vector(&queues);
     let root = FetchResponse::create(
         &mut fbb,

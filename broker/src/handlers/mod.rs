@@ -15,7 +15,7 @@ mod api_versions;
 mod create_queue;
 mod delete_queue;
 mod describe_queue;
-mod fetch;
+pub(crate) mod fetch;
 mod groups;
 mod list_offsets;
 mod metadata;
@@ -34,7 +34,7 @@ use crate::server::messages::{Answer, PartitionRequest, Reply, WireError};
 use crate::server::shard::Shard;
 
 /// Serves one request; `None` when no response is due (produce, acks=0).
-pub async fn dispatch(shard: &Rc<Shard>, frame: FrameMut) -> Option<OutFrame> {
+pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: FrameMut) -> Option<OutFrame> {
     let header = frame.header;
     let api = match check_api(&header) {
         Ok(api) => api,
@@ -52,7 +52,7 @@ pub async fn dispatch(shard: &Rc<Shard>, frame: FrameMut) -> Option<OutFrame> {
                 .await
                 .unwrap_or_else(|e| Some(error_response(header, &e)))
         }
-        Api::Fetch => fetch::handle(shard, header, &frame.body).await,
+        Api::Fetch => fetch::handle(shard, chains, header, &frame.body).await,
         Api::ListOffsets => list_offsets::handle(shard, header, &frame.body).await,
         Api::JoinGroup
         | Api::Heartbeat

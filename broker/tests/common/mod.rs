@@ -249,16 +249,39 @@ impl Client {
         max_wait_ms: u32,
         min_bytes: u32,
     ) -> Result<(Vec<RecordBatch>, u64), ErrorCode> {
+        let id = self.send_fetch(queue, &[(partition, offset)], 1 << 20, max_wait_ms, min_bytes, false);
+        let f = self.recv();
+        assert_eq!(f.header.correlation_id, id);
+        fetched(&f)
+    }
+
+    /// Sends a fetch of `queue`'s `parts` (partition, offset), each at most
+    /// `max_bytes`, plain or chained; returns its correlation id.
+    pub fn send_fetch(
+        &mut self,
+        queue: &str,
+        parts: &[(u32, u64)],
+        max_bytes: u32,
+        max_wait_ms: u32,
+        min_bytes: u32,
+        chained: bool,
+    ) -> u32 {
         let mut fbb = FlatBufferBuilder::new();
-        let part = FetchPartition::create(
-            &mut fbb,
-            &FetchPartitionArgs {
-                partition,
-                offset,
-                max_bytes: 1 << 20,
-            },
-        );
-        let parts = fbb.create_vector(&[part]);
+        let parts: Vec<_> = parts
+            .iter()
+            .map(|&(partition, offset)| {
+                FetchPartition::create(
+                    &mut fbb,
+                    &FetchPartitionArgs {
+                        partition,
+                        offset,
+                        max_bytes,
+                        chained,
+                    },
+                )
+            })
+            .collect();
+        let parts = fbb.create_vector(&parts);
         let name = fbb.create_string(queue);
         let q = FetchQueue::create(
             &mut fbb,
@@ -278,19 +301,7 @@ impl Client {
             },
         );
         fbb.finish_minimal(root);
-        let f = self.call(Api::Fetch, &fbb, TailBuilder::default());
-        let resp = body::<FetchResponse>(&f).unwrap();
-        let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
-        if let Some(e) = p.error() {
-            return Err(e.code());
-        }
-        let mut records = strand_net::message::tail_slice(&f, p.records_offset(), p.records_len()).unwrap();
-        let mut batches = Vec::new();
-        while !records.is_empty() {
-            let len = strand_storage::batch::batch_length(&records).unwrap() as usize;
-            batches.push(RecordBatch::new(records.split_to(len), 1 << 24).expect("fetched batches are valid"));
-        }
-        Ok((batches, p.high_watermark()))
+        self.send(Api::Fetch, &fbb, TailBuilder::default())
     }
 
     /// Every record of a partition from `from`: (offset, value).
@@ -344,6 +355,23 @@ impl Client {
         assert!(p.error().is_none(), "{:?}", p.error().map(|e| e.message()));
         (p.offset(), p.found())
     }
+}
+
+/// The batches and high watermark of the first partition of a Fetch
+/// response, or its error.
+pub fn fetched(f: &Frame) -> Result<(Vec<RecordBatch>, u64), ErrorCode> {
+    let resp = body::<FetchResponse>(f).unwrap();
+    let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
+    if let Some(e) = p.error() {
+        return Err(e.code());
+    }
+    let mut records = strand_net::message::tail_slice(f, p.records_offset(), p.records_len()).unwrap();
+    let mut batches = Vec::new();
+    while !records.is_empty() {
+        let len = strand_storage::batch::batch_length(&records).unwrap() as usize;
+        batches.push(RecordBatch::new(records.split_to(len), 1 << 24).expect("fetched batches are valid"));
+    }
+    Ok((batches, p.high_watermark()))
 }
 
 pub fn error_code(e: Option<Error<'_>>) -> ErrorCode {

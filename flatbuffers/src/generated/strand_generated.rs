@@ -4210,6 +4210,7 @@ impl<'a> FetchPartition<'a> {
   pub const VT_PARTITION: ::flatbuffers::VOffsetT = 4;
   pub const VT_OFFSET: ::flatbuffers::VOffsetT = 6;
   pub const VT_MAX_BYTES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_CHAINED: ::flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4224,6 +4225,7 @@ impl<'a> FetchPartition<'a> {
     builder.add_offset(args.offset);
     builder.add_max_bytes(args.max_bytes);
     builder.add_partition(args.partition);
+    builder.add_chained(args.chained);
     builder.finish()
   }
 
@@ -4249,6 +4251,20 @@ impl<'a> FetchPartition<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(FetchPartition::VT_MAX_BYTES, Some(1048576)).unwrap()}
   }
+  /// A chained fetch (for pipelining: sent before the answer to the
+  /// previous fetch of this partition on this connection has arrived):
+  /// read from where that previous fetch's answer ends. `offset` is where
+  /// the previous fetch started; if this connection's previous fetch of the
+  /// partition did not start there (or there was none), the partition is
+  /// read from `offset` as in a plain fetch. The answer waits until the
+  /// previous fetch's has been made.
+  #[inline]
+  pub fn chained(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(FetchPartition::VT_CHAINED, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for FetchPartition<'_> {
@@ -4260,6 +4276,7 @@ impl ::flatbuffers::Verifiable for FetchPartition<'_> {
      .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
      .visit_field::<u64>("offset", Self::VT_OFFSET, false)?
      .visit_field::<u32>("max_bytes", Self::VT_MAX_BYTES, false)?
+     .visit_field::<bool>("chained", Self::VT_CHAINED, false)?
      .finish();
     Ok(())
   }
@@ -4268,6 +4285,7 @@ pub struct FetchPartitionArgs {
     pub partition: u32,
     pub offset: u64,
     pub max_bytes: u32,
+    pub chained: bool,
 }
 impl<'a> Default for FetchPartitionArgs {
   #[inline]
@@ -4276,6 +4294,7 @@ impl<'a> Default for FetchPartitionArgs {
       partition: 0,
       offset: 0,
       max_bytes: 1048576,
+      chained: false,
     }
   }
 }
@@ -4298,6 +4317,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FetchPartitionBuilder<'a, 'b,
     self.fbb_.push_slot::<u32>(FetchPartition::VT_MAX_BYTES, max_bytes, 1048576);
   }
   #[inline]
+  pub fn add_chained(&mut self, chained: bool) {
+    self.fbb_.push_slot::<bool>(FetchPartition::VT_CHAINED, chained, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FetchPartitionBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     FetchPartitionBuilder {
@@ -4318,6 +4341,7 @@ impl ::core::fmt::Debug for FetchPartition<'_> {
       ds.field("partition", &self.partition());
       ds.field("offset", &self.offset());
       ds.field("max_bytes", &self.max_bytes());
+      ds.field("chained", &self.chained());
       ds.finish()
   }
 }
