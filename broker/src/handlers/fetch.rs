@@ -19,7 +19,8 @@
 //! the chain), and reads from the predecessor's end; if it did not (the
 //! chain was broken: a new connection, a seek), it reads from `offset`, as a
 //! plain fetch — a duplicate the client skips, never a gap. Its long poll
-//! starts once the predecessor's answer is made, so a consumer keeps one
+//! starts once the predecessor's answer is made (within `MAX_WAIT_CAP` of
+//! its arrival in all), so a consumer keeps one
 //! fetch waiting in the broker while it reads the last answer: data that
 //! arrives meanwhile goes out at once, without a round trip.
 
@@ -195,9 +196,13 @@ pub async fn handle(
             ..w
         })
         .collect();
+    let arrived = Instant::now();
     let links = chains.link(&wants);
     links.starts(&mut wants).await;
-    let deadline = Instant::now() + max_wait;
+    // A chained fetch's long poll starts once its predecessor is answered;
+    // all told it waits at most MAX_WAIT_CAP, well inside a client's
+    // response timeout.
+    let deadline = (Instant::now() + max_wait).min(arrived + MAX_WAIT_CAP);
     let all_local = wants.iter().all(|w| shard.owner(&w.queue, w.partition) == shard.id);
     let results = loop {
         let seen = shard.partitions.new_data.epoch();
