@@ -177,6 +177,33 @@ fn every_group_gets_every_message_and_within_a_group_each_goes_to_one_member() {
     }
 }
 
+/// A commit does not queue behind the member's long polls: fetches have
+/// connections of their own (a broker answers a connection's requests in
+/// order, and the pipelined fetches in flight wait for data up to
+/// `max_wait` each).
+#[test]
+fn a_commit_does_not_wait_behind_long_polls() {
+    // One shard: the group's and the queue's partitions on one connection,
+    // were fetches not apart.
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(dir.path(), &["--cores", "1"]);
+    create(&broker, "quiet", 1);
+    produce(&broker, "quiet", "q", 3, 1);
+    let mut config = config(GroupStart::Earliest, Duration::from_secs(30));
+    config.consumer.max_wait = Duration::from_secs(20);
+    let mut m = member(&broker, "g-quiet", "quiet", config);
+    let got = poll_until(&mut m, Duration::from_secs(20), |got| got.len() >= 3);
+    assert_eq!(got.len(), 3);
+    // Two fetches now wait in the broker for records that will not come.
+    let started = Instant::now();
+    block_on(m.commit()).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the commit waited {:?}: behind a long poll",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn a_killed_member_s_partitions_move_without_redelivering_what_it_committed() {
     let (_dir, broker) = broker_with("jobs", 3);

@@ -60,6 +60,12 @@ enum Route {
     Lane(usize),
     /// The connection served by `shard` of a broker with `shards` shards.
     Shard { shard: u16, shards: u16 },
+    /// A consumer's fetches, apart from everything else: a broker answers
+    /// a connection's requests in order, and a fetch may wait in it for
+    /// data (a long poll, and a chained one behind it), which a group
+    /// commit or an offset lookup must not queue behind. `shards` 0: served
+    /// by whichever shard.
+    Fetches { shard: u16, shards: u16 },
 }
 
 #[derive(Default)]
@@ -141,8 +147,8 @@ impl Cluster {
             }
         }
         let placement = match route {
-            Route::Shard { shard, shards } => Some((shard, shards)),
-            Route::Lane(_) => None,
+            Route::Shard { shard, shards } | Route::Fetches { shard, shards } if shards > 0 => Some((shard, shards)),
+            _ => None,
         };
         let c = Connection::connect_placed(addr, self.busy_poll, placement)?;
         let mut st = self.state();
@@ -192,6 +198,22 @@ impl Cluster {
                 self.shard_connection(&addr, shard, shards)
             }
             Some((addr, _)) => self.lane_to(&addr, partition as usize % lanes.max(1)),
+            None => self.any_connection(),
+        }
+    }
+
+    /// The connection for a consumer's fetches of `partition` from its
+    /// leader (a route of its own: see `Route::Fetches`), on its owning shard when
+    /// the leader reported its shards.
+    pub fn fetch_connection(&self, queue: &QueueInfo, partition: u32) -> Result<Connection, ClientError> {
+        let leader = queue.leaders.get(partition as usize).copied();
+        let broker = leader.and_then(|l| self.state().brokers.get(&l).cloned());
+        match broker {
+            Some((addr, shards)) if shards > 1 => {
+                let shard = strand_wire::shard_for_partition(&queue.name, partition, shards);
+                self.route_to(&addr, Route::Fetches { shard, shards })
+            }
+            Some((addr, _)) => self.route_to(&addr, Route::Fetches { shard: 0, shards: 0 }),
             None => self.any_connection(),
         }
     }

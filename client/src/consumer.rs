@@ -393,7 +393,7 @@ impl Consumer {
         let mut asked = Vec::new();
         for (key, pos) in &self.positions {
             let Position::At(offset) = *pos else { continue };
-            let conn = self.leader_of(&key.0, key.1)?;
+            let conn = self.fetches_to(&key.0, key.1)?;
             by_conn
                 .entry(conn.id())
                 .or_insert_with(|| (conn, Vec::new()))
@@ -416,6 +416,16 @@ impl Consumer {
     fn leader_of(&self, queue: &str, partition: u32) -> Result<Connection, ClientError> {
         match self.cluster.cached(queue) {
             Some(info) => self.cluster.leader_connection(&info, partition),
+            None => self.cluster.any_connection(),
+        }
+    }
+
+    /// The leader's connection for fetches: apart from the one group
+    /// commits and offset lookups use, so they never wait behind a long
+    /// poll (see `Cluster::fetch_connection`).
+    fn fetches_to(&self, queue: &str, partition: u32) -> Result<Connection, ClientError> {
+        match self.cluster.cached(queue) {
+            Some(info) => self.cluster.fetch_connection(&info, partition),
             None => self.cluster.any_connection(),
         }
     }

@@ -62,8 +62,10 @@ pub struct FetchChains {
     answered: Notify,
 }
 
-/// Fetches of partitions this many or more are remembered only while in
-/// flight: the map stays bounded whatever names a client sends.
+/// Above this many partitions fetched on one connection, only fetches still
+/// being answered are remembered. With names that could be queues
+/// (`validate_queue_name`: at most 200 bytes; no link is made for others),
+/// the map stays small whatever a client sends.
 const CHAINS_MAX: usize = super::PARTITIONS_PER_REQUEST_MAX;
 
 /// One fetch of one partition: where it started (once known: a chained
@@ -80,14 +82,17 @@ struct Link {
 /// every partition, so no successor waits forever.
 struct Links<'a> {
     chains: &'a FetchChains,
-    /// Per want: its link, and the predecessor's if it is chained.
-    links: Vec<(Rc<Link>, Option<Rc<Link>>)>,
+    /// Per want (none for a name no queue can have).
+    links: Vec<Option<Linked>>,
 }
+
+/// A want's link, and its predecessor's if it is chained.
+type Linked = (Rc<Link>, Option<Rc<Link>>);
 
 impl FetchChains {
     fn link(&self, wants: &[Want]) -> Links<'_> {
         let mut last = self.last.borrow_mut();
-        if last.len() >= CHAINS_MAX {
+        if last.len() > CHAINS_MAX {
             last.retain(|_, l| l.end.get().is_none());
         }
         // A partition named twice in one request: its second entry cannot
@@ -96,10 +101,11 @@ impl FetchChains {
         let links = wants
             .iter()
             .map(|w| {
+                strand_wire::validate_queue_name(&w.queue).ok()?;
                 let link = Rc::new(Link::default());
                 let before = last.insert((w.queue.clone(), w.partition), link.clone());
                 let first = named.insert((w.queue.as_str(), w.partition));
-                (link, before.filter(|_| w.chained && first))
+                Some((link, before.filter(|_| w.chained && first)))
             })
             .collect();
         Links { chains: self, links }
@@ -110,7 +116,8 @@ impl Links<'_> {
     /// Where each want reads from: a chained one, once its predecessor has
     /// answered, from that answer's end if the chain holds.
     async fn starts(&self, wants: &mut [Want]) {
-        for (w, (link, before)) in wants.iter_mut().zip(&self.links) {
+        for (w, linked) in wants.iter_mut().zip(&self.links) {
+            let Some((link, before)) = linked else { continue };
             if let Some(before) = before {
                 loop {
                     let seen = self.chains.answered.epoch();
@@ -129,8 +136,10 @@ impl Links<'_> {
 
     /// Records where each want's answer ends.
     fn answer(&self, ends: impl Iterator<Item = u64>) {
-        for ((link, _), end) in self.links.iter().zip(ends) {
-            link.end.set(Some(end));
+        for (linked, end) in self.links.iter().zip(ends) {
+            if let Some((link, _)) = linked {
+                link.end.set(Some(end));
+            }
         }
         self.chains.answered.notify_all();
     }
@@ -139,7 +148,7 @@ impl Links<'_> {
 impl Drop for Links<'_> {
     fn drop(&mut self) {
         let mut unanswered = false;
-        for (link, _) in &self.links {
+        for (link, _) in self.links.iter().flatten() {
             if link.end.get().is_none() {
                 // Nothing was read: a successor starts where this fetch did —
                 // or, if this one never learnt its start, from the

@@ -46,11 +46,15 @@ impl Broker {
                 listen,
                 "--metrics-listen",
                 "127.0.0.1:0",
-                "--cores",
-                "2",
                 "--data-dir",
             ])
             .arg(data_dir)
+            // Two shards unless the test says otherwise.
+            .args(if extra.contains(&"--cores") {
+                &[][..]
+            } else {
+                &["--cores", "2"][..]
+            })
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
