@@ -710,10 +710,11 @@ impl Shared {
     }
 
     /// Takes a queue's metadata into the producer's copy: a queue new to it,
-    /// or one that grew partitions.
+    /// or newer metadata (leaders) of one it has, unless that has fewer
+    /// partitions (partitions are never taken away from under batches).
     fn install(&self, st: &mut State, info: &Arc<QueueInfo>) {
         match st.queues.get_mut(&info.name) {
-            Some(qs) if qs.info.partitions() < info.partitions() => qs.info = info.clone(),
+            Some(qs) if qs.info.partitions() <= info.partitions() => qs.info = info.clone(),
             Some(_) => {}
             None => {
                 st.queues.insert(
@@ -1200,15 +1201,9 @@ fn sender_loop(shared: &Arc<Shared>) {
             // A failed refresh leaves the old metadata; the retry's backoff
             // paces the next attempt.
             match crate::block_on(shared.cluster.refresh(&queue)) {
-                Ok(info) => {
-                    let mut st = shared.lock();
-                    if let Some(qs) = st.queues.get_mut(&queue) {
-                        if info.partitions() >= qs.info.partitions() {
-                            qs.parts.resize_with(info.partitions() as usize, PartState::default);
-                            qs.info = info;
-                        }
-                    }
-                }
+                // (`append` gives new partitions their state when a record
+                // first goes to them.)
+                Ok(info) => shared.install(&mut shared.lock(), &info),
                 // A deleted queue with nothing left to send is forgotten, so
                 // the producer's state does not grow with every queue it
                 // ever wrote to; the next send to it asks again.
