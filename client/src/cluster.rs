@@ -190,30 +190,39 @@ impl Cluster {
     /// shard serves when the leader reported its shards, else one of
     /// `lanes` per broker (partition `p` uses lane `p mod lanes`).
     pub fn leader_lane(&self, queue: &QueueInfo, partition: u32, lanes: usize) -> Result<Connection, ClientError> {
-        let leader = queue.leaders.get(partition as usize).copied();
-        let broker = leader.and_then(|l| self.state().brokers.get(&l).cloned());
-        match broker {
-            Some((addr, shards)) if shards > 1 => {
-                let shard = strand_wire::shard_for_partition(&queue.name, partition, shards);
-                self.shard_connection(&addr, shard, shards)
-            }
-            Some((addr, _)) => self.lane_to(&addr, partition as usize % lanes.max(1)),
-            None => self.any_connection(),
-        }
+        self.to_leader(queue, partition, |placed| match placed {
+            Some((shard, shards)) => Route::Shard { shard, shards },
+            None => Route::Lane(partition as usize % lanes.max(1)),
+        })
     }
 
     /// The connection for a consumer's fetches of `partition` from its
-    /// leader (a route of its own: see `Route::Fetches`), on its owning shard when
-    /// the leader reported its shards.
+    /// leader (a route of its own: see `Route::Fetches`), on its owning
+    /// shard when the leader reported its shards.
     pub fn fetch_connection(&self, queue: &QueueInfo, partition: u32) -> Result<Connection, ClientError> {
+        self.to_leader(queue, partition, |placed| {
+            let (shard, shards) = placed.unwrap_or((0, 0));
+            Route::Fetches { shard, shards }
+        })
+    }
+
+    /// A connection to the leader of `partition` by the route `route`
+    /// picks from (owning shard, shards) — `None` when the leader did not
+    /// report more than one shard; any broker if the leader is unknown.
+    fn to_leader(
+        &self,
+        queue: &QueueInfo,
+        partition: u32,
+        route: impl FnOnce(Option<(u16, u16)>) -> Route,
+    ) -> Result<Connection, ClientError> {
         let leader = queue.leaders.get(partition as usize).copied();
         let broker = leader.and_then(|l| self.state().brokers.get(&l).cloned());
         match broker {
-            Some((addr, shards)) if shards > 1 => {
-                let shard = strand_wire::shard_for_partition(&queue.name, partition, shards);
-                self.route_to(&addr, Route::Fetches { shard, shards })
+            Some((addr, shards)) => {
+                let placed =
+                    (shards > 1).then(|| (strand_wire::shard_for_partition(&queue.name, partition, shards), shards));
+                self.route_to(&addr, route(placed))
             }
-            Some((addr, _)) => self.route_to(&addr, Route::Fetches { shard: 0, shards: 0 }),
             None => self.any_connection(),
         }
     }

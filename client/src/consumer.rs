@@ -13,8 +13,9 @@
 //! paid between them. A chained fetch carries the position its predecessor
 //! started from; if the broker's chain does not match (another connection),
 //! it answers from there instead, which the client sees as records it has
-//! already had and skips. An answer that starts past a partition's position
-//! (a gap) is never taken. With `pipeline_fetches` off, the next fetch is
+//! already had and skips. A chained answer that starts past a partition's
+//! position (a gap: the chain was not what the client thought) is never
+//! taken; the partition is asked again from its position. With `pipeline_fetches` off, the next fetch is
 //! sent as soon as an answer arrives, from the positions just past its
 //! batches (read off their headers), before those batches are checked and
 //! read. A `seek` or `assign` drops the fetches in flight (their answers
@@ -289,7 +290,7 @@ impl Consumer {
         let mut runs = Vec::new();
         let mut broken = false;
         for frame in frames {
-            if let Err(e) = frame.and_then(|f| self.read_fetch(&f, &mut runs, &mut broken)) {
+            if let Err(e) = frame.and_then(|f| self.read_fetch(&f, in_flight.chained, &mut runs, &mut broken)) {
                 self.forget_if_moved(&e, &in_flight.asked);
                 self.deferred_error.get_or_insert(e);
             }
@@ -357,7 +358,7 @@ impl Consumer {
         // Each partition's leader knows its offsets.
         let mut by_conn: HashMap<usize, (Connection, Vec<(Key, Seek)>)> = HashMap::new();
         for (key, seek) in pending {
-            let conn = self.leader_of(&key.0, key.1)?;
+            let conn = self.leader_of(&key.0, key.1, false)?;
             by_conn
                 .entry(conn.id())
                 .or_insert_with(|| (conn, Vec::new()))
@@ -393,7 +394,7 @@ impl Consumer {
         let mut asked = Vec::new();
         for (key, pos) in &self.positions {
             let Position::At(offset) = *pos else { continue };
-            let conn = self.fetches_to(&key.0, key.1)?;
+            let conn = self.leader_of(&key.0, key.1, true)?;
             by_conn
                 .entry(conn.id())
                 .or_insert_with(|| (conn, Vec::new()))
@@ -413,19 +414,14 @@ impl Consumer {
         })
     }
 
-    fn leader_of(&self, queue: &str, partition: u32) -> Result<Connection, ClientError> {
+    /// The connection to a partition's leader (any broker while its
+    /// metadata is not cached); for `fetches`, the leader's connection for
+    /// fetches, apart from the one offset lookups and group commits use, so
+    /// they never wait behind a long poll (`Cluster::fetch_connection`).
+    fn leader_of(&self, queue: &str, partition: u32, fetches: bool) -> Result<Connection, ClientError> {
         match self.cluster.cached(queue) {
+            Some(info) if fetches => self.cluster.fetch_connection(&info, partition),
             Some(info) => self.cluster.leader_connection(&info, partition),
-            None => self.cluster.any_connection(),
-        }
-    }
-
-    /// The leader's connection for fetches: apart from the one group
-    /// commits and offset lookups use, so they never wait behind a long
-    /// poll (see `Cluster::fetch_connection`).
-    fn fetches_to(&self, queue: &str, partition: u32) -> Result<Connection, ClientError> {
-        match self.cluster.cached(queue) {
-            Some(info) => self.cluster.fetch_connection(&info, partition),
             None => self.cluster.any_connection(),
         }
     }
@@ -433,9 +429,15 @@ impl Consumer {
     /// Takes each partition's run of batches out of one fetch response and
     /// moves its position past them (records are read later: `read_batches`).
     /// Sets `broken` when a position moved otherwise (an out-of-range reset)
-    /// or a run starts past its position: the fetches in flight behind this
-    /// one no longer follow on.
-    fn read_fetch(&mut self, frame: &Frame, out: &mut Vec<Run>, broken: &mut bool) -> Result<(), ClientError> {
+    /// or a `chained` fetch's run starts past its position: the fetches in
+    /// flight behind this one no longer follow on.
+    fn read_fetch(
+        &mut self,
+        frame: &Frame,
+        chained: bool,
+        out: &mut Vec<Run>,
+        broken: &mut bool,
+    ) -> Result<(), ClientError> {
         let resp = read_body::<FetchResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         ClientError::check(resp.error())?;
         for q in resp.queues().iter().flatten() {
@@ -485,9 +487,10 @@ impl Consumer {
                     }
                 }
                 let run = tail_run(frame, p.records_offset(), p.records_len(), "fetch")?;
-                if run_start(&key, &run)?.is_some_and(|first| first > position) {
-                    // Records between the position and this run were not
-                    // sent: never skip them. Asked again from the position.
+                if chained && run_start(&key, &run)?.is_some_and(|first| first > position) {
+                    // The broker's chain started past the position (its
+                    // records were not sent): never skip them. Asked again
+                    // from the position, by a plain fetch.
                     *broken = true;
                     continue;
                 }

@@ -60,6 +60,8 @@ pub struct FetchChains {
     last: RefCell<HashMap<(String, u32), Rc<Link>>>,
     /// Woken whenever a link's answer is made.
     answered: Notify,
+    /// Fetches linked so far on this connection (the next one's number).
+    fetches: Cell<u64>,
 }
 
 /// Above this many partitions fetched on one connection, only fetches still
@@ -68,10 +70,11 @@ pub struct FetchChains {
 /// the map stays small whatever a client sends.
 const CHAINS_MAX: usize = super::PARTITIONS_PER_REQUEST_MAX;
 
-/// One fetch of one partition: where it started (once known: a chained
-/// fetch learns it from its predecessor) and where its answer ended.
-#[derive(Default)]
+/// One fetch of one partition: which fetch of the connection it is, where
+/// it started (once known: a chained fetch learns it from its predecessor)
+/// and where its answer ended.
 struct Link {
+    fetch: u64,
     start: Cell<Option<u64>>,
     end: Cell<Option<u64>>,
 }
@@ -95,17 +98,21 @@ impl FetchChains {
         if last.len() > CHAINS_MAX {
             last.retain(|_, l| l.end.get().is_none());
         }
-        // A partition named twice in one request: its second entry cannot
-        // chain to the first, whose answer comes with its own.
-        let mut named = std::collections::HashSet::new();
+        let fetch = self.fetches.get();
+        self.fetches.set(fetch + 1);
         let links = wants
             .iter()
             .map(|w| {
                 strand_wire::validate_queue_name(&w.queue).ok()?;
-                let link = Rc::new(Link::default());
+                let link = Rc::new(Link {
+                    fetch,
+                    start: Cell::new(None),
+                    end: Cell::new(None),
+                });
                 let before = last.insert((w.queue.clone(), w.partition), link.clone());
-                let first = named.insert((w.queue.as_str(), w.partition));
-                Some((link, before.filter(|_| w.chained && first)))
+                // A partition named twice in one request: its second entry
+                // cannot chain to the first, whose answer comes with its own.
+                Some((link, before.filter(|b| w.chained && b.fetch != fetch)))
             })
             .collect();
         Links { chains: self, links }

@@ -365,16 +365,16 @@ impl Client {
 /// response, or its error.
 pub fn fetched(f: &Frame) -> Result<(Vec<RecordBatch>, u64), ErrorCode> {
     let resp = body::<FetchResponse>(f).unwrap();
-    let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
+    let q = resp.queues().unwrap().get(0);
+    let p = q.partitions().unwrap().get(0);
     if let Some(e) = p.error() {
         return Err(e.code());
     }
-    let mut records = strand_net::message::tail_slice(f, p.records_offset(), p.records_len()).unwrap();
-    let mut batches = Vec::new();
-    while !records.is_empty() {
-        let len = strand_storage::batch::batch_length(&records).unwrap() as usize;
-        batches.push(RecordBatch::new(records.split_to(len), 1 << 24).expect("fetched batches are valid"));
-    }
+    let batches = strand_client::requests::fetched(f, q.name().unwrap())
+        .unwrap()
+        .into_iter()
+        .map(|b| RecordBatch::new(b, 1 << 24).expect("fetched batches are valid"))
+        .collect();
     Ok((batches, p.high_watermark()))
 }
 
