@@ -5,18 +5,24 @@
 //! so that both meet the same conditions on a shared, noisy disk:
 //! 1. raw write: sequential O_DIRECT writes of one 1 MiB aligned buffer
 //!    (queue depth 1) to a fresh file, one fdatasync at the end — the
-//!    physical limit;
+//!    physical limit (of a new file: see bench/README on overwrites);
 //! 2. append: the log appends 1,000-byte records in ~1 MiB batches with
 //!    `fsync=always`, from `--producers` concurrent producer tasks (each
 //!    awaits durability before its next batch; group commit merges them);
-//! 3. small batches: one producer appends 16 KiB batches and waits for each
+//! 3. steady state: the same appends to a log with 64 MiB segments and
+//!    192 MiB of size retention, filled past it before the clock starts,
+//!    so every roll writes its new segment into the file retention frees
+//!    (recycled: overwrites instead of extending writes) — a busy partition
+//!    once its retention is reached;
+//! 4. small batches: one producer appends 16 KiB batches and waits for each
 //!    to be durable: commits per second and commit latency;
-//! 4. read-back: the append log reopened (cold tail cache) and read from
+//! 5. read-back: the append log reopened (cold tail cache) and read from
 //!    start to end in 1 MiB fetches, against a raw O_DIRECT sequential read
 //!    of the raw file.
 //!
 //! Last stdout line: a JSON object with `raw_mib_s`, `append_mib_s`,
-//! `ratio` (append / raw), `small_batch_commits_s`, `small_batch_p50_us`,
+//! `ratio` (append / raw), `steady_append_mib_s`, `steady_ratio` (steady
+//! append / raw), `small_batch_commits_s`, `small_batch_p50_us`,
 //! `small_batch_p99_us`, `small_batch_p999_us`, `raw_read_mib_s`,
 //! `read_mib_s`, `read_ratio` — medians when `--runs` > 1.
 
@@ -72,11 +78,19 @@ pub struct Args {
     runs: usize,
 }
 
+/// What [`write_phases`] measured (MiB/s).
+struct WriteFigures {
+    raw_mib_s: f64,
+    append_mib_s: f64,
+    steady_mib_s: f64,
+}
+
 /// One run's figures.
 #[derive(Debug, Clone, Copy, Default)]
 struct Figures {
     raw_mib_s: f64,
     append_mib_s: f64,
+    steady_mib_s: f64,
     small_commits_s: f64,
     small: Latency,
     raw_read_mib_s: f64,
@@ -110,6 +124,8 @@ pub fn run(args: Args) -> Result<(), String> {
         "raw_mib_s": raw,
         "append_mib_s": append,
         "ratio": round2(med(|f| f.append_mib_s / f.raw_mib_s) * 100.0) / 100.0,
+        "steady_append_mib_s": med(|f| f.steady_mib_s),
+        "steady_ratio": round2(med(|f| f.steady_mib_s / f.raw_mib_s) * 100.0) / 100.0,
         "small_batch_commits_s": med(|f| f.small_commits_s),
         "small_batch_p50_us": med(|f| f.small.p50_us),
         "small_batch_p99_us": med(|f| f.small.p99_us),
@@ -129,6 +145,8 @@ fn print_run(n: usize, args: &Args, f: &Figures) {
             ("raw O_DIRECT write (1 MiB, QD1)", f.raw_mib_s, "MiB/s"),
             ("log append, 1 MiB batches, fsync=always", f.append_mib_s, "MiB/s"),
             ("  ratio append / raw", f.append_mib_s / f.raw_mib_s, ""),
+            ("steady state: segments recycled", f.steady_mib_s, "MiB/s"),
+            ("  ratio steady append / raw", f.steady_mib_s / f.raw_mib_s, ""),
             ("16 KiB batch commits", f.small_commits_s, "commits/s"),
             ("  commit p50", f.small.p50_us, "us"),
             ("  commit p99", f.small.p99_us, "us"),
@@ -146,12 +164,13 @@ async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
         .await
         .map_err(|e| e.to_string())?;
     let raw_path = dir.join("raw.bin");
-    let (raw_mib_s, append_mib_s) = write_phases(&shard, &raw_path, args).await?;
+    let w = write_phases(&shard, &raw_path, args).await?;
     let (small_commits_s, small) = small_batch_phase(&shard, args.small_commits).await?;
     let (raw_read_mib_s, read_mib_s) = read_phases(&shard, &raw_path, args).await?;
     Ok(Figures {
-        raw_mib_s,
-        append_mib_s,
+        raw_mib_s: w.raw_mib_s,
+        append_mib_s: w.append_mib_s,
+        steady_mib_s: w.steady_mib_s,
         small_commits_s,
         small,
         raw_read_mib_s,
@@ -163,45 +182,53 @@ pub fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// Raw writes and log appends, interleaved in `--rounds` slices so that both
-/// see the same disk conditions on a shared machine. Returns (raw MiB/s,
-/// append MiB/s).
-async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Result<(f64, f64), String> {
-    let raw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .dma_open(raw_path)
-        .await
-        .map_err(err)?;
-    let mut block = raw.alloc_dma_buffer(MIB);
-    testkit::fill_value(block.as_bytes_mut(), 1, 1);
-    let block = Rc::new(block);
-    let log = Rc::new(
-        shard
-            .open_log(shard.data_dir().join("append"), always())
-            .await
-            .map_err(err)?,
-    );
-    // Producers' batches are built before the clock starts: building them is
-    // the client's work, not the broker's.
-    let batches: Rc<Vec<Cell<Option<BytesMut>>>> = Rc::new(
-        (0..args.mib as u64)
-            .map(|tag| Cell::new(Some(mib_batch(tag, 0))))
-            .collect(),
-    );
-    let (mut raw_secs, mut append_secs, mut append_bytes, mut append_cpu, mut append_faults) = (0.0, 0.0, 0u64, 0.0, 0);
-    for slice in slices(args.mib, args.rounds) {
-        raw_secs += raw_write_slice(&raw, &block, slice.clone()).await?;
+/// Segment size of the steady-state log: small, so that it rolls (and
+/// recycles) every few dozen batches.
+const STEADY_SEGMENT_BYTES: u64 = 64 << 20;
+/// What the steady-state log keeps (size retention, applied at each roll).
+const STEADY_RETENTION_BYTES: u64 = 192 << 20;
 
+/// A log that appends and the batches it is fed, with its running totals.
+struct AppendPhase {
+    log: Rc<strand_storage::Log>,
+    batches: Rc<Vec<Cell<Option<BytesMut>>>>,
+    bytes: u64,
+    secs: f64,
+    cpu_secs: f64,
+    faults: i64,
+}
+
+impl AppendPhase {
+    /// Opens the log at `name` with `config`; `batches` "1 MiB" batches are
+    /// built before any clock starts (building them is the client's work,
+    /// not the broker's).
+    async fn open(shard: &ShardStorage, name: &str, config: LogConfig, batches: usize) -> Result<AppendPhase, String> {
+        let log = shard.open_log(shard.data_dir().join(name), config).await.map_err(err)?;
+        Ok(AppendPhase {
+            log: Rc::new(log),
+            batches: Rc::new(
+                (0..batches as u64)
+                    .map(|tag| Cell::new(Some(mib_batch(tag, 0))))
+                    .collect(),
+            ),
+            bytes: 0,
+            secs: 0.0,
+            cpu_secs: 0.0,
+            faults: 0,
+        })
+    }
+
+    /// Appends batches `slice` from `producers` concurrent tasks, each
+    /// awaiting durability before its next batch (group commit merges
+    /// them), and adds what it took to the totals.
+    async fn run(&mut self, slice: std::ops::Range<usize>, producers: usize) -> Result<(), String> {
         let start = Instant::now();
         let cpu_start = thread_cpu_secs();
         let faults_start = minor_faults();
         let next = Rc::new(Cell::new(slice.start));
         let mut tasks = Vec::new();
-        for _ in 0..args.producers {
-            let (log, batches, next, end) = (log.clone(), batches.clone(), next.clone(), slice.end);
+        for _ in 0..producers {
+            let (log, batches, next, end) = (self.log.clone(), self.batches.clone(), next.clone(), slice.end);
             tasks.push(glommio::spawn_local(async move {
                 let mut bytes = 0u64;
                 while next.get() < end {
@@ -216,29 +243,79 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
             }));
         }
         for t in tasks {
-            append_bytes += t.await?;
+            self.bytes += t.await?;
         }
-        append_secs += start.elapsed().as_secs_f64();
-        append_cpu += thread_cpu_secs() - cpu_start;
-        append_faults += minor_faults() - faults_start;
+        self.secs += start.elapsed().as_secs_f64();
+        self.cpu_secs += thread_cpu_secs() - cpu_start;
+        self.faults += minor_faults() - faults_start;
+        Ok(())
     }
-    let stats = log.stats();
-    eprintln!(
-        "append: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, shard thread busy {:.0}% of the time, {:.0} page faults per MiB",
-        stats.writes,
-        stats.write_ns as f64 / 1e3 / stats.writes.max(1) as f64,
-        stats.syncs,
-        stats.sync_ns as f64 / 1e3 / stats.syncs.max(1) as f64,
-        mib_s(stats.bytes_written, stats.syncs.max(1) as f64),
-        100.0 * append_cpu / append_secs,
-        append_faults as f64 / args.mib as f64
-    );
-    log.close().await.map_err(err)?;
+
+    /// One stderr line on the log's I/O; closes the log.
+    async fn report(self, what: &str, mib: usize) -> Result<(), String> {
+        let stats = self.log.stats();
+        eprintln!(
+            "{what}: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, {} rolls ({} into recycled files), shard thread busy {:.0}% of the time, {:.0} page faults per MiB",
+            stats.writes,
+            stats.write_ns as f64 / 1e3 / stats.writes.max(1) as f64,
+            stats.syncs,
+            stats.sync_ns as f64 / 1e3 / stats.syncs.max(1) as f64,
+            mib_s(stats.bytes_written, stats.syncs.max(1) as f64),
+            stats.rolls,
+            stats.recycled,
+            100.0 * self.cpu_secs / self.secs,
+            self.faults as f64 / mib as f64
+        );
+        self.log.close().await.map_err(err)
+    }
+}
+
+/// Raw writes, appends to a fresh log and appends to a log in its steady
+/// state, interleaved in `--rounds` slices so that all three see the same
+/// disk conditions on a shared machine. The steady-state log has small
+/// segments and size retention and is filled past its retention before the
+/// clock starts, so each of its rolls writes the new segment into the file
+/// of the segment retention frees (recycling: overwrites, not extending
+/// writes), as a busy partition does once its retention is reached.
+async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Result<WriteFigures, String> {
+    let raw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .dma_open(raw_path)
+        .await
+        .map_err(err)?;
+    let mut block = raw.alloc_dma_buffer(MIB);
+    testkit::fill_value(block.as_bytes_mut(), 1, 1);
+    let block = Rc::new(block);
+    let mut fresh = AppendPhase::open(shard, "append", always(), args.mib).await?;
+    let steady_config = LogConfig {
+        segment_bytes_max: STEADY_SEGMENT_BYTES,
+        retention_bytes: Some(STEADY_RETENTION_BYTES),
+        ..always()
+    };
+    let warm_up = (STEADY_RETENTION_BYTES + 2 * STEADY_SEGMENT_BYTES) as usize / MIB;
+    let mut steady = AppendPhase::open(shard, "steady", steady_config, warm_up + args.mib).await?;
+    steady.run(0..warm_up, args.producers).await?;
+    (steady.bytes, steady.secs) = (0, 0.0);
+    let mut raw_secs = 0.0;
+    for slice in slices(args.mib, args.rounds) {
+        raw_secs += raw_write_slice(&raw, &block, slice.clone()).await?;
+        fresh.run(slice.clone(), args.producers).await?;
+        steady
+            .run(warm_up + slice.start..warm_up + slice.end, args.producers)
+            .await?;
+    }
+    let (fresh_mib_s, steady_mib_s) = (mib_s(fresh.bytes, fresh.secs), mib_s(steady.bytes, steady.secs));
+    fresh.report("append", args.mib).await?;
+    steady.report("steady-state append", args.mib).await?;
     raw.close().await.map_err(err)?;
-    Ok((
-        mib_s((args.mib * MIB) as u64, raw_secs),
-        mib_s(append_bytes, append_secs),
-    ))
+    Ok(WriteFigures {
+        raw_mib_s: mib_s((args.mib * MIB) as u64, raw_secs),
+        append_mib_s: fresh_mib_s,
+        steady_mib_s,
+    })
 }
 
 /// Writes 1 MiB blocks `slice` of the raw file sequentially (queue depth 1),
@@ -278,9 +355,11 @@ pub fn slices(n: usize, rounds: usize) -> Vec<std::ops::Range<usize>> {
     (0..rounds).map(|r| r * n / rounds..(r + 1) * n / rounds).collect()
 }
 
+/// `fsync=always`; no time retention (the batches are stamped 1970).
 fn always() -> LogConfig {
     LogConfig {
         fsync: FsyncPolicy::Always,
+        retention_ms: None,
         ..LogConfig::default()
     }
 }

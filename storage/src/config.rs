@@ -43,6 +43,10 @@ pub struct LogConfig {
     pub zero_ahead_bytes: u64,
     /// Stamp every batch with the broker's clock instead of the producer's.
     pub log_append_time: bool,
+    /// When a roll finds sealed segments past the retention policy, reuse
+    /// the largest of them as the new segment's file instead of deleting it
+    /// and creating a fresh one (see `log::write`, "Recycling").
+    pub recycle_segments: bool,
 }
 
 pub const KIB: u64 = 1024;
@@ -64,6 +68,7 @@ impl Default for LogConfig {
             tail_cache_bytes_max: 16 * MIB as usize,
             zero_ahead_bytes: MIB,
             log_append_time: false,
+            recycle_segments: true,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Retention as a pure function: (policy, segments, now) → the offset below
 //! which whole sealed segments may be deleted. The log applies the cut.
 //!
-//! Runs on: every shard, periodically, for each of its logs.
+//! Runs on: every shard, periodically for each of its logs, and in a log's
+//! roll (which recycles the largest expired segment's file: `log::write`).
 
 use crate::Offset;
 

@@ -41,6 +41,9 @@ pub enum ScanEnd {
     /// Bytes are there but are not a valid batch, or the batch's offset does
     /// not follow its predecessor's.
     Corrupt(String),
+    /// A valid batch from before the expected offset: the old contents of a
+    /// recycled segment file (see the log's "Recycling"), never written over.
+    Stale(String),
 }
 
 /// One step of a scan.
@@ -114,6 +117,10 @@ pub fn scan_one_with(
     match checked {
         Err(e) => ScanStep::End(ScanEnd::Corrupt(e.to_string())),
         Ok(header) => match expected {
+            Some(want) if header.base_offset < want => ScanStep::End(ScanEnd::Stale(format!(
+                "batch of offset {} where {want} was expected",
+                header.base_offset
+            ))),
             Some(want) if header.base_offset != want => ScanStep::End(ScanEnd::Corrupt(format!(
                 "batch starts at offset {} but {want} was expected",
                 header.base_offset
@@ -217,11 +224,16 @@ mod tests {
     }
 
     #[test]
-    fn offset_gaps_are_corrupt() {
+    fn offset_gaps_are_corrupt_and_older_offsets_stale() {
         let (log, ends) = log_bytes();
+        // A batch past the expected offset: records are missing.
+        let all = scan_all(&log[ends[0] as usize..], ends[0], Some(Offset(0)), MAX);
+        assert_eq!(all.valid_end, ends[0]);
+        assert!(matches!(all.end, ScanEnd::Corrupt(_)), "{:?}", all.end);
+        // A batch before it: a recycled file's old contents.
         let all = scan_all(&log, 0, Some(Offset(5)), MAX);
         assert_eq!(all.valid_end, 0);
-        assert!(matches!(all.end, ScanEnd::Corrupt(_)));
+        assert!(matches!(all.end, ScanEnd::Stale(_)), "{:?}", all.end);
         // Starting at the second batch with the right expectation works.
         let all = scan_all(&log[ends[0] as usize..], ends[0], Some(Offset(1)), MAX);
         assert_eq!((all.batches.len(), all.valid_end), (2, ends[2]));

@@ -38,7 +38,7 @@ fn config() -> LogConfig {
         tail_cache_bytes_max: 32 << 10,
         // Pre-zeroing writes 1 MiB chunks, 16 times a whole 64 KiB segment.
         zero_ahead_bytes: 0,
-        ..LogConfig::default()
+        ..no_time_retention()
     }
 }
 

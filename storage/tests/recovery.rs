@@ -152,7 +152,7 @@ fn tail_config() -> LogConfig {
     LogConfig {
         index_interval_bytes: 1024,
         zero_ahead_bytes: 0,
-        ..LogConfig::default()
+        ..no_time_retention()
     }
 }
 
@@ -350,7 +350,7 @@ fn small_segments() -> LogConfig {
         segment_bytes_max: 64 << 10,
         index_interval_bytes: 4096,
         batch_bytes_max: 32 << 10,
-        ..LogConfig::default()
+        ..no_time_retention()
     }
 }
 
@@ -608,7 +608,7 @@ fn corruption_in_the_middle_of_the_active_segment_cuts_there() {
         // cuts at the damaged one just the same.
         let dense = LogConfig {
             index_interval_bytes: 1024,
-            ..LogConfig::default()
+            ..no_time_retention()
         };
         let victim = batches[15];
         restore(&pristine, &log_dir(&path));

@@ -1,10 +1,11 @@
-//! `strand-storage-crash-writer DIR SEED`: the child process of the crash
-//! test (`tests/crash.rs`). Appends to the log in `DIR/p0` with
+//! `strand-storage-crash-writer DIR SEED [recycle]`: the child process of
+//! the crash test (`tests/crash.rs`). Appends to the log in `DIR/p0` with
 //! `fsync=always` from four concurrent producers and prints one line per
 //! batch once it is durable: `<base offset> <last offset> <tag>`. The parent
 //! kills it with SIGKILL at a random moment and checks that every printed
-//! batch survived. Exits by itself after 20 s so it can never be left
-//! running.
+//! batch survived. With `recycle`, size retention keeps about three
+//! segments, so most segments are written into recycled files. Exits by
+//! itself after 20 s so it can never be left running.
 
 use std::io::Write;
 use std::rc::Rc;
@@ -16,9 +17,10 @@ use strand_storage::{testkit, FsyncPolicy, LeaderEpoch, LogConfig, ShardStorage}
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(dir), Some(seed)) = (args.next(), args.next().and_then(|s| s.parse::<u64>().ok())) else {
-        eprintln!("usage: strand-storage-crash-writer DIR SEED");
+        eprintln!("usage: strand-storage-crash-writer DIR SEED [recycle]");
         std::process::exit(2);
     };
+    let recycle = args.next().as_deref() == Some("recycle");
     testkit::run_on_executor(move || async move {
         let shard = ShardStorage::open(&dir, ShardStorageConfig::default())
             .await
@@ -28,6 +30,11 @@ fn main() {
             segment_bytes_max: 256 << 10,
             batch_bytes_max: 64 << 10,
             index_interval_bytes: 4096,
+            // The records are stamped in 2023: no time retention. With
+            // `recycle`, size retention at each roll (about three segments
+            // kept), so new segments go into freed files.
+            retention_ms: None,
+            retention_bytes: recycle.then_some(768 << 10),
             ..LogConfig::default()
         };
         let log = Rc::new(

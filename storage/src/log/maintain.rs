@@ -40,7 +40,7 @@ impl Log {
         let config = &self.inner.config;
         let (keep_base, cut_pos, doomed) = if offset <= log_start {
             // Start over at `offset` in a fresh segment.
-            let mut doomed = self.take_sealed(|_| true);
+            let mut doomed = paths(self.take_sealed(|_| true));
             doomed.push(self.inner.state.borrow().active.path.clone());
             (offset, None, doomed)
         } else {
@@ -55,7 +55,7 @@ impl Log {
                     .unwrap_or(&active_base)
             };
             let pos = self.batch_position(keep_base, offset).await?;
-            let mut doomed = self.take_sealed(|b| b >= keep_base);
+            let mut doomed = paths(self.take_sealed(|b| b >= keep_base));
             if keep_base != active_base {
                 doomed.retain(|p| *p != self.inner.dir.join(log_file_name(keep_base)));
                 doomed.push(self.inner.state.borrow().active.path.clone());
@@ -89,13 +89,13 @@ impl Log {
 
     /// Removes the sealed segments whose base matches `pred` from the map,
     /// returning their paths.
-    fn take_sealed(&self, pred: impl Fn(Offset) -> bool) -> Vec<std::path::PathBuf> {
+    fn take_sealed(&self, pred: impl Fn(Offset) -> bool) -> Vec<SealedSegment> {
         let mut st = self.inner.state.borrow_mut();
         let all = std::mem::take(&mut st.sealed);
         let (gone, kept): (BTreeMap<Offset, SealedSegment>, BTreeMap<Offset, SealedSegment>) =
             all.into_iter().partition(|(b, _)| pred(*b));
         st.sealed = kept;
-        gone.into_values().map(|s| s.path).collect()
+        gone.into_values().collect()
     }
 
     /// File position of the batch holding `offset` in the segment at `base`.
@@ -158,9 +158,24 @@ impl Log {
     /// it moved.
     pub async fn enforce_retention(&self, policy: RetentionPolicy, now_ms: i64) -> Result<Option<Offset>> {
         let _permit = self.lock().await?;
+        self.inner.state.borrow().check_usable(&self.inner.dir)?;
+        let Some((cut, doomed)) = self.take_expired(policy, now_ms) else {
+            return Ok(None);
+        };
+        for seg in &doomed {
+            remove_segment_files(&seg.path).await?;
+        }
+        Ok(Some(cut))
+    }
+
+    /// Takes the sealed segments past `policy` out of the log: the log start
+    /// moves past them and the shard closes their files, so no new read
+    /// reaches them (a read already under way checks the log start again
+    /// when its I/O is done). The caller deletes (or recycles) the files.
+    /// Holds: the I/O lock.
+    pub(super) fn take_expired(&self, policy: RetentionPolicy, now_ms: i64) -> Option<(Offset, Vec<SealedSegment>)> {
         let cut = {
             let st = self.inner.state.borrow();
-            st.check_usable(&self.inner.dir)?;
             let summaries: Vec<SegmentSummary> = st
                 .sealed
                 .values()
@@ -170,19 +185,20 @@ impl Log {
                     max_timestamp: s.max_timestamp,
                 })
                 .collect();
-            cut_offset(policy, &summaries, st.active.base, st.active.size(), now_ms)
+            cut_offset(policy, &summaries, st.active.base, st.active.size(), now_ms)?
         };
-        let Some(cut) = cut else { return Ok(None) };
         let doomed = self.take_sealed(|b| b < cut);
+        if doomed.is_empty() {
+            return None;
+        }
         {
             let mut st = self.inner.state.borrow_mut();
             st.log_start = st.log_start.max(cut);
         }
-        for path in &doomed {
-            self.inner.shard.forget(path);
-            remove_segment_files(path).await?;
+        for seg in &doomed {
+            self.inner.shard.forget(&seg.path);
         }
-        Ok(Some(cut))
+        Some((cut, doomed))
     }
 
     /// The retention policy of this log's config.
@@ -215,7 +231,11 @@ impl Log {
     }
 }
 
-async fn remove_segment_files(path: &std::path::Path) -> Result<()> {
+fn paths(segments: Vec<SealedSegment>) -> Vec<std::path::PathBuf> {
+    segments.into_iter().map(|s| s.path).collect()
+}
+
+pub(super) async fn remove_segment_files(path: &std::path::Path) -> Result<()> {
     remove_file(path).await?;
     remove_file(&index_path(path)).await?;
     remove_file(&time_index_path(path)).await

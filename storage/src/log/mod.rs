@@ -104,6 +104,8 @@ pub struct LogStats {
     pub bytes_written: u64,
     /// Segments rolled.
     pub rolls: u64,
+    /// Rolls whose new segment reused an expired segment's file.
+    pub recycled: u64,
     /// Time spent in data writes and in fdatasync (summed, ns).
     pub write_ns: u64,
     pub sync_ns: u64,
@@ -464,6 +466,11 @@ async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Optio
             segment = %path.display(),
             position = loaded.valid_end,
             "truncating the log's tail after the last valid batch: {why}"
+        ),
+        ScanEnd::Stale(why) => tracing::debug!(
+            segment = %path.display(),
+            position = loaded.valid_end,
+            "the log ends where a recycled file's old contents begin: {why}"
         ),
         ScanEnd::Clean | ScanEnd::ZeroTail => {}
     }

@@ -84,7 +84,7 @@ impl Log {
                 }
             };
             let upto = upto.min(self.log_end());
-            return match source {
+            let got = match source {
                 Source::Active {
                     file,
                     path,
@@ -101,17 +101,35 @@ impl Log {
                     self.read_segment(seg, entry, end, from, max_bytes, upto).await
                 }
                 Source::Sealed(seg) => {
-                    let open = self.inner.shard.sealed(&seg, &self.inner.config).await?;
-                    let entry = open.index.lookup_offset((from.0 - seg.base.0) as u32);
-                    let file = SegmentFile {
-                        file: &open.file,
-                        path: &seg.path,
-                        base: seg.base,
-                        index: Some(&open.index),
-                    };
-                    self.read_segment(file, entry, seg.size, from, max_bytes, upto).await
+                    let open = self.inner.shard.sealed(&seg, &self.inner.config).await;
+                    match open {
+                        Ok(open) => {
+                            let entry = open.index.lookup_offset((from.0 - seg.base.0) as u32);
+                            let file = SegmentFile {
+                                file: &open.file,
+                                path: &seg.path,
+                                base: seg.base,
+                                index: Some(&open.index),
+                            };
+                            self.read_segment(file, entry, seg.size, from, max_bytes, upto).await
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
             };
+            // Retention may have taken the segment while it was read (the
+            // active one too, if it was sealed meanwhile): its file is then
+            // gone or, recycled, being written over. What was read is not
+            // trusted; the reader hears where the log starts now.
+            let st = self.inner.state.borrow();
+            if from < st.log_start {
+                return Err(StorageError::OffsetOutOfRange {
+                    requested: from,
+                    log_start: st.log_start,
+                    log_end: st.log_end(),
+                });
+            }
+            return got;
         }
     }
 

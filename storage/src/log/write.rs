@@ -1,18 +1,48 @@
 //! The write side of the log: append, the durability waits (group commit),
 //! writing queued batches, fdatasync, and rolling segments.
+//!
+//! # Recycling
+//! An fdatasync after O_DIRECT writes that *extend* a file commits the ext4
+//! journal (new extents, new size); after writes over blocks the file
+//! already has, it only flushes the data. Measured on the dev box with the
+//! storage bench: 1 MiB batches with `fsync=always` reach ≈ 0.65 of the
+//! raw write rate into a new file and ≈ 0.96 into a recycled one. So when
+//! a roll finds sealed segments that the retention policy lets go
+//! (`LogConfig::recycle_segments`, on by default), it deletes all but the
+//! largest and renames that one to the new segment's name: the new segment
+//! writes over the old batches instead of growing a file. A busy partition
+//! whose retention is reached then rolls into freed files, and the disk
+//! holds no more than it did (the file is moved, not kept aside). The
+//! periodic retention pass still deletes what expires between rolls.
+//!
+//! Why it is safe: the file past the segment's written end holds the old
+//! batches of the *same* log, whose offsets are all below the new
+//! segment's base. Reads stop at the written end. Recovery expects the
+//! first batch at the base and each next one right after, so it stops at
+//! the first old batch ([`crate::scan::ScanEnd::Stale`]), at the zero
+//! padding of the last block, or at a torn batch, and truncates the file
+//! there, as after any crash. A roll seals the old segment (truncated to
+//! its batches, fdatasync'd) before the rename, so a sealed segment never
+//! holds old bytes. Truncation (replication) never recycles: what it
+//! removes has offsets above what follows. A read of a segment that is
+//! recycled under it is thrown away and answered with the new log start
+//! (`read.rs`).
 
+use std::path::Path;
 use std::rc::Rc;
 
 use bytes::BytesMut;
-use glommio::io::OpenOptions;
+use glommio::io::{DmaFile, OpenOptions};
+use tracing::warn;
 
+use super::maintain::remove_segment_files;
 use super::{mono_ms, now_ms, AppendInfo, Log};
 use crate::batch::{RecordBatch, Stamp};
 use crate::config::FsyncPolicy;
 use crate::error::{Result, StorageError};
 use crate::index::SegmentIndex;
 use crate::segment::active::{ActiveSegment, Recovered};
-use crate::segment::io::{sync_dir, write_small_file};
+use crate::segment::io::{remove_file, sync_dir, write_small_file};
 use crate::segment::recover::write_index_files;
 use crate::segment::{index_path, log_file_name, time_index_path, OpenSegment};
 use crate::{LeaderEpoch, Offset};
@@ -318,15 +348,17 @@ impl Log {
         file.fdatasync().await.map_err(|e| io("fdatasync", e))?;
         write_index_files(&path, &index).await?;
         let new_path = self.inner.dir.join(log_file_name(new_base));
-        let new_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .dma_open(&new_path)
+        // From here on a failure leaves the directory between two states (a
+        // file at the new base, expired segments half removed): the log
+        // fails rather than append past the new base into the old segment.
+        let created = async {
+            let made = self.new_segment_file(&new_path).await?;
+            sync_dir(&self.inner.dir).await?;
+            Ok::<_, StorageError>(made)
+        };
+        let (new_file, file_len) = created
             .await
-            .map_err(|e| StorageError::glommio("creating", &new_path, e))?;
-        sync_dir(&self.inner.dir).await?;
+            .map_err(|e| self.fail(format!("rolling to {}: {e}", new_path.display())))?;
         let mut st = self.inner.state.borrow_mut();
         let fresh = ActiveSegment::new(
             new_path,
@@ -337,7 +369,7 @@ impl Log {
                 size: 0,
                 tail_block: Vec::new(),
                 index: SegmentIndex::new(),
-                file_len: 0,
+                file_len,
             },
         );
         let old = std::mem::replace(&mut st.active, fresh);
@@ -347,6 +379,64 @@ impl Log {
             .insert_open(meta.path.clone(), Rc::new(OpenSegment { file, index }));
         st.sealed.insert(meta.base, meta);
         st.stats.rolls += 1;
+        st.stats.recycled += u64::from(file_len > 0);
         Ok(())
     }
+
+    /// The file of a new segment at `path`, and the bytes it already holds:
+    /// the largest of the sealed segments the retention policy lets go now,
+    /// renamed (see "Recycling" above), else a new empty file. The other
+    /// expired segments are deleted. Holds: the I/O lock, with the segment
+    /// being sealed still the active one (retention never takes it).
+    async fn new_segment_file(&self, path: &Path) -> Result<(DmaFile, u64)> {
+        let config = &self.inner.config;
+        let spare = match config.recycle_segments {
+            true => self.take_expired(self.retention_policy(), now_ms() as i64),
+            false => None,
+        };
+        if let Some((_, doomed)) = spare {
+            // Oldest first, as retention deletes: a crash part-way leaves
+            // the log without a prefix of its segments, never with a gap.
+            let largest = doomed.iter().map(|s| s.size).max();
+            let mut reused = None;
+            for seg in doomed {
+                if reused.is_some() || Some(seg.size) != largest {
+                    remove_segment_files(&seg.path).await?;
+                    continue;
+                }
+                match recycle(&seg.path, path).await {
+                    Ok(file) => reused = Some(file),
+                    Err(e) => {
+                        warn!(segment = %seg.path.display(), "recycling failed, creating a new segment instead: {e}");
+                        remove_file(&seg.path).await?;
+                    }
+                }
+                // After the rename: a reader opening the old segment now
+                // fails to find it instead of rebuilding its index from the
+                // file being written over.
+                remove_file(&index_path(&seg.path)).await?;
+                remove_file(&time_index_path(&seg.path)).await?;
+            }
+            if let Some(file) = reused {
+                return Ok(file);
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .dma_open(path)
+            .await
+            .map_err(|e| StorageError::glommio("creating", path, e))?;
+        Ok((file, 0))
+    }
+}
+
+/// Renames the segment file `old` to `new` and opens it for writing over.
+async fn recycle(old: &Path, new: &Path) -> std::result::Result<(DmaFile, u64), glommio::GlommioError<()>> {
+    glommio::io::rename(old, new).await?;
+    let file = OpenOptions::new().read(true).write(true).dma_open(new).await?;
+    let len = file.file_size().await?;
+    Ok((file, len))
 }

@@ -166,7 +166,7 @@ pub(crate) async fn load_sealed(
         let reason = match &loaded.end {
             ScanEnd::Clean => "valid batches end before the file does".to_string(),
             ScanEnd::ZeroTail => "zeros where a batch should be".to_string(),
-            ScanEnd::Torn(r) | ScanEnd::Corrupt(r) => r.clone(),
+            ScanEnd::Torn(r) | ScanEnd::Corrupt(r) | ScanEnd::Stale(r) => r.clone(),
         };
         return Err(StorageError::CorruptSegment {
             path: path.to_path_buf(),

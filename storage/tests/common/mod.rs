@@ -20,6 +20,15 @@ where
 
 pub const TS: i64 = 1_700_000_000_000;
 
+/// The default log config without time retention: the tests stamp records
+/// around [`TS`] (2023), which a roll's retention would otherwise delete.
+pub fn no_time_retention() -> LogConfig {
+    LogConfig {
+        retention_ms: None,
+        ..LogConfig::default()
+    }
+}
+
 /// A log in `dir/p0` on a fresh shard storage rooted at `dir`.
 pub async fn open(dir: &Path, config: LogConfig) -> (ShardStorage, Log) {
     let shard = ShardStorage::open(dir, ShardStorageConfig::default()).await.unwrap();
@@ -80,4 +89,15 @@ pub fn check_contents(records: &[(u64, Vec<u8>, Vec<u8>)], start: u64) {
         assert_eq!(value, &want, "value of offset {offset}");
         index_in_batch += 1;
     }
+}
+
+/// Inodes of the segment files in `dir`.
+pub fn segment_inodes(dir: &std::path::Path) -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| e.metadata().unwrap().ino())
+        .collect()
 }
