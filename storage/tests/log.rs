@@ -324,6 +324,101 @@ fn a_roll_reuses_the_file_of_the_segment_retention_frees() {
 }
 
 #[test]
+fn readers_of_old_segments_never_see_a_recycled_file_being_written_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let config = LogConfig {
+            segment_bytes_max: 64 << 10,
+            retention_bytes: Some(640 << 10),
+            retention_ms: None,
+            zero_ahead_bytes: 0,
+            // Reads go to the files, not to memory.
+            tail_cache_bytes_max: 0,
+            ..small_segments()
+        };
+        let (_shard, log) = open(&path, config).await;
+        let log = Rc::new(log);
+        let done = Rc::new(std::cell::Cell::new(false));
+        let raced = Rc::new(std::cell::Cell::new(0u64));
+        // Readers chase the log start: their reads of the oldest segment
+        // race the roll that recycles it.
+        let mut readers = Vec::new();
+        for _ in 0..3 {
+            let (log, done, raced) = (log.clone(), done.clone(), raced.clone());
+            readers.push(glommio::spawn_local(async move {
+                let (mut good, mut moved) = (0u64, 0u64);
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+                while !done.get() {
+                    // Anywhere in the log (the read-ahead blocks of a few
+                    // segments cannot hold it all), mostly its oldest part.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let (start, end) = (log.log_start().0, log.log_end().0);
+                    let span = (end - start).max(1);
+                    let from = Offset(start + rng % span / (1 + rng % 4));
+                    match log.read(from, 8 << 10).await {
+                        Ok(got) => {
+                            let mut expected = from;
+                            for b in got.batches {
+                                let batch = strand_storage::batch::RecordBatch::new(b, 1 << 20)
+                                    .expect("a batch handed out is intact");
+                                assert!(
+                                    batch.base_offset() <= expected && batch.next_offset() > expected,
+                                    "batch {}..{} where {expected} was next",
+                                    batch.base_offset(),
+                                    batch.next_offset()
+                                );
+                                expected = batch.next_offset();
+                                good += 1;
+                            }
+                        }
+                        // The segment went while it was read (the start
+                        // was checked when the read began).
+                        Err(StorageError::OffsetOutOfRange { .. }) => {
+                            moved += 1;
+                            raced.set(raced.get() + 1);
+                        }
+                        Err(e) => panic!("read from {from}: {e}"),
+                    }
+                    glommio::timer::sleep(std::time::Duration::from_micros(50)).await;
+                }
+                (good, moved)
+            }));
+        }
+        let mut next = 0;
+        // Until some reads have raced a recycling (bounded).
+        for tag in 0..40_000u64 {
+            if tag >= 2000 && raced.get() >= 3 {
+                break;
+            }
+            let info = log
+                .append(strand_storage::testkit::batch(tag, 2, 400, TS), LeaderEpoch(1))
+                .await
+                .unwrap();
+            assert_eq!(info.base_offset, Offset(next));
+            next = info.last_offset.0 + 1;
+            if tag % 4 == 0 {
+                log.wait_durable(info.last_offset).await.unwrap();
+            }
+        }
+        log.wait_durable(Offset(next - 1)).await.unwrap();
+        done.set(true);
+        let (mut good, mut moved) = (0, 0);
+        for r in readers {
+            let (g, m) = r.await;
+            (good, moved) = (good + g, moved + m);
+        }
+        eprintln!("{good} batches read, {moved} reads found the log start moved");
+        assert!(good > 0);
+        assert!(moved >= 3, "no read raced a recycling: {moved}");
+        assert!(log.stats().recycled > 10, "{:?}", log.stats());
+        check_contents(&read_all(&log).await, log.log_start().0);
+    });
+}
+
+#[test]
 fn invalid_batches_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();

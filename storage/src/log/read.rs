@@ -155,10 +155,13 @@ impl Log {
         };
         let mut from = match start {
             Ok(from) => from,
-            Err(seg) => {
-                let open = self.inner.shard.sealed(&seg, &self.inner.config).await?;
-                seg.base.plus(u64::from(open.index.lookup_time(timestamp_ms)))
-            }
+            Err(seg) => match self.inner.shard.sealed(&seg, &self.inner.config).await {
+                Ok(open) => seg.base.plus(u64::from(open.index.lookup_time(timestamp_ms))),
+                // Retention took the segment meanwhile: what is left of the
+                // log starts later.
+                Err(_) if seg.base < self.log_start() => self.log_start(),
+                Err(e) => return Err(e),
+            },
         };
         from = from.max(self.log_start());
         loop {
