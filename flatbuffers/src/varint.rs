@@ -22,17 +22,16 @@ pub fn put_i64(out: &mut Vec<u8>, value: i64) {
     put_u64(out, ((value << 1) ^ (value >> 63)) as u64);
 }
 
-/// Bytes `value` takes when encoded.
-pub fn len_u64(mut value: u64) -> usize {
-    let mut n = 1;
-    while value >= 0x80 {
-        value >>= 7;
-        n += 1;
-    }
-    n
+/// Bytes `value` takes when encoded: one per started group of 7 bits
+/// (branch-free; at least one byte, for 0).
+#[inline]
+pub fn len_u64(value: u64) -> usize {
+    let bits = 64 - (value | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
 }
 
 /// Bytes `value` takes zig-zag encoded.
+#[inline]
 pub fn len_i64(value: i64) -> usize {
     len_u64(((value << 1) ^ (value >> 63)) as u64)
 }
@@ -64,6 +63,17 @@ pub fn get_i64(buf: &[u8]) -> Option<(i64, usize)> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn lengths_change_at_every_seventh_bit() {
+        assert_eq!(len_u64(0), 1);
+        for groups in 1..=9u32 {
+            let top = (1u64 << (7 * groups)) - 1;
+            assert_eq!((len_u64(top), len_u64(top + 1)), (groups as usize, groups as usize + 1));
+        }
+        assert_eq!(len_u64(u64::MAX), MAX_LEN);
+        assert_eq!((len_i64(-64), len_i64(-65), len_i64(63), len_i64(64)), (1, 2, 1, 2));
+    }
 
     proptest! {
         #[test]
