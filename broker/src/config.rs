@@ -12,6 +12,7 @@
 //! default_partitions = 1
 //! default_retention_ms = 604800000
 //! spin_before_park_us = 50      # an idle shard polls this long before it sleeps
+//! recycle_segments = true       # a roll reuses the file of a segment retention frees
 //! ```
 //!
 //! `spin_before_park_us` is the latency/CPU trade of a thread-per-core
@@ -23,6 +24,11 @@
 //! records at 5,000/s with 300 µs: p50 100 → 81 µs, but fsync=always p50
 //! 378 → 851 µs (the spinning shard starves the kernel's io_uring workers
 //! that run the fdatasync): raise it only with cores to spare.
+//!
+//! `recycle_segments`: see `strand_storage::LogConfig::recycle_segments`.
+//! Appends into a recycled file skip ext4's journal commits; the price is
+//! that expired records stay on disk (never readable) until written over.
+//! Turn it off where deleted records must leave the disk at once.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -48,6 +54,9 @@ pub struct BrokerConfig {
     pub shard_channel_capacity: usize,
     /// How long an idle shard polls before it sleeps, in µs.
     pub spin_before_park_us: u64,
+    /// Whether a roll writes the new segment into the file of a segment
+    /// retention frees (every queue's logs).
+    pub recycle_segments: bool,
 }
 
 impl Default for BrokerConfig {
@@ -64,6 +73,7 @@ impl Default for BrokerConfig {
             default_retention_ms: 7 * 24 * 3600 * 1000,
             shard_channel_capacity: 1024,
             spin_before_park_us: 50,
+            recycle_segments: true,
         }
     }
 }
@@ -209,7 +219,7 @@ mod tests {
         let file = dir.path().join("strand.toml");
         std::fs::write(
             &file,
-            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\n",
+            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\n",
         )
         .unwrap();
         let flags = Overrides {
@@ -219,6 +229,7 @@ mod tests {
         let c = BrokerConfig::load(Some(&file), &flags).unwrap();
         assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!((c.cores, c.node_id, c.spin_before_park_us), (Some(2), 5, 300));
+        assert!(!c.recycle_segments && BrokerConfig::default().recycle_segments);
         let spin = Overrides {
             spin_before_park_us: Some(0),
             ..Overrides::default()

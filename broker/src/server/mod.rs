@@ -199,7 +199,7 @@ async fn shard_main(
         .await
         .map_err(|e| e.to_string())?;
     let (senders, receivers) = mesh.join().await.map_err(|_| "joining the shard mesh".to_string())?;
-    let partitions = Partitions::new(storage, config.data_dir.clone(), config.node_id, id, shards);
+    let partitions = Partitions::new(storage, &config, id, shards);
     let shard = Rc::new(Shard::new(id, shards, config.clone(), partitions, senders));
     shard::set_current(&shard);
     shard.start_mesh_receivers(receivers);

@@ -40,6 +40,8 @@ pub struct Partitions {
     node_id: u64,
     shard: ShardId,
     shards: u16,
+    /// The broker's `recycle_segments`, for every log opened here.
+    recycle_segments: bool,
     /// Queue → partition → open partition: looked up by `&str` on every
     /// request, without building a key.
     open: RefCell<HashMap<String, HashMap<u32, Rc<Partition>>>>,
@@ -47,9 +49,11 @@ pub struct Partitions {
     pub new_data: Notify,
 }
 
-/// The log settings of a queue.
-pub fn log_config(settings: &QueueSettings) -> LogConfig {
+/// The log settings of a queue on a broker that does (or does not)
+/// recycle segments.
+pub fn log_config(settings: &QueueSettings, recycle_segments: bool) -> LogConfig {
     LogConfig {
+        recycle_segments,
         fsync: match settings.fsync {
             FsyncSetting::Always => FsyncPolicy::Always,
             FsyncSetting::Interval { ms, bytes } => FsyncPolicy::Interval {
@@ -65,13 +69,14 @@ pub fn log_config(settings: &QueueSettings) -> LogConfig {
 }
 
 impl Partitions {
-    pub fn new(storage: ShardStorage, data_dir: PathBuf, node_id: u64, shard: ShardId, shards: u16) -> Partitions {
+    pub fn new(storage: ShardStorage, config: &crate::config::BrokerConfig, shard: ShardId, shards: u16) -> Partitions {
         Partitions {
             storage,
-            data_dir,
-            node_id,
+            data_dir: config.data_dir.clone(),
+            node_id: config.node_id,
             shard,
             shards,
+            recycle_segments: config.recycle_segments,
             open: RefCell::new(HashMap::new()),
             new_data: Notify::default(),
         }
@@ -202,7 +207,7 @@ impl Partitions {
         std::fs::write(&marker, id.to_string()).map_err(|e| format!("writing {}: {e}", marker.display()))?;
         let log = self
             .storage
-            .open_log(&dir, log_config(settings))
+            .open_log(&dir, log_config(settings, self.recycle_segments))
             .await
             .map_err(|e| e.to_string())?;
         log.advance_high_watermark(log.flushed_offset());
