@@ -13,6 +13,7 @@
 //! default_retention_ms = 604800000
 //! spin_before_park_us = 50      # an idle shard polls this long before it sleeps
 //! recycle_segments = true       # a roll reuses the file of a segment retention frees
+//! segment_bytes = 1073741824    # a segment rolls before it grows past this (>= max_message_bytes)
 //! ```
 //!
 //! `spin_before_park_us` is the latency/CPU trade of a thread-per-core
@@ -57,6 +58,10 @@ pub struct BrokerConfig {
     /// Whether a roll writes the new segment into the file of a segment
     /// retention frees (every queue's logs).
     pub recycle_segments: bool,
+    /// Largest segment of a partition log, in bytes ([64 KiB, 4 GiB)):
+    /// retention deletes (and recycles) whole segments, so this is also its
+    /// granularity.
+    pub segment_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -74,6 +79,7 @@ impl Default for BrokerConfig {
             shard_channel_capacity: 1024,
             spin_before_park_us: 50,
             recycle_segments: true,
+            segment_bytes: 1 << 30,
         }
     }
 }
@@ -178,6 +184,18 @@ impl BrokerConfig {
                 self.spin_before_park_us
             ));
         }
+        if !(64 << 10..4 << 30).contains(&self.segment_bytes) {
+            return bad(format!(
+                "segment_bytes {} must be in [64 KiB, 4 GiB)",
+                self.segment_bytes
+            ));
+        }
+        if self.segment_bytes < u64::from(self.max_message_bytes) {
+            return bad(format!(
+                "segment_bytes {} is below max_message_bytes {}: a segment holds at least one batch",
+                self.segment_bytes, self.max_message_bytes
+            ));
+        }
         // The defaults make queues: they must pass the controller's checks.
         let partitions_max = crate::controller::PARTITIONS_MAX;
         if self.default_partitions > partitions_max {
@@ -250,6 +268,11 @@ mod tests {
             ..Overrides::default()
         };
         assert!(BrokerConfig::load(None, &flags).is_err());
+        for text in ["segment_bytes = 4096\n", "segment_bytes = 65536\n"] {
+            std::fs::write(&file, text).unwrap();
+            let err = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains("segment_bytes"), "{text}: {err}");
+        }
         std::fs::write(&file, "default_partitions = 20000\n").unwrap();
         let err = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains("default_partitions"), "{err}");

@@ -8,40 +8,12 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use common::*;
 use strand_client::*;
 use strand_wire::ErrorCode;
-
-/// One HTTP request; (status, body).
-fn http(addr: SocketAddr, request: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-fn scrape(broker: &Broker) -> String {
-    let (status, body) = http(broker.metrics, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-/// The value of the series whose line starts with `series ` (name and labels).
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
 
 #[test]
 fn series_follow_produce_and_consume() {

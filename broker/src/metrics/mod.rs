@@ -35,6 +35,10 @@
 //!   OS descheduled its thread); logged at most every 10 s with the count
 //!   (glommio cannot name the task without its signal-based detector)
 //! - `strand_fsync_latency_seconds` histogram (every open log's fdatasyncs)
+//! - `strand_segment_rolls_total` {shard}, `strand_segments_recycled_total`
+//!   {shard}: segments the shard's open logs rolled since they were opened,
+//!   and how many of those went into the file of a segment retention freed
+//!   (`recycle_segments`: overwrites, no journal commit per fdatasync)
 //! - `strand_storage_foreign_buffer_drops_total`: batches read from disk
 //!   whose shard-owned I/O buffer was dropped on another thread, and so
 //!   leaked rather than freed (the broker copies batches that leave their
@@ -291,6 +295,9 @@ pub struct ShardSnapshot {
     pub fsync_buckets: Vec<u64>,
     pub fsync_sum_secs: f64,
     pub fsync_count: u64,
+    /// Segment rolls of this shard's open logs, and those into recycled files.
+    pub rolls: u64,
+    pub recycled: u64,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -527,6 +534,18 @@ impl Collector for Scrape {
             "strand_reactor_stalls",
             "Times the shard's 10 ms timer woke more than 500 us late (a task or the OS held the shard).",
             by_shard(&self.snapshots, |s| s.stalls),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_segment_rolls",
+            "Segments the shard's open partition logs rolled since they were opened.",
+            by_shard(&self.snapshots, |s| s.rolls),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_segments_recycled",
+            "Rolls whose new segment went into the file of a segment retention freed.",
+            by_shard(&self.snapshots, |s| s.recycled),
         )?;
         counter(
             &mut encoder,

@@ -40,8 +40,9 @@ pub struct Partitions {
     node_id: u64,
     shard: ShardId,
     shards: u16,
-    /// The broker's `recycle_segments`, for every log opened here.
-    recycle_segments: bool,
+    /// The broker's log settings (`segment_bytes`, `recycle_segments`), under
+    /// every queue's own.
+    log_base: LogConfig,
     /// Queue → partition → open partition: looked up by `&str` on every
     /// request, without building a key.
     open: RefCell<HashMap<String, HashMap<u32, Rc<Partition>>>>,
@@ -49,11 +50,12 @@ pub struct Partitions {
     pub new_data: Notify,
 }
 
-/// The log settings of a queue on a broker that does (or does not)
-/// recycle segments.
-pub fn log_config(settings: &QueueSettings, recycle_segments: bool) -> LogConfig {
+/// The log settings of a queue: its own, over the broker's `base`. A queue
+/// whose largest message is above the broker's segment size gets segments
+/// that large (a segment holds at least one batch).
+pub fn log_config(settings: &QueueSettings, base: &LogConfig) -> LogConfig {
     LogConfig {
-        recycle_segments,
+        segment_bytes_max: base.segment_bytes_max.max(u64::from(settings.max_message_bytes)),
         fsync: match settings.fsync {
             FsyncSetting::Always => FsyncPolicy::Always,
             FsyncSetting::Interval { ms, bytes } => FsyncPolicy::Interval {
@@ -64,7 +66,7 @@ pub fn log_config(settings: &QueueSettings, recycle_segments: bool) -> LogConfig
         retention_ms: settings.retention_ms,
         retention_bytes: settings.retention_bytes,
         batch_bytes_max: settings.max_message_bytes as usize,
-        ..LogConfig::default()
+        ..base.clone()
     }
 }
 
@@ -76,7 +78,11 @@ impl Partitions {
             node_id: config.node_id,
             shard,
             shards,
-            recycle_segments: config.recycle_segments,
+            log_base: LogConfig {
+                segment_bytes_max: config.segment_bytes,
+                recycle_segments: config.recycle_segments,
+                ..LogConfig::default()
+            },
             open: RefCell::new(HashMap::new()),
             new_data: Notify::default(),
         }
@@ -207,7 +213,7 @@ impl Partitions {
         std::fs::write(&marker, id.to_string()).map_err(|e| format!("writing {}: {e}", marker.display()))?;
         let log = self
             .storage
-            .open_log(&dir, log_config(settings, self.recycle_segments))
+            .open_log(&dir, log_config(settings, &self.log_base))
             .await
             .map_err(|e| e.to_string())?;
         log.advance_high_watermark(log.flushed_offset());

@@ -456,6 +456,8 @@ impl Shard {
             }
             snap.fsync_sum_secs += stats.sync_ns as f64 / 1e9;
             snap.fsync_count += stats.syncs;
+            snap.rolls += stats.rolls;
+            snap.recycled += stats.recycled;
         }
         self.metrics.fill(&mut snap);
         snap.busy_ratio = self

@@ -391,3 +391,31 @@ pub fn batch(tag: &str, n: u32, ts: i64) -> Bytes {
     }
     b.build().freeze()
 }
+
+/// One HTTP request; (status, body).
+pub fn http(addr: SocketAddr, request: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+pub fn scrape(broker: &Broker) -> String {
+    let (status, body) = http(broker.metrics, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the series whose line starts with `series ` (name and labels).
+pub fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
