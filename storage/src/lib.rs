@@ -15,7 +15,9 @@
 //! - [`segment`]: segment files (naming, the active segment's direct-I/O
 //!   appender, sealed segments).
 //! - [`log`]: the partition log — append, read, find by time, truncate,
-//!   durability (group commit), recovery on open, retention.
+//!   durability (group commit), recovery on open, retention, and segment
+//!   recycling (a roll writes into the file of a segment retention frees:
+//!   `log::write`, "Recycling").
 //! - [`retention`]: the pure retention policy (segments, now → cut offset).
 //! - [`shard`]: per-shard resources shared by the logs of one shard: the
 //!   direct-I/O probe file, the file-descriptor cache for sealed segments and

@@ -24,7 +24,9 @@
 //! overwrite. Large writes
 //! (≥ a quarter of the chunk) skip it: there, zeroing would double the bytes
 //! written, while one extent allocation per MiB costs little. Recovery reads
-//! the zeros as the end of the log.
+//! the zeros as the end of the log. A segment written into a recycled file
+//! (`log::write`, "Recycling") counts the file's old length as allocated
+//! (`Recovered::file_len`) and zeroes nothing before it.
 
 use std::path::PathBuf;
 use std::rc::Rc;
