@@ -11,7 +11,10 @@
 //! 3. 100-byte records, linger 0, acks=1, 5,000 records/s (open loop),
 //!    fsync=interval: latency;
 //! 4. one consumer catching up on a backlog (2 GiB; 256 MiB with `--quick`)
-//!    written like (1), then the broker's RSS;
+//!    written like (1), then the broker's RSS; (4b) one consumer reading
+//!    the first 9 MiB of a 12 MiB backlog 20 times over (`consume
+//!    --passes`), which the partition's tail cache holds: the rate the
+//!    broker serves from memory;
 //! 5. produce → consume latency at half of (1)'s throughput;
 //!
 //! and, first of all, the broker's RSS before and after creating 1,000
@@ -19,7 +22,8 @@
 //! the broker, removes its data, prints a markdown report and, last, one
 //! JSON line: `produce_vs_limit` (= (1) MiB/s ÷ min(disk write, loopback)),
 //! `consume_vs_limit` (= (4) MiB/s ÷ min(disk read, loopback)),
-//! `small_p50_us`, `small_p99_us`, `small_p999_us`, `e2e_p99_us`, and every
+//! `small_p50_us`, `small_p99_us`, `small_p999_us`, `e2e_p99_us`,
+//! `tail_consume_mib_s`, and every
 //! scenario's figures. `--save` also writes the report to
 //! `bench/results/<date>-<host>.md` (`-2`, `-3`, ... when that exists).
 
@@ -158,8 +162,19 @@ fn load_args(addr: &str) -> load::Args {
         count: None,
         rate: None,
         max_in_flight: strand_client::IDEMPOTENT_MAX_IN_FLIGHT,
+        passes: 1,
     }
 }
+
+/// Records of the tail-cache scenario (4b): 12 MiB of ~1 KiB records, well
+/// inside a partition's 16 MiB tail cache, of which each pass reads the
+/// first 9 MiB (so that no pass ends in long polls at the tail).
+const TAIL_RECORDS: u64 = 12 << 10;
+const TAIL_PASS_RECORDS: u64 = 9 << 10;
+/// Passes over it (after one warm-up pass).
+const TAIL_PASSES: u32 = 20;
+/// Issue target for serving from the tail cache, MiB/s.
+const TAIL_TARGET_MIB_S: f64 = 1536.0;
 
 /// The date (UTC) as YYYY-MM-DD, from the system clock.
 fn today() -> String {
@@ -270,6 +285,21 @@ pub fn run(args: Args) -> Result<(), String> {
         ..load_args(&addr)
     })?;
     let rss_after_backlog = broker.rss_mib();
+    eprintln!("suite: (4b) a consumer re-reading 9 MiB from the tail cache");
+    let tail = load::fresh_queue(&admin, "bench-tail", 1, strand_client::FsyncSpec::Always)?;
+    load::produce(&load::Args {
+        queue: Some(tail.clone()),
+        count: Some(TAIL_RECORDS),
+        seconds: 600,
+        ..load_args(&addr)
+    })?;
+    let four_tail = load::consume(&load::Args {
+        queue: Some(tail),
+        count: Some(TAIL_PASS_RECORDS),
+        passes: TAIL_PASSES,
+        seconds: 600,
+        ..load_args(&addr)
+    })?;
     eprintln!("suite: (5) produce → consume at half of (1)");
     let rate = ((one.msgs_s() / 2.0) as u64).max(1);
     let five = load::e2e(&load::Args {
@@ -313,6 +343,10 @@ pub fn run(args: Args) -> Result<(), String> {
         ("(3) 100 B records, linger 0, 5,000/s, acks=1, fsync=interval", &three),
         ("(4) 1 consumer catching up on the backlog (latency: per poll)", &four),
         (
+            "(4b) 1 consumer re-reading 9 MiB from the tail cache, 20 passes (latency: per poll)",
+            &four_tail,
+        ),
+        (
             "(5) produce → consume at half of (1)'s rate (latency: end to end)",
             &five,
         ),
@@ -322,12 +356,14 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     md.push_str(&format!(
         "\n## Against the limits\n\n- produce_vs_limit = (1) ÷ min(disk write, loopback) = {:.2}\n\
-         - consume_vs_limit = (4) ÷ min(disk read, loopback) = {:.2}\n\n## Memory (broker RSS)\n\n\
+         - consume_vs_limit = (4) ÷ min(disk read, loopback) = {:.2}\n\
+         - tail_consume_mib_s = (4b) = {:.0} MiB/s (target {TAIL_TARGET_MIB_S:.0})\n\n## Memory (broker RSS)\n\n\
          - at start: {rss_start:.0} MiB; after the backlog and its catch-up: {rss_after_backlog:.0} MiB\n\
          - 1,000 more partitions: {before:.1} → {after:.1} MiB ({per_partition_kib:.1} KiB per partition)\n\n\
          Reproduce: `cargo build --release -p strand-broker -p strand-bench && target/release/strand-bench suite{}`\n",
         produce_vs_limit,
         consume_vs_limit,
+        four_tail.mib_s(),
         if args.quick { " --quick" } else { "" }
     ));
     println!("{md}");
@@ -356,6 +392,7 @@ pub fn run(args: Args) -> Result<(), String> {
     json.insert("small_p99_us".into(), round2(three.latency.p99_us).into());
     json.insert("small_p999_us".into(), round2(three.latency.p999_us).into());
     json.insert("e2e_p99_us".into(), round2(five.latency.p99_us).into());
+    json.insert("tail_consume_mib_s".into(), round2(four_tail.mib_s()).into());
     json.insert("rss_after_backlog_mib".into(), round2(rss_after_backlog).into());
     json.insert("rss_per_partition_kib".into(), round2(per_partition_kib).into());
     for (name, o) in [("s1", &one), ("s2", &two), ("s3", &three), ("s4", &four), ("s5", &five)] {
