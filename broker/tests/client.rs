@@ -403,6 +403,38 @@ fn a_pipelined_consumer_reads_every_record_once_across_seeks() {
 }
 
 #[test]
+fn a_seek_at_the_tail_does_not_wait_for_the_long_polls_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "tail", 1);
+    let mut raw = broker.client();
+    for i in 0..20 {
+        raw.produce("tail", 0, batch(&format!("b{i}"), 5, TS), 1).unwrap();
+    }
+    let mut c = Consumer::new(
+        &broker.addr.to_string(),
+        ConsumerConfig {
+            start: Seek::Earliest,
+            max_wait: Duration::from_secs(10),
+            ..ConsumerConfig::default()
+        },
+    )
+    .unwrap();
+    c.assign("tail", &[0]);
+    // Everything, which leaves a chained long poll waiting at the tail.
+    assert_eq!(consume_n(&mut c, 100).len(), 100);
+    c.seek("tail", 0, Seek::Earliest).unwrap();
+    let started = std::time::Instant::now();
+    let again = block_on(c.poll()).unwrap();
+    assert_eq!(again.first().map(|r| r.offset), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the seek waited {:?} behind the long poll",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn acks_zero_sends_without_answers_and_bad_input_is_typed() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());

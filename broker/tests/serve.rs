@@ -159,6 +159,46 @@ fn chained_fetches_follow_on_and_never_skip() {
 }
 
 #[test]
+fn a_plain_fetch_ends_the_long_polls_it_supersedes() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let mut admin = broker.client();
+    assert_eq!(admin.create_queue("seek", 2), ErrorCode::None);
+    for p in 0..2 {
+        admin.produce("seek", p, batch("a", 3, TS), 1).unwrap();
+        admin.produce("seek", p, batch("b", 3, TS), 1).unwrap();
+    }
+    // At the tail: a long poll and a chained one behind it, as a pipelined
+    // consumer leaves them; then it seeks back, and fetches from 0. The
+    // answers come in request order, so without ending the long polls the
+    // seek's answer would wait 20 s behind them.
+    let mut c = broker.client();
+    c.send_fetch("seek", &[(0, 6)], 1 << 20, 10_000, 1, false);
+    c.send_fetch("seek", &[(0, 6)], 1 << 20, 10_000, 1, true);
+    let started = Instant::now();
+    let id = c.send_fetch("seek", &[(0, 0)], 1 << 20, 10_000, 1, false);
+    for _ in 0..2 {
+        assert!(fetched(&c.recv()).unwrap().0.is_empty(), "nothing past the tail");
+    }
+    let seek = c.recv();
+    assert_eq!(seek.header.correlation_id, id);
+    assert_eq!(fetched(&seek).unwrap().0[0].base_offset().0, 0);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    // Another partition's plain fetch leaves a long poll alone.
+    let started = Instant::now();
+    c.send_fetch("seek", &[(0, 6)], 1 << 20, 800, 1, false);
+    c.send_fetch("seek", &[(1, 0)], 1 << 20, 800, 1, false);
+    assert!(fetched(&c.recv()).unwrap().0.is_empty());
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(fetched(&c.recv()).unwrap().0[0].base_offset().0, 0);
+}
+
+#[test]
 fn restart_keeps_queues_and_data_and_delete_removes_files() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());

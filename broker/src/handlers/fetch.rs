@@ -23,6 +23,16 @@
 //! its arrival in all), so a consumer keeps one
 //! fetch waiting in the broker while it reads the last answer: data that
 //! arrives meanwhile goes out at once, without a round trip.
+//!
+//! # A plain fetch supersedes
+//! A plain (not chained) fetch of a partition says the client reads it
+//! again from `offset` (a seek, a new assignment, a broken chain): the
+//! fetches of that partition before it on the connection are obsolete. They
+//! stop long-polling and are answered at once with what there is — the
+//! connection answers in request order, so otherwise the new fetch would
+//! wait behind up to two long polls (20 s in the test
+//! `a_plain_fetch_ends_the_long_polls_it_supersedes` before this). Fetches
+//! of other partitions are not touched.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -60,6 +70,8 @@ pub struct FetchChains {
     last: RefCell<HashMap<(String, u32), Rc<Link>>>,
     /// Woken whenever a link's answer is made.
     answered: Notify,
+    /// Woken whenever a plain fetch supersedes earlier ones (see [`Link`]).
+    superseded: Notify,
     /// Fetches linked so far on this connection (the next one's number).
     fetches: Cell<u64>,
 }
@@ -77,6 +89,19 @@ struct Link {
     fetch: u64,
     start: Cell<Option<u64>>,
     end: Cell<Option<u64>>,
+    /// Plain fetches of this partition on the connection so far, shared by
+    /// its links, and their count when this one came. A plain fetch means
+    /// the client reads the partition again from somewhere (a seek, a
+    /// broken chain): the fetches before it are obsolete, and their long
+    /// polls end at once rather than hold up the answers behind them.
+    plain: Rc<Cell<u64>>,
+    plain_seen: u64,
+}
+
+impl Link {
+    fn superseded(&self) -> bool {
+        self.plain.get() > self.plain_seen
+    }
 }
 
 /// A fetch's place in its chains, made before its first await (handlers
@@ -100,21 +125,33 @@ impl FetchChains {
         }
         let fetch = self.fetches.get();
         self.fetches.set(fetch + 1);
-        let links = wants
+        let mut superseding = false;
+        let links: Vec<Option<Linked>> = wants
             .iter()
             .map(|w| {
                 strand_wire::validate_queue_name(&w.queue).ok()?;
+                let key = (w.queue.clone(), w.partition);
+                let plain = last.get(&key).map_or_else(Rc::default, |b| b.plain.clone());
+                if !w.chained {
+                    plain.set(plain.get() + 1);
+                    superseding = true;
+                }
                 let link = Rc::new(Link {
                     fetch,
                     start: Cell::new(None),
                     end: Cell::new(None),
+                    plain_seen: plain.get(),
+                    plain,
                 });
-                let before = last.insert((w.queue.clone(), w.partition), link.clone());
+                let before = last.insert(key, link.clone());
                 // A partition named twice in one request: its second entry
                 // cannot chain to the first, whose answer comes with its own.
                 Some((link, before.filter(|b| w.chained && b.fetch != fetch)))
             })
             .collect();
+        if superseding {
+            self.superseded.notify_all();
+        }
         Links { chains: self, links }
     }
 }
@@ -139,6 +176,12 @@ impl Links<'_> {
             }
             link.start.set(Some(w.offset));
         }
+    }
+
+    /// Whether a later plain fetch on the connection asked again for one
+    /// of this fetch's partitions.
+    fn superseded(&self) -> bool {
+        self.links.iter().flatten().any(|(link, _)| link.superseded())
     }
 
     /// Records where each want's answer ends.
@@ -222,11 +265,13 @@ pub async fn handle(
     let all_local = wants.iter().all(|w| shard.owner(&w.queue, w.partition) == shard.id);
     let results = loop {
         let seen = shard.partitions.new_data.epoch();
+        let superseded_seen = chains.superseded.epoch();
         let results = fetch_all(shard, &wants).await;
         let total: usize = results.iter().map(|r| r.as_ref().map_or(0, |f| f.read.bytes)).sum();
         let failed = results.iter().any(|r| r.is_err());
         let now = Instant::now();
-        if total >= min_bytes || failed || now >= deadline || shard.stopping.get() {
+        let done = total >= min_bytes || failed || now >= deadline || shard.stopping.get();
+        if done || links.superseded() {
             break results;
         }
         let mut wait = deadline - now;
@@ -234,7 +279,11 @@ pub async fn handle(
             wait = wait.min(REMOTE_RECHECK);
         }
         let _ = glommio::timer::timeout(wait, async {
-            shard.partitions.new_data.wait(seen).await;
+            futures_lite::future::or(
+                shard.partitions.new_data.wait(seen),
+                chains.superseded.wait(superseded_seen),
+            )
+            .await;
             Ok(())
         })
         .await;
