@@ -18,14 +18,17 @@
 //!
 //! A read that starts within the previous one's range is *sequential* (a
 //! consumer catching up, a follower): it reads whole blocks, and the
-//! [`AHEAD`] (2) blocks after the one it uses are read in the background —
+//! [`AHEAD`] (3) blocks after the one it uses are read in the background —
 //! the first found by walking the batch lengths from the batch it is at,
-//! once per block, the second from the index's batch start near the first
-//! one's end — so it finds its next bytes in flight or in memory and the
-//! disk never idles while the shard sends or the reader works. Two ahead
-//! rather than one: a 2 GiB catch-up (`strand-bench consume --count
-//! 2097152`, six alternating rounds on the dev box) ran at 1348–1587 MiB/s
-//! (median 1518) against 1164–1401 (median 1293). Any other read (a seek, a redelivered
+//! once per block, each next one from the index's batch start near the end
+//! of the one before — so it finds its next bytes in flight or in memory
+//! and the disk never idles while the shard sends or the reader works.
+//! Measured on the dev box with a 2 GiB catch-up (`strand-bench consume
+//! --count 2097152`, builds alternating, a fresh broker and backlog each
+//! run): one ahead median 1293 MiB/s and two ahead 1518 (six rounds); then
+//! two ahead 1170 and three ahead 1746 (eight rounds, a slower hour); four
+//! ahead was not clearly better than three (four noisy rounds) and holds
+//! 2 MiB more per reading log. Any other read (a seek, a redelivered
 //! record) reads only what it needs. Reads of fewer than [`COPY_BELOW`]
 //! bytes are copied out of their block, so a small fetch does not pin a
 //! whole block. The cache drops its least recently used read block first.
@@ -35,7 +38,7 @@
 //! cache), so a block is used for those bytes only, and a reader that needs
 //! bytes past them reads a fresh block.
 //!
-//! Memory: at most [`CAPACITY`] blocks per log (≤ 8 MiB), freed when no
+//! Memory: at most [`CAPACITY`] blocks per log (≤ 10 MiB), freed when no
 //! read used them for a while ([`Log::release_idle_readahead`]); a block
 //! handed out lives on until the last batch slicing it is dropped.
 //!
@@ -69,7 +72,7 @@ use crate::Offset;
 /// Bytes per read-ahead block (more when one read needs more).
 pub(super) const BLOCK: u64 = 2 << 20;
 /// Blocks a sequential reader has read ahead of the one it uses.
-const AHEAD: usize = 2;
+const AHEAD: usize = 3;
 /// Blocks kept per log (in flight or read): the one in use, those read
 /// ahead, and one for a second reader or a straggler.
 const CAPACITY: usize = AHEAD + 2;
