@@ -100,9 +100,17 @@ fn every_acknowledged_batch_survives_kill_9() {
             assert_eq!(start > 0, recycle, "seed {seed}: log start {start}");
             let kept = acked.iter().filter(|a| a.base >= start).count();
             assert!(
-                kept >= acked.len().min(100),
+                kept >= acked.len().min(20),
                 "seed {seed}: {kept} of {} kept",
                 acked.len()
+            );
+            // Retention cuts whole 256 KiB segments only while the log is
+            // over its 768 KiB: more than 512 KiB stayed, less what was
+            // still in flight from the four producers (under 100 KiB).
+            assert!(
+                !recycle || log.size_bytes() > 400 << 10,
+                "seed {seed}: retention left {} bytes",
+                log.size_bytes()
             );
             assert!(
                 log.log_end() > Offset(max_last),
