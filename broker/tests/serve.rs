@@ -196,6 +196,15 @@ fn a_plain_fetch_ends_the_long_polls_it_supersedes() {
         started.elapsed()
     );
     assert_eq!(fetched(&c.recv()).unwrap().0[0].base_offset().0, 0);
+    // Nor does a plain fetch supersede itself when it names a partition twice.
+    let started = Instant::now();
+    c.send_fetch("seek", &[(0, 6), (0, 6)], 1 << 20, 800, 1, false);
+    assert!(fetched(&c.recv()).unwrap().0.is_empty());
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

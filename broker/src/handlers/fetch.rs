@@ -131,8 +131,11 @@ impl FetchChains {
             .map(|w| {
                 strand_wire::validate_queue_name(&w.queue).ok()?;
                 let key = (w.queue.clone(), w.partition);
+                // An earlier entry of this same request (a partition named
+                // twice) is neither superseded by this one nor chained to.
+                let before = last.get(&key).filter(|b| b.fetch != fetch).cloned();
                 let plain = last.get(&key).map_or_else(Rc::default, |b| b.plain.clone());
-                if !w.chained {
+                if !w.chained && before.is_some() {
                     plain.set(plain.get() + 1);
                     superseding = true;
                 }
@@ -143,10 +146,8 @@ impl FetchChains {
                     plain_seen: plain.get(),
                     plain,
                 });
-                let before = last.insert(key, link.clone());
-                // A partition named twice in one request: its second entry
-                // cannot chain to the first, whose answer comes with its own.
-                Some((link, before.filter(|b| w.chained && b.fetch != fetch)))
+                last.insert(key, link.clone());
+                Some((link, before.filter(|_| w.chained)))
             })
             .collect();
         if superseding {
