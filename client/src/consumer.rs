@@ -487,14 +487,14 @@ impl Consumer {
                     }
                 }
                 let run = tail_run(frame, p.records_offset(), p.records_len(), "fetch")?;
-                if chained && run_start(&key, &run)?.is_some_and(|first| first > position) {
+                let (first, next) = run_bounds(&key, position, &run)?;
+                if chained && first.is_some_and(|first| first > position) {
                     // The broker's chain started past the position (its
                     // records were not sent): never skip them. Asked again
                     // from the position, by a plain fetch.
                     *broken = true;
                     continue;
                 }
-                let next = run_end(&key, position, &run)?;
                 self.positions.insert(key.clone(), Position::At(next));
                 out.push(Run {
                     key,
@@ -515,28 +515,21 @@ struct Run {
     bytes: Bytes,
 }
 
-/// The base offset of a run's first batch (`None` for an empty run).
-fn run_start(key: &Key, run: &[u8]) -> Result<Option<u64>, ClientError> {
-    if run.is_empty() {
-        return Ok(None);
-    }
-    let len = whole_batch_len(&key.0, key.1, run)?;
-    let header = BatchHeader::parse(&run[..len]).ok_or_else(|| torn(&key.0, key.1))?;
-    Ok(Some(header.base_offset.0))
-}
-
-/// The offset after a run of whole batches (at least `position`), from
-/// their headers alone: what the next fetch asks for. The batches are
-/// checked when their records are read ([`read_batches`]).
-fn run_end(key: &Key, mut position: u64, run: &[u8]) -> Result<u64, ClientError> {
+/// The base offset of a run's first batch (`None` for an empty run) and
+/// the offset after the run (at least `position`), from the batch headers
+/// alone: what the next fetch asks for. The batches are checked when their
+/// records are read ([`read_batches`]).
+fn run_bounds(key: &Key, mut position: u64, run: &[u8]) -> Result<(Option<u64>, u64), ClientError> {
+    let mut first = None;
     let mut rest = run;
     while !rest.is_empty() {
         let len = whole_batch_len(&key.0, key.1, rest)?;
         let header = BatchHeader::parse(&rest[..len]).ok_or_else(|| torn(&key.0, key.1))?;
+        first.get_or_insert(header.base_offset.0);
         position = position.max(header.next_offset().0);
         rest = &rest[len..];
     }
-    Ok(position)
+    Ok((first, position))
 }
 
 /// The records `[offset, offset + len)` of a response frame's tail (where
@@ -748,7 +741,7 @@ mod tests {
     fn the_next_position_comes_from_the_batch_headers_alone() {
         let mut run = stored(10, 3);
         run.extend(stored(13, 5));
-        assert_eq!(run_end(&key(), 11, &run).unwrap(), 18);
+        assert_eq!(run_bounds(&key(), 11, &run).unwrap(), (Some(10), 18));
         // Reading the records agrees, skipping those below the position.
         let mut out = Vec::new();
         assert_eq!(
@@ -760,8 +753,8 @@ mod tests {
             (11..18).collect::<Vec<_>>()
         );
         // A position past the run stays where it is; an empty run moves nothing.
-        assert_eq!(run_end(&key(), 30, &run).unwrap(), 30);
-        assert_eq!(run_end(&key(), 7, &[]).unwrap(), 7);
+        assert_eq!(run_bounds(&key(), 30, &run).unwrap().1, 30);
+        assert_eq!(run_bounds(&key(), 7, &[]).unwrap(), (None, 7));
     }
 
     #[test]
@@ -769,14 +762,14 @@ mod tests {
         let mut run = stored(0, 4);
         run.extend(stored(4, 4));
         for cut in [1, 11, run.len() - 1] {
-            let e = run_end(&key(), 0, &run[..cut]).unwrap_err();
+            let e = run_bounds(&key(), 0, &run[..cut]).unwrap_err();
             assert!(e.to_string().contains("torn"), "{e}");
         }
         // A damaged record body passes the header walk (headers are intact)
         // but not the CRC check when the records are read.
         let last = run.len() - 1;
         run[last] ^= 0xff;
-        assert_eq!(run_end(&key(), 0, &run).unwrap(), 8);
+        assert_eq!(run_bounds(&key(), 0, &run).unwrap().1, 8);
         let mut out = Vec::new();
         assert!(read_batches(&key(), 0, Bytes::from(run), &mut out).is_err());
     }
