@@ -237,6 +237,11 @@ fn paths(segments: Vec<SealedSegment>) -> Vec<std::path::PathBuf> {
 
 pub(super) async fn remove_segment_files(path: &std::path::Path) -> Result<()> {
     remove_file(path).await?;
+    remove_index_files(path).await
+}
+
+/// Removes the offset and time index files of the segment at `path`.
+pub(super) async fn remove_index_files(path: &std::path::Path) -> Result<()> {
     remove_file(&index_path(path)).await?;
     remove_file(&time_index_path(path)).await
 }

@@ -101,20 +101,18 @@ impl Log {
                     self.read_segment(seg, entry, end, from, max_bytes, upto).await
                 }
                 Source::Sealed(seg) => {
-                    let open = self.inner.shard.sealed(&seg, &self.inner.config).await;
-                    match open {
-                        Ok(open) => {
-                            let entry = open.index.lookup_offset((from.0 - seg.base.0) as u32);
-                            let file = SegmentFile {
-                                file: &open.file,
-                                path: &seg.path,
-                                base: seg.base,
-                                index: Some(&open.index),
-                            };
-                            self.read_segment(file, entry, seg.size, from, max_bytes, upto).await
-                        }
-                        Err(e) => Err(e),
+                    async {
+                        let open = self.inner.shard.sealed(&seg, &self.inner.config).await?;
+                        let entry = open.index.lookup_offset((from.0 - seg.base.0) as u32);
+                        let file = SegmentFile {
+                            file: &open.file,
+                            path: &seg.path,
+                            base: seg.base,
+                            index: Some(&open.index),
+                        };
+                        self.read_segment(file, entry, seg.size, from, max_bytes, upto).await
                     }
+                    .await
                 }
             };
             // Retention may have taken the segment while it was read (the

@@ -35,14 +35,14 @@ use bytes::BytesMut;
 use glommio::io::{DmaFile, OpenOptions};
 use tracing::warn;
 
-use super::maintain::remove_segment_files;
+use super::maintain::{remove_index_files, remove_segment_files};
 use super::{mono_ms, now_ms, AppendInfo, Log};
 use crate::batch::{RecordBatch, Stamp};
 use crate::config::FsyncPolicy;
 use crate::error::{Result, StorageError};
 use crate::index::SegmentIndex;
 use crate::segment::active::{ActiveSegment, Recovered};
-use crate::segment::io::{remove_file, sync_dir, write_small_file};
+use crate::segment::io::{sync_dir, write_small_file};
 use crate::segment::recover::write_index_files;
 use crate::segment::{index_path, log_file_name, time_index_path, OpenSegment};
 use crate::{LeaderEpoch, Offset};
@@ -405,17 +405,18 @@ impl Log {
                     continue;
                 }
                 match recycle(&seg.path, path).await {
-                    Ok(file) => reused = Some(file),
+                    // Its indexes go after the rename: a reader opening the
+                    // old segment now fails to find it instead of rebuilding
+                    // its index from the file being written over.
+                    Ok(file) => {
+                        reused = Some(file);
+                        remove_index_files(&seg.path).await?;
+                    }
                     Err(e) => {
                         warn!(segment = %seg.path.display(), "recycling failed, creating a new segment instead: {e}");
-                        remove_file(&seg.path).await?;
+                        remove_segment_files(&seg.path).await?;
                     }
                 }
-                // After the rename: a reader opening the old segment now
-                // fails to find it instead of rebuilding its index from the
-                // file being written over.
-                remove_file(&index_path(&seg.path)).await?;
-                remove_file(&time_index_path(&seg.path)).await?;
             }
             if let Some(file) = reused {
                 return Ok(file);
