@@ -161,6 +161,16 @@ impl BrokerConfig {
         Ok(config)
     }
 
+    /// The log settings every queue's logs start from (a queue's own go on
+    /// top: `server::partitions::log_config`).
+    pub fn log_base(&self) -> strand_storage::LogConfig {
+        strand_storage::LogConfig {
+            segment_bytes_max: self.segment_bytes,
+            recycle_segments: self.recycle_segments,
+            ..strand_storage::LogConfig::default()
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.cores == Some(0) {
@@ -184,7 +194,9 @@ impl BrokerConfig {
                 self.spin_before_park_us
             ));
         }
-        if !(64 << 10..4 << 30).contains(&self.segment_bytes) {
+        // The bounds of strand_storage::LogConfig::validate, said in this
+        // file's terms (its message would name the log's fields).
+        if !(64 << 10..=u64::from(u32::MAX)).contains(&self.segment_bytes) {
             return bad(format!(
                 "segment_bytes {} must be in [64 KiB, 4 GiB)",
                 self.segment_bytes
@@ -254,6 +266,34 @@ mod tests {
         };
         assert_eq!(BrokerConfig::load(Some(&file), &spin).unwrap().spin_before_park_us, 0);
         assert_eq!(c.data_dir, PathBuf::from("./strand-data"));
+    }
+
+    #[test]
+    fn segment_checks_agree_with_the_storage_ones() {
+        for segment_bytes in [
+            (64 << 10) - 1,
+            64 << 10,
+            1 << 20,
+            u64::from(u32::MAX),
+            u64::from(u32::MAX) + 1,
+        ] {
+            for max_message_bytes in [1024, 64 << 10, 1 << 20] {
+                let c = BrokerConfig {
+                    segment_bytes,
+                    max_message_bytes,
+                    ..BrokerConfig::default()
+                };
+                let log = strand_storage::LogConfig {
+                    batch_bytes_max: max_message_bytes as usize,
+                    ..c.log_base()
+                };
+                assert_eq!(
+                    c.validate().is_ok(),
+                    log.validate().is_ok(),
+                    "segment_bytes {segment_bytes}, max_message_bytes {max_message_bytes}"
+                );
+            }
+        }
     }
 
     #[test]

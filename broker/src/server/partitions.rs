@@ -78,11 +78,7 @@ impl Partitions {
             node_id: config.node_id,
             shard,
             shards,
-            log_base: LogConfig {
-                segment_bytes_max: config.segment_bytes,
-                recycle_segments: config.recycle_segments,
-                ..LogConfig::default()
-            },
+            log_base: config.log_base(),
             open: RefCell::new(HashMap::new()),
             new_data: Notify::default(),
         }
