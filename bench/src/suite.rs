@@ -176,6 +176,19 @@ const TAIL_PASSES: u32 = 20;
 /// Issue target for serving from the tail cache, MiB/s.
 const TAIL_TARGET_MIB_S: f64 = 1536.0;
 
+/// A fresh one-partition queue holding `records` records written like (1);
+/// its name.
+fn filled_queue(admin: &strand_client::Admin, addr: &str, prefix: &str, records: u64) -> Result<String, String> {
+    let queue = load::fresh_queue(admin, prefix, 1, strand_client::FsyncSpec::Always)?;
+    load::produce(&load::Args {
+        queue: Some(queue.clone()),
+        count: Some(records),
+        seconds: 3600,
+        ..load_args(addr)
+    })?;
+    Ok(queue)
+}
+
 /// The date (UTC) as YYYY-MM-DD, from the system clock.
 fn today() -> String {
     let days = std::time::SystemTime::now()
@@ -270,14 +283,8 @@ pub fn run(args: Args) -> Result<(), String> {
         ..load_args(&addr)
     })?;
     eprintln!("suite: (4) a consumer catching up on {backlog_mib} MiB");
-    let backlog = load::fresh_queue(&admin, "bench-backlog", 1, strand_client::FsyncSpec::Always)?;
     let records = (backlog_mib as u64) << 20 >> 10; // ~1 KiB each
-    load::produce(&load::Args {
-        queue: Some(backlog.clone()),
-        count: Some(records),
-        seconds: 3600,
-        ..load_args(&addr)
-    })?;
+    let backlog = filled_queue(&admin, &addr, "bench-backlog", records)?;
     let four = load::consume(&load::Args {
         queue: Some(backlog),
         count: Some(records),
@@ -286,13 +293,7 @@ pub fn run(args: Args) -> Result<(), String> {
     })?;
     let rss_after_backlog = broker.rss_mib();
     eprintln!("suite: (4b) a consumer re-reading 9 MiB from the tail cache");
-    let tail = load::fresh_queue(&admin, "bench-tail", 1, strand_client::FsyncSpec::Always)?;
-    load::produce(&load::Args {
-        queue: Some(tail.clone()),
-        count: Some(TAIL_RECORDS),
-        seconds: 600,
-        ..load_args(&addr)
-    })?;
+    let tail = filled_queue(&admin, &addr, "bench-tail", TAIL_RECORDS)?;
     let four_tail = load::consume(&load::Args {
         queue: Some(tail),
         count: Some(TAIL_PASS_RECORDS),
