@@ -475,6 +475,9 @@ pub fn consume(args: &Args) -> Result<Outcome, String> {
         .ok_or("consume needs --queue (an existing queue with records)")?;
     if args.passes > 1 {
         let per_pass = args.count.ok_or("consume --passes needs --count (records per pass)")?;
+        if args.consumers > 1 {
+            return Err("consume --passes reads with one consumer: leave out --consumers".into());
+        }
         return consume_passes(args, &queue, per_pass);
     }
     let records = AtomicU64::new(0);
@@ -703,6 +706,7 @@ mod tests {
             queue: Some(queue),
             count: Some(600),
             passes: 3,
+            consumers: 1,
             ..one.clone()
         })
         .unwrap();
