@@ -14,6 +14,8 @@
 //! spin_before_park_us = 50      # an idle shard polls this long before it sleeps
 //! recycle_segments = true       # a roll reuses the file of a segment retention frees
 //! segment_bytes = 1073741824    # a segment rolls before it grows past this (>= max_message_bytes)
+//! tail_cache_budget_bytes = 268435456  # per shard: recent batches kept in memory for consumers
+//! readahead_budget_bytes = 67108864    # per shard: blocks read ahead for consumers behind the tail
 //! ```
 //!
 //! `spin_before_park_us` is the latency/CPU trade of a thread-per-core
@@ -30,11 +32,19 @@
 //! Appends into a recycled file skip ext4's journal commits; the price is
 //! that expired records stay on disk (never readable) until written over.
 //! Turn it off where deleted records must leave the disk at once.
+//!
+//! The two budgets bound a shard's read memory however many partitions it
+//! serves (`strand_storage::shard`, "Memory budgets"): the tail caches
+//! (consumers at the tail never touch the disk) and the read-ahead blocks
+//! (a consumer catching up from disk has up to five 2 MiB blocks read or
+//! in flight; past the budget, readers read what each fetch needs). Each
+//! shard has its own, so the broker holds up to `cores` × (both).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use strand_storage::shard::ShardStorageConfig;
 
 /// Everything `strand serve` needs.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -62,6 +72,10 @@ pub struct BrokerConfig {
     /// retention deletes (and recycles) whole segments, so this is also its
     /// granularity.
     pub segment_bytes: u64,
+    /// Bytes all tail caches of one shard may hold together.
+    pub tail_cache_budget_bytes: usize,
+    /// Bytes all read-ahead blocks of one shard may hold together.
+    pub readahead_budget_bytes: usize,
 }
 
 impl Default for BrokerConfig {
@@ -80,6 +94,8 @@ impl Default for BrokerConfig {
             spin_before_park_us: 50,
             recycle_segments: true,
             segment_bytes: 1 << 30,
+            tail_cache_budget_bytes: ShardStorageConfig::default().tail_cache_budget_bytes,
+            readahead_budget_bytes: ShardStorageConfig::default().readahead_budget_bytes,
         }
     }
 }
@@ -171,6 +187,15 @@ impl BrokerConfig {
         }
     }
 
+    /// What each shard's storage shares among its logs.
+    pub fn shard_storage(&self) -> ShardStorageConfig {
+        ShardStorageConfig {
+            tail_cache_budget_bytes: self.tail_cache_budget_bytes,
+            readahead_budget_bytes: self.readahead_budget_bytes,
+            ..ShardStorageConfig::default()
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.cores == Some(0) {
@@ -249,7 +274,7 @@ mod tests {
         let file = dir.path().join("strand.toml");
         std::fs::write(
             &file,
-            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\n",
+            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\nreadahead_budget_bytes = 1048576\n",
         )
         .unwrap();
         let flags = Overrides {
@@ -260,6 +285,12 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!((c.cores, c.node_id, c.spin_before_park_us), (Some(2), 5, 300));
         assert!(!c.recycle_segments && BrokerConfig::default().recycle_segments);
+        let storage = c.shard_storage();
+        assert_eq!(storage.readahead_budget_bytes, 1 << 20);
+        assert_eq!(
+            storage.tail_cache_budget_bytes,
+            ShardStorageConfig::default().tail_cache_budget_bytes
+        );
         let spin = Overrides {
             spin_before_park_us: Some(0),
             ..Overrides::default()

@@ -21,8 +21,9 @@
 //! - [`retention`]: the pure retention policy (segments, now → cut offset).
 //! - [`shard`]: per-shard resources shared by the logs of one shard: the
 //!   direct-I/O probe file, the file-descriptor cache for sealed segments and
-//!   the tail-cache memory budget.
+//!   the memory budgets ([`budget`]) of the tail caches and of read-ahead.
 
+pub mod budget;
 pub mod config;
 pub mod error;
 pub mod fuzzing;

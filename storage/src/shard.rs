@@ -1,6 +1,6 @@
 //! Resources the logs of one shard share: the direct-I/O probe file, the
 //! bounded cache of open sealed segments (file descriptor + loaded index),
-//! and the tail-cache memory budget.
+//! and the memory budgets of the tail caches and of read-ahead.
 //!
 //! Runs on: every shard, one [`ShardStorage`] each, created before any log
 //! is opened on that shard's executor.
@@ -17,6 +17,17 @@
 //! Sealed segments are opened on first read and kept in an LRU of at most
 //! `open_sealed_segments_max` entries, so a shard with 1,000 partitions and
 //! many segments each holds about 1,000 + that many descriptors.
+//!
+//! # Memory budgets
+//! - Tail caches: `tail_cache_budget_bytes` for all of them together; a
+//!   log evicts its oldest written batches while the shard is over it.
+//! - Read-ahead: `readahead_budget_bytes` for every block the logs' block
+//!   caches hold, in flight or read (`log::readahead`). A block is cached
+//!   or read ahead only if it fits; past the budget a reader reads just
+//!   what its fetch needs, uncached. So however many partitions are read
+//!   from disk at once, the shard holds at most this much in read-ahead
+//!   (plus the blocks that batches already handed out still slice, which
+//!   the fetch responses in flight bound).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -25,12 +36,12 @@ use std::rc::Rc;
 
 use glommio::io::{DmaFile, OpenOptions};
 
+use crate::budget::ByteBudget;
 use crate::config::LogConfig;
 use crate::error::{Result, StorageError};
 use crate::log::Log;
 use crate::segment::recover::load_sealed;
 use crate::segment::{OpenSegment, SealedSegment};
-use crate::tail_cache::CacheBudget;
 use crate::DMA_ALIGN;
 
 /// Settings shared by all logs of a shard.
@@ -40,6 +51,9 @@ pub struct ShardStorageConfig {
     pub open_sealed_segments_max: usize,
     /// Bytes all tail caches of the shard may hold together.
     pub tail_cache_budget_bytes: usize,
+    /// Bytes all read-ahead blocks of the shard may hold together (a
+    /// sequential reader holds up to five 2 MiB blocks).
+    pub readahead_budget_bytes: usize,
 }
 
 impl Default for ShardStorageConfig {
@@ -47,6 +61,7 @@ impl Default for ShardStorageConfig {
         ShardStorageConfig {
             open_sealed_segments_max: 256,
             tail_cache_budget_bytes: 256 << 20,
+            readahead_budget_bytes: 64 << 20,
         }
     }
 }
@@ -62,7 +77,8 @@ struct Inner {
     config: ShardStorageConfig,
     _probe: DmaFile,
     open: RefCell<SegmentLru>,
-    budget: Rc<CacheBudget>,
+    budget: Rc<ByteBudget>,
+    readahead_budget: Rc<ByteBudget>,
 }
 
 #[derive(Default)]
@@ -94,7 +110,8 @@ impl ShardStorage {
         Ok(ShardStorage {
             inner: Rc::new(Inner {
                 data_dir,
-                budget: CacheBudget::new(config.tail_cache_budget_bytes),
+                budget: ByteBudget::new(config.tail_cache_budget_bytes),
+                readahead_budget: ByteBudget::new(config.readahead_budget_bytes),
                 config,
                 _probe: probe,
                 open: RefCell::new(SegmentLru::default()),
@@ -127,13 +144,28 @@ impl ShardStorage {
             .retain(|path, _| path.parent() != Some(dir));
     }
 
-    pub(crate) fn cache_budget(&self) -> Rc<CacheBudget> {
+    pub(crate) fn cache_budget(&self) -> Rc<ByteBudget> {
         self.inner.budget.clone()
+    }
+
+    pub(crate) fn readahead_budget(&self) -> Rc<ByteBudget> {
+        self.inner.readahead_budget.clone()
     }
 
     /// Bytes held by all tail caches of the shard.
     pub fn tail_cache_bytes(&self) -> usize {
         self.inner.budget.used()
+    }
+
+    /// Bytes held by all read-ahead blocks of the shard (in flight or read).
+    pub fn readahead_bytes(&self) -> usize {
+        self.inner.readahead_budget.used()
+    }
+
+    /// Blocks not read ahead or not kept because the read-ahead budget was
+    /// spent (their readers read only what each fetch needed).
+    pub fn readahead_refused(&self) -> u64 {
+        self.inner.readahead_budget.refused()
     }
 
     /// Sealed segments currently open.

@@ -2,46 +2,24 @@
 //! reading near the end never touch the disk.
 //!
 //! Runs on: the shard that owns the log. Each log has its own cache; all the
-//! caches of a shard share one byte budget ([`CacheBudget`]).
+//! caches of a shard share one byte budget ([`ByteBudget`]).
 //!
 //! Invariant: the cache holds a contiguous run of batches ending at the log
 //! end, and every batch not yet written to disk is in it (eviction skips
 //! unwritten batches), so a read that misses the cache can always be served
 //! from the disk.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 
 use bytes::Bytes;
 
 use crate::batch::RecordBatch;
+use crate::budget::ByteBudget;
 use crate::Offset;
 
 /// Batches smaller than this are copied into the cache rather than shared.
 const COPY_BELOW: usize = 64 << 10;
-
-/// The byte budget of all tail caches of one shard.
-#[derive(Debug)]
-pub struct CacheBudget {
-    used: Cell<usize>,
-    limit: usize,
-}
-
-impl CacheBudget {
-    pub fn new(limit: usize) -> Rc<CacheBudget> {
-        Rc::new(CacheBudget {
-            used: Cell::new(0),
-            limit,
-        })
-    }
-    pub fn used(&self) -> usize {
-        self.used.get()
-    }
-    fn over(&self) -> bool {
-        self.used.get() > self.limit
-    }
-}
 
 #[derive(Debug)]
 struct Cached {
@@ -112,11 +90,11 @@ pub(crate) struct TailCache {
     batches: VecDeque<Cached>,
     bytes: usize,
     max_bytes: usize,
-    budget: Rc<CacheBudget>,
+    budget: Rc<ByteBudget>,
 }
 
 impl TailCache {
-    pub fn new(max_bytes: usize, budget: Rc<CacheBudget>) -> TailCache {
+    pub fn new(max_bytes: usize, budget: Rc<ByteBudget>) -> TailCache {
         TailCache {
             batches: VecDeque::new(),
             bytes: 0,
@@ -136,7 +114,7 @@ impl TailCache {
             assert_eq!(last.next, batch.base_offset(), "the cache holds a contiguous tail");
         }
         self.bytes += batch.len();
-        self.budget.used.set(self.budget.used.get() + batch.len());
+        self.budget.add(batch.len());
         // A small batch may be a slice of a much larger receive buffer;
         // holding the slice would pin all of it, so small ones are copied.
         let bytes = if batch.len() < COPY_BELOW {
@@ -164,7 +142,7 @@ impl TailCache {
     fn pop_front(&mut self) {
         if let Some(f) = self.batches.pop_front() {
             self.bytes -= f.bytes.len();
-            self.budget.used.set(self.budget.used.get() - f.bytes.len());
+            self.budget.sub(f.bytes.len());
         }
     }
 
@@ -190,7 +168,7 @@ impl TailCache {
         while self.batches.back().is_some_and(|b| b.next > offset) {
             if let Some(b) = self.batches.pop_back() {
                 self.bytes -= b.bytes.len();
-                self.budget.used.set(self.budget.used.get() - b.bytes.len());
+                self.budget.sub(b.bytes.len());
             }
         }
     }

@@ -548,3 +548,98 @@ fn disk_reads_hand_out_whole_batches_of_every_size() {
         assert_eq!(strand_storage::log::foreign_drops(), before + 1);
     });
 }
+
+/// Four logs of one shard read from disk at once, each by a sequential
+/// reader in 1 MiB fetches. Unbounded, each would hold up to five 2 MiB
+/// read-ahead blocks (40 MiB in all); with an 8 MiB shard budget the
+/// shard never holds more than that, some blocks are refused, every
+/// reader still gets all of its records intact and in order, and the
+/// budget is whole again once the blocks are released.
+#[test]
+fn readers_of_many_logs_share_the_shards_read_ahead_budget() {
+    const BUDGET: usize = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (bounded, refused) = read_logs_at_once(&path.join("bounded"), BUDGET).await;
+        assert!(bounded <= BUDGET, "held {bounded} bytes of read-ahead, budget {BUDGET}");
+        assert!(refused > 0, "four sequential readers must run out of an 8 MiB budget");
+        let (unbounded, refused) = read_logs_at_once(&path.join("unbounded"), 256 << 20).await;
+        assert!(
+            unbounded > BUDGET,
+            "without the bound the readers hold more ({unbounded} bytes): else this test shows nothing"
+        );
+        assert_eq!(refused, 0);
+    });
+}
+
+/// Writes 12 MiB to each of four logs of a new shard whose read-ahead
+/// budget is `budget`, reads them back from disk concurrently, checks every
+/// record, and returns the most read-ahead memory the shard held at any
+/// step and how many blocks its budget refused.
+#[allow(clippy::unwrap_used)]
+async fn read_logs_at_once(dir: &std::path::Path, budget: usize) -> (usize, u64) {
+    use strand_storage::shard::ShardStorageConfig;
+    let config = LogConfig {
+        segment_bytes_max: 8 << 20,
+        batch_bytes_max: 2 << 20,
+        tail_cache_bytes_max: 0,
+        ..no_time_retention()
+    };
+    let shard = strand_storage::ShardStorage::open(
+        dir,
+        ShardStorageConfig {
+            readahead_budget_bytes: budget,
+            ..ShardStorageConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut logs = Vec::new();
+    for p in 0..4u64 {
+        let log = shard.open_log(dir.join(format!("p{p}")), config.clone()).await.unwrap();
+        for tag in 0..12 {
+            append(&log, p * 100 + tag, 1000, 1000).await;
+        }
+        log.flush().await.unwrap();
+        logs.push(log);
+    }
+    let most = Rc::new(std::cell::Cell::new(0usize));
+    let readers: Vec<_> = logs
+        .iter()
+        .cloned()
+        .map(|log| {
+            let (shard, most) = (shard.clone(), most.clone());
+            glommio::spawn_local(async move {
+                let mut records = Vec::new();
+                let mut from = Offset(0);
+                while from < log.log_end() {
+                    let got = log.read(from, 1 << 20).await.unwrap();
+                    most.set(most.get().max(shard.readahead_bytes()));
+                    for b in got.batches {
+                        let batch = strand_storage::batch::RecordBatch::new(b, 1 << 24).unwrap();
+                        for r in batch.records().filter(|r| r.offset >= from) {
+                            records.push((r.offset.0, r.key.unwrap().to_vec(), r.value.unwrap().to_vec()));
+                        }
+                    }
+                    from = got.next_offset;
+                    // Let the other readers and the reads ahead run.
+                    glommio::yield_if_needed().await;
+                }
+                check_contents(&records, 0);
+                assert_eq!(records.len() as u64, log.log_end().0);
+            })
+        })
+        .collect();
+    for reader in readers {
+        reader.await;
+    }
+    for log in &logs {
+        log.release_idle_readahead(0);
+    }
+    assert_eq!(shard.readahead_bytes(), 0, "released blocks give their bytes back");
+    for log in logs {
+        log.close().await.unwrap();
+    }
+    (most.get(), shard.readahead_refused())
+}

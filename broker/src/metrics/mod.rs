@@ -39,6 +39,13 @@
 //!   {shard}: segments the shard's open logs rolled since they were opened,
 //!   and how many of those went into the file of a segment retention freed
 //!   (`recycle_segments`: overwrites, no journal commit per fdatasync)
+//! - `strand_tail_cache_bytes` {shard}, `strand_readahead_bytes` {shard}:
+//!   what the shard's tail caches and read-ahead blocks hold (each bounded
+//!   by its per-shard budget, `tail_cache_budget_bytes` and
+//!   `readahead_budget_bytes`); `strand_readahead_refused_total` {shard}:
+//!   blocks not read ahead or not kept because that budget was spent (a
+//!   steady rate: more readers from disk than the budget feeds at full
+//!   speed)
 //! - `strand_storage_foreign_buffer_drops_total`: batches read from disk
 //!   whose shard-owned I/O buffer was dropped on another thread, and so
 //!   leaked rather than freed (the broker copies batches that leave their
@@ -298,6 +305,11 @@ pub struct ShardSnapshot {
     /// Segment rolls of this shard's open logs, and those into recycled files.
     pub rolls: u64,
     pub recycled: u64,
+    /// Bytes the shard's tail caches and read-ahead blocks hold, and the
+    /// blocks its read-ahead budget refused.
+    pub tail_cache_bytes: u64,
+    pub readahead_bytes: u64,
+    pub readahead_refused: u64,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -546,6 +558,24 @@ impl Collector for Scrape {
             "strand_segments_recycled",
             "Rolls whose new segment went into the file of a segment retention freed.",
             by_shard(&self.snapshots, |s| s.recycled),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_tail_cache_bytes",
+            "Bytes of recent batches the shard's tail caches hold (bounded by tail_cache_budget_bytes).",
+            by_shard(&self.snapshots, |s| as_i64(s.tail_cache_bytes)),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_readahead_bytes",
+            "Bytes of blocks the shard has read ahead or in flight for readers from disk (bounded by readahead_budget_bytes).",
+            by_shard(&self.snapshots, |s| as_i64(s.readahead_bytes)),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_readahead_refused",
+            "Blocks the shard did not read ahead or keep because its read-ahead budget was spent.",
+            by_shard(&self.snapshots, |s| s.readahead_refused),
         )?;
         counter(
             &mut encoder,

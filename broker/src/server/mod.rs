@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
-use strand_storage::shard::ShardStorageConfig;
 use strand_storage::ShardStorage;
 
 use crate::config::BrokerConfig;
@@ -195,7 +194,7 @@ async fn shard_main(
     if id.0 == 0 {
         let _ = events.send(Event::Bound(addr));
     }
-    let storage = ShardStorage::open(&config.data_dir, ShardStorageConfig::default())
+    let storage = ShardStorage::open(&config.data_dir, config.shard_storage())
         .await
         .map_err(|e| e.to_string())?;
     let (senders, receivers) = mesh.join().await.map_err(|_| "joining the shard mesh".to_string())?;

@@ -84,6 +84,11 @@ impl Partitions {
         }
     }
 
+    /// The storage this shard's logs share (its memory budgets).
+    pub fn storage(&self) -> &ShardStorage {
+        &self.storage
+    }
+
     pub fn get(&self, queue: &str, partition: u32) -> Option<Rc<Partition>> {
         self.open.borrow().get(queue)?.get(&partition).cloned()
     }

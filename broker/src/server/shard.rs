@@ -459,6 +459,10 @@ impl Shard {
             snap.rolls += stats.rolls;
             snap.recycled += stats.recycled;
         }
+        let storage = self.partitions.storage();
+        snap.tail_cache_bytes = storage.tail_cache_bytes() as u64;
+        snap.readahead_bytes = storage.readahead_bytes() as u64;
+        snap.readahead_refused = storage.readahead_refused();
         self.metrics.fill(&mut snap);
         snap.busy_ratio = self
             .metrics

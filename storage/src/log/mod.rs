@@ -298,7 +298,7 @@ impl Log {
             last_sync_ms: mono_ms(),
             reshaping: false,
             zeroing: None,
-            readahead: readahead::ReadAhead::default(),
+            readahead: readahead::ReadAhead::new(shard.readahead_budget()),
             stats: LogStats::default(),
             failed: None,
             closed: false,

@@ -40,7 +40,16 @@
 //!
 //! Memory: at most [`CAPACITY`] blocks per log (≤ 10 MiB), freed when no
 //! read used them for a while ([`Log::release_idle_readahead`]); a block
-//! handed out lives on until the last batch slicing it is dropped.
+//! handed out lives on until the last batch slicing it is dropped. All the
+//! logs of a shard share one budget for the blocks they hold
+//! (`ShardStorageConfig::readahead_budget_bytes`, 64 MiB by default): a
+//! block is read ahead, or kept once read, only if it fits. A reader whose
+//! next block does not fit first gives up its own blocks behind it; if it
+//! still does not fit, it reads ahead no further, and a read that finds
+//! nothing cached reads only what it needs, uncached. So with many
+//! partitions read from disk at once, the shard holds a bounded amount of
+//! memory and each reader still progresses (more slowly: one read per
+//! fetch, no overlap).
 //!
 //! # Handing a shard's buffer out as `Bytes`
 //! glommio's read buffers belong to the shard that read them (reference
@@ -64,6 +73,7 @@ use glommio::io::{DmaFile, ReadResult};
 
 use super::Log;
 use crate::batch::batch_length;
+use crate::budget::{ByteBudget, Reservation};
 use crate::error::{Result, StorageError};
 use crate::index::SegmentIndex;
 use crate::segment::io::{align_down, align_up};
@@ -99,11 +109,18 @@ struct Block {
     /// When it was last put or taken (the cache's use counter).
     used: u64,
     state: BlockState,
+    /// Its bytes in the shard's read-ahead budget.
+    held: Reservation,
 }
 
 impl Block {
     fn covers(&self, segment: u64, from: u64, to: u64) -> bool {
         self.segment == segment && self.start <= from && to <= self.start + self.valid
+    }
+
+    /// Whether it holds nothing at or after `pos` of `segment`.
+    fn behind(&self, segment: u64, pos: u64) -> bool {
+        self.segment != segment || self.start + self.valid <= pos
     }
 }
 
@@ -118,9 +135,10 @@ pub(super) struct SegmentFile<'a> {
 }
 
 /// The block cache of one log.
-#[derive(Default)]
 pub(super) struct ReadAhead {
     blocks: VecDeque<Block>,
+    /// The shard's read-ahead budget, shared by every log's cache.
+    budget: Rc<ByteBudget>,
     /// Bumped by `clear`: a block read before a clear is not put back.
     generation: u64,
     /// Monotonic ms of the last read through this cache.
@@ -137,6 +155,30 @@ pub(super) struct ReadAhead {
 }
 
 impl ReadAhead {
+    pub(super) fn new(budget: Rc<ByteBudget>) -> ReadAhead {
+        ReadAhead {
+            blocks: VecDeque::new(),
+            budget,
+            generation: 0,
+            last_used_ms: 0,
+            uses: 0,
+            last_read: None,
+            walked: None,
+        }
+    }
+
+    /// `bytes` of the shard's budget for a block a reader at `pos` of
+    /// `segment` wants; if they do not fit, this log's read blocks that hold
+    /// nothing at or after `pos` are given up first (a sequential reader
+    /// will not go back to them). `None`: the block is not to be kept.
+    fn reserve(&mut self, bytes: usize, segment: u64, pos: u64) -> Option<Reservation> {
+        if !self.budget.fits(bytes) {
+            self.blocks
+                .retain(|b| !(matches!(b.state, BlockState::Ready(_)) && b.behind(segment, pos)));
+        }
+        self.budget.try_reserve(bytes)
+    }
+
     fn take(&mut self, segment: u64, from: u64, to: u64) -> Option<Block> {
         let at = self.blocks.iter().position(|b| b.covers(segment, from, to))?;
         self.blocks.remove(at)
@@ -227,7 +269,7 @@ impl Log {
         } else {
             stop
         };
-        let (start, valid, block) = self.block(seg, pos, must, want, end).await?;
+        let (start, valid, block) = self.block(seg, pos, must, stop, want, end).await?;
         let from = (pos - start) as usize;
         let to = ((stop.min(start + valid) - start) as usize).max(from);
         if sequential {
@@ -240,13 +282,16 @@ impl Log {
     }
 
     /// A block holding `[pos, must)`: cached, in flight, or read now (from
-    /// the page of `pos` up to `want`, clamped to the readable end).
-    /// Returns its start, how many of its bytes hold data, and its bytes.
+    /// the page of `pos` up to `want`, clamped to the readable end, and kept
+    /// in the cache; up to `stop` only, uncached, if the shard's read-ahead
+    /// budget has no room for it). Returns its start, how many of its bytes
+    /// hold data, and its bytes.
     async fn block(
         &self,
         seg: SegmentFile<'_>,
         pos: u64,
         must: u64,
+        stop: u64,
         want: u64,
         end: u64,
     ) -> Result<(u64, u64, Rc<ReadResult>)> {
@@ -255,17 +300,19 @@ impl Log {
             let mut st = self.inner.state.borrow_mut();
             (st.readahead.generation, st.readahead.take(base.0, pos, must))
         };
-        let (start, valid, block) = match found {
+        let (start, valid, block, held) = match found {
             Some(Block {
                 start,
                 valid,
                 state: BlockState::Ready(block),
+                held,
                 ..
-            }) => (start, valid, block),
+            }) => (start, valid, block, Some(held)),
             Some(Block {
                 start,
                 valid,
                 state: BlockState::InFlight(task),
+                held,
                 ..
             }) => (
                 start,
@@ -274,26 +321,37 @@ impl Log {
                     task.await
                         .map_err(|e| StorageError::io("reading", path, std::io::Error::other(e)))?,
                 ),
+                Some(held),
             ),
             None => {
                 let start = align_down(pos);
-                let valid = want.min(end) - start;
+                let mut valid = want.min(end) - start;
+                let held = self
+                    .inner
+                    .state
+                    .borrow_mut()
+                    .readahead
+                    .reserve(align_up(valid) as usize, base.0, pos);
+                if held.is_none() {
+                    valid = stop.min(end) - start;
+                }
                 let block = file
                     .read_at_aligned(start, align_up(valid) as usize)
                     .await
                     .map_err(|e| StorageError::glommio("reading", path, e))?;
-                (start, valid, Rc::new(block))
+                (start, valid, Rc::new(block), held)
             }
         };
         let valid = valid.min(block.len() as u64);
         let mut st = self.inner.state.borrow_mut();
-        if st.readahead.generation == generation {
+        if let Some(held) = held.filter(|_| st.readahead.generation == generation) {
             st.readahead.put(Block {
                 segment: base.0,
                 start,
                 valid,
                 used: 0,
                 state: BlockState::Ready(block.clone()),
+                held,
             });
         }
         Ok((start, valid, block))
@@ -349,13 +407,19 @@ impl Log {
             let stop = batch_end.map_or(next + BLOCK, u64::from);
             if !st.readahead.holds_start(base.0, next) {
                 let valid = stop.min(end) - next;
-                let task = spawn_block_read(file.clone(), next, align_up(valid) as usize);
+                let len = align_up(valid) as usize;
+                // Past the shard's budget: read no further ahead.
+                let Some(held) = st.readahead.reserve(len, base.0, pos) else {
+                    return;
+                };
+                let task = spawn_block_read(file.clone(), next, len);
                 st.readahead.put(Block {
                     segment: base.0,
                     start: next,
                     valid,
                     used: 0,
                     state: BlockState::InFlight(task),
+                    held,
                 });
             }
             // Without a known batch start the next block's start is not
