@@ -6,22 +6,30 @@
 //! 1. raw write: sequential O_DIRECT writes of one 1 MiB aligned buffer
 //!    (queue depth 1) to a fresh file, one fdatasync at the end — the
 //!    physical limit (of a new file: see bench/README on overwrites);
-//! 2. append: the log appends 1,000-byte records in ~1 MiB batches with
+//! 2. durable raw write: the same writes to another fresh file while a
+//!    second task fdatasyncs whenever a write completed since its last
+//!    sync began (group commit without a log) — the limit of appends made
+//!    durable as they go, on this file system: an fdatasync after extending
+//!    writes also commits the journal (see bench/README);
+//! 3. append: the log appends 1,000-byte records in ~1 MiB batches with
 //!    `fsync=always`, from `--producers` concurrent producer tasks (each
 //!    awaits durability before its next batch; group commit merges them);
-//! 3. steady state: the same appends to a log with 64 MiB segments and
+//! 4. steady state: the same appends to a log with 64 MiB segments and
 //!    192 MiB of size retention, filled past it before the clock starts,
 //!    so every roll writes its new segment into the file retention frees
 //!    (recycled: overwrites instead of extending writes) — a busy partition
 //!    once its retention is reached;
-//! 4. small batches: one producer appends 16 KiB batches and waits for each
+//! 5. small batches: one producer appends 16 KiB batches and waits for each
 //!    to be durable: commits per second and commit latency;
-//! 5. read-back: the append log reopened (cold tail cache) and read from
+//! 6. read-back: the append log reopened (cold tail cache) and read from
 //!    start to end in 1 MiB fetches, against a raw O_DIRECT sequential read
 //!    of the raw file.
 //!
 //! Last stdout line: a JSON object with `raw_mib_s`, `append_mib_s`,
-//! `ratio` (append / raw), `steady_append_mib_s`, `steady_ratio` (steady
+//! `ratio` (append / raw), `durable_raw_mib_s`, `durable_ratio` (durable
+//! raw / raw: what durability costs the disk alone), `append_vs_durable`
+//! (append / durable raw: what the log costs beyond it),
+//! `steady_append_mib_s`, `steady_ratio` (steady
 //! append / raw), `small_batch_commits_s`, `small_batch_p50_us`,
 //! `small_batch_p99_us`, `small_batch_p999_us`, `raw_read_mib_s`,
 //! `read_mib_s`, `read_ratio` — medians when `--runs` > 1.
@@ -81,6 +89,7 @@ pub struct Args {
 /// What [`write_phases`] measured (MiB/s).
 struct WriteFigures {
     raw_mib_s: f64,
+    durable_raw_mib_s: f64,
     append_mib_s: f64,
     steady_mib_s: f64,
 }
@@ -89,6 +98,7 @@ struct WriteFigures {
 #[derive(Debug, Clone, Copy, Default)]
 struct Figures {
     raw_mib_s: f64,
+    durable_raw_mib_s: f64,
     append_mib_s: f64,
     steady_mib_s: f64,
     small_commits_s: f64,
@@ -124,6 +134,9 @@ pub fn run(args: Args) -> Result<(), String> {
         "raw_mib_s": raw,
         "append_mib_s": append,
         "ratio": round2(med(|f| f.append_mib_s / f.raw_mib_s) * 100.0) / 100.0,
+        "durable_raw_mib_s": med(|f| f.durable_raw_mib_s),
+        "durable_ratio": round2(med(|f| f.durable_raw_mib_s / f.raw_mib_s) * 100.0) / 100.0,
+        "append_vs_durable": round2(med(|f| f.append_mib_s / f.durable_raw_mib_s) * 100.0) / 100.0,
         "steady_append_mib_s": med(|f| f.steady_mib_s),
         "steady_ratio": round2(med(|f| f.steady_mib_s / f.raw_mib_s) * 100.0) / 100.0,
         "small_batch_commits_s": med(|f| f.small_commits_s),
@@ -145,6 +158,9 @@ fn print_run(n: usize, args: &Args, f: &Figures) {
             ("raw O_DIRECT write (1 MiB, QD1)", f.raw_mib_s, "MiB/s"),
             ("log append, 1 MiB batches, fsync=always", f.append_mib_s, "MiB/s"),
             ("  ratio append / raw", f.append_mib_s / f.raw_mib_s, ""),
+            ("raw writes, fdatasync as each completes", f.durable_raw_mib_s, "MiB/s"),
+            ("  ratio durable raw / raw", f.durable_raw_mib_s / f.raw_mib_s, ""),
+            ("  ratio append / durable raw", f.append_mib_s / f.durable_raw_mib_s, ""),
             ("steady state: segments recycled", f.steady_mib_s, "MiB/s"),
             ("  ratio steady append / raw", f.steady_mib_s / f.raw_mib_s, ""),
             ("16 KiB batch commits", f.small_commits_s, "commits/s"),
@@ -164,11 +180,12 @@ async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
         .await
         .map_err(|e| e.to_string())?;
     let raw_path = dir.join("raw.bin");
-    let w = write_phases(&shard, &raw_path, args).await?;
+    let w = write_phases(&shard, &raw_path, &dir.join("durable.bin"), args).await?;
     let (small_commits_s, small) = small_batch_phase(&shard, args.small_commits).await?;
     let (raw_read_mib_s, read_mib_s) = read_phases(&shard, &raw_path, args).await?;
     Ok(Figures {
         raw_mib_s: w.raw_mib_s,
+        durable_raw_mib_s: w.durable_raw_mib_s,
         append_mib_s: w.append_mib_s,
         steady_mib_s: w.steady_mib_s,
         small_commits_s,
@@ -277,15 +294,26 @@ impl AppendPhase {
 /// clock starts, so each of its rolls writes the new segment into the file
 /// of the segment retention frees (recycling: overwrites, not extending
 /// writes), as a busy partition does once its retention is reached.
-async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Result<WriteFigures, String> {
-    let raw = OpenOptions::new()
+/// A new file for raw direct writes.
+async fn fresh_file(path: &Path) -> Result<glommio::io::DmaFile, String> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
-        .dma_open(raw_path)
+        .dma_open(path)
         .await
-        .map_err(err)?;
+        .map_err(|e| format!("creating {}: {e}", path.display()))
+}
+
+async fn write_phases(
+    shard: &ShardStorage,
+    raw_path: &Path,
+    durable_path: &Path,
+    args: &Args,
+) -> Result<WriteFigures, String> {
+    let raw = fresh_file(raw_path).await?;
+    let durable = Rc::new(fresh_file(durable_path).await?);
     let mut block = raw.alloc_dma_buffer(MIB);
     testkit::fill_value(block.as_bytes_mut(), 1, 1);
     let block = Rc::new(block);
@@ -299,9 +327,11 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
     let mut steady = AppendPhase::open(shard, "steady", steady_config, warm_up + args.mib).await?;
     steady.run(0..warm_up, args.producers).await?;
     (steady.bytes, steady.secs) = (0, 0.0);
-    let mut raw_secs = 0.0;
+    let (mut raw_secs, mut durable_secs, mut durable_syncs) = (0.0, 0.0, 0);
     for slice in slices(args.mib, args.rounds) {
         raw_secs += raw_write_slice(&raw, &block, slice.clone()).await?;
+        let (secs, syncs) = durable_write_slice(&durable, &block, slice.clone()).await?;
+        (durable_secs, durable_syncs) = (durable_secs + secs, durable_syncs + syncs);
         fresh.run(slice.clone(), args.producers).await?;
         steady
             .run(warm_up + slice.start..warm_up + slice.end, args.producers)
@@ -310,9 +340,16 @@ async fn write_phases(shard: &ShardStorage, raw_path: &Path, args: &Args) -> Res
     let (fresh_mib_s, steady_mib_s) = (mib_s(fresh.bytes, fresh.secs), mib_s(steady.bytes, steady.secs));
     fresh.report("append", args.mib).await?;
     steady.report("steady-state append", args.mib).await?;
+    println!(
+        "durable raw write: {durable_syncs} fdatasyncs, {:.2} MiB per fdatasync",
+        args.mib as f64 / durable_syncs.max(1) as f64
+    );
     raw.close().await.map_err(err)?;
+    durable.close_rc().await.map_err(err)?;
+    std::fs::remove_file(durable_path).map_err(err)?;
     Ok(WriteFigures {
         raw_mib_s: mib_s((args.mib * MIB) as u64, raw_secs),
+        durable_raw_mib_s: mib_s((args.mib * MIB) as u64, durable_secs),
         append_mib_s: fresh_mib_s,
         steady_mib_s,
     })
@@ -331,6 +368,49 @@ pub async fn raw_write_slice(
     }
     raw.fdatasync().await.map_err(err)?;
     Ok(start.elapsed().as_secs_f64())
+}
+
+/// Writes 1 MiB blocks `slice` of `file` as [`raw_write_slice`] does, while
+/// a second task fdatasyncs whenever a write has completed since its last
+/// fdatasync began — group commit's pattern, with nothing else. Returns the
+/// seconds until the last write is durable, and the fdatasyncs made.
+async fn durable_write_slice(
+    file: &Rc<glommio::io::DmaFile>,
+    block: &Rc<glommio::io::DmaBuffer>,
+    slice: std::ops::Range<usize>,
+) -> Result<(f64, u64), String> {
+    let written = Rc::new(Cell::new(0usize));
+    let finished = Rc::new(Cell::new(false));
+    let wake = Rc::new(strand_storage::notify::Notify::default());
+    let start = Instant::now();
+    // Dropped (so cancelled) if a write fails.
+    let syncer = {
+        let (file, written, finished, wake) = (file.clone(), written.clone(), finished.clone(), wake.clone());
+        glommio::spawn_local(async move {
+            let (mut synced, mut syncs) = (0, 0u64);
+            loop {
+                let seen = wake.epoch();
+                let now = written.get();
+                if now > synced {
+                    file.fdatasync().await.map_err(err)?;
+                    (synced, syncs) = (now, syncs + 1);
+                } else if finished.get() {
+                    return Ok::<u64, String>(syncs);
+                } else {
+                    wake.wait(seen).await;
+                }
+            }
+        })
+    };
+    for i in slice {
+        file.write_rc_at(block.clone(), (i * MIB) as u64).await.map_err(err)?;
+        written.set(written.get() + 1);
+        wake.notify_all();
+    }
+    finished.set(true);
+    wake.notify_all();
+    let syncs = syncer.await?;
+    Ok((start.elapsed().as_secs_f64(), syncs))
 }
 
 /// CPU seconds the calling thread has used (user + system).
