@@ -47,16 +47,19 @@ struct Cursor<'a> {
 }
 
 impl Cursor<'_> {
+    #[inline]
     fn u64(&mut self, what: &'static str) -> Result<u64, &'static str> {
         let (v, used) = varint::get_u64(&self.buf[self.pos..]).ok_or(what)?;
         self.pos += used;
         Ok(v)
     }
+    #[inline]
     fn i64(&mut self, what: &'static str) -> Result<i64, &'static str> {
         let (v, used) = varint::get_i64(&self.buf[self.pos..]).ok_or(what)?;
         self.pos += used;
         Ok(v)
     }
+    #[inline]
     fn take(&mut self, len: usize, what: &'static str) -> Result<Range<usize>, &'static str> {
         if len > self.buf.len() - self.pos {
             return Err(what);
@@ -66,6 +69,7 @@ impl Cursor<'_> {
         Ok(range)
     }
     /// A zig-zag length where -1 means "absent".
+    #[inline]
     fn nullable(&mut self, what: &'static str) -> Result<Option<Range<usize>>, &'static str> {
         match self.i64(what)? {
             -1 => Ok(None),
@@ -76,6 +80,7 @@ impl Cursor<'_> {
 }
 
 /// Parses the record at `pos` of `batch`; the record must end inside `batch`.
+#[inline]
 pub(crate) fn parse_record(batch: &[u8], pos: usize) -> Result<RawRecord, &'static str> {
     let mut outer = Cursor { buf: batch, pos };
     let len = outer.u64("record length is not a varint")?;
@@ -146,6 +151,7 @@ impl RecordIter {
 impl Iterator for RecordIter {
     type Item = Record;
 
+    #[inline]
     fn next(&mut self) -> Option<Record> {
         if self.remaining == 0 || self.pos >= self.bytes.len() {
             return None;
