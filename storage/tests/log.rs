@@ -120,6 +120,21 @@ fn interval_policy_syncs_on_bytes_and_tick() {
         glommio::timer::sleep(std::time::Duration::from_millis(60)).await;
         log.tick().await.unwrap();
         assert!(log.flushed_offset() > info.last_offset);
+        // Right after that sync, a tick writes what is queued but does not
+        // fdatasync again before the interval has passed.
+        let next = log
+            .append(strand_storage::testkit::batch(3, 10, 100, TS), LeaderEpoch(0))
+            .await
+            .unwrap();
+        let syncs = log.stats().syncs;
+        log.tick().await.unwrap();
+        assert!(log.written_offset() > next.last_offset, "a tick writes what is queued");
+        assert_eq!(
+            log.stats().syncs,
+            syncs,
+            "a tick within the interval must not fdatasync"
+        );
+        assert!(log.flushed_offset() <= next.last_offset);
         // Crossing the byte threshold syncs in the produce path.
         let big = log
             .append(strand_storage::testkit::batch(2, 1200, 1000, TS), LeaderEpoch(0))

@@ -184,9 +184,13 @@ impl Log {
             st.failed.is_none() && !st.closed && (st.active.pending_bytes() > 0 || st.sync_due(policy, mono_ms()))
         };
         if due {
-            let _permit = self.lock().await?;
-            self.write_locked().await?;
-            if self.inner.state.borrow().sync_due(policy, now_ms()) {
+            {
+                let _permit = self.lock().await?;
+                self.write_locked().await?;
+            }
+            // The fdatasync holds only the sync lock: writes (and the
+            // appends waiting for one) go on while it is in flight.
+            if self.inner.state.borrow().sync_due(policy, mono_ms()) {
                 self.sync_locked().await?;
             }
         }
