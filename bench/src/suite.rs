@@ -233,6 +233,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 mib: 256,
                 syncs: 100,
                 loopback_mib: 512,
+                stall_seconds: 1.0,
             },
         )
     } else {
@@ -244,6 +245,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 mib: 1024,
                 syncs: 300,
                 loopback_mib: 2048,
+                stall_seconds: 3.0,
             },
         )
     };
@@ -327,12 +329,15 @@ pub fn run(args: Args) -> Result<(), String> {
     md.push_str("## Limits of this host (baseline)\n\n| measure | value |\n|---|---|\n");
     md.push_str(&format!(
         "| disk write, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n| disk read, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n\
-         | fdatasync after a 4 KiB overwrite | p50 {:.0} µs, p99 {:.0} µs |\n| loopback TCP | {:.0} MiB/s |\n\n",
+         | fdatasync after a 4 KiB overwrite | p50 {:.0} µs, p99 {:.0} µs |\n| loopback TCP | {:.0} MiB/s |\n\
+         | CPU stalls beside durable 4 KiB writes | {:.1} ms per s, longest {:.0} µs |\n\n",
         limits.disk_write_mib_s,
         limits.disk_read_mib_s,
         limits.fdatasync.p50_us,
         limits.fdatasync.p99_us,
-        limits.loopback_mib_s
+        limits.loopback_mib_s,
+        limits.cpu_stalls.ms_per_s,
+        limits.cpu_stalls.max_us
     ));
     md.push_str("## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs |\n|---|---|---|---|---|---|---|\n");
     for (name, o) in [
