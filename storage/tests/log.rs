@@ -145,6 +145,66 @@ fn interval_policy_syncs_on_bytes_and_tick() {
     });
 }
 
+/// Producers on an `fsync=interval` log with a byte threshold, and a
+/// timer ticking every millisecond whose fdatasyncs overlap their writes:
+/// whenever an append is acknowledged, fewer than the threshold's bytes are
+/// written and not yet fdatasync'd. (A sync used to reset the count of
+/// unsynced bytes to zero, forgetting the writes that completed while it
+/// was in flight, so producers were acknowledged past the threshold.)
+#[test]
+fn interval_byte_threshold_holds_while_ticks_sync_alongside_writes() {
+    const THRESHOLD: u64 = 48 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let config = LogConfig {
+            fsync: FsyncPolicy::Interval {
+                interval_ms: 1,
+                interval_bytes: THRESHOLD,
+            },
+            ..no_time_retention()
+        };
+        let (_shard, log) = open(&path, config).await;
+        let log = Rc::new(log);
+        let stop = Rc::new(std::cell::Cell::new(false));
+        let ticker = {
+            let (log, stop) = (log.clone(), stop.clone());
+            glommio::spawn_local(async move {
+                while !stop.get() {
+                    log.tick().await.unwrap();
+                    glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            })
+        };
+        // Every batch holds 16 records of at least 1,000 bytes each, so the
+        // eight producers' batches (~128 KB) are well over the threshold.
+        let min_record_bytes = 1000;
+        let producers: Vec<_> = (0..8u64)
+            .map(|p| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    for i in 0..60u64 {
+                        let batch = strand_storage::testkit::batch(p * 1000 + i, 16, 1000, TS);
+                        let info = log.append(batch, LeaderEpoch(0)).await.unwrap();
+                        log.wait_durable(info.last_offset).await.unwrap();
+                        let unsynced = log.written_offset().0 - log.flushed_offset().0;
+                        assert!(
+                            unsynced * min_record_bytes < THRESHOLD,
+                            "acknowledged with {unsynced} records written and not fdatasync'd"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for p in producers {
+            p.await;
+        }
+        stop.set(true);
+        ticker.await;
+        assert!(log.stats().syncs > 0);
+    });
+}
+
 #[test]
 fn roll_by_age() {
     let dir = tempfile::tempdir().unwrap();

@@ -44,7 +44,9 @@
 //! logs of a shard share one budget for the blocks they hold
 //! (`ShardStorageConfig::readahead_budget_bytes`, 64 MiB by default): a
 //! block is read ahead, or kept once read, only if it fits. A reader whose
-//! next block does not fit first gives up its own blocks behind it; if it
+//! next block does not fit first gives up this log's blocks wholly behind
+//! it, read or in flight, but the most recently used of those (a second
+//! reader of the log, further back, keeps the block it is using); if it
 //! still does not fit, it reads ahead no further, and a read that finds
 //! nothing cached reads only what it needs, uncached. So with many
 //! partitions read from disk at once, the shard holds a bounded amount of
@@ -118,9 +120,10 @@ impl Block {
         self.segment == segment && self.start <= from && to <= self.start + self.valid
     }
 
-    /// Whether it holds nothing at or after `pos` of `segment`.
+    /// Whether it lies wholly before `pos` of `segment` (segments are
+    /// named by base offset, so an earlier segment's blocks are behind).
     fn behind(&self, segment: u64, pos: u64) -> bool {
-        self.segment != segment || self.start + self.valid <= pos
+        self.segment < segment || (self.segment == segment && self.start + self.valid <= pos)
     }
 }
 
@@ -150,8 +153,9 @@ pub(super) struct ReadAhead {
     /// reads ahead; any other reads only what it needs.
     last_read: Option<(u64, u64, u64)>,
     /// The last walk of a block's batches: segment, block start, and where
-    /// the first batch it does not hold whole starts (walked once per block).
-    walked: Option<(u64, u64, u64)>,
+    /// the bytes of it walked, and where the first batch it does not hold
+    /// whole starts (walked once per block).
+    walked: Option<(u64, u64, u64, u64)>,
 }
 
 impl ReadAhead {
@@ -168,13 +172,21 @@ impl ReadAhead {
     }
 
     /// `bytes` of the shard's budget for a block a reader at `pos` of
-    /// `segment` wants; if they do not fit, this log's read blocks that hold
-    /// nothing at or after `pos` are given up first (a sequential reader
-    /// will not go back to them). `None`: the block is not to be kept.
+    /// `segment` wants; if they do not fit, this log's blocks that lie
+    /// wholly behind `pos` (read or in flight) are given up first — this
+    /// reader will not go back to them — except the most recently used of
+    /// them, which may be a second reader's, further back in the log.
+    /// `None`: the block is not to be kept.
     fn reserve(&mut self, bytes: usize, segment: u64, pos: u64) -> Option<Reservation> {
         if !self.budget.fits(bytes) {
+            let spared = self
+                .blocks
+                .iter()
+                .filter(|b| b.behind(segment, pos))
+                .map(|b| b.used)
+                .max();
             self.blocks
-                .retain(|b| !(matches!(b.state, BlockState::Ready(_)) && b.behind(segment, pos)));
+                .retain(|b| !b.behind(segment, pos) || Some(b.used) == spared);
         }
         self.budget.try_reserve(bytes)
     }
@@ -365,12 +377,14 @@ impl Log {
     /// segment's index knows within [`BLOCK`] bytes, if any.
     fn read_next_ahead(&self, seg: SegmentFile<'_>, generation: u64, block: &[u8], start: u64, pos: u64, end: u64) {
         let SegmentFile { file, base, index, .. } = seg;
+        let held = block.len() as u64;
+        // A walk of a shorter block with the same start (read uncached, or
+        // before more was written) may stop early: walk this one again.
         let walked = match self.inner.state.borrow().readahead.walked {
-            Some((segment, s, at)) if segment == base.0 && s == start && at >= pos => Some(at),
+            Some((segment, s, h, at)) if segment == base.0 && s == start && h == held && at >= pos => Some(at),
             _ => None,
         };
         let at = walked.unwrap_or_else(|| {
-            let held = block.len() as u64;
             let mut at = pos;
             while let Some(n) = block
                 .get((at - start) as usize..)
@@ -382,7 +396,7 @@ impl Log {
             at
         });
         let mut st = self.inner.state.borrow_mut();
-        st.readahead.walked = Some((base.0, start, at));
+        st.readahead.walked = Some((base.0, start, held, at));
         if align_down(at) <= start || st.readahead.generation != generation {
             return;
         }

@@ -254,7 +254,7 @@ impl Log {
     /// durable. Holds: the sync lock. A failed fdatasync stops the log: the kernel may have dropped the dirty
     /// pages, so retrying could report data durable that is not.
     pub(super) async fn sync_held(&self) -> Result<()> {
-        let (file, path, target) = {
+        let (file, path, target, covered) = {
             let st = self.inner.state.borrow();
             st.check_usable(&self.inner.dir)?;
             if st.flushed >= st.active.written_offset() {
@@ -264,9 +264,13 @@ impl Log {
                 st.active.file.clone(),
                 st.active.path.clone(),
                 st.active.written_offset(),
+                st.unsynced_bytes,
             )
         };
-        let started = std::time::Instant::now();
+        // What this fdatasync covers is fixed here: writes that complete
+        // while it is in flight (a tick's sync holds only the sync lock)
+        // stay unsynced, and their bytes stay counted.
+        let (covered_since, started) = (mono_ms(), std::time::Instant::now());
         if let Err(e) = file.fdatasync().await {
             return Err(self.fail(StorageError::glommio("fdatasync", &path, e).to_string()));
         }
@@ -274,8 +278,8 @@ impl Log {
         assert!(target >= st.flushed, "the flushed offset only rises");
         st.flushed = target;
         st.stats.record_sync(started.elapsed().as_nanos() as u64);
-        st.unsynced_bytes = 0;
-        st.last_sync_ms = mono_ms();
+        st.unsynced_bytes = st.unsynced_bytes.saturating_sub(covered);
+        st.last_sync_ms = covered_since;
         Ok(())
     }
 
