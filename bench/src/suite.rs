@@ -18,7 +18,11 @@
 //! 5. produce → consume latency at half of (1)'s throughput;
 //!
 //! and, first of all, the broker's RSS before and after creating 1,000
-//! partitions. It stops
+//! partitions. Each scenario's row also gives the broker's reactor stalls
+//! per second while it ran (`strand_reactor_stalls_total`: a shard's 10 ms
+//! timer woke more than 500 µs late, because a task or the host held the
+//! shard): where they are frequent, the latency tail is the machine's (see
+//! `baseline`'s CPU stalls). It stops
 //! the broker, removes its data, prints a markdown report and, last, one
 //! JSON line: `produce_vs_limit` (= (1) MiB/s ÷ min(disk write, loopback)),
 //! `consume_vs_limit` (= (4) MiB/s ÷ min(disk read, loopback)),
@@ -60,6 +64,8 @@ pub struct Args {
 pub(crate) struct OwnBroker {
     child: Child,
     pub(crate) addr: String,
+    /// Where its Prometheus metrics are served (host:port).
+    metrics: String,
     _data: tempfile::TempDir,
 }
 
@@ -103,6 +109,7 @@ impl OwnBroker {
         let mut broker = OwnBroker {
             child,
             addr: String::new(),
+            metrics: String::new(),
             _data: data,
         };
         let line = rx
@@ -114,7 +121,35 @@ impl OwnBroker {
             .filter(|_| line.contains("ready"))
             .ok_or_else(|| format!("unexpected first line from the broker: {line}"))?
             .to_string();
+        broker.metrics = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.strip_suffix("/metrics"))
+            .ok_or_else(|| format!("no metrics address in the broker's ready line: {line}"))?
+            .to_string();
         Ok(broker)
+    }
+
+    /// The broker's reactor stalls so far, summed over its shards.
+    fn reactor_stalls(&self) -> Result<f64, String> {
+        use std::io::{Read, Write};
+        let mut conn =
+            std::net::TcpStream::connect(&self.metrics).map_err(|e| format!("scraping {}: {e}", self.metrics))?;
+        conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(err)?;
+        write!(conn, "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.metrics).map_err(err)?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text)
+            .map_err(|e| format!("scraping {}: {e}", self.metrics))?;
+        Ok(sum_of(&text, "strand_reactor_stalls_total"))
+    }
+
+    /// Runs `scenario`, and says how many reactor stalls per second the
+    /// broker had meanwhile.
+    fn stalls_during<T>(&self, scenario: impl FnOnce() -> Result<T, String>) -> Result<(T, f64), String> {
+        let (before, start) = (self.reactor_stalls()?, Instant::now());
+        let out = scenario()?;
+        let per_s = (self.reactor_stalls()? - before) / start.elapsed().as_secs_f64().max(1e-9);
+        Ok((out, per_s))
     }
 
     /// Resident memory of the broker process, MiB.
@@ -207,9 +242,17 @@ fn today() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-fn row(name: &str, o: &Outcome) -> String {
+/// The sum of every sample of metric `name` in a Prometheus text page.
+fn sum_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn row(name: &str, o: &Outcome, stalls_per_s: f64) -> String {
     format!(
-        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
+        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {stalls_per_s:.1} |",
         o.msgs_s(),
         o.mib_s(),
         o.latency.p50_us,
@@ -265,50 +308,62 @@ pub fn run(args: Args) -> Result<(), String> {
     let per_partition_kib = (after - before).max(0.0) * 1024.0 / 1000.0;
 
     eprintln!("suite: (1) one producer, 1 MiB batches, fsync=always");
-    let one = load::produce(&load::Args {
-        seconds: secs,
-        ..load_args(&addr)
+    let (one, one_stalls) = broker.stalls_during(|| {
+        load::produce(&load::Args {
+            seconds: secs,
+            ..load_args(&addr)
+        })
     })?;
     eprintln!("suite: (2) 8 partitions, 4 producers");
-    let two = load::produce(&load::Args {
-        seconds: secs,
-        partitions: 8,
-        producers: 4,
-        ..load_args(&addr)
+    let (two, two_stalls) = broker.stalls_during(|| {
+        load::produce(&load::Args {
+            seconds: secs,
+            partitions: 8,
+            producers: 4,
+            ..load_args(&addr)
+        })
     })?;
     eprintln!("suite: (3) small records at 5,000/s");
-    let three = load::produce(&load::Args {
-        seconds: secs,
-        message_bytes: 100,
-        rate: Some(5000),
-        fsync: "interval".into(),
-        ..load_args(&addr)
+    let (three, three_stalls) = broker.stalls_during(|| {
+        load::produce(&load::Args {
+            seconds: secs,
+            message_bytes: 100,
+            rate: Some(5000),
+            fsync: "interval".into(),
+            ..load_args(&addr)
+        })
     })?;
     eprintln!("suite: (4) a consumer catching up on {backlog_mib} MiB");
     let records = (backlog_mib as u64) << 20 >> 10; // ~1 KiB each
     let backlog = filled_queue(&admin, &addr, "bench-backlog", records)?;
-    let four = load::consume(&load::Args {
-        queue: Some(backlog),
-        count: Some(records),
-        seconds: 600,
-        ..load_args(&addr)
+    let (four, four_stalls) = broker.stalls_during(|| {
+        load::consume(&load::Args {
+            queue: Some(backlog),
+            count: Some(records),
+            seconds: 600,
+            ..load_args(&addr)
+        })
     })?;
     let rss_after_backlog = broker.rss_mib();
     eprintln!("suite: (4b) a consumer re-reading 9 MiB from the tail cache");
     let tail = filled_queue(&admin, &addr, "bench-tail", TAIL_RECORDS)?;
-    let four_tail = load::consume(&load::Args {
-        queue: Some(tail),
-        count: Some(TAIL_PASS_RECORDS),
-        passes: TAIL_PASSES,
-        seconds: 600,
-        ..load_args(&addr)
+    let (four_tail, four_tail_stalls) = broker.stalls_during(|| {
+        load::consume(&load::Args {
+            queue: Some(tail),
+            count: Some(TAIL_PASS_RECORDS),
+            passes: TAIL_PASSES,
+            seconds: 600,
+            ..load_args(&addr)
+        })
     })?;
     eprintln!("suite: (5) produce → consume at half of (1)");
     let rate = ((one.msgs_s() / 2.0) as u64).max(1);
-    let five = load::e2e(&load::Args {
-        seconds: secs,
-        rate: Some(rate),
-        ..load_args(&addr)
+    let (five, five_stalls) = broker.stalls_during(|| {
+        load::e2e(&load::Args {
+            seconds: secs,
+            rate: Some(rate),
+            ..load_args(&addr)
+        })
     })?;
     drop(broker);
 
@@ -339,25 +394,39 @@ pub fn run(args: Args) -> Result<(), String> {
         limits.cpu_stalls.ms_per_s,
         limits.cpu_stalls.max_us
     ));
-    md.push_str("## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs |\n|---|---|---|---|---|---|---|\n");
-    for (name, o) in [
+    md.push_str(
+        "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | broker stalls/s |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for (name, o, stalls) in [
         (
             "(1) 1 producer (idempotent, 5 in flight), 1 KB records, 1 MiB batches, acks=1, fsync=always, 1 partition",
             &one,
+            one_stalls,
         ),
-        ("(2) as (1), 8 partitions, 4 producers", &two),
-        ("(3) 100 B records, linger 0, 5,000/s, acks=1, fsync=interval", &three),
-        ("(4) 1 consumer catching up on the backlog (latency: per poll)", &four),
+        ("(2) as (1), 8 partitions, 4 producers", &two, two_stalls),
+        (
+            "(3) 100 B records, linger 0, 5,000/s, acks=1, fsync=interval",
+            &three,
+            three_stalls,
+        ),
+        (
+            "(4) 1 consumer catching up on the backlog (latency: per poll)",
+            &four,
+            four_stalls,
+        ),
         (
             "(4b) 1 consumer re-reading 9 MiB from the tail cache, 20 passes (latency: per poll)",
             &four_tail,
+            four_tail_stalls,
         ),
         (
             "(5) produce → consume at half of (1)'s rate (latency: end to end)",
             &five,
+            five_stalls,
         ),
     ] {
-        md.push_str(&row(name, o));
+        md.push_str(&row(name, o, stalls));
         md.push('\n');
     }
     md.push_str(&format!(
@@ -401,10 +470,17 @@ pub fn run(args: Args) -> Result<(), String> {
     json.insert("tail_consume_mib_s".into(), round2(four_tail.mib_s()).into());
     json.insert("rss_after_backlog_mib".into(), round2(rss_after_backlog).into());
     json.insert("rss_per_partition_kib".into(), round2(per_partition_kib).into());
-    for (name, o) in [("s1", &one), ("s2", &two), ("s3", &three), ("s4", &four), ("s5", &five)] {
+    for (name, o, stalls) in [
+        ("s1", &one, one_stalls),
+        ("s2", &two, two_stalls),
+        ("s3", &three, three_stalls),
+        ("s4", &four, four_stalls),
+        ("s5", &five, five_stalls),
+    ] {
         json.insert(format!("{name}_msgs_s"), round2(o.msgs_s()).into());
         json.insert(format!("{name}_mib_s"), round2(o.mib_s()).into());
         json.insert(format!("{name}_p99_us"), round2(o.latency.p99_us).into());
+        json.insert(format!("{name}_stalls_per_s"), round2(stalls).into());
     }
     println!("{}", serde_json::Value::Object(json));
     Ok(())
@@ -412,6 +488,17 @@ pub fn run(args: Args) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sums_a_metric_over_its_series_only() {
+        let text = "# TYPE strand_reactor_stalls counter\n\
+                    strand_reactor_stalls_total{shard=\"0\"} 3\n\
+                    strand_reactor_stalls_total{shard=\"1\"} 4.5\n\
+                    strand_reactor_stalls_totally_else 100\n\
+                    strand_reactor_stalls_created{shard=\"0\"} 7\n";
+        assert_eq!(super::sum_of(text, "strand_reactor_stalls_total"), 7.5);
+        assert_eq!(super::sum_of(text, "strand_absent_total"), 0.0);
+    }
+
     #[test]
     fn today_is_a_date() {
         let d = super::today();
