@@ -35,10 +35,6 @@ impl ByteBudget {
         self.used.get()
     }
 
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
     /// Reservations refused since the budget was made.
     pub fn refused(&self) -> u64 {
         self.refused.get()
