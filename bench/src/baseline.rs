@@ -32,13 +32,12 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use glommio::io::OpenOptions;
 use hdrhistogram::Histogram;
 use strand_storage::shard::ShardStorageConfig;
 use strand_storage::{testkit, ShardStorage};
 
 use crate::report::{mib_s, round2, table, Latency};
-use crate::storage::{err, raw_write_slice, MIB};
+use crate::storage::{err, fresh_file, raw_write_slice, MIB};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -177,14 +176,7 @@ async fn disk(
     let _storage = ShardStorage::open(dir.join("probe"), ShardStorageConfig::default())
         .await
         .map_err(err)?;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .dma_open(path)
-        .await
-        .map_err(err)?;
+    let file = fresh_file(path).await?;
     let mut block = file.alloc_dma_buffer(MIB);
     testkit::fill_value(block.as_bytes_mut(), 7, 1);
     let block = Rc::new(block);

@@ -491,7 +491,7 @@ pub fn consume(args: &Args) -> Result<Outcome, String> {
         &AtomicU64::new(0),
         &|r| {
             records.fetch_add(1, Ordering::Relaxed);
-            bytes.fetch_add(r.value.as_ref().map_or(0, |v| v.len()) as u64, Ordering::Relaxed);
+            bytes.fetch_add(value_bytes(r), Ordering::Relaxed);
         },
         &|| records.load(Ordering::Relaxed) >= target,
         start + Duration::from_secs(args.seconds),
@@ -535,10 +535,7 @@ fn consume_passes(args: &Args, queue: &str, per_pass: u64) -> Result<Outcome, St
                 polls.saturating_record(t.elapsed().as_nanos() as u64);
             }
             n += got.len() as u64;
-            b += got
-                .iter()
-                .map(|r| r.value.as_ref().map_or(0, |v| v.len()) as u64)
-                .sum::<u64>();
+            b += got.iter().map(value_bytes).sum::<u64>();
         }
         if pass > 0 {
             (records, bytes, secs) = (records + n, bytes + b, secs + start.elapsed().as_secs_f64());
@@ -550,6 +547,11 @@ fn consume_passes(args: &Args, queue: &str, per_pass: u64) -> Result<Outcome, St
         secs,
         latency: Latency::from_nanos(&polls),
     })
+}
+
+/// The bytes of a consumed record's value: what `mib_s` counts.
+fn value_bytes(r: &ConsumedRecord) -> u64 {
+    r.value.as_ref().map_or(0, |v| v.len()) as u64
 }
 
 pub fn e2e(args: &Args) -> Result<Outcome, String> {
@@ -582,7 +584,7 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
                         h.saturating_record(now_ns().saturating_sub(due));
                     }
                     received.fetch_add(1, Ordering::Relaxed);
-                    bytes.fetch_add(r.value.as_ref().map_or(0, |v| v.len()) as u64, Ordering::Relaxed);
+                    bytes.fetch_add(value_bytes(r), Ordering::Relaxed);
                 },
                 &|| received.load(Ordering::Relaxed) >= sent.load(Ordering::Relaxed),
                 deadline,

@@ -287,15 +287,8 @@ impl AppendPhase {
     }
 }
 
-/// Raw writes, appends to a fresh log and appends to a log in its steady
-/// state, interleaved in `--rounds` slices so that all three see the same
-/// disk conditions on a shared machine. The steady-state log has small
-/// segments and size retention and is filled past its retention before the
-/// clock starts, so each of its rolls writes the new segment into the file
-/// of the segment retention frees (recycling: overwrites, not extending
-/// writes), as a busy partition does once its retention is reached.
-/// A new file for raw direct writes.
-async fn fresh_file(path: &Path) -> Result<glommio::io::DmaFile, String> {
+/// A new (emptied) file for raw direct writes.
+pub async fn fresh_file(path: &Path) -> Result<glommio::io::DmaFile, String> {
     OpenOptions::new()
         .read(true)
         .write(true)
@@ -306,6 +299,14 @@ async fn fresh_file(path: &Path) -> Result<glommio::io::DmaFile, String> {
         .map_err(|e| format!("creating {}: {e}", path.display()))
 }
 
+/// Raw writes, durable raw writes, appends to a fresh log and appends to a
+/// log in its steady state, interleaved in `--rounds` slices so that all
+/// four see the same disk conditions on a shared machine. The steady-state
+/// log has small segments and size retention and is filled past its
+/// retention before the clock starts, so each of its rolls writes the new
+/// segment into the file of the segment retention frees (recycling:
+/// overwrites, not extending writes), as a busy partition does once its
+/// retention is reached.
 async fn write_phases(
     shard: &ShardStorage,
     raw_path: &Path,
