@@ -51,9 +51,12 @@
 //!    unanswered for [`crate::connection::RESPONSE_TIMEOUT`] fails its
 //!    connection, and with it every request on it, which are then retried.
 //!
-//! Threads: with linger 0 the calling thread writes an idle partition's
-//! batch itself (a blocking socket write of at most one batch: the lowest
-//! latency); everything else is written by the sender thread. With more
+//! Threads: with linger 0 and acks 1 or all, the calling thread writes an
+//! idle partition's small batch itself (a blocking socket write of at most
+//! one batch: the lowest latency); everything else — and with acks=0
+//! everything, as a request without an answer leaves its partition idle
+//! again at once — is written by the sender thread, while the caller's
+//! records gather into the next batch. With more
 //! than one request in flight per partition, those two writers may swap two
 //! batches of a partition on the wire: an idempotent producer's leader
 //! refuses the second-sequence one and it is resent after the first;
@@ -685,9 +688,14 @@ impl Shared {
         // With no linger, an idle partition sends a small batch at once
         // from here (the lowest latency); a large one goes through the
         // sender thread, so copying it into the socket overlaps the
-        // building of the next.
+        // building of the next. So does every batch with acks=0: such a
+        // request is done once written, so the partition is idle again at
+        // once, and writing inline would cost a system call per record
+        // (batches form only while the sender thread writes).
         let inline = match sendable {
-            Some(bytes) if bytes <= INLINE_SEND_MAX && self.config.linger.is_zero() => {
+            Some(bytes)
+                if bytes <= INLINE_SEND_MAX && self.config.linger.is_zero() && self.config.acks != Acks::None =>
+            {
                 self.take_partition(&mut st, queue, partition, Instant::now())
             }
             // (A notify is a futex syscall: once per batch, not per record.)
