@@ -37,7 +37,7 @@ use strand_client::{
 use strand_wire::Api;
 
 use crate::load::fresh_queue;
-use crate::report::{mib_s, round2, table, Latency};
+use crate::report::{cpu_s_per_gib, machine_cpu_s, mib_s, round2, table, Latency};
 use crate::storage::{err, mib_batch, slices, RECORDS_PER_MIB_BATCH, RECORD_BYTES};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -312,7 +312,7 @@ pub fn run(args: Args) -> Result<(), String> {
         .map(|_| Connection::connect(&first).map_err(err))
         .collect::<Result<_, _>>()?;
     let (mut producer_secs, mut raw_secs, mut raw_bytes) = (0.0, 0.0, 0u64);
-    let mut producer_bytes = 0u64;
+    let (mut producer_bytes, mut producer_cpu, mut raw_cpu) = (0u64, 0.0, 0.0);
     // Odd rounds go raw first, even rounds producer first: neither side
     // always meets the disk (or the segment's pre-zeroing) in the same state.
     for (round, slice) in slices(args.mib, args.rounds).into_iter().enumerate() {
@@ -323,17 +323,27 @@ pub fn run(args: Args) -> Result<(), String> {
             .map(|tag| mib_batch(tag as u64, 1_700_000_000_000).freeze())
             .collect();
         for side in [round % 2, 1 - round % 2] {
+            let cpu = machine_cpu_s();
             if side == 0 {
                 producer_secs += producer_slice(&producer, &queue, mib).map_err(err)?;
                 producer_bytes += (mib * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
+                producer_cpu += machine_cpu_s() - cpu;
             } else {
                 raw_secs += raw_slice(&conns, &queue, &batches)?;
                 raw_bytes += (batches.len() * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
+                raw_cpu += machine_cpu_s() - cpu;
             }
         }
     }
     let producer_mib = mib_s(producer_bytes, producer_secs);
     let raw_mib = mib_s(raw_bytes, raw_secs);
+    // What the producer costs beyond the raw protocol shows here: on a
+    // machine the bench shares with the broker, the client's CPU is the
+    // broker's loss.
+    let (producer_cpu_gib, raw_cpu_gib) = (
+        cpu_s_per_gib(producer_cpu, producer_bytes),
+        cpu_s_per_gib(raw_cpu, raw_bytes),
+    );
     table(
         &format!(
             "strand-client against {} ({} B records at {}/s for {} s; {} MiB of 1,000 B records over {} partitions)",
@@ -346,7 +356,9 @@ pub fn run(args: Args) -> Result<(), String> {
             &small_always.rows("small, fsync=always: p50"),
             &[
                 ("producer, 1 MiB batches (record values)", producer_mib, "MiB/s"),
+                ("  machine CPU per GiB", producer_cpu_gib, "CPU s"),
                 ("raw protocol, 1 MiB batches (record values)", raw_mib, "MiB/s"),
+                ("  machine CPU per GiB", raw_cpu_gib, "CPU s"),
                 ("  ratio producer / raw", producer_mib / raw_mib, ""),
             ],
         ]
@@ -357,6 +369,8 @@ pub fn run(args: Args) -> Result<(), String> {
         "producer_mib_s": round2(producer_mib),
         "raw_mib_s": round2(raw_mib),
         "producer_vs_raw": round2(producer_mib / raw_mib),
+        "producer_cpu_s_per_gib": round2(producer_cpu_gib),
+        "raw_cpu_s_per_gib": round2(raw_cpu_gib),
     });
     if let Some(fields) = summary.as_object_mut() {
         for (prefix, latency) in [

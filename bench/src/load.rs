@@ -32,7 +32,7 @@ use strand_client::{
 };
 use strand_wire::ErrorCode;
 
-use crate::report::{mib_s, round2, table, Latency};
+use crate::report::{machine_cpu_s, mib_s, round2, table, Latency};
 use crate::storage::err;
 
 /// How records are keyed.
@@ -185,6 +185,9 @@ pub struct Outcome {
     pub bytes: u64,
     pub secs: f64,
     pub latency: Latency,
+    /// The whole machine's CPU seconds over the same span as `secs`
+    /// ([`crate::report::machine_cpu_s`]): broker, bench and kernel.
+    pub cpu_s: f64,
 }
 
 impl Outcome {
@@ -196,12 +199,24 @@ impl Outcome {
         mib_s(self.bytes, self.secs)
     }
 
+    /// Cores the machine kept busy on average meanwhile.
+    pub fn cores_busy(&self) -> f64 {
+        self.cpu_s / self.secs.max(1e-9)
+    }
+
+    /// The machine's CPU seconds per GiB of record values moved.
+    pub fn cpu_s_per_gib(&self) -> f64 {
+        crate::report::cpu_s_per_gib(self.cpu_s, self.bytes)
+    }
+
     pub fn json(&self, scenario: &str) -> serde_json::Value {
         let mut m = self.latency.json("");
         m.insert("scenario".into(), scenario.into());
         m.insert("records".into(), self.records.into());
         m.insert("msgs_s".into(), round2(self.msgs_s()).into());
         m.insert("mib_s".into(), round2(self.mib_s()).into());
+        m.insert("cores_busy".into(), round2(self.cores_busy()).into());
+        m.insert("cpu_s_per_gib".into(), round2(self.cpu_s_per_gib()).into());
         serde_json::Value::Object(m)
     }
 
@@ -213,6 +228,8 @@ impl Outcome {
                     ("records", self.records as f64, ""),
                     ("records per second", self.msgs_s(), "msg/s"),
                     ("record values", self.mib_s(), "MiB/s"),
+                    ("machine CPU busy (all processes)", self.cores_busy(), "cores"),
+                    ("  per GiB of record values", self.cpu_s_per_gib(), "CPU s"),
                 ][..],
                 &self.latency.rows("latency p50"),
             ]
@@ -397,12 +414,14 @@ fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &Atom
 pub fn produce(args: &Args) -> Result<Outcome, String> {
     let queues = queues(args, "bench-produce")?;
     let tally = Arc::new(Tally::default());
+    let cpu = machine_cpu_s();
     let (records, secs) = run_producers(args, &queues, &tally, &AtomicBool::new(false))?;
     Ok(Outcome {
         records,
         bytes: records * args.message_bytes as u64,
         secs,
         latency: tally.latency(),
+        cpu_s: machine_cpu_s() - cpu,
     })
 }
 
@@ -483,7 +502,7 @@ pub fn consume(args: &Args) -> Result<Outcome, String> {
     let records = AtomicU64::new(0);
     let bytes = AtomicU64::new(0);
     let target = args.count.unwrap_or(u64::MAX);
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), machine_cpu_s());
     let polls = run_consumers(
         args,
         &[queue],
@@ -501,6 +520,7 @@ pub fn consume(args: &Args) -> Result<Outcome, String> {
         bytes: bytes.load(Ordering::SeqCst),
         secs: start.elapsed().as_secs_f64(),
         latency: Latency::from_nanos(&polls),
+        cpu_s: machine_cpu_s() - cpu,
     })
 }
 
@@ -520,10 +540,10 @@ fn consume_passes(args: &Args, queue: &str, per_pass: u64) -> Result<Outcome, St
     block_on(c.assign_all(queue)).map_err(err)?;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let mut polls = histogram();
-    let (mut records, mut bytes, mut secs) = (0u64, 0u64, 0.0);
+    let (mut records, mut bytes, mut secs, mut cpu_s) = (0u64, 0u64, 0.0, 0.0);
     for pass in 0..=args.passes {
         c.seek_all(Seek::Earliest);
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), machine_cpu_s());
         let (mut n, mut b) = (0u64, 0u64);
         while n < per_pass {
             if Instant::now() > deadline {
@@ -539,6 +559,7 @@ fn consume_passes(args: &Args, queue: &str, per_pass: u64) -> Result<Outcome, St
         }
         if pass > 0 {
             (records, bytes, secs) = (records + n, bytes + b, secs + start.elapsed().as_secs_f64());
+            cpu_s += machine_cpu_s() - cpu;
         }
     }
     Ok(Outcome {
@@ -546,6 +567,7 @@ fn consume_passes(args: &Args, queue: &str, per_pass: u64) -> Result<Outcome, St
         bytes,
         secs,
         latency: Latency::from_nanos(&polls),
+        cpu_s,
     })
 }
 
@@ -594,11 +616,13 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
         while ready.load(Ordering::SeqCst) < consumers && !consumed.is_finished() {
             std::thread::sleep(Duration::from_millis(5));
         }
+        let cpu = machine_cpu_s();
         let result = run_producers(args, &queues, &tally, &AtomicBool::new(false));
+        let cpu_s = machine_cpu_s() - cpu;
         sent.store(result.as_ref().map_or(0, |r| r.0), Ordering::SeqCst);
-        (result, consumed.join())
+        (result.map(|(records, secs)| (records, secs, cpu_s)), consumed.join())
     });
-    let (records, secs) = result?;
+    let (records, secs, cpu_s) = result?;
     consumed.map_err(|_| "a consumer thread panicked".to_string())??;
     let got = received.load(Ordering::SeqCst);
     if got < records {
@@ -610,6 +634,7 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
         bytes: bytes.load(Ordering::SeqCst),
         secs,
         latency: Latency::from_nanos(&hist),
+        cpu_s,
     })
 }
 

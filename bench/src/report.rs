@@ -100,3 +100,56 @@ pub fn table(title: &str, rows: &[(&str, f64, &str)]) {
 pub fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
+
+/// CPU time the whole machine has spent so far, every process and the
+/// kernel together (user, nice, system, irq and softirq time from
+/// `/proc/stat`; idle, I/O wait and the time a hypervisor stole are not
+/// counted), in seconds; 0 where `/proc/stat` cannot be read. The bench
+/// shares the machine with the broker it drives, so a scenario's CPU cost
+/// is the difference of two readings: what producing or consuming a GiB
+/// costs the host, client included, in the same units on any machine
+/// (10 ms ticks: meaningful over runs of a second or more).
+pub fn machine_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    // "cpu  user nice system idle iowait irq softirq steal guest guest_nice"
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .map(|l| l.split_whitespace().filter_map(|f| f.parse().ok()).collect())
+        .unwrap_or_default();
+    let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| ticks.get(i)).sum();
+    // SAFETY: sysconf only reads a system setting.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    busy as f64 / per_s as f64
+}
+
+/// CPU seconds per GiB of `bytes` (0 when nothing moved).
+pub fn cpu_s_per_gib(cpu_s: f64, bytes: u64) -> f64 {
+    if bytes == 0 {
+        return 0.0;
+    }
+    cpu_s / (bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_cpu_time_counts_a_busy_thread() {
+        let before = machine_cpu_s();
+        assert!(before > 0.0, "/proc/stat gave no CPU time");
+        // 300 ms of spinning: at least 0.2 s more CPU time (10 ms ticks;
+        // other processes only add to it).
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let spent = machine_cpu_s() - before;
+        assert!(spent >= 0.2, "{spent} CPU s for 0.3 s of spinning");
+        assert_eq!(cpu_s_per_gib(2.0, 1 << 31), 1.0);
+        assert_eq!(cpu_s_per_gib(2.0, 0), 0.0);
+    }
+}

@@ -252,13 +252,15 @@ fn sum_of(text: &str, name: &str) -> f64 {
 
 fn row(name: &str, o: &Outcome, stalls_per_s: f64) -> String {
     format!(
-        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {stalls_per_s:.1} |",
+        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {stalls_per_s:.1} | {:.2} | {:.2} |",
         o.msgs_s(),
         o.mib_s(),
         o.latency.p50_us,
         o.latency.p99_us,
         o.latency.p999_us,
-        o.latency.max_us
+        o.latency.max_us,
+        o.cores_busy(),
+        o.cpu_s_per_gib()
     )
 }
 
@@ -430,8 +432,8 @@ pub fn run(args: Args) -> Result<(), String> {
         ),
     ];
     md.push_str(
-        "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | broker stalls/s |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | broker stalls/s \
+         | cores busy | CPU s/GiB |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (_, name, o, stalls) in &scenarios {
         md.push_str(&row(name, o, *stalls));
@@ -483,6 +485,7 @@ pub fn run(args: Args) -> Result<(), String> {
         json.insert(format!("{name}_mib_s"), round2(o.mib_s()).into());
         json.insert(format!("{name}_p99_us"), round2(o.latency.p99_us).into());
         json.insert(format!("{name}_stalls_per_s"), round2(stalls).into());
+        json.insert(format!("{name}_cpu_s_per_gib"), round2(o.cpu_s_per_gib()).into());
     }
     println!("{}", serde_json::Value::Object(json));
     Ok(())
