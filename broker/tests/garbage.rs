@@ -100,3 +100,66 @@ fn garbage_frames_close_only_their_connections() {
     assert_eq!(fresh.produce("ok", 1, batch("new", 1, TS), 1).unwrap(), (0, 0));
     assert_eq!(broker.terminate().code(), Some(0));
 }
+
+/// A shard waits for the rest of a large frame with the socket's receive
+/// low-water mark raised to bytes the frame still owes (so it wakes about
+/// twice per MiB, not per 64 KiB segment). A frame that trickles in, with
+/// pauses mid-way and just before its last bytes, and a small request right
+/// behind it, must all be answered: a mark above what is still coming would
+/// leave the connection waiting for good.
+#[test]
+fn a_large_frame_that_trickles_in_is_served_with_the_request_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let mut client = broker.client();
+    assert_eq!(client.create_queue("slow", 1), ErrorCode::None);
+    client.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+
+    let mut b = strand_storage::batch::BatchBuilder::new();
+    for i in 0..900u32 {
+        let value = format!("{i:04}").repeat(250); // 1,000 bytes
+        b.push(None, Some(value.as_bytes()), &[], TS);
+    }
+    let frame_of = |id: u32, batch: bytes::Bytes| {
+        let (body, tail) = strand_client::requests::produce("slow", 0, 1, batch);
+        strand_net::OutFrame::new(
+            strand_net::frame::FrameHeader {
+                api: strand_wire::Api::Produce as u16,
+                version: 0,
+                correlation_id: id,
+            },
+            &body,
+            tail,
+        )
+        .to_bytes()
+    };
+    let large = frame_of(1, b.build().freeze());
+    let small = frame_of(2, batch("behind", 1, TS));
+    assert!(large.len() > 900_000);
+    // Pieces: a header and a little, a stretch, nearly all, the last bytes
+    // with the next request in the same write.
+    let cuts = [100, 70_000, 400_000, large.len() - 10];
+    let mut from = 0;
+    for cut in cuts {
+        client.stream.write_all(&large[from..cut]).unwrap();
+        client.stream.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        from = cut;
+    }
+    let mut rest = large[from..].to_vec();
+    rest.extend_from_slice(&small);
+    client.stream.write_all(&rest).unwrap();
+
+    for (id, base) in [(1, 0), (2, 900)] {
+        let f = client.recv();
+        assert_eq!(f.header.correlation_id, id);
+        assert_eq!(
+            strand_client::requests::produced(&f).unwrap(),
+            (base, base + [900, 1][id as usize - 1] - 1)
+        );
+    }
+    let records = client.fetch_all("slow", 0, 0);
+    assert_eq!(records.len(), 901);
+    assert_eq!(records[899].1, "0899".repeat(250).into_bytes());
+    assert_eq!(records[900].1, b"behind-0");
+}
