@@ -21,7 +21,9 @@
 //! partitions. Each scenario's row also gives the broker's reactor stalls
 //! per second while it ran (`strand_reactor_stalls_total`: a shard's 10 ms
 //! timer woke more than 500 µs late, because a task or the host held the
-//! shard): where they are frequent, the latency tail is the machine's (see
+//! shard), and in brackets those its thread spent mostly off the CPU
+//! (`strand_reactor_stalls_off_cpu_total`: the OS or the host held it):
+//! where those are frequent, the latency tail is the machine's (see
 //! `baseline`'s CPU stalls). It stops
 //! the broker, removes its data, prints a markdown report and, last, one
 //! JSON line: `produce_vs_limit` (= (1) MiB/s ÷ min(disk write, loopback)),
@@ -130,8 +132,9 @@ impl OwnBroker {
         Ok(broker)
     }
 
-    /// The broker's reactor stalls so far, summed over its shards.
-    fn reactor_stalls(&self) -> Result<f64, String> {
+    /// The broker's reactor stalls so far, summed over its shards: all of
+    /// them, and those its shards spent mostly off the CPU.
+    fn reactor_stalls(&self) -> Result<(f64, f64), String> {
         use std::io::{Read, Write};
         let mut conn =
             std::net::TcpStream::connect(&self.metrics).map_err(|e| format!("scraping {}: {e}", self.metrics))?;
@@ -140,16 +143,26 @@ impl OwnBroker {
         let mut text = String::new();
         conn.read_to_string(&mut text)
             .map_err(|e| format!("scraping {}: {e}", self.metrics))?;
-        Ok(sum_of(&text, "strand_reactor_stalls_total"))
+        Ok((
+            sum_of(&text, "strand_reactor_stalls_total"),
+            sum_of(&text, "strand_reactor_stalls_off_cpu_total"),
+        ))
     }
 
     /// Runs `scenario`, and says how many reactor stalls per second the
     /// broker had meanwhile.
-    fn stalls_during<T>(&self, scenario: impl FnOnce() -> Result<T, String>) -> Result<(T, f64), String> {
+    fn stalls_during<T>(&self, scenario: impl FnOnce() -> Result<T, String>) -> Result<(T, Stalls), String> {
         let (before, start) = (self.reactor_stalls()?, Instant::now());
         let out = scenario()?;
-        let per_s = (self.reactor_stalls()? - before) / start.elapsed().as_secs_f64().max(1e-9);
-        Ok((out, per_s))
+        let after = self.reactor_stalls()?;
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        Ok((
+            out,
+            Stalls {
+                per_s: (after.0 - before.0) / secs,
+                off_cpu_per_s: (after.1 - before.1) / secs,
+            },
+        ))
     }
 
     /// Resident memory of the broker process, MiB.
@@ -250,15 +263,25 @@ fn sum_of(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn row(name: &str, o: &Outcome, stalls_per_s: f64) -> String {
+/// The broker's reactor stalls per second during a scenario: all, and
+/// those its shards' threads spent mostly off the CPU (the machine's doing).
+#[derive(Clone, Copy)]
+struct Stalls {
+    per_s: f64,
+    off_cpu_per_s: f64,
+}
+
+fn row(name: &str, o: &Outcome, stalls: Stalls) -> String {
     format!(
-        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {stalls_per_s:.1} | {:.2} | {:.2} |",
+        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} ({:.1}) | {:.2} | {:.2} |",
         o.msgs_s(),
         o.mib_s(),
         o.latency.p50_us,
         o.latency.p99_us,
         o.latency.p999_us,
         o.latency.max_us,
+        stalls.per_s,
+        stalls.off_cpu_per_s,
         o.cores_busy(),
         o.cpu_s_per_gib()
     )
@@ -432,7 +455,7 @@ pub fn run(args: Args) -> Result<(), String> {
         ),
     ];
     md.push_str(
-        "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | broker stalls/s \
+        "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | broker stalls/s (off CPU) \
          | cores busy | CPU s/GiB |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (_, name, o, stalls) in &scenarios {
@@ -484,7 +507,11 @@ pub fn run(args: Args) -> Result<(), String> {
         json.insert(format!("{name}_msgs_s"), round2(o.msgs_s()).into());
         json.insert(format!("{name}_mib_s"), round2(o.mib_s()).into());
         json.insert(format!("{name}_p99_us"), round2(o.latency.p99_us).into());
-        json.insert(format!("{name}_stalls_per_s"), round2(stalls).into());
+        json.insert(format!("{name}_stalls_per_s"), round2(stalls.per_s).into());
+        json.insert(
+            format!("{name}_stalls_off_cpu_per_s"),
+            round2(stalls.off_cpu_per_s).into(),
+        );
         json.insert(format!("{name}_cpu_s_per_gib"), round2(o.cpu_s_per_gib()).into());
     }
     println!("{}", serde_json::Value::Object(json));

@@ -87,7 +87,13 @@ fn series_follow_produce_and_consume() {
     );
     for shard in ["0", "1"] {
         assert!(value(&text, &format!("strand_shard_forward_queue_depth{{shard=\"{shard}\"}}")).is_some());
-        assert!(value(&text, &format!("strand_reactor_stalls_total{{shard=\"{shard}\"}}")).is_some());
+        let stalls = value(&text, &format!("strand_reactor_stalls_total{{shard=\"{shard}\"}}")).unwrap();
+        let off_cpu = value(
+            &text,
+            &format!("strand_reactor_stalls_off_cpu_total{{shard=\"{shard}\"}}"),
+        )
+        .unwrap();
+        assert!(off_cpu <= stalls, "{off_cpu} of {stalls} stalls off the CPU");
         let busy = value(&text, &format!("strand_shard_busy_ratio{{shard=\"{shard}\"}}")).unwrap();
         assert!((0.0..=1.0).contains(&busy), "{busy}");
         assert!(value(&text, &format!("strand_shard_requests_in_flight{{shard=\"{shard}\"}}")).is_some());

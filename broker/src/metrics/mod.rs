@@ -34,6 +34,11 @@
 //!   woke more than 500 µs late — a task held the shard that long (or the
 //!   OS descheduled its thread); logged at most every 10 s with the count
 //!   (glommio cannot name the task without its signal-based detector)
+//! - `strand_reactor_stalls_off_cpu_total` {shard}: those of them during
+//!   which the shard's thread had less than half the time on a CPU — the
+//!   OS ran something else, or the host paused the machine while the shard
+//!   slept: the machine's doing, not a task's (the rest are the shard's own
+//!   work, or a host pause while it ran)
 //! - `strand_fsync_latency_seconds` histogram (every open log's fdatasyncs)
 //! - `strand_segment_rolls_total` {shard}, `strand_segments_recycled_total`
 //!   {shard}: segments the shard's open logs rolled since they were opened,
@@ -150,10 +155,43 @@ pub struct ShardMetrics {
     sequence_refusals: Cell<u64>,
     /// Timer wake-ups late by more than [`STALL`].
     stalls: Cell<u64>,
+    /// Of those, the ones the thread spent mostly off the CPU.
+    stalls_off_cpu: Cell<u64>,
 }
 
 /// A shard's 10 ms timer waking later than this counts as a reactor stall.
 pub const STALL: Duration = Duration::from_micros(500);
+
+/// What kept a shard's timer from waking on time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    /// The thread was on a CPU for at least half of the wait: a task held
+    /// the shard (or the host paused the machine while the shard ran).
+    OnCpu,
+    /// The thread was off the CPU for most of it: the OS ran something
+    /// else, or the host paused the machine while the shard slept.
+    OffCpu,
+}
+
+impl Stall {
+    /// Classifies a wait of `elapsed` during which the thread ran `on_cpu`.
+    pub fn of(elapsed: Duration, on_cpu: Duration) -> Stall {
+        if on_cpu * 2 >= elapsed {
+            Stall::OnCpu
+        } else {
+            Stall::OffCpu
+        }
+    }
+}
+
+/// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives on
+    // this stack frame.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
+}
 
 /// Counts one forwarded request while it lives (dropped: answered or given
 /// up).
@@ -176,6 +214,7 @@ impl Default for ShardMetrics {
             forwarded_total: Cell::new(0),
             sequence_refusals: Cell::new(0),
             stalls: Cell::new(0),
+            stalls_off_cpu: Cell::new(0),
         }
     }
 }
@@ -241,10 +280,15 @@ impl ShardMetrics {
         self.sequence_refusals.set(self.sequence_refusals.get() + 1);
     }
 
-    /// A timer woke `late` after its deadline; returns the stall count.
-    pub fn stalled(&self) -> u64 {
+    /// A timer woke late after its deadline (`off_cpu`: the thread spent
+    /// most of the wait off the CPU, see [`Stall`]); returns the stall
+    /// counts: all of them, and those off the CPU.
+    pub fn stalled(&self, stall: Stall) -> (u64, u64) {
         self.stalls.set(self.stalls.get() + 1);
-        self.stalls.get()
+        if stall == Stall::OffCpu {
+            self.stalls_off_cpu.set(self.stalls_off_cpu.get() + 1);
+        }
+        (self.stalls.get(), self.stalls_off_cpu.get())
     }
 
     /// Share of the time since the last call that the executor spent
@@ -264,6 +308,7 @@ impl ShardMetrics {
         snap.forwarded_total = self.forwarded_total.get();
         snap.sequence_refusals = self.sequence_refusals.get();
         snap.stalls = self.stalls.get();
+        snap.stalls_off_cpu = self.stalls_off_cpu.get();
     }
 }
 
@@ -297,6 +342,7 @@ pub struct ShardSnapshot {
     pub forwarded_total: u64,
     pub sequence_refusals: u64,
     pub stalls: u64,
+    pub stalls_off_cpu: u64,
     /// fdatasync latencies of this shard's open logs: per-bucket counts of
     /// `strand_storage::log::SYNC_BUCKETS_SECS`, sum (s), count.
     pub fsync_buckets: Vec<u64>,
@@ -549,6 +595,12 @@ impl Collector for Scrape {
         )?;
         counter(
             &mut encoder,
+            "strand_reactor_stalls_off_cpu",
+            "Reactor stalls during which the shard's thread was mostly off the CPU (the OS or the host held it).",
+            by_shard(&self.snapshots, |s| s.stalls_off_cpu),
+        )?;
+        counter(
+            &mut encoder,
             "strand_segment_rolls",
             "Segments the shard's open partition logs rolled since they were opened.",
             by_shard(&self.snapshots, |s| s.rolls),
@@ -632,6 +684,29 @@ fn by_shard<T>(snapshots: &[ShardSnapshot], f: impl Fn(&ShardSnapshot) -> T) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stall_is_off_cpu_when_the_thread_ran_less_than_half_of_it() {
+        let ms = Duration::from_millis;
+        assert_eq!(Stall::of(ms(12), ms(11)), Stall::OnCpu);
+        assert_eq!(Stall::of(ms(12), ms(6)), Stall::OnCpu);
+        assert_eq!(Stall::of(ms(12), ms(5)), Stall::OffCpu);
+        assert_eq!(Stall::of(ms(12), Duration::ZERO), Stall::OffCpu);
+        // A thread that spins for 20 ms has as much CPU time; one that
+        // sleeps 20 ms has next to none.
+        let start = (std::time::Instant::now(), thread_cpu_time());
+        while start.0.elapsed() < ms(20) {
+            std::hint::spin_loop();
+        }
+        let (wall, cpu) = (start.0.elapsed(), thread_cpu_time() - start.1);
+        assert!(cpu >= ms(10), "{cpu:?} of CPU for {wall:?} of spinning");
+        let start = thread_cpu_time();
+        std::thread::sleep(ms(20));
+        assert!(thread_cpu_time() - start < ms(5));
+        let m = ShardMetrics::default();
+        assert_eq!(m.stalled(Stall::OnCpu), (1, 0));
+        assert_eq!(m.stalled(Stall::OffCpu), (2, 1));
+    }
 
     #[test]
     fn renders_series_with_labels_and_joins_lag() {

@@ -286,21 +286,25 @@ fn start_timers(shard: &Rc<Shard>) {
     glommio::spawn_local(async move {
         const TICK: Duration = Duration::from_millis(10);
         let mut last_log = Instant::now();
-        let mut logged = 0;
+        let mut logged = (0, 0);
         while !s.stopping.get() {
-            let asked = Instant::now();
+            let (asked, cpu) = (Instant::now(), crate::metrics::thread_cpu_time());
             glommio::timer::sleep(TICK).await;
-            let late = asked.elapsed().saturating_sub(TICK);
+            let elapsed = asked.elapsed();
+            let late = elapsed.saturating_sub(TICK);
             if late > crate::metrics::STALL {
-                let total = s.metrics.stalled();
+                let on_cpu = crate::metrics::thread_cpu_time().saturating_sub(cpu);
+                let (total, off_cpu) = s.metrics.stalled(crate::metrics::Stall::of(elapsed, on_cpu));
                 if last_log.elapsed() >= Duration::from_secs(10) {
                     tracing::warn!(
                         shard = s.id.0,
                         late_us = late.as_micros() as u64,
-                        stalls = total - logged,
-                        "reactor stalls: the shard's timer woke late (a task held the shard, or the OS did)"
+                        stalls = total - logged.0,
+                        off_cpu = off_cpu - logged.1,
+                        "reactor stalls: the shard's timer woke late (off_cpu: the OS or the host kept the \
+                         thread off the CPU; the rest, a task held the shard)"
                     );
-                    (last_log, logged) = (Instant::now(), total);
+                    (last_log, logged) = (Instant::now(), (total, off_cpu));
                 }
             }
         }
