@@ -62,8 +62,6 @@ enum Event {
     Failed(String),
 }
 
-/// Registered I/O memory per shard (write buffers come from it).
-const SHARD_IO_MEMORY: usize = 64 << 20;
 /// How long shutdown waits for in-flight requests.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -134,7 +132,7 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
             // Idle executors poll before parking: cross-shard round trips
             // drop from ≈ 53 µs to ≈ 12 µs p50 (DESIGN.md §5); see the setting.
             .spin_before_park(Duration::from_micros(config.spin_before_park_us))
-            .io_memory(SHARD_IO_MEMORY)
+            .io_memory(config.io_memory_bytes)
             .spawn(move || async move {
                 let result = shard_main(ShardId(id), shards, config, mesh, listen, &events_tx, lifecycle).await;
                 if let Err(e) = &result {
