@@ -43,7 +43,7 @@
 //! The two budgets bound a shard's read memory however many partitions it
 //! serves (`strand_storage::shard`, "Memory budgets"): the tail caches
 //! (consumers at the tail never touch the disk) and the read-ahead blocks
-//! (a consumer catching up from disk has up to five 2 MiB blocks read or
+//! (a consumer catching up from disk has up to five 4 MiB blocks read or
 //! in flight; past the budget, readers read what each fetch needs). Each
 //! shard has its own, so the broker holds up to `cores` × (both).
 //!

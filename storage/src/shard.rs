@@ -52,7 +52,7 @@ pub struct ShardStorageConfig {
     /// Bytes all tail caches of the shard may hold together.
     pub tail_cache_budget_bytes: usize,
     /// Bytes all read-ahead blocks of the shard may hold together (a
-    /// sequential reader holds up to five 2 MiB blocks).
+    /// sequential reader holds up to five 4 MiB blocks).
     pub readahead_budget_bytes: usize,
 }
 

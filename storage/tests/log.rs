@@ -536,7 +536,7 @@ fn the_high_watermark_only_moves_forward_and_stays_within_the_log() {
     });
 }
 
-/// Batches from a few KiB to over the 2 MiB read-ahead block, read back from
+/// Batches from a few KiB to over half the 4 MiB read-ahead block, read back from
 /// disk (a reopened log) with fetch sizes small and large: every batch comes
 /// back whole and unchanged, whichever block it lies in, and bytes handed
 /// out of a shard's read buffers are freed on that shard only.
@@ -574,7 +574,7 @@ fn disk_reads_hand_out_whole_batches_of_every_size() {
             while from < log.log_end() {
                 let got = log.read(from, max).await.unwrap();
                 slicing_blocks += usize::from(got.from_disk);
-                // A small fetch of small batches is a copy: it pins no 2 MiB
+                // A small fetch of small batches is a copy: it pins no 4 MiB
                 // block (a fetch of one large batch may slice its block).
                 if max <= 64 << 10 && got.bytes < 256 << 10 {
                     assert!(
@@ -625,8 +625,8 @@ fn disk_reads_hand_out_whole_batches_of_every_size() {
 }
 
 /// Four logs of one shard read from disk at once, each by a sequential
-/// reader in 1 MiB fetches. Unbounded, each would hold up to five 2 MiB
-/// read-ahead blocks (40 MiB in all); with an 8 MiB shard budget the
+/// reader in 1 MiB fetches. Unbounded, each would hold up to its whole
+/// 12 MiB in 4 MiB read-ahead blocks (48 MiB in all); with an 8 MiB shard budget the
 /// shard never holds more than that, some blocks are refused, every
 /// reader still gets all of its records intact and in order, and the
 /// budget is whole again once the blocks are released.

@@ -40,7 +40,7 @@
 //! segments each cost ≈ 34 KB of RSS per partition, of which ≈ 24.5 KiB is
 //! tail cache (its limit there is 32 KiB) and ≈ 4 KiB the active segment's
 //! bookkeeping. An appending log also holds a staging buffer for its next
-//! write (64 KiB, doubling up to what is pending) and up to three ~2 MiB
+//! write (64 KiB, doubling up to what is pending) and up to three ~4 MiB
 //! read-ahead blocks while a reader goes through old data (plus any block
 //! a batch handed out still slices, until that batch is dropped).
 //!

@@ -28,7 +28,15 @@
 //! run): one ahead median 1293 MiB/s and two ahead 1518 (six rounds); then
 //! two ahead 1170 and three ahead 1746 (eight rounds, a slower hour); four
 //! ahead was not clearly better than three (four noisy rounds) and holds
-//! 2 MiB more per reading log. Any other read (a seek, a redelivered
+//! a block more per reading log. Blocks were 2 MiB then, and larger ones
+//! looked slower — but that was the shard's registered I/O memory running
+//! out (the broker's `io_memory_bytes`). With enough of it, a 4.7 GiB
+//! catch-up of 1 MiB batches (`consume --count 5000000`, a fresh broker
+//! and backlog per run, builds alternating): 2 MiB blocks 1773–2186 MiB/s
+//! (six runs, median 2113), 4 MiB 2550–2836 (six, median 2709); in
+//! earlier rounds 8 MiB 2710–2834 (three runs, for twice the memory) and
+//! 4 MiB two ahead 2101–2589. With 1 MiB batches a 2 MiB block, which ends
+//! at a batch start, held a single batch. Any other read (a seek, a redelivered
 //! record) reads only what it needs. Reads of fewer than [`COPY_BELOW`]
 //! bytes are copied out of their block, so a small fetch does not pin a
 //! whole block. The cache drops its least recently used read block first.
@@ -38,7 +46,7 @@
 //! cache), so a block is used for those bytes only, and a reader that needs
 //! bytes past them reads a fresh block.
 //!
-//! Memory: at most [`CAPACITY`] blocks per log (≤ 10 MiB), freed when no
+//! Memory: at most [`CAPACITY`] blocks per log (≤ 20 MiB), freed when no
 //! read used them for a while ([`Log::release_idle_readahead`]); a block
 //! handed out lives on until the last batch slicing it is dropped. All the
 //! logs of a shard share one budget for the blocks they hold
@@ -82,7 +90,7 @@ use crate::segment::io::{align_down, align_up};
 use crate::Offset;
 
 /// Bytes per read-ahead block (more when one read needs more).
-pub(super) const BLOCK: u64 = 2 << 20;
+pub(super) const BLOCK: u64 = 4 << 20;
 /// Blocks a sequential reader has read ahead of the one it uses.
 const AHEAD: usize = 3;
 /// Blocks kept per log (in flight or read): the one in use, those read
