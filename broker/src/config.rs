@@ -56,8 +56,9 @@
 //! broker per run) ran at 1150–1300 MiB/s in 6 of 8 runs with 64 MiB and
 //! 1840–1990 MiB/s in 8 of 8 with 256 MiB (128 MiB: 2 of 4 slow); 1 MiB
 //! batches were produced at 1128–1189 against 1176–1324 MiB/s (four pairs).
-//! The pool is allocated and pinned at start: the broker's resident memory
-//! starts at about `cores` × this.
+//! (Slow runs of another, unfound cause still come now and then: see
+//! bench/README, sixth session.) The pool is allocated and pinned at
+//! start: the broker's resident memory starts at about `cores` × this.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
