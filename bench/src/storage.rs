@@ -240,7 +240,7 @@ impl AppendPhase {
     /// them), and adds what it took to the totals.
     async fn run(&mut self, slice: std::ops::Range<usize>, producers: usize) -> Result<(), String> {
         let start = Instant::now();
-        let cpu_start = thread_cpu_secs();
+        let cpu_start = strand_storage::shard::thread_cpu_time().as_secs_f64();
         let faults_start = minor_faults();
         let next = Rc::new(Cell::new(slice.start));
         let mut tasks = Vec::new();
@@ -263,7 +263,7 @@ impl AppendPhase {
             self.bytes += t.await?;
         }
         self.secs += start.elapsed().as_secs_f64();
-        self.cpu_secs += thread_cpu_secs() - cpu_start;
+        self.cpu_secs += strand_storage::shard::thread_cpu_time().as_secs_f64() - cpu_start;
         self.faults += minor_faults() - faults_start;
         Ok(())
     }
@@ -412,14 +412,6 @@ async fn durable_write_slice(
     wake.notify_all();
     let syncs = syncer.await?;
     Ok((start.elapsed().as_secs_f64(), syncs))
-}
-
-/// CPU seconds the calling thread has used (user + system).
-fn thread_cpu_secs() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec we pass and nothing else.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// Minor page faults of the process so far.

@@ -44,6 +44,17 @@ use crate::segment::recover::load_sealed;
 use crate::segment::{OpenSegment, SealedSegment};
 use crate::DMA_ALIGN;
 
+/// CPU time the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`): on a
+/// shard's thread, how much of a span the shard was on a CPU (the broker's
+/// stall probe, the storage bench's busy share).
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives on
+    // this stack frame.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
+}
+
 /// Settings shared by all logs of a shard.
 #[derive(Debug, Clone)]
 pub struct ShardStorageConfig {
@@ -226,5 +237,28 @@ impl ShardStorage {
     /// Forgets a segment (deleted by retention or truncation).
     pub(crate) fn forget(&self, path: &Path) {
         self.inner.open.borrow_mut().entries.remove(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::thread_cpu_time;
+
+    /// A thread that spins for 20 ms has about as much CPU time; one that
+    /// sleeps 20 ms has next to none.
+    #[test]
+    fn thread_cpu_time_counts_running_not_sleeping() {
+        let ms = Duration::from_millis;
+        let start = (Instant::now(), thread_cpu_time());
+        while start.0.elapsed() < ms(20) {
+            std::hint::spin_loop();
+        }
+        let (wall, cpu) = (start.0.elapsed(), thread_cpu_time() - start.1);
+        assert!(cpu >= ms(10), "{cpu:?} of CPU for {wall:?} of spinning");
+        let start = thread_cpu_time();
+        std::thread::sleep(ms(20));
+        assert!(thread_cpu_time() - start < ms(5));
     }
 }

@@ -286,12 +286,12 @@ fn start_timers(shard: &Rc<Shard>) {
         let mut last_log = Instant::now();
         let mut logged = (0, 0);
         while !s.stopping.get() {
-            let (asked, cpu) = (Instant::now(), crate::metrics::thread_cpu_time());
+            let (asked, cpu) = (Instant::now(), strand_storage::shard::thread_cpu_time());
             glommio::timer::sleep(TICK).await;
             let elapsed = asked.elapsed();
             let late = elapsed.saturating_sub(TICK);
             if late > crate::metrics::STALL {
-                let on_cpu = crate::metrics::thread_cpu_time().saturating_sub(cpu);
+                let on_cpu = strand_storage::shard::thread_cpu_time().saturating_sub(cpu);
                 let (total, off_cpu) = s.metrics.stalled(crate::metrics::Stall::of(elapsed, on_cpu));
                 if last_log.elapsed() >= Duration::from_secs(10) {
                     tracing::warn!(
