@@ -213,6 +213,8 @@ struct AppendPhase {
     secs: f64,
     cpu_secs: f64,
     faults: i64,
+    /// The log's I/O counters when the totals last restarted.
+    stats_from: strand_storage::log::LogStats,
 }
 
 impl AppendPhase {
@@ -232,6 +234,7 @@ impl AppendPhase {
             secs: 0.0,
             cpu_secs: 0.0,
             faults: 0,
+            stats_from: Default::default(),
         })
     }
 
@@ -268,9 +271,27 @@ impl AppendPhase {
         Ok(())
     }
 
-    /// One stderr line on the log's I/O; closes the log.
+    /// Starts the totals again (after a warm-up), the report's I/O
+    /// counters included.
+    fn restart_totals(&mut self) {
+        (self.bytes, self.secs, self.cpu_secs, self.faults) = (0, 0.0, 0.0, 0);
+        self.stats_from = self.log.stats();
+    }
+
+    /// One stderr line on the log's I/O since the totals started; closes
+    /// the log.
     async fn report(self, what: &str, mib: usize) -> Result<(), String> {
-        let stats = self.log.stats();
+        let (now, from) = (self.log.stats(), self.stats_from);
+        let stats = strand_storage::log::LogStats {
+            writes: now.writes - from.writes,
+            syncs: now.syncs - from.syncs,
+            bytes_written: now.bytes_written - from.bytes_written,
+            rolls: now.rolls - from.rolls,
+            recycled: now.recycled - from.recycled,
+            write_ns: now.write_ns - from.write_ns,
+            sync_ns: now.sync_ns - from.sync_ns,
+            ..now
+        };
         eprintln!(
             "{what}: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, {} rolls ({} into recycled files), shard thread busy {:.0}% of the time, {:.0} page faults per MiB",
             stats.writes,
@@ -327,7 +348,7 @@ async fn write_phases(
     let warm_up = (STEADY_RETENTION_BYTES + 2 * STEADY_SEGMENT_BYTES) as usize / MIB;
     let mut steady = AppendPhase::open(shard, "steady", steady_config, warm_up + args.mib).await?;
     steady.run(0..warm_up, args.producers).await?;
-    (steady.bytes, steady.secs) = (0, 0.0);
+    steady.restart_totals();
     let (mut raw_secs, mut durable_secs, mut durable_syncs) = (0.0, 0.0, 0);
     for slice in slices(args.mib, args.rounds) {
         raw_secs += raw_write_slice(&raw, &block, slice.clone()).await?;
