@@ -120,21 +120,12 @@ fn a_large_frame_that_trickles_in_is_served_with_the_request_behind_it() {
         let value = format!("{i:04}").repeat(250); // 1,000 bytes
         b.push(None, Some(value.as_bytes()), &[], TS);
     }
-    let frame_of = |id: u32, batch: bytes::Bytes| {
+    let mut frame_of = |batch: bytes::Bytes| {
         let (body, tail) = strand_client::requests::produce("slow", 0, 1, batch);
-        strand_net::OutFrame::new(
-            strand_net::frame::FrameHeader {
-                api: strand_wire::Api::Produce as u16,
-                version: 0,
-                correlation_id: id,
-            },
-            &body,
-            tail,
-        )
-        .to_bytes()
+        client.frame(strand_wire::Api::Produce, &body, tail)
     };
-    let large = frame_of(1, b.build().freeze());
-    let small = frame_of(2, batch("behind", 1, TS));
+    let (large_id, large) = frame_of(b.build().freeze());
+    let (small_id, small) = frame_of(batch("behind", 1, TS));
     assert!(large.len() > 900_000);
     // Pieces: a header and a little, a stretch, nearly all, the last bytes
     // with the next request in the same write.
@@ -150,13 +141,11 @@ fn a_large_frame_that_trickles_in_is_served_with_the_request_behind_it() {
     rest.extend_from_slice(&small);
     client.stream.write_all(&rest).unwrap();
 
-    for (id, base) in [(1, 0), (2, 900)] {
+    // (correlation id, first and last offset stored)
+    for (id, offsets) in [(large_id, (0, 899)), (small_id, (900, 900))] {
         let f = client.recv();
         assert_eq!(f.header.correlation_id, id);
-        assert_eq!(
-            strand_client::requests::produced(&f).unwrap(),
-            (base, base + [900, 1][id as usize - 1] - 1)
-        );
+        assert_eq!(strand_client::requests::produced(&f).unwrap(), offsets);
     }
     let records = client.fetch_all("slow", 0, 0);
     assert_eq!(records.len(), 901);

@@ -152,6 +152,14 @@ impl Client {
     }
 
     pub fn send_body(&mut self, api: Api, body: &[u8], tail: TailBuilder) -> u32 {
+        let (id, frame) = self.frame(api, body, tail);
+        self.stream.write_all(&frame).unwrap();
+        id
+    }
+
+    /// The next request's correlation id and its frame's bytes, unsent (a
+    /// test that writes them its own way).
+    pub fn frame(&mut self, api: Api, body: &[u8], tail: TailBuilder) -> (u32, Vec<u8>) {
         let id = self.next_id;
         self.next_id += 1;
         let out = OutFrame::new(
@@ -163,8 +171,7 @@ impl Client {
             body,
             tail,
         );
-        self.stream.write_all(&out.to_bytes()).unwrap();
-        id
+        (id, out.to_bytes().to_vec())
     }
 
     pub fn recv(&mut self) -> Frame {
