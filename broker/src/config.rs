@@ -57,7 +57,8 @@
 //! 1840–1990 MiB/s in 8 of 8 with 256 MiB (128 MiB: 2 of 4 slow); 1 MiB
 //! batches were produced at 1128–1189 against 1176–1324 MiB/s (four pairs).
 //! (Slow runs of another, unfound cause still come now and then: see
-//! bench/README, sixth session.) The pool is allocated and pinned at
+//! bench/README, sixth session.) It must be at least
+//! `readahead_budget_bytes`, whose blocks come from it. The pool is allocated and pinned at
 //! start: the broker's resident memory starts at about `cores` × this.
 
 use std::net::SocketAddr;
@@ -288,6 +289,13 @@ impl BrokerConfig {
                 IO_MEMORY_MAX >> 30
             ));
         }
+        if self.io_memory_bytes < self.readahead_budget_bytes {
+            return bad(format!(
+                "io_memory_bytes {} is below readahead_budget_bytes {}: read-ahead blocks come from the \
+                 shard's I/O memory, and what does not fit is read through slower heap buffers",
+                self.io_memory_bytes, self.readahead_budget_bytes
+            ));
+        }
         if self.shard_channel_capacity == 0 {
             return bad("shard_channel_capacity must be at least 1".into());
         }
@@ -383,7 +391,11 @@ mod tests {
             let err = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap_err();
             assert!(err.to_string().contains("segment_bytes"), "{text}: {err}");
         }
-        for text in ["io_memory_bytes = 1048576\n", "io_memory_bytes = 99999999999999\n"] {
+        for text in [
+            "io_memory_bytes = 1048576\n",
+            "io_memory_bytes = 99999999999999\n",
+            "io_memory_bytes = 33554432\nreadahead_budget_bytes = 67108864\n",
+        ] {
             std::fs::write(&file, text).unwrap();
             let err = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap_err();
             assert!(err.to_string().contains("io_memory_bytes"), "{text}: {err}");
