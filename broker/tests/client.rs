@@ -511,6 +511,16 @@ fn acks_zero_gathers_a_stream_of_records_into_batches() {
         batches as u64 <= records / 10,
         "{batches} batches for {records} records sent with acks=0"
     );
+    // The producer's own count of what it sent matches what was stored.
+    let stats = producer.stats();
+    assert_eq!(
+        (stats.requests, stats.records, stats.retries),
+        (batches as u64, records, 0)
+    );
+    assert_eq!(
+        stats.average_batch_bytes_since(&ProducerStats::default()),
+        stats.batch_bytes / batches as u64
+    );
 }
 
 /// Regression: replies that crossed shards once woke the waiting task from

@@ -39,7 +39,9 @@ pub use group::{
     is_fenced, GroupConfig, GroupConsumer, GroupDescription, GroupListing, GroupMemberInfo, GroupPartitionInfo,
     GroupStart, QueuePartition, Received, ResetTarget, Strategy,
 };
-pub use producer::{Acks, Delivered, Delivery, Producer, ProducerConfig, WhenFull, IDEMPOTENT_MAX_IN_FLIGHT};
+pub use producer::{
+    Acks, Delivered, Delivery, Producer, ProducerConfig, ProducerStats, WhenFull, IDEMPOTENT_MAX_IN_FLIGHT,
+};
 
 /// 64 random bits for ids and starting points that must differ between
 /// producers and connections (not for cryptography): std's hasher keys are
