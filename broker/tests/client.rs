@@ -205,6 +205,11 @@ fn sends_survive_a_broker_restart_without_loss_or_reorder() {
         let got = block_on(d).expect("every send is acknowledged after the restart");
         assert!(got.offset.is_some());
     }
+    // Batches sent while the broker was down went again: the producer's
+    // stats count those resends.
+    let stats = producer.stats();
+    assert!(stats.retries > 0 && stats.requests > stats.retries, "{stats:?}");
+    assert!(stats.records >= (keys * per_key) as u64, "{stats:?}");
     let broker = broker.unwrap();
     // Read everything back: nothing lost; within a key, first appearances
     // are in send order (a resent batch may appear twice: at least once).

@@ -391,7 +391,8 @@ struct State {
 /// `batch-size-avg`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProducerStats {
-    /// Produce requests written, one batch each (resends included).
+    /// Produce requests sent, one batch each (resends included; a request
+    /// whose connection failed before it was written counts too).
     pub requests: u64,
     /// Bytes of the batches in them.
     pub batch_bytes: u64,
