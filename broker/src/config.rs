@@ -57,7 +57,7 @@
 //! 1840–1990 MiB/s in 8 of 8 with 256 MiB (128 MiB: 2 of 4 slow); 1 MiB
 //! batches were produced at 1128–1189 against 1176–1324 MiB/s (four pairs).
 //! (Slow runs of another, unfound cause still come now and then: see
-//! bench/README, sixth session.) It must be at least
+//! bench/results/history.md, sixth session.) It must be at least
 //! `readahead_budget_bytes`, whose blocks come from it. The pool is allocated and pinned at
 //! start: the broker's resident memory starts at about `cores` × this.
 

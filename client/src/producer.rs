@@ -138,7 +138,8 @@ pub struct ProducerConfig {
     /// 0.3–0.6 MiB at ~1 GB/s over four partitions. A few milliseconds (5
     /// is Kafka 4's default) fill them, with fewer requests for the same
     /// bytes: `strand-bench client` measured 1.26–1.72 CPU s/GiB and full
-    /// batches with 5 ms against 1.44–1.95 with 0 (see bench/README).
+    /// batches with 5 ms against 1.44–1.95 with 0 (bench/results/history.md,
+    /// seventh session).
     /// [`Producer::stats`] tells the batch size reached.
     pub linger: Duration,
     /// Bytes of records enqueued but not yet acknowledged, at most. Open
