@@ -15,6 +15,8 @@ use strand_storage::batch::{self, RecordBatch, Stamp};
 use strand_storage::{testkit, LeaderEpoch, Offset};
 
 const BATCHES: u64 = 64;
+/// 1,000-byte records in a ~1 MiB batch.
+const RECORDS: u32 = 1034;
 const ROUNDS: usize = 7;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -27,7 +29,7 @@ fn per_mib(bytes: usize, secs: f64) -> f64 {
 }
 
 fn main() {
-    let built: Vec<BytesMut> = (0..BATCHES).map(|t| testkit::batch(t, 1034, 1000, 0)).collect();
+    let built: Vec<BytesMut> = (0..BATCHES).map(|t| testkit::batch(t, RECORDS, 1000, 0)).collect();
     let bytes: usize = built.iter().map(|b| b.len()).sum();
     let mut stamp_us = Vec::new();
     let mut crc_us = Vec::new();
@@ -41,7 +43,7 @@ fn main() {
         let mut built_bytes = 0;
         for _ in 0..BATCHES {
             let mut b = strand_wire::batch::BatchBuilder::with_capacity(1 << 20);
-            for _ in 0..1034 {
+            for _ in 0..RECORDS {
                 b.push(None, Some(&value), &[], 1_700_000_000_000);
             }
             built_bytes += std::hint::black_box(b.build()).len();

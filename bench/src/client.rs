@@ -72,7 +72,7 @@ pub struct Args {
     connections: usize,
     /// The producer's linger in the throughput phase (ms). With 0, a
     /// request slot that frees takes whatever records have gathered, and
-    /// the "1 MiB" batches averaged about 0.5 MiB here (1.5–2× the
+    /// the "1 MiB" batches averaged 0.3–0.6 MiB here (1.7–3.6× the
     /// requests of the raw side); 5 ms (Kafka 4's default) fills them.
     #[arg(long, default_value_t = 5)]
     linger_ms: u64,
@@ -236,8 +236,10 @@ fn small_latency_raw(args: &Args, addr: &str, queue: &str) -> Result<Latency, St
 }
 
 /// MiB through the producer before its throughput is timed: twice its
-/// buffer (64 MiB by default), so its memory is in use once the clock starts.
-const PRODUCER_WARM_UP_MIB: usize = 128;
+/// buffer, so its memory is in use once the clock starts.
+fn producer_warm_up_mib() -> usize {
+    (2 * ProducerConfig::default().buffer_bytes) >> 20
+}
 
 /// Seconds to push `mib` MiB of 1,000-byte records through the producer.
 fn producer_slice(producer: &Producer, queue: &str, mib: usize) -> Result<f64, ClientError> {
@@ -327,9 +329,9 @@ pub fn run(args: Args) -> Result<(), String> {
     // Untimed, as building the raw side's batches is: a new producer's
     // first buffer-fulls of records page-fault its memory in (here its
     // first 128 MiB went at 598 MiB/s and 0.73 CPU s/GiB on the enqueuing
-    // thread, the timed slices after it at 877 and 0.49) — once per
-    // producer, not per GiB.
-    producer_slice(&producer, &queue, PRODUCER_WARM_UP_MIB).map_err(err)?;
+    // thread, the timed slices after it at 877 and 0.49: seventh session in
+    // bench/results/history.md) — once per producer, not per GiB.
+    producer_slice(&producer, &queue, producer_warm_up_mib()).map_err(err)?;
     let stats_before = producer.stats();
     let conns: Vec<Connection> = (0..args.partitions)
         .map(|_| Connection::connect(&first).map_err(err))
@@ -350,7 +352,9 @@ pub fn run(args: Args) -> Result<(), String> {
             if side == 0 {
                 let thread_cpu = strand_storage::shard::thread_cpu_time();
                 producer_secs += producer_slice(&producer, &queue, mib).map_err(err)?;
-                enqueue_cpu += (strand_storage::shard::thread_cpu_time() - thread_cpu).as_secs_f64();
+                enqueue_cpu += strand_storage::shard::thread_cpu_time()
+                    .saturating_sub(thread_cpu)
+                    .as_secs_f64();
                 producer_bytes += (mib * RECORDS_PER_MIB_BATCH as usize * RECORD_BYTES) as u64;
                 producer_cpu += machine_cpu_s() - cpu;
             } else {

@@ -5,9 +5,9 @@
 //! 127.0.0.1 with a fresh data directory in `--dir`, measures `baseline`,
 //! then runs (every producer with the client's defaults: idempotent, up to
 //! 5 requests in flight per partition):
-//! 1. one producer, 1,000-byte records, 1 MiB batches (linger 5 ms, so
-//!    that they fill: [`THROUGHPUT_LINGER_MS`]), acks=1, fsync=always, one
-//!    partition: throughput;
+//! 1. one producer, 1,000-byte records, 1 MiB batches (linger 5 ms:
+//!    [`THROUGHPUT_LINGER_MS`]), acks=1, fsync=always, one partition:
+//!    throughput;
 //! 2. the same with 8 partitions and 4 producers;
 //! 3. 100-byte records, linger 0, acks=1, 5,000 records/s (open loop),
 //!    fsync=interval: latency;
@@ -193,12 +193,13 @@ impl Drop for OwnBroker {
     }
 }
 
-/// The linger of the throughput scenarios (1) and (2). With 0, a request
-/// slot that frees takes whatever has gathered: (2)'s "1 MiB" batches
-/// averaged 0.5 MiB and it ran at 910–1006 MiB/s, against full batches and
-/// 1154–1192 MiB/s with 5 ms (two pairs of `strand-bench produce --seconds
-/// 5 --partitions 8 --producers 4 --linger-ms 0|5`). (1)'s one partition
-/// has its batches full either way: its producer is held by backpressure.
+/// The linger of the throughput scenarios (1) and (2) and of the backlog
+/// written for (4). With 0, a request slot that frees takes whatever has
+/// gathered: (2)'s "1 MiB" batches averaged 0.5 MiB and it ran at 910–1006
+/// MiB/s, against full batches and 1154–1192 MiB/s with 5 ms (two pairs of
+/// `strand-bench produce --seconds 5 --partitions 8 --producers 4
+/// --linger-ms 0|5`). (1)'s one partition has its batches full either way
+/// (its producer is held by backpressure); the linger makes sure of it.
 const THROUGHPUT_LINGER_MS: u64 = 5;
 
 fn load_args(addr: &str) -> load::Args {
@@ -241,6 +242,7 @@ fn filled_queue(admin: &strand_client::Admin, addr: &str, prefix: &str, records:
         queue: Some(queue.clone()),
         count: Some(records),
         seconds: 3600,
+        linger_ms: THROUGHPUT_LINGER_MS,
         ..load_args(addr)
     })?;
     Ok(queue)
@@ -432,13 +434,12 @@ pub fn run(args: Args) -> Result<(), String> {
     ));
     // Every scenario: its JSON key prefix, its row's name, what it measured
     // and the broker's stalls per second meanwhile.
+    let one_label = format!(
+        "(1) 1 producer (idempotent, 5 in flight), 1 KB records, 1 MiB batches (linger {THROUGHPUT_LINGER_MS} ms), \
+         acks=1, fsync=always, 1 partition"
+    );
     let scenarios = [
-        (
-            "s1",
-            "(1) 1 producer (idempotent, 5 in flight), 1 KB records, 1 MiB batches (linger 5 ms), acks=1, fsync=always, 1 partition",
-            &one,
-            one_stalls,
-        ),
+        ("s1", one_label.as_str(), &one, one_stalls),
         ("s2", "(2) as (1), 8 partitions, 4 producers", &two, two_stalls),
         (
             "s3",

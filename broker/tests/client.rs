@@ -208,8 +208,9 @@ fn sends_survive_a_broker_restart_without_loss_or_reorder() {
     // Batches sent while the broker was down went again: the producer's
     // stats count those resends.
     let stats = producer.stats();
-    assert!(stats.retries > 0 && stats.requests > stats.retries, "{stats:?}");
-    assert!(stats.records >= (keys * per_key) as u64, "{stats:?}");
+    assert!(stats.retries > 0, "{stats:?}");
+    // A resend counts its records again.
+    assert!(stats.records > (keys * per_key) as u64, "{stats:?}");
     let broker = broker.unwrap();
     // Read everything back: nothing lost; within a key, first appearances
     // are in send order (a resent batch may appear twice: at least once).
@@ -496,11 +497,12 @@ fn acks_zero_gathers_a_stream_of_records_into_batches() {
     }
     block_on(producer.flush());
     let mut client = broker.client();
-    let (mut offset, mut batches) = (0u64, 0usize);
+    let (mut offset, mut batches, mut stored_bytes) = (0u64, 0usize, 0u64);
     let deadline = Instant::now() + Duration::from_secs(20);
     while offset < records {
         assert!(Instant::now() < deadline, "only {offset} of {records} records arrived");
         let (got, _) = client.fetch("stream", 0, offset, 100, 1).unwrap();
+        stored_bytes += got.iter().map(|b| b.len() as u64).sum::<u64>();
         for b in &got {
             for r in b.records() {
                 assert_eq!(r.offset.0, offset);
@@ -516,15 +518,16 @@ fn acks_zero_gathers_a_stream_of_records_into_batches() {
         batches as u64 <= records / 10,
         "{batches} batches for {records} records sent with acks=0"
     );
-    // The producer's own count of what it sent matches what was stored.
+    // The producer's own count of what it sent matches what was stored
+    // (the broker stamps offsets in place: a batch keeps its size).
     let stats = producer.stats();
     assert_eq!(
-        (stats.requests, stats.records, stats.retries),
-        (batches as u64, records, 0)
+        (stats.requests, stats.records, stats.retries, stats.batch_bytes),
+        (batches as u64, records, 0, stored_bytes)
     );
     assert_eq!(
         stats.average_batch_bytes_since(&ProducerStats::default()),
-        stats.batch_bytes / batches as u64
+        stored_bytes / batches as u64
     );
 }
 

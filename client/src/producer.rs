@@ -137,10 +137,11 @@ pub struct ProducerConfig {
     /// while the requests before it were out: 1 MiB batches averaged
     /// 0.3–0.6 MiB at ~1 GB/s over four partitions. A few milliseconds (5
     /// is Kafka 4's default) fill them, with fewer requests for the same
-    /// bytes: `strand-bench client` measured 1.26–1.72 CPU s/GiB and full
-    /// batches with 5 ms against 1.44–1.95 with 0 (bench/results/history.md,
-    /// seventh session).
-    /// [`Producer::stats`] tells the batch size reached.
+    /// bytes: `strand-bench client` measured full batches and 1.26–1.72
+    /// CPU s/GiB for the whole machine (broker included) with 5 ms, against
+    /// 1.44–1.95 with 0 (bench/results/history.md, seventh session).
+    /// [`ProducerStats::average_batch_bytes_since`] tells the batch size
+    /// reached.
     pub linger: Duration,
     /// Bytes of records enqueued but not yet acknowledged, at most. Open
     /// batches also reserve their memory up front within this budget (all
@@ -391,13 +392,14 @@ struct State {
 /// reaches shows whether `batch_bytes` and `linger` work as meant (Kafka's
 /// `batch-size-avg`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProducerStats {
     /// Produce requests sent, one batch each (resends included; a request
     /// whose connection failed before it was written counts too).
     pub requests: u64,
     /// Bytes of the batches in them.
     pub batch_bytes: u64,
-    /// Records in them.
+    /// Records in them (a resend counts its records again).
     pub records: u64,
     /// Resends of batches after a retriable failure.
     pub retries: u64,
@@ -1460,5 +1462,39 @@ mod tests {
         assert_ne!(header(&fresh).producer_id, id);
         assert_eq!(header(&fresh).base_sequence, 0);
         assert!(strand_wire::batch::validate(&fresh.batch.bytes, usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn stats_count_each_send_and_a_resend_as_a_retry() {
+        let s = shared();
+        let mut st = state_with(vec![ready(0, 2), ready(2, 3)]);
+        let first = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        let len = first.batch.bytes.len() as u64;
+        let mut batch = first.batch;
+        // It failed retriably: `complete` counts the attempt and puts it back.
+        batch.attempts += 1;
+        {
+            let part = &mut st.queues.get_mut("q").unwrap().parts[0];
+            part.writing = false;
+            part.in_flight = 0;
+            part.ready.push_front(batch);
+        }
+        let again = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        assert_eq!(again.batch.bytes.len() as u64, len);
+        st.queues.get_mut("q").unwrap().parts[0].writing = false;
+        let second = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
+        let stats = st.stats;
+        assert_eq!((stats.requests, stats.retries, stats.records), (3, 1, 2 + 2 + 3));
+        assert_eq!(stats.batch_bytes, 2 * len + second.batch.bytes.len() as u64);
+        let earlier = ProducerStats {
+            requests: 2,
+            batch_bytes: 2 * len,
+            ..ProducerStats::default()
+        };
+        assert_eq!(
+            stats.average_batch_bytes_since(&earlier),
+            second.batch.bytes.len() as u64
+        );
+        assert_eq!(stats.average_batch_bytes_since(&stats), 0);
     }
 }
