@@ -19,7 +19,10 @@
 //! 5. produce → consume latency at half of (1)'s throughput;
 //!
 //! and, first of all, the broker's RSS before and after creating 1,000
-//! partitions. Each scenario's row also gives the broker's reactor stalls
+//! partitions. Each scenario's row also gives the average produce request
+//! the broker stored meanwhile (`strand_produce_bytes_total` ÷
+//! `strand_produce_requests_total`: whether the batches reached their
+//! size; `sN_produce_request_kib` in the JSON), the broker's reactor stalls
 //! per second while it ran (`strand_reactor_stalls_total`: a shard's 10 ms
 //! timer woke more than 500 µs late, because a task or the host held the
 //! shard), and in brackets those its thread spent mostly off the CPU
@@ -133,9 +136,8 @@ impl OwnBroker {
         Ok(broker)
     }
 
-    /// The broker's reactor stalls so far, summed over its shards: all of
-    /// them, and those its shards spent mostly off the CPU.
-    fn reactor_stalls(&self) -> Result<(f64, f64), String> {
+    /// The broker's counters so far that the report shows per scenario.
+    fn counters(&self) -> Result<Counters, String> {
         use std::io::{Read, Write};
         let mut conn =
             std::net::TcpStream::connect(&self.metrics).map_err(|e| format!("scraping {}: {e}", self.metrics))?;
@@ -144,26 +146,15 @@ impl OwnBroker {
         let mut text = String::new();
         conn.read_to_string(&mut text)
             .map_err(|e| format!("scraping {}: {e}", self.metrics))?;
-        Ok((
-            sum_of(&text, "strand_reactor_stalls_total"),
-            sum_of(&text, "strand_reactor_stalls_off_cpu_total"),
-        ))
+        Ok(Counters::from_metrics(&text))
     }
 
-    /// Runs `scenario`, and says how many reactor stalls per second the
-    /// broker had meanwhile.
-    fn stalls_during<T>(&self, scenario: impl FnOnce() -> Result<T, String>) -> Result<(T, Stalls), String> {
-        let (before, start) = (self.reactor_stalls()?, Instant::now());
+    /// Runs `scenario`, and says what the broker counted meanwhile.
+    fn measure_during<T>(&self, scenario: impl FnOnce() -> Result<T, String>) -> Result<(T, BrokerSide), String> {
+        let (before, start) = (self.counters()?, Instant::now());
         let out = scenario()?;
-        let after = self.reactor_stalls()?;
-        let secs = start.elapsed().as_secs_f64().max(1e-9);
-        Ok((
-            out,
-            Stalls {
-                per_s: (after.0 - before.0) / secs,
-                off_cpu_per_s: (after.1 - before.1) / secs,
-            },
-        ))
+        let after = self.counters()?;
+        Ok((out, BrokerSide::between(&before, &after, start.elapsed().as_secs_f64())))
     }
 
     /// Resident memory of the broker process, MiB.
@@ -274,25 +265,70 @@ fn sum_of(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// The broker's reactor stalls per second during a scenario: all, and
-/// those its shards' threads spent mostly off the CPU (the machine's doing).
-#[derive(Clone, Copy)]
-struct Stalls {
-    per_s: f64,
-    off_cpu_per_s: f64,
+/// Counters the broker exports, summed over shards and queues.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Counters {
+    /// `strand_reactor_stalls_total`.
+    stalls: f64,
+    /// `strand_reactor_stalls_off_cpu_total`.
+    stalls_off_cpu: f64,
+    /// `strand_produce_requests_total`.
+    produce_requests: f64,
+    /// `strand_produce_bytes_total`.
+    produce_bytes: f64,
 }
 
-fn row(name: &str, o: &Outcome, stalls: Stalls) -> String {
+impl Counters {
+    fn from_metrics(text: &str) -> Counters {
+        Counters {
+            stalls: sum_of(text, "strand_reactor_stalls_total"),
+            stalls_off_cpu: sum_of(text, "strand_reactor_stalls_off_cpu_total"),
+            produce_requests: sum_of(text, "strand_produce_requests_total"),
+            produce_bytes: sum_of(text, "strand_produce_bytes_total"),
+        }
+    }
+}
+
+/// What the broker saw during a scenario: its reactor stalls per second —
+/// all, and those its shards' threads spent mostly off the CPU (the
+/// machine's doing) — and the average produce request it stored (whether
+/// the producers' batches reached their size), if it got any.
+#[derive(Clone, Copy)]
+struct BrokerSide {
+    stalls_per_s: f64,
+    stalls_off_cpu_per_s: f64,
+    produce_request_kib: Option<f64>,
+}
+
+impl BrokerSide {
+    fn between(before: &Counters, after: &Counters, secs: f64) -> BrokerSide {
+        let secs = secs.max(1e-9);
+        let requests = after.produce_requests - before.produce_requests;
+        BrokerSide {
+            stalls_per_s: (after.stalls - before.stalls) / secs,
+            stalls_off_cpu_per_s: (after.stalls_off_cpu - before.stalls_off_cpu) / secs,
+            produce_request_kib: (requests > 0.0)
+                .then(|| (after.produce_bytes - before.produce_bytes) / requests / 1024.0),
+        }
+    }
+}
+
+fn row(name: &str, o: &Outcome, broker: BrokerSide) -> String {
+    let request = match broker.produce_request_kib {
+        Some(k) if k < 10.0 => format!("{k:.2}"),
+        Some(k) => format!("{k:.0}"),
+        None => "—".to_string(),
+    };
     format!(
-        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} ({:.1}) | {:.2} | {:.2} |",
+        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {request} | {:.1} ({:.1}) | {:.2} | {:.2} |",
         o.msgs_s(),
         o.mib_s(),
         o.latency.p50_us,
         o.latency.p99_us,
         o.latency.p999_us,
         o.latency.max_us,
-        stalls.per_s,
-        stalls.off_cpu_per_s,
+        broker.stalls_per_s,
+        broker.stalls_off_cpu_per_s,
         o.cores_busy(),
         o.cpu_s_per_gib()
     )
@@ -344,7 +380,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let per_partition_kib = (after - before).max(0.0) * 1024.0 / 1000.0;
 
     eprintln!("suite: (1) one producer, 1 MiB batches, fsync=always");
-    let (one, one_stalls) = broker.stalls_during(|| {
+    let (one, one_broker) = broker.measure_during(|| {
         load::produce(&load::Args {
             seconds: secs,
             linger_ms: THROUGHPUT_LINGER_MS,
@@ -352,7 +388,7 @@ pub fn run(args: Args) -> Result<(), String> {
         })
     })?;
     eprintln!("suite: (2) 8 partitions, 4 producers");
-    let (two, two_stalls) = broker.stalls_during(|| {
+    let (two, two_broker) = broker.measure_during(|| {
         load::produce(&load::Args {
             seconds: secs,
             partitions: 8,
@@ -362,7 +398,7 @@ pub fn run(args: Args) -> Result<(), String> {
         })
     })?;
     eprintln!("suite: (3) small records at 5,000/s");
-    let (three, three_stalls) = broker.stalls_during(|| {
+    let (three, three_broker) = broker.measure_during(|| {
         load::produce(&load::Args {
             seconds: secs,
             message_bytes: 100,
@@ -374,7 +410,7 @@ pub fn run(args: Args) -> Result<(), String> {
     eprintln!("suite: (4) a consumer catching up on {backlog_mib} MiB");
     let records = (backlog_mib as u64) << 20 >> 10; // ~1 KiB each
     let backlog = filled_queue(&admin, &addr, "bench-backlog", records)?;
-    let (four, four_stalls) = broker.stalls_during(|| {
+    let (four, four_broker) = broker.measure_during(|| {
         load::consume(&load::Args {
             queue: Some(backlog),
             count: Some(records),
@@ -385,7 +421,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let rss_after_backlog = broker.rss_mib();
     eprintln!("suite: (4b) a consumer re-reading 9 MiB from the tail cache");
     let tail = filled_queue(&admin, &addr, "bench-tail", TAIL_RECORDS)?;
-    let (four_tail, four_tail_stalls) = broker.stalls_during(|| {
+    let (four_tail, four_tail_broker) = broker.measure_during(|| {
         load::consume(&load::Args {
             queue: Some(tail),
             count: Some(TAIL_PASS_RECORDS),
@@ -396,7 +432,7 @@ pub fn run(args: Args) -> Result<(), String> {
     })?;
     eprintln!("suite: (5) produce → consume at half of (1)");
     let rate = ((one.msgs_s() / 2.0) as u64).max(1);
-    let (five, five_stalls) = broker.stalls_during(|| {
+    let (five, five_broker) = broker.measure_during(|| {
         load::e2e(&load::Args {
             seconds: secs,
             rate: Some(rate),
@@ -433,45 +469,45 @@ pub fn run(args: Args) -> Result<(), String> {
         limits.cpu_stalls.max_us
     ));
     // Every scenario: its JSON key prefix, its row's name, what it measured
-    // and the broker's stalls per second meanwhile.
+    // and what the broker counted meanwhile.
     let one_label = format!(
         "(1) 1 producer (idempotent, 5 in flight), 1 KB records, 1 MiB batches (linger {THROUGHPUT_LINGER_MS} ms), \
          acks=1, fsync=always, 1 partition"
     );
     let scenarios = [
-        ("s1", one_label.as_str(), &one, one_stalls),
-        ("s2", "(2) as (1), 8 partitions, 4 producers", &two, two_stalls),
+        ("s1", one_label.as_str(), &one, one_broker),
+        ("s2", "(2) as (1), 8 partitions, 4 producers", &two, two_broker),
         (
             "s3",
             "(3) 100 B records, linger 0, 5,000/s, acks=1, fsync=interval",
             &three,
-            three_stalls,
+            three_broker,
         ),
         (
             "s4",
             "(4) 1 consumer catching up on the backlog (latency: per poll)",
             &four,
-            four_stalls,
+            four_broker,
         ),
         (
             "s4b",
             "(4b) 1 consumer re-reading 9 MiB from the tail cache, 20 passes (latency: per poll)",
             &four_tail,
-            four_tail_stalls,
+            four_tail_broker,
         ),
         (
             "s5",
             "(5) produce → consume at half of (1)'s rate (latency: end to end)",
             &five,
-            five_stalls,
+            five_broker,
         ),
     ];
     md.push_str(
-        "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | broker stalls/s (off CPU) \
-         | cores busy | CPU s/GiB |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | KiB per produce request \
+         | broker stalls/s (off CPU) | cores busy | CPU s/GiB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for (_, name, o, stalls) in &scenarios {
-        md.push_str(&row(name, o, *stalls));
+    for (_, name, o, broker) in &scenarios {
+        md.push_str(&row(name, o, *broker));
         md.push('\n');
     }
     md.push_str(&format!(
@@ -515,15 +551,18 @@ pub fn run(args: Args) -> Result<(), String> {
     json.insert("tail_consume_mib_s".into(), round2(four_tail.mib_s()).into());
     json.insert("rss_after_backlog_mib".into(), round2(rss_after_backlog).into());
     json.insert("rss_per_partition_kib".into(), round2(per_partition_kib).into());
-    for (name, _, o, stalls) in scenarios {
+    for (name, _, o, broker) in scenarios {
         json.insert(format!("{name}_msgs_s"), round2(o.msgs_s()).into());
         json.insert(format!("{name}_mib_s"), round2(o.mib_s()).into());
         json.insert(format!("{name}_p99_us"), round2(o.latency.p99_us).into());
-        json.insert(format!("{name}_stalls_per_s"), round2(stalls.per_s).into());
+        json.insert(format!("{name}_stalls_per_s"), round2(broker.stalls_per_s).into());
         json.insert(
             format!("{name}_stalls_off_cpu_per_s"),
-            round2(stalls.off_cpu_per_s).into(),
+            round2(broker.stalls_off_cpu_per_s).into(),
         );
+        if let Some(kib) = broker.produce_request_kib {
+            json.insert(format!("{name}_produce_request_kib"), round2(kib).into());
+        }
         json.insert(format!("{name}_cpu_s_per_gib"), round2(o.cpu_s_per_gib()).into());
     }
     println!("{}", serde_json::Value::Object(json));
@@ -541,6 +580,37 @@ mod tests {
                     strand_reactor_stalls_created{shard=\"0\"} 7\n";
         assert_eq!(super::sum_of(text, "strand_reactor_stalls_total"), 7.5);
         assert_eq!(super::sum_of(text, "strand_absent_total"), 0.0);
+    }
+
+    #[test]
+    fn the_broker_side_of_a_scenario_is_the_difference_of_its_counters() {
+        use super::{BrokerSide, Counters};
+        let text = "strand_produce_requests_total{queue=\"a\"} 10\n\
+                    strand_produce_requests_total{queue=\"b\"} 6\n\
+                    strand_produce_bytes_total{queue=\"a\"} 8388608\n\
+                    strand_reactor_stalls_total{shard=\"1\"} 9\n\
+                    strand_reactor_stalls_off_cpu_total{shard=\"1\"} 4\n";
+        let after = Counters::from_metrics(text);
+        assert_eq!(
+            after,
+            Counters {
+                stalls: 9.0,
+                stalls_off_cpu: 4.0,
+                produce_requests: 16.0,
+                produce_bytes: 8388608.0,
+            }
+        );
+        let before = Counters {
+            produce_requests: 8.0,
+            produce_bytes: 0.0,
+            stalls: 1.0,
+            ..Counters::default()
+        };
+        let side = BrokerSide::between(&before, &after, 2.0);
+        assert_eq!((side.stalls_per_s, side.stalls_off_cpu_per_s), (4.0, 2.0));
+        assert_eq!(side.produce_request_kib, Some(1024.0));
+        // A consume-only scenario stored no produce request.
+        assert_eq!(BrokerSide::between(&after, &after, 1.0).produce_request_kib, None);
     }
 
     #[test]
