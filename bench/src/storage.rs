@@ -281,17 +281,7 @@ impl AppendPhase {
     /// One stderr line on the log's I/O since the totals started; closes
     /// the log.
     async fn report(self, what: &str, mib: usize) -> Result<(), String> {
-        let (now, from) = (self.log.stats(), self.stats_from);
-        let stats = strand_storage::log::LogStats {
-            writes: now.writes - from.writes,
-            syncs: now.syncs - from.syncs,
-            bytes_written: now.bytes_written - from.bytes_written,
-            rolls: now.rolls - from.rolls,
-            recycled: now.recycled - from.recycled,
-            write_ns: now.write_ns - from.write_ns,
-            sync_ns: now.sync_ns - from.sync_ns,
-            ..now
-        };
+        let stats = self.log.stats().since(&self.stats_from);
         eprintln!(
             "{what}: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, {} rolls ({} into recycled files), shard thread busy {:.0}% of the time, {:.0} page faults per MiB",
             stats.writes,

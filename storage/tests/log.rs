@@ -93,6 +93,20 @@ fn concurrent_producers_share_fdatasyncs() {
         // 320 acknowledged appends; group commit must have merged them.
         assert!(stats.syncs < 320 / 2, "{stats:?}");
         assert_eq!(read_all(&log).await.len(), 16 * 20 * 4);
+        // One more durable append: the difference of two snapshots is
+        // exactly its I/O.
+        let batch = strand_storage::testkit::batch(99_999, 4, 200, TS);
+        let len = batch.len() as u64;
+        let info = log.append(batch, LeaderEpoch(1)).await.unwrap();
+        log.wait_durable(info.last_offset).await.unwrap();
+        let more = log.stats().since(&stats);
+        assert_eq!(
+            (more.writes, more.syncs, more.bytes_written, more.rolls),
+            (1, 1, len, 0),
+            "{more:?}"
+        );
+        assert_eq!(more.sync_buckets.iter().sum::<u64>(), 1, "{more:?}");
+        assert!(more.sync_ns > 0 && more.sync_ns < log.stats().sync_ns, "{more:?}");
     });
 }
 

@@ -120,6 +120,25 @@ pub const SYNC_BUCKETS_SECS: [f64; 12] = [
 ];
 
 impl LogStats {
+    /// The I/O done between `earlier` (a snapshot of the same log) and
+    /// `self`: every counter and bucket, subtracted.
+    pub fn since(&self, earlier: &LogStats) -> LogStats {
+        let mut sync_buckets = self.sync_buckets;
+        for (bucket, before) in sync_buckets.iter_mut().zip(earlier.sync_buckets) {
+            *bucket = bucket.saturating_sub(before);
+        }
+        LogStats {
+            writes: self.writes.saturating_sub(earlier.writes),
+            syncs: self.syncs.saturating_sub(earlier.syncs),
+            bytes_written: self.bytes_written.saturating_sub(earlier.bytes_written),
+            rolls: self.rolls.saturating_sub(earlier.rolls),
+            recycled: self.recycled.saturating_sub(earlier.recycled),
+            write_ns: self.write_ns.saturating_sub(earlier.write_ns),
+            sync_ns: self.sync_ns.saturating_sub(earlier.sync_ns),
+            sync_buckets,
+        }
+    }
+
     /// Adds one fdatasync that took `ns`.
     pub(crate) fn record_sync(&mut self, ns: u64) {
         self.syncs += 1;
