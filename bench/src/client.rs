@@ -235,12 +235,6 @@ fn small_latency_raw(args: &Args, addr: &str, queue: &str) -> Result<Latency, St
     })
 }
 
-/// MiB through the producer before its throughput is timed: twice its
-/// buffer, so its memory is in use once the clock starts.
-fn producer_warm_up_mib() -> usize {
-    (2 * ProducerConfig::default().buffer_bytes) >> 20
-}
-
 /// Seconds to push `mib` MiB of 1,000-byte records through the producer.
 fn producer_slice(producer: &Producer, queue: &str, mib: usize) -> Result<f64, ClientError> {
     let value = vec![b'p'; RECORD_BYTES];
@@ -313,25 +307,25 @@ pub fn run(args: Args) -> Result<(), String> {
     let small_always = small_latency(&args, &q)?;
 
     let queue = fresh_queue(&admin, "bench-batched", args.partitions, FsyncSpec::Always)?;
-    let producer = Producer::new(
-        &args.brokers,
-        ProducerConfig {
-            acks: Acks::Leader,
-            batch_bytes: 1 << 20,
-            linger: Duration::from_millis(args.linger_ms),
-            connections_per_broker: args.connections,
-            max_in_flight_per_partition: args.max_in_flight,
-            ..ProducerConfig::default()
-        },
-    )
-    .map_err(err)?;
+    let config = ProducerConfig {
+        acks: Acks::Leader,
+        batch_bytes: 1 << 20,
+        linger: Duration::from_millis(args.linger_ms),
+        connections_per_broker: args.connections,
+        max_in_flight_per_partition: args.max_in_flight,
+        ..ProducerConfig::default()
+    };
+    // Twice the producer's buffer goes through it before the clock starts,
+    // so that its memory is in use by then.
+    let warm_up_mib = (2 * config.buffer_bytes) >> 20;
+    let producer = Producer::new(&args.brokers, config).map_err(err)?;
     block_on(producer.send(&queue, None, b"warm-up", &[])).map_err(err)?;
     // Untimed, as building the raw side's batches is: a new producer's
     // first buffer-fulls of records page-fault its memory in (here its
     // first 128 MiB went at 598 MiB/s and 0.73 CPU s/GiB on the enqueuing
     // thread, the timed slices after it at 877 and 0.49: seventh session in
     // bench/results/history.md) — once per producer, not per GiB.
-    producer_slice(&producer, &queue, producer_warm_up_mib()).map_err(err)?;
+    producer_slice(&producer, &queue, warm_up_mib).map_err(err)?;
     let stats_before = producer.stats();
     let conns: Vec<Connection> = (0..args.partitions)
         .map(|_| Connection::connect(&first).map_err(err))
