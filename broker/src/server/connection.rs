@@ -220,7 +220,10 @@ async fn read_requests(
         }
         // The rest of a large frame wakes this reader once it is all there
         // (or a READ_GROW of it), not at every 64 KiB segment that lands.
-        low_water.set(if needed > filled + READ_CHUNK { want } else { 1 });
+        if let Err(e) = low_water.set(if needed > filled + READ_CHUNK { want } else { 1 }) {
+            tracing::warn!(%peer, "closing the connection: its receive low-water mark cannot be reset: {e}");
+            return;
+        }
         match stream.read(&mut buf[filled..filled + want]).await {
             Ok(0) => return,
             Ok(n) => filled += n,
@@ -242,19 +245,40 @@ async fn read_requests(
 struct LowWater {
     fd: std::os::fd::RawFd,
     current: usize,
+    /// A change failed once: the mark stays at 1 from then on.
+    disabled: bool,
 }
 
 impl LowWater {
     fn new(fd: std::os::fd::RawFd) -> LowWater {
-        LowWater { fd, current: 1 }
+        LowWater {
+            fd,
+            current: 1,
+            disabled: false,
+        }
     }
 
-    /// Sets the mark to `bytes` (a system call only when it changes). A
-    /// failure leaves the default: only wake-ups are lost, not correctness.
-    fn set(&mut self, bytes: usize) {
-        if bytes == self.current {
-            return;
+    /// Sets the mark to `bytes` (a system call only when it changes). If
+    /// that fails, the mark goes back to 1 for good — one left above what
+    /// is still coming would keep the reader waiting — and only if even
+    /// that fails is the error returned (the connection must close).
+    fn set(&mut self, bytes: usize) -> std::io::Result<()> {
+        if self.disabled || bytes == self.current {
+            return Ok(());
         }
+        if self.apply(bytes).is_ok() {
+            self.current = bytes;
+            return Ok(());
+        }
+        self.disabled = true;
+        if self.current != 1 {
+            self.apply(1)?;
+            self.current = 1;
+        }
+        Ok(())
+    }
+
+    fn apply(&self, bytes: usize) -> std::io::Result<()> {
         let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
         // SAFETY: `fd` is this connection's socket, open while `serve` runs
         // (the stream owns it); the option value is a c_int on the stack.
@@ -268,7 +292,9 @@ impl LowWater {
             )
         };
         if rc == 0 {
-            self.current = bytes;
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
         }
     }
 }
@@ -279,4 +305,59 @@ async fn write_all(stream: &mut WriteHalf<TcpStream>, out: &OutFrame) -> std::io
         stream.write_all(piece).await?;
     }
     stream.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::LowWater;
+
+    /// The mark the kernel holds for `fd`.
+    fn mark(fd: std::os::fd::RawFd) -> libc::c_int {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: reads one c_int option of an open socket into `value`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                std::ptr::addr_of_mut!(value).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        value
+    }
+
+    #[test]
+    fn the_mark_follows_the_reader_on_a_socket() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut low = LowWater::new(stream.as_raw_fd());
+        low.set(256 << 10).unwrap();
+        assert_eq!(mark(stream.as_raw_fd()), 256 << 10);
+        low.set(1).unwrap();
+        assert_eq!(mark(stream.as_raw_fd()), 1);
+    }
+
+    #[test]
+    fn a_mark_that_cannot_be_set_stays_at_one_or_fails_the_connection() {
+        // Not a socket: every setsockopt fails.
+        let file = tempfile::tempfile().unwrap();
+        let mut low = LowWater::new(file.as_raw_fd());
+        // Still at the kernel's 1: nothing to put back, so no error.
+        low.set(64 << 10).unwrap();
+        assert!(low.disabled && low.current == 1);
+        low.set(128 << 10).unwrap();
+        // Raised before, and now neither the change nor the reset to 1
+        // can be made: the caller must close the connection.
+        let mut raised = LowWater {
+            fd: file.as_raw_fd(),
+            current: 64 << 10,
+            disabled: false,
+        };
+        assert!(raised.set(1).is_err());
+    }
 }
