@@ -149,23 +149,25 @@ pub enum ConfigError {
 /// each `Some` overrides the file.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
-    /// Where queues, the controller's log and snapshots live [default: ./strand-data].
-    #[arg(long)]
+    /// Where queues, the controller's log and snapshots live; locked
+    /// against a second broker [default: ./strand-data].
+    #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Client port [default: 127.0.0.1:9400].
-    #[arg(long)]
+    /// Client address (port 0: any free port, named in the ready line)
+    /// [default: 127.0.0.1:9400].
+    #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<SocketAddr>,
-    /// Prometheus endpoint address [default: 127.0.0.1:9401] (served once the metrics land).
-    #[arg(long)]
+    /// Where /metrics (Prometheus) and /health are served [default: 127.0.0.1:9401].
+    #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,
-    /// Shards, one per core [default: every core].
-    #[arg(long)]
+    /// Shards, one per CPU, at most the CPUs this process may use [default: every CPU].
+    #[arg(long, value_name = "N")]
     pub cores: Option<usize>,
     /// This node's id in the cluster [default: 1].
-    #[arg(long)]
+    #[arg(long, value_name = "ID")]
     pub node_id: Option<u64>,
-    /// How long an idle shard polls before sleeping, µs [default: 50].
-    #[arg(long)]
+    /// How long an idle shard polls before sleeping, in µs [default: 50].
+    #[arg(long, value_name = "US")]
     pub spin_before_park_us: Option<u64>,
 }
 

@@ -21,8 +21,8 @@ enum Command {
         command: strand_broker::cli::queue::QueueCommand,
         #[command(flatten)]
         brokers: strand_broker::cli::Brokers,
-        /// Output format: table (default) or json.
-        #[arg(long, global = true, default_value = "table")]
+        /// Output format: table (for people) or json (one document).
+        #[arg(long, global = true, default_value = "table", value_name = "table|json")]
         output: String,
     },
     /// Inspect, reset and delete consumer groups.
@@ -31,8 +31,8 @@ enum Command {
         command: strand_broker::cli::group::GroupCommand,
         #[command(flatten)]
         brokers: strand_broker::cli::Brokers,
-        /// Output format: table (default) or json.
-        #[arg(long, global = true, default_value = "table")]
+        /// Output format: table (for people) or json (one document).
+        #[arg(long, global = true, default_value = "table", value_name = "table|json")]
         output: String,
     },
     /// List and replay a queue's dead-letter queue (QUEUE.dlq).
@@ -41,8 +41,8 @@ enum Command {
         command: strand_broker::cli::dlq::DlqCommand,
         #[command(flatten)]
         brokers: strand_broker::cli::Brokers,
-        /// Output format: table (default) or json.
-        #[arg(long, global = true, default_value = "table")]
+        /// Output format: table (for people) or json (one document).
+        #[arg(long, global = true, default_value = "table", value_name = "table|json")]
         output: String,
     },
     /// Send stdin to a queue, one message per line.
@@ -67,12 +67,12 @@ enum Command {
     },
     /// Run a broker. Flags override the config file, which overrides defaults.
     Serve {
-        /// TOML config file.
-        #[arg(long)]
+        /// TOML config file (its keys: broker/src/config.rs).
+        #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Log lines as `human` text or `json` objects (one per line), on
-        /// stderr; levels from RUST_LOG (default info).
-        #[arg(long, default_value = "human")]
+        /// stderr; levels from RUST_LOG (info when unset).
+        #[arg(long, default_value = "human", value_name = "human|json")]
         log_format: String,
         #[command(flatten)]
         flags: Overrides,
@@ -93,10 +93,21 @@ fn main() -> ExitCode {
         },
         _ => false,
     };
-    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-    );
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"))
+        // glommio's warning when io_uring refuses to register a shard's I/O
+        // memory is five lines of debug output per shard; `serve` checks the
+        // locked-memory limit itself and says it once, with what it costs.
+        .add_directive("glommio::sys::uring=error".parse().expect("a valid directive"));
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: never in files, pipes or
+        // journald, nor with NO_COLOR set (no-color.org).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
+        .with_env_filter(filter);
     if json_logs {
         logs.json().init();
     } else {
@@ -143,6 +154,11 @@ fn main() -> ExitCode {
             };
             match strand_broker::server::run(config) {
                 Ok(()) => ExitCode::SUCCESS,
+                // Asked to stop: done, as after a stop once ready.
+                Err(e @ strand_broker::server::ServeError::Interrupted) => {
+                    eprintln!("strand: {e}");
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     eprintln!("strand: {e}");
                     ExitCode::FAILURE

@@ -232,3 +232,280 @@ fn produce_and_consume_refuse_bad_input_clearly() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "before\nafter\n");
 }
+
+/// `strand` with stdout a pipe whose reader is already gone (as when
+/// piped into `head -1` that has read its line): EPIPE on the first write.
+fn strand_into_closed_pipe(args: &[&str], brokers: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(args)
+        .env("STRAND_BROKERS", brokers)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running strand");
+    drop(child.stdout.take());
+    child.wait_with_output().expect("waiting for strand")
+}
+
+/// The queue commands as a new user meets them: bad values refused, every
+/// setting settable at create and by alter, values shown as people write
+/// them, the broker's own queues out of the way, and output into a closed
+/// pipe ending quietly.
+#[test]
+fn queue_settings_and_output_for_people() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let addr = broker.addr.to_string();
+    for (args, says) in [
+        (vec!["queue", "create", "x", "--partitions", "0"], "--partitions"),
+        (
+            vec!["queue", "create", "x", "--max-message-bytes", "5GiB"],
+            "below 4 GiB",
+        ),
+        (vec!["queue", "create", "x", "--fsync", "sometimes"], "--fsync"),
+    ] {
+        let o = strand(&args, &addr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+    let o = strand(&["queue", "list", "--output", "json"], &addr);
+    assert_eq!(stdout(&o).trim(), "[]", "x was not created");
+
+    let o = strand(
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--partitions",
+            "2",
+            "--retention-bytes",
+            "10GiB",
+            "--fsync",
+            "interval",
+            "--max-message-bytes",
+            "64KiB",
+        ],
+        &addr,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let describe = |addr: &str| -> serde_json::Value {
+        let o = strand(&["queue", "describe", "orders", "--output", "json"], addr);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(stdout(&o).trim()).unwrap()
+    };
+    let d = describe(&addr);
+    assert_eq!(d["retention_bytes"], 10u64 << 30);
+    assert_eq!(d["max_message_bytes"], 64 << 10);
+    assert!(d["fsync"].as_str().unwrap().starts_with("interval"), "{d}");
+    let o = strand(&["queue", "describe", "orders"], &addr);
+    let text = stdout(&o);
+    for line in [
+        "retention              7d",
+        "retention bytes        10GiB",
+        "max message bytes      64KiB",
+    ] {
+        assert!(text.contains(line), "{line:?} in\n{text}");
+    }
+
+    let o = strand(&["queue", "alter", "orders"], &addr);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("nothing to change"), "{}", stderr(&o));
+    let o = strand(
+        &[
+            "queue",
+            "alter",
+            "orders",
+            "--retention-bytes",
+            "unlimited",
+            "--retention",
+            "forever",
+            "--fsync",
+            "always",
+            "--max-message-bytes",
+            "2MiB",
+        ],
+        &addr,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = describe(&addr);
+    assert_eq!(
+        (d["retention_bytes"].as_i64(), d["retention_ms"].as_i64()),
+        (Some(-1), Some(-1))
+    );
+    assert_eq!(
+        (d["fsync"].as_str(), d["max_message_bytes"].as_u64()),
+        (Some("always"), Some(2 << 20))
+    );
+    let text = stdout(&strand(&["queue", "describe", "orders"], &addr));
+    assert!(
+        text.contains("retention              forever") && text.contains("unlimited"),
+        "{text}"
+    );
+
+    // A group makes __groups: listed only with --all.
+    let o = strand(&["consume", "orders", "--group", "g", "--idle-exit-ms", "200"], &addr);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names = |args: &[&str]| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(stdout(&strand(args, &addr)).trim()).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&["queue", "list", "--output", "json"]), ["orders"]);
+    assert_eq!(
+        names(&["queue", "list", "--all", "--output", "json"]),
+        ["__groups", "orders"]
+    );
+
+    // Output into a pipe nobody reads any more: exit 0, no panic.
+    for args in [
+        &["queue", "list"][..],
+        &["queue", "describe", "orders"],
+        &["group", "describe", "g"],
+        &["group", "list"],
+        &["dlq", "list", "orders"],
+    ] {
+        let o = strand_into_closed_pipe(args, &addr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).is_empty(), "{args:?}: {}", stderr(&o));
+    }
+}
+
+/// Mistakes a new user makes, each answered with what went wrong.
+#[test]
+fn clear_answers_to_first_hour_mistakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let addr = broker.addr.to_string();
+    assert!(strand(&["queue", "create", "q", "--partitions", "2"], &addr)
+        .status
+        .success());
+    let o = strand_stdin(
+        &["produce", "q", "--key-separator", ":"],
+        &addr,
+        b"a:1\nb:2\nc:3\nd:4\ne:5\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // Past the end: an error naming the range, not a replay from 0.
+    let o = strand(&["consume", "q", "--from", "offset:50", "--max", "1"], &addr);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("OffsetOutOfRange") && err.contains("offset 50 is outside q/"),
+        "{err}"
+    );
+    assert!(err.contains("(offsets 0 to "), "{err}");
+
+    // The dead-letter queue before anything was dead-lettered.
+    let o = strand(&["dlq", "list", "q", "--output", "json"], &addr);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "[]");
+    let o = strand(&["dlq", "list", "q"], &addr);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 1, "a header, no rows");
+    let o = strand(&["dlq", "list", "missing"], &addr);
+    assert!(!o.status.success() && stdout(&o).is_empty());
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+    let o = strand(&["dlq", "replay", "q"], &addr);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "replayed 0");
+
+    // A partition that does not exist is named.
+    let o = strand(
+        &["consume", "q", "--group", "g", "--from", "earliest", "--max", "5"],
+        &addr,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = strand(
+        &[
+            "group",
+            "reset",
+            "g",
+            "--queue",
+            "q",
+            "--partitions",
+            "0,99",
+            "--to",
+            "earliest",
+        ],
+        &addr,
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("partition 99 does not exist"), "{}", stderr(&o));
+
+    // The metrics port is not the client port.
+    let o = strand(&["queue", "list"], &broker.metrics.to_string());
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("answered with HTTP: is it the metrics port?"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+/// Every argument and flag of every command has help text.
+#[test]
+fn every_argument_is_explained() {
+    fn undocumented(path: &str) -> Vec<String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_strand"))
+            .args(path.split_whitespace())
+            .arg("--help")
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut missing = Vec::new();
+        let mut section = "";
+        let lines: Vec<&str> = help.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.ends_with(':') && !line.starts_with(' ') {
+                section = line;
+                continue;
+            }
+            // An entry is `  -x, --name <V>  text`, `      --name  text` or
+            // `  <NAME>  text`; deeper lines are the text of the one above.
+            let entry = line.trim_start();
+            let indent = line.len() - entry.len();
+            let is_entry = (indent == 2 || indent == 6) && (entry.starts_with('-') || entry.starts_with('<'));
+            if !(section == "Arguments:" || section == "Options:") || !is_entry {
+                continue;
+            }
+            // `  -h, --help  Print help`: the name, two spaces, the text; a
+            // name alone on its line has its text on the next.
+            let has_text = entry.contains("  ") || lines.get(i + 1).is_some_and(|n| n.starts_with("          "));
+            if !has_text {
+                missing.push(format!("{path}: {entry}"));
+            }
+        }
+        missing
+    }
+    let mut missing = Vec::new();
+    for path in [
+        "serve",
+        "queue create",
+        "queue list",
+        "queue describe",
+        "queue alter",
+        "queue delete",
+        "produce",
+        "consume",
+        "group list",
+        "group describe",
+        "group reset",
+        "group delete",
+        "dlq list",
+        "dlq replay",
+        "top",
+    ] {
+        missing.extend(undocumented(path));
+    }
+    assert!(missing.is_empty(), "arguments without help: {missing:#?}");
+    let serve = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&serve.stdout);
+    assert!(!text.contains("once the metrics land"), "{text}");
+}

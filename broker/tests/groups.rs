@@ -422,6 +422,17 @@ fn strand(args: &[&str], brokers: &str) -> Output {
         .unwrap()
 }
 
+/// `strand ARGS --brokers BROKERS` started with its output piped.
+fn strand_child(args: &[&str], brokers: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(args)
+        .args(["--brokers", brokers])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn the_group_commands() {
     let (_dir, broker) = broker_with("cli", 2);
@@ -539,6 +550,8 @@ fn a_poison_message_is_tried_five_times_then_dead_lettered_and_can_be_replayed()
             "earliest",
             "--exec",
             cmd,
+            "--retry-backoff",
+            "50ms",
             "--idle-exit-ms",
             "2000",
         ],
@@ -757,4 +770,187 @@ fn max_delivery_attempts_is_a_queue_setting() {
     };
     block_on(admin.alter_queue("few", &more)).unwrap();
     assert_eq!(block_on(admin.describe_queue("few")).unwrap().max_delivery_attempts, 7);
+}
+
+/// The longest name a queue may have: its dead-letter queue's name is
+/// still valid (`<name>.dlq` would be 204 bytes; the first dead letter
+/// killed the consumer and the message stayed stuck).
+#[test]
+fn the_longest_queue_name_dead_letters() {
+    let name = "n".repeat(strand_wire::QUEUE_NAME_MAX);
+    let (_dir, broker) = broker_with(&name, 1);
+    let addr = broker.addr.to_string();
+    let admin = Admin::connect(&addr).unwrap();
+    let spec = QueueSpec {
+        max_delivery_attempts: Some(2),
+        ..QueueSpec::default()
+    };
+    block_on(admin.alter_queue(&name, &spec)).unwrap();
+    produce(&broker, &name, "p", 1, 1);
+    let out = strand(
+        &[
+            "consume",
+            &name,
+            "--group",
+            "g",
+            "--from",
+            "earliest",
+            "--exec",
+            "exit 3",
+            "--retry-backoff",
+            "0",
+            "--idle-exit-ms",
+            "1500",
+        ],
+        &addr,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = strand(&["dlq", "list", &name, "--output", "json"], &addr);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v[0]["attempts"], 2);
+    // Its dead-letter queue is a queue like any other, with a name that fits.
+    let queues = block_on(admin.list_queues()).unwrap();
+    let dlq: Vec<&String> = queues.iter().map(|(n, _)| n).filter(|n| n.ends_with(".dlq")).collect();
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].len(), strand_wire::QUEUE_NAME_MAX);
+    assert!(strand_wire::validate_queue_name(dlq[0]).is_ok());
+}
+
+/// A handler that cannot run (exit 127: not found; 126: not executable)
+/// stops the consumer with a clear error and dead-letters nothing; a
+/// handler that fails is retried after a growing backoff, not 5 times in
+/// 30 ms.
+#[test]
+fn exec_stops_when_the_handler_cannot_run_and_backs_off_when_it_fails() {
+    let (dir, broker) = broker_with("work", 1);
+    let addr = broker.addr.to_string();
+    produce(&broker, "work", "w", 3, 1);
+    let script = dir.path().join("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    for (cmd, code) in [("./handel.sh", 127), (script.to_str().unwrap(), 126)] {
+        let started = Instant::now();
+        let out = strand(
+            &[
+                "consume",
+                "work",
+                "--group",
+                "g",
+                "--from",
+                "earliest",
+                "--exec",
+                cmd,
+                "--idle-exit-ms",
+                "5000",
+            ],
+            &addr,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {err}");
+        assert!(err.contains(&format!("could not run (exit {code}")), "{cmd}: {err}");
+        assert!(err.contains("work/0 offset 0 was not handled"), "{cmd}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "it stopped, not idled out");
+    }
+    let out = strand(&["dlq", "list", "work", "--output", "json"], &addr);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[]",
+        "nothing dead-lettered"
+    );
+
+    // Now a handler that fails twice, then succeeds: each attempt's time.
+    let log = dir.path().join("attempts");
+    let cmd = format!(
+        "date +%s%N >> {log}; test \"$STRAND_DELIVERY_ATTEMPT\" -ge 5 || test \"$STRAND_OFFSET\" != 0",
+        log = log.display()
+    );
+    let out = strand(
+        &[
+            "consume",
+            "work",
+            "--group",
+            "g",
+            "--exec",
+            &cmd,
+            "--retry-backoff",
+            "300ms",
+            "--idle-exit-ms",
+            "500",
+        ],
+        &addr,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let times: Vec<u128> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    // Offset 0: attempts 3 and 4 fail (1 and 2 were the stopped runs),
+    // 5 succeeds; then offsets 1 and 2.
+    assert_eq!(times.len(), 5, "{times:?}");
+    let gaps_ms: Vec<u128> = times.windows(2).map(|w| (w[1] - w[0]) / 1_000_000).collect();
+    assert!(
+        gaps_ms[0] >= 1200,
+        "attempt 3 failed: 300 ms doubled twice before attempt 4: {gaps_ms:?}"
+    );
+    assert!(
+        gaps_ms[1] >= 2400,
+        "attempt 4 failed: doubled again before attempt 5: {gaps_ms:?}"
+    );
+    let out = strand(&["dlq", "list", "work", "--output", "json"], &addr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
+/// Ctrl-C (or SIGTERM) on `consume --group` leaves the group: its
+/// partitions are free at once, not after the session timeout.
+#[test]
+fn an_interrupted_group_consumer_leaves_its_group() {
+    let (_dir, broker) = broker_with("live", 2);
+    let addr = broker.addr.to_string();
+    produce(&broker, "live", "l", 10, 2);
+    let admin = Admin::connect(&addr).unwrap();
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let child = strand_child(&["consume", "live", "--group", "g", "--from", "earliest"], &addr);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while block_on(admin.describe_group("g")).map_or(true, |d| d.members.is_empty()) {
+            assert!(Instant::now() < deadline, "the consumer never joined");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let stopped = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stopped.elapsed() < Duration::from_secs(3), "{:?}", stopped.elapsed());
+        // Gone from the group within a second or two (the session is 10 s).
+        let d = block_on(admin.describe_group("g")).unwrap();
+        assert!(d.members.is_empty(), "{signal}: still a member: {:?}", d.members);
+    }
+}
+
+/// A plain `consume` rides out a broker restart (it used to exit on
+/// "connection reset by peer"), and says so on stderr.
+#[test]
+fn a_plain_consumer_rides_out_a_broker_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "r", 2);
+    produce(&broker, "r", "before", 10, 2);
+    let addr = broker.addr.to_string();
+    let child = strand_child(&["consume", "r", "--from", "earliest", "--idle-exit-ms", "8000"], &addr);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(broker.terminate().success());
+    std::thread::sleep(Duration::from_millis(500));
+    let broker = Broker::start_at(dir.path(), &addr, &[]);
+    produce(&broker, "r", "after", 10, 2);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let values: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(values.len(), 20, "{values:?}\n{err}");
+    assert!(values.contains("before-0") && values.contains("after-9"), "{values:?}");
 }

@@ -179,17 +179,7 @@ fn health_bad_requests_and_many_scrapers() {
 fn logs_can_be_json_lines() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--cores",
-            "1",
-        ])
-        .args(["--log-format", "json", "--data-dir"])
+    let mut child = serve_command("127.0.0.1:0", &["--cores", "1", "--log-format", "json", "--data-dir"])
         .arg(dir.path())
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())

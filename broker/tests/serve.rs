@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use std::os::unix::process::ExitStatusExt;
 use strand_wire::{ErrorCode, OffsetSpec};
 
 #[test]
@@ -281,17 +282,8 @@ fn a_second_broker_on_a_busy_port_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
     let other = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
-        .args([
-            "serve",
-            "--cores",
-            "1",
-            "--listen",
-            &broker.addr.to_string(),
-            "--data-dir",
-        ])
+    let out = serve_command(&broker.addr.to_string(), &["--cores", "1", "--data-dir"])
         .arg(other.path())
-        .env("RUST_LOG", "warn")
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -299,4 +291,221 @@ fn a_second_broker_on_a_busy_port_refuses_to_start() {
     assert!(err.contains("in use"), "{err}");
     // The first broker is untouched.
     assert_eq!(broker.client().create_queue("still-here", 1), ErrorCode::None);
+}
+
+/// `strand serve` as a person starts it: no `--data-dir` (so
+/// `./strand-data`, relative to where it runs), and a relative path that
+/// climbs (`sub/../x`). Both once failed to start: glommio opened the
+/// controller's directory with a relative path and no directory fd.
+#[test]
+fn relative_data_directories_start_and_keep_their_data() {
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::create_dir(cwd.path().join("sub")).unwrap();
+    for (args, dir) in [(&[][..], "strand-data"), (&["--data-dir", "sub/../x"][..], "x")] {
+        let start = || {
+            let mut command = serve_command("127.0.0.1:0", &["--cores", "1"]);
+            command.current_dir(cwd.path()).args(args);
+            Broker::spawn(command, &cwd.path().join(dir))
+        };
+        let broker = start();
+        let mut c = broker.client();
+        assert_eq!(c.create_queue("q", 1), ErrorCode::None);
+        c.produce("q", 0, batch("kept", 3, TS), 1).unwrap();
+        assert!(cwd.path().join(dir).join("q").join("0").is_dir(), "{args:?}");
+        assert!(broker.terminate().success());
+        let broker = start();
+        assert_eq!(broker.client().fetch_all("q", 0, 0).len(), 3, "{args:?}");
+    }
+}
+
+/// Two brokers on one data directory would each write its segments:
+/// records acknowledged by either were lost after a restart. The second is
+/// refused, naming the first; the first's data is intact.
+#[test]
+fn a_second_broker_on_the_same_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Broker::start(dir.path());
+    let mut c = first.client();
+    assert_eq!(c.create_queue("q", 1), ErrorCode::None);
+    for i in 0..10 {
+        c.produce("q", 0, batch(&format!("a{i}"), 10, TS), 1).unwrap();
+    }
+    let out = serve_command("127.0.0.1:0", &["--cores", "1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("is in use by process {}", first.child.id())),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "no ready line");
+    for i in 10..20 {
+        c.produce("q", 0, batch(&format!("a{i}"), 10, TS), 1).unwrap();
+    }
+    assert!(first.terminate().success());
+    let again = Broker::start(dir.path());
+    let records = again.client().fetch_all("q", 0, 0);
+    assert_eq!(records.len(), 200, "every acknowledged record is there");
+    assert!(records.iter().enumerate().all(|(i, (o, _))| *o == i as u64));
+}
+
+/// What the machine cannot hold is refused before anything is allocated
+/// or created, naming what to lower.
+#[test]
+fn more_shards_or_memory_than_the_machine_has_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("big.toml");
+    std::fs::write(&config, "tail_cache_budget_bytes = 1125899906842624\n").unwrap();
+    let data = tmp.path().join("data");
+    for (extra, says) in [
+        (vec!["--cores", "4096"], "CPUs this process may run on"),
+        (
+            vec!["--cores", "1", "--config", config.to_str().unwrap()],
+            "tail_cache_budget_bytes",
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let out = serve_command("127.0.0.1:0", &extra)
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "refused at once"
+        );
+        assert!(!data.exists(), "{extra:?}: nothing created");
+    }
+}
+
+/// A data directory that is a file, and a start that fails once the
+/// directory is made (here: the client address cannot be bound), say so
+/// and leave nothing behind.
+#[test]
+fn failed_starts_say_why_and_leave_no_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let serve = |listen: &str, data: &std::path::Path| {
+        serve_command(listen, &["--cores", "1", "--data-dir"])
+            .arg(data)
+            .output()
+            .unwrap()
+    };
+    let out = serve("127.0.0.1:0", &file);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim(),
+        format!("strand: data directory {} is not a directory", file.display())
+    );
+    // 192.0.2.1 (TEST-NET-1) is no address of this machine: binding fails
+    // (nothing is sent anywhere).
+    let data = tmp.path().join("new/data");
+    let out = serve("192.0.2.1:0", &data);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("binding 192.0.2.1:0"), "{err}");
+    assert!(!tmp.path().join("new").exists(), "the directories it made are gone");
+}
+
+/// SIGTERM while the broker starts ends it at once (exit 0, as a stop
+/// after the ready line does), removing a data directory it made.
+#[test]
+fn a_signal_during_start_up_stops_it() {
+    for delay_ms in [0, 30, 100] {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let mut child = serve_command("127.0.0.1:0", &["--cores", "2", "--data-dir"])
+            .arg(&data)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let started = std::time::Instant::now();
+        let out = loop {
+            if child.try_wait().unwrap().is_some() {
+                break child.wait_with_output().unwrap();
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "still running 10 s after SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        // Before its handler is installed, SIGTERM's default action ends it.
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGTERM),
+            "{:?}: {stderr}",
+            out.status
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        if !stdout.contains("ready") {
+            assert!(
+                !data.exists(),
+                "a start cut short leaves no directory ({delay_ms} ms): {stderr}"
+            );
+        }
+    }
+}
+
+/// A locked-memory limit too low for the shards' I/O memory is one warning
+/// line saying what it costs and how to raise it (glommio's own warning
+/// was five lines a shard). Root keeps CAP_IPC_LOCK, which lifts the
+/// limit: it is dropped here with setpriv.
+#[test]
+fn a_low_locked_memory_limit_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -l 1024 && exec setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock \"$@\"",
+            "sh",
+            env!("CARGO_BIN_EXE_strand"),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--cores",
+            "2",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
+    assert!(ready.contains("ready"), "{ready}");
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let about: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("ulimit -l") || l.contains("registering"))
+        .collect();
+    assert_eq!(about.len(), 1, "{err}");
+    assert!(about[0].contains("1 MiB") && about[0].contains("LimitMEMLOCK"), "{err}");
+    // Logs to a pipe are plain text: no colour codes.
+    assert!(
+        !err.contains('\u{1b}'),
+        "escape codes in a log that is not a terminal: {err:?}"
+    );
 }

@@ -353,6 +353,13 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
                 continue;
             }
             Ok(None) => {}
+            // An HTTP server's answer read as a frame length is a frame of
+            // a gigabyte or so: say what it is instead.
+            Err(_) if buf.starts_with(b"HTTP/") => {
+                break "it answered with HTTP: is it the metrics port? A broker's client address is the one its \
+                       ready line names (`strand ready on HOST:PORT`; 127.0.0.1:9400 by default)"
+                    .to_string()
+            }
             Err(e) => break format!("malformed frame from the broker: {e}"),
         }
         // Room for the rest of the frame under way, so that a large

@@ -123,17 +123,21 @@ fn interval_policy_syncs_on_bytes_and_tick() {
             ..no_time_retention()
         };
         let (_shard, log) = open(&path, config).await;
+        assert!(!log.unsettled(), "nothing appended: nothing for a tick to do");
         let info = log
             .append(strand_storage::testkit::batch(1, 10, 100, TS), LeaderEpoch(0))
             .await
             .unwrap();
+        assert!(log.unsettled(), "appended: to write and sync");
         log.wait_durable(info.last_offset).await.unwrap();
+        assert!(log.unsettled(), "written: to sync");
         // Written, not yet synced: the interval has not passed.
         assert!(log.written_offset() > info.last_offset);
         assert!(log.flushed_offset() <= info.last_offset);
         glommio::timer::sleep(std::time::Duration::from_millis(60)).await;
         log.tick().await.unwrap();
         assert!(log.flushed_offset() > info.last_offset);
+        assert!(!log.unsettled(), "written and synced: settled");
         // Right after that sync, a tick writes what is queued but does not
         // fdatasync again before the interval has passed.
         let next = log

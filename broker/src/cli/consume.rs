@@ -1,8 +1,17 @@
 //! `strand consume QUEUE`: print messages as they arrive, from every
-//! partition of the queue — or, with `--group G`, from the partitions the
-//! group's coordinator assigns this member, committing the position after
-//! each printed message (at-least-once: a message printed but not yet
-//! committed when the process dies is printed again by the next member).
+//! partition of the queue (from `--from`, `latest` by default: only new
+//! messages) — or, with `--group G`, from the partitions the group's
+//! coordinator assigns this member, committing the positions after each
+//! polled batch is printed and flushed (at-least-once: a batch printed but
+//! not yet committed when the process dies is printed again by the next
+//! member; one fsync'd commit per batch, not per message).
+//!
+//! Transient failures (the broker restarting, a leader moving) are said on
+//! stderr and retried, until `--idle-exit-ms` has passed without a message
+//! (then the last failure is the exit's error) or for ever. SIGINT/SIGTERM
+//! stop it at its next turn (a second one at once); a group member then
+//! commits and leaves its group, so its partitions move to the other
+//! members at once rather than after the session timeout.
 //!
 //! `--format value` prints each value and a newline; `--format json` prints
 //! one object per line: `queue`, `partition`, `offset`, `key` (string or
@@ -10,7 +19,10 @@
 //! U+FFFD), `timestamp_ms` and `headers` (an object). Exits after `--max`
 //! messages, or after `--idle-exit-ms` without any, or when stdout closes.
 
+use std::collections::BTreeMap;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -22,28 +34,37 @@ use strand_wire::ErrorCode;
 
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
+    /// The queue to read.
     pub queue: String,
-    /// earliest, latest, offset:N (every partition) or time:RFC3339; with
-    /// --group: earliest or latest, used when the group is new.
-    #[arg(long, default_value = "latest")]
+    /// Where to start: earliest, latest (only messages produced from now
+    /// on), offset:N (in every partition; refused outside a partition's
+    /// log) or time:RFC3339. With --group: earliest or latest, used when
+    /// the group is new (a group goes on from its committed positions).
+    #[arg(long, default_value = "latest", value_name = "WHERE")]
     pub from: String,
     /// Read as a member of this consumer group (positions are the group's).
-    #[arg(long)]
+    #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
     /// With --group: run `sh -c CMD` per message (value on stdin, STRAND_QUEUE,
     /// STRAND_PARTITION, STRAND_OFFSET, STRAND_KEY, STRAND_DELIVERY_ATTEMPT in
     /// the environment); exit 0 acknowledges, anything else asks for
-    /// redelivery (dead-lettered after the queue's max attempts).
+    /// redelivery (dead-lettered after the queue's max attempts); exit 126
+    /// or 127 (the command cannot run) stops the consumer.
     #[arg(long, value_name = "CMD")]
     pub exec: Option<String>,
+    /// With --exec: how long a failed message waits before its redelivery,
+    /// doubling with each attempt up to the lock time (30s); 0: at once.
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub retry_backoff: String,
     /// Exit after this many messages.
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub max: Option<u64>,
-    /// Exit after this long without a message.
-    #[arg(long)]
+    /// Exit after this long without a message, in ms (time spent waiting for
+    /// this consumer's own delayed redeliveries does not count).
+    #[arg(long, value_name = "MS")]
     pub idle_exit_ms: Option<u64>,
-    /// value or json.
-    #[arg(long, default_value = "value")]
+    /// How to print each message: value (its bytes and a newline) or json.
+    #[arg(long, default_value = "value", value_name = "value|json")]
     pub format: String,
 }
 
@@ -97,23 +118,25 @@ pub fn json_line(r: &ConsumedRecord) -> String {
 
 /// Where printed messages come from.
 trait Source {
-    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, String>;
-    /// Called once `record` is printed.
-    fn printed(&mut self, record: &ConsumedRecord) -> Result<(), String>;
+    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, ClientError>;
+    /// Called once `records` (a polled batch, or its start) are printed
+    /// and flushed.
+    fn printed(&mut self, records: &[ConsumedRecord]) -> Result<(), String>;
 }
 
 impl Source for Consumer {
-    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, String> {
-        block_on(Consumer::poll(self)).map_err(|e| e.to_string())
+    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, ClientError> {
+        block_on(Consumer::poll(self))
     }
 
-    fn printed(&mut self, _: &ConsumedRecord) -> Result<(), String> {
+    fn printed(&mut self, _: &[ConsumedRecord]) -> Result<(), String> {
         Ok(())
     }
 }
 
-/// Whether a group member should wait and go on after `e` (the broker
-/// restarted or is busy, or the member is re-joining) rather than exit.
+/// Whether the consumer should wait and go on after `e` (the broker
+/// restarted or is busy, a leader moved, the member is re-joining) rather
+/// than exit.
 fn transient(e: &ClientError) -> bool {
     e.is_io()
         || is_fenced(e)
@@ -136,14 +159,8 @@ fn warn_and_wait(e: &ClientError) {
 }
 
 impl Source for GroupConsumer {
-    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, String> {
-        let records = match block_on(GroupConsumer::poll(self)) {
-            Err(e) if transient(&e) => {
-                warn_and_wait(&e);
-                Ok(Vec::new())
-            }
-            other => other.map_err(|e| e.to_string()),
-        };
+    fn poll(&mut self) -> Result<Vec<ConsumedRecord>, ClientError> {
+        let records = block_on(GroupConsumer::poll(self));
         for r in self.take_resets() {
             eprintln!(
                 "strand: warning: {}/{}: position {} was below the log start {} (retention removed the records); \
@@ -154,16 +171,60 @@ impl Source for GroupConsumer {
         records
     }
 
-    fn printed(&mut self, record: &ConsumedRecord) -> Result<(), String> {
-        match block_on(self.commit_record(record)) {
-            // Not this member's any more (or it re-joins): the record goes
+    fn printed(&mut self, records: &[ConsumedRecord]) -> Result<(), String> {
+        // One commit for the batch: per partition, the position past its
+        // last printed record.
+        let offsets: BTreeMap<_, _> = records
+            .iter()
+            .map(|r| ((r.queue.clone(), r.partition), r.offset + 1))
+            .collect();
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        match block_on(self.commit_offsets(&offsets)) {
+            // Not this member's any more (or it re-joins): the records go
             // to the partition's next reader again (at-least-once).
             Err(e) if transient(&e) => {
-                eprintln!("strand: warning: committing offset {}: {e}", record.offset);
+                eprintln!("strand: warning: committing the positions: {e}");
                 Ok(())
             }
-            other => other.map_err(|e| format!("committing the position: {e}")),
+            other => other.map_err(|e| format!("committing the positions: {e}")),
         }
+    }
+}
+
+/// Set by the first SIGINT or SIGTERM; a second one ends the process at
+/// once (exit 130).
+fn stop_on_signals() -> Result<Arc<AtomicBool>, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+            .and_then(|_| signal_hook::flag::register(signal, stop.clone()))
+            .map_err(|e| format!("installing the signal handler: {e}"))?;
+    }
+    Ok(stop)
+}
+
+/// The check `group reset --to offset:N` makes, for a plain consume from
+/// `offset:N`: N must lie in every partition's log (from its start to its
+/// end), or the consumer would be moved elsewhere without a word.
+fn check_offset_in_range(brokers: &str, queue: &str, offset: u64) -> Result<(), String> {
+    let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
+    let d = block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
+    match d
+        .partitions
+        .iter()
+        .find(|p| !(p.log_start..=p.high_watermark).contains(&offset))
+    {
+        None => Ok(()),
+        Some(p) => Err(ClientError::broker(
+            ErrorCode::OffsetOutOfRange,
+            format!(
+                "offset {offset} is outside {queue}/{}'s log (offsets {} to {})",
+                p.partition, p.log_start, p.high_watermark
+            ),
+        )
+        .to_string()),
     }
 }
 
@@ -186,13 +247,15 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
     match &args.group {
         None if args.exec.is_some() => Err("--exec needs --group (messages are acknowledged to a group)".into()),
         None => {
-            let config = ConsumerConfig {
-                start: start(&args.from)?,
-                ..config
-            };
+            let start = start(&args.from)?;
+            if let Seek::Offset(n) = start {
+                check_offset_in_range(brokers, &args.queue, n)?;
+            }
+            let config = ConsumerConfig { start, ..config };
+            let stop = stop_on_signals()?;
             let mut consumer = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
             block_on(consumer.assign_all(&args.queue)).map_err(|e| e.to_string())?;
-            print_loop(&args, json, idle, &mut consumer)
+            print_loop(&args, json, idle, &stop, &mut consumer)
         }
         Some(group) => {
             let start = match args.from.as_str() {
@@ -212,25 +275,98 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
                 consumer: config,
                 ..GroupConfig::default()
             };
+            let backoff = match args.retry_backoff.trim() {
+                "0" | "0s" | "0ms" => Duration::ZERO,
+                text => Duration::from_millis(
+                    super::parse::duration_ms(text)?
+                        .ok_or_else(|| format!("--retry-backoff must be a duration (1s, 500ms, 0), not {text:?}"))?,
+                ),
+            };
+            let lock = config.lock;
+            let stop = stop_on_signals()?;
             let mut consumer = block_on(GroupConsumer::subscribe(brokers, group, &[&args.queue], config))
                 .map_err(|e| e.to_string())?;
             let result = match &args.exec {
-                Some(cmd) => exec_loop(&args, cmd, idle, &mut consumer),
-                None => print_loop(&args, json, idle, &mut consumer),
+                Some(cmd) => exec_loop(
+                    &args,
+                    cmd,
+                    idle,
+                    &stop,
+                    Backoff {
+                        first: backoff,
+                        most: lock,
+                    },
+                    &mut consumer,
+                ),
+                None => print_loop(&args, json, idle, &stop, &mut consumer),
             };
-            block_on(consumer.close()).map_err(|e| e.to_string())?;
-            result
+            // Leaves the group: its partitions move to the others now.
+            let closed = block_on(consumer.close()).map_err(|e| e.to_string());
+            result.and(closed)
         }
     }
 }
 
-/// Runs `cmd` per received message until `--max` messages or
-/// `--idle-exit-ms` without any.
-fn exec_loop(args: &ConsumeArgs, cmd: &str, idle: Option<Duration>, member: &mut GroupConsumer) -> Result<(), String> {
+/// How long a failed message waits before it is delivered again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// After the first failed attempt.
+    pub first: Duration,
+    /// The most (the lock time: a longer wait holds up the partition's
+    /// later messages for longer than a crashed consumer would).
+    pub most: Duration,
+}
+
+impl Backoff {
+    /// The wait after failed attempt `attempt` (1, 2, ...): `first`,
+    /// doubling, at most `most`.
+    pub fn after(self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(31);
+        self.first.saturating_mul(1 << doublings).min(self.most)
+    }
+}
+
+/// What the shell's exit status says about a handler that failed.
+fn handler_failure(cmd: &str, status: Option<i32>) -> (String, bool) {
+    match status {
+        // POSIX shells: 127 command not found, 126 found but not
+        // executable. Every message would fail alike: stop rather than
+        // dead-letter the whole queue.
+        Some(code @ (126 | 127)) => (
+            format!(
+                "`{cmd}` could not run (exit {code}: {})",
+                if code == 127 {
+                    "command not found"
+                } else {
+                    "not executable"
+                }
+            ),
+            true,
+        ),
+        Some(code) => (format!("`{cmd}` exited with status {code}"), false),
+        None => (format!("`{cmd}` was killed by a signal"), false),
+    }
+}
+
+/// Runs `cmd` per received message until `--max` messages, `--idle-exit-ms`
+/// without any, or a signal.
+fn exec_loop(
+    args: &ConsumeArgs,
+    cmd: &str,
+    idle: Option<Duration>,
+    stop: &AtomicBool,
+    backoff: Backoff,
+    member: &mut GroupConsumer,
+) -> Result<(), String> {
     let mut handled = 0u64;
-    let mut last_message = Instant::now();
+    // Idle time counts from the last message, or from when this consumer's
+    // own delayed redeliveries come due.
+    let mut busy_until = Instant::now();
     loop {
-        if args.max.is_some_and(|m| handled >= m) || idle.is_some_and(|d| last_message.elapsed() >= d) {
+        if stop.load(Ordering::SeqCst)
+            || args.max.is_some_and(|m| handled >= m)
+            || idle.is_some_and(|d| Instant::now().saturating_duration_since(busy_until) >= d)
+        {
             return Ok(());
         }
         let received = match block_on(member.receive(1)) {
@@ -242,14 +378,21 @@ fn exec_loop(args: &ConsumeArgs, cmd: &str, idle: Option<Duration>, member: &mut
         };
         for r in received {
             let status = run_one(cmd, &r, member)?;
+            let mut cannot_run = None;
             let settled = match status {
                 Some(0) => block_on(member.ack(&r.record)),
                 other => {
-                    let why = match other {
-                        Some(code) => format!("`{cmd}` exited with status {code}"),
-                        None => format!("`{cmd}` was killed by a signal"),
+                    let (why, fatal) = handler_failure(cmd, other);
+                    let delay = if fatal || stop.load(Ordering::SeqCst) {
+                        Duration::ZERO
+                    } else {
+                        backoff.after(r.attempt)
                     };
-                    block_on(member.nack(&r.record, Duration::ZERO, &why))
+                    busy_until = busy_until.max(Instant::now() + delay);
+                    if fatal {
+                        cannot_run = Some(why.clone());
+                    }
+                    block_on(member.nack(&r.record, delay, &why))
                 }
             };
             match settled {
@@ -263,8 +406,15 @@ fn exec_loop(args: &ConsumeArgs, cmd: &str, idle: Option<Duration>, member: &mut
                     )
                 })?,
             }
+            if let Some(why) = cannot_run {
+                return Err(format!(
+                    "{why}: stopping; {}/{} offset {} was not handled and waits for the next consumer \
+                     (this delivery counts as attempt {})",
+                    r.record.queue, r.record.partition, r.record.offset, r.attempt
+                ));
+            }
             handled += 1;
-            last_message = Instant::now();
+            busy_until = busy_until.max(Instant::now());
         }
     }
 }
@@ -320,27 +470,47 @@ fn run_one(cmd: &str, r: &strand_client::Received, member: &GroupConsumer) -> Re
     }
 }
 
-/// Prints records until `--max`, `--idle-exit-ms` or a closed stdout.
-fn print_loop(args: &ConsumeArgs, json: bool, idle: Option<Duration>, source: &mut dyn Source) -> Result<(), String> {
+/// Prints records until `--max`, `--idle-exit-ms`, a closed stdout or a
+/// signal.
+fn print_loop(
+    args: &ConsumeArgs,
+    json: bool,
+    idle: Option<Duration>,
+    stop: &AtomicBool,
+    source: &mut dyn Source,
+) -> Result<(), String> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut printed = 0u64;
     let mut last_message = Instant::now();
+    let mut failing: Option<ClientError> = None;
     loop {
-        if args.max.is_some_and(|m| printed >= m) {
+        if stop.load(Ordering::SeqCst) || args.max.is_some_and(|m| printed >= m) {
             break;
         }
         if idle.is_some_and(|d| last_message.elapsed() >= d) {
-            break;
+            // Idle because the brokers did not answer: say so.
+            return failing.map_or(Ok(()), |e| {
+                Err(format!("no message for --idle-exit-ms while retrying: {e}"))
+            });
         }
-        let records = source.poll()?;
+        let records = match source.poll() {
+            Ok(records) => records,
+            Err(e) if transient(&e) => {
+                warn_and_wait(&e);
+                failing = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        failing = None;
         if !records.is_empty() {
             last_message = Instant::now();
         }
-        for r in &records {
-            if args.max.is_some_and(|m| printed >= m) {
-                break;
-            }
+        let take = args
+            .max
+            .map_or(records.len(), |m| records.len().min((m - printed) as usize));
+        for r in &records[..take] {
             let written = if json {
                 writeln!(out, "{}", json_line(r))
             } else {
@@ -348,12 +518,15 @@ fn print_loop(args: &ConsumeArgs, json: bool, idle: Option<Duration>, source: &m
                     .and_then(|()| out.write_all(b"\n"))
             };
             // stdout closed (e.g. piped into head): stop, uncommitted.
-            if written.is_err() || out.flush().is_err() {
+            if written.is_err() {
                 return Ok(());
             }
-            source.printed(r)?;
-            printed += 1;
         }
+        if out.flush().is_err() {
+            return Ok(());
+        }
+        source.printed(&records[..take])?;
+        printed += take as u64;
     }
     Ok(())
 }
@@ -372,6 +545,30 @@ mod tests {
         assert!(start("offset:x").is_err());
         assert!(start("time:yesterday").is_err());
         assert!(start("beginning").is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_lock() {
+        let b = Backoff {
+            first: Duration::from_secs(1),
+            most: Duration::from_secs(30),
+        };
+        let waits: Vec<u64> = (1..=7).map(|a| b.after(a).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(b.after(u32::MAX), Duration::from_secs(30));
+        let none = Backoff {
+            first: Duration::ZERO,
+            ..b
+        };
+        assert_eq!(none.after(3), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_handler_that_cannot_run_is_fatal() {
+        assert!(handler_failure("./h.sh", Some(127)).1);
+        assert!(handler_failure("./h.sh", Some(126)).0.contains("not executable"));
+        assert!(!handler_failure("./h.sh", Some(1)).1);
+        assert!(!handler_failure("./h.sh", None).1);
     }
 
     #[test]

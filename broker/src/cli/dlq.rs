@@ -17,6 +17,8 @@ use strand_client::{
     ProducerConfig, Seek,
 };
 
+use strand_wire::ErrorCode;
+
 use crate::groups::{dlq_name, DLQ_HEADERS};
 
 /// The group `replay` keeps its position in.
@@ -26,11 +28,15 @@ pub const REPLAY_GROUP: &str = "strand.dlq-replay";
 pub enum DlqCommand {
     /// Dead-lettered messages of QUEUE: offset, key, attempts, last error,
     /// source partition/offset, and the start of the value.
-    List { queue: String },
+    List {
+        /// The queue whose dead letters to list (not its .dlq name).
+        queue: String,
+    },
     /// Append dead-lettered messages back to QUEUE (each once).
     Replay {
+        /// The queue to replay into (its dead letters come from its DLQ).
         queue: String,
-        /// At most this many.
+        /// Replay at most this many [default: all not yet replayed].
         #[arg(long)]
         max: Option<u64>,
     },
@@ -48,17 +54,35 @@ fn text(b: &Option<bytes::Bytes>) -> Option<String> {
     b.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
-/// Hands every record of the DLQ, oldest first, to `each` as it is read
-/// (nothing is held: a DLQ may be large), until two polls in a row find
-/// nothing new.
-fn each_record(brokers: &str, dlq: &str, mut each: impl FnMut(&ConsumedRecord)) -> Result<(), String> {
+/// A consumer of `queue`'s DLQ from its start; `None` if the DLQ was not
+/// made yet (nothing was dead-lettered). A source queue that does not
+/// exist is an error.
+fn open_dlq(brokers: &str, queue: &str) -> Result<Option<Consumer>, String> {
     let config = ConsumerConfig {
         start: Seek::Earliest,
         max_wait: Duration::from_millis(200),
         ..ConsumerConfig::default()
     };
     let mut c = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
-    block_on(c.assign_all(dlq)).map_err(|e| e.to_string())?;
+    match block_on(c.assign_all(&dlq_name(queue))) {
+        Ok(_) => Ok(Some(c)),
+        Err(e) if e.code() == Some(ErrorCode::UnknownQueue) => {
+            let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
+            // The source's own error (it does not exist) if it is missing.
+            block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
+            Ok(None)
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Hands every record of the DLQ, oldest first, to `each` as it is read
+/// (nothing is held: a DLQ may be large), until two polls in a row find
+/// nothing new.
+fn each_record(dlq: Option<Consumer>, mut each: impl FnMut(&ConsumedRecord)) -> Result<(), String> {
+    let Some(mut c) = dlq else {
+        return Ok(());
+    };
     let mut empty = 0;
     while empty < 2 {
         let got = block_on(c.poll()).map_err(|e| e.to_string())?;
@@ -68,15 +92,28 @@ fn each_record(brokers: &str, dlq: &str, mut each: impl FnMut(&ConsumedRecord)) 
     Ok(())
 }
 
+/// `text` cut to `width` characters (the last one an ellipsis) and padded
+/// to it: a column that stays aligned whatever its values.
+fn column(text: &str, width: usize) -> String {
+    let flat = text.replace(['\n', '\r', '\t'], " ");
+    if flat.chars().count() <= width {
+        format!("{flat:<width$}")
+    } else {
+        let cut: String = flat.chars().take(width - 1).collect();
+        format!("{cut}…")
+    }
+}
+
 pub fn run(command: DlqCommand, brokers: &str, json: bool) -> Result<(), String> {
     match command {
         DlqCommand::List { queue } => {
             let number = |r: &ConsumedRecord, h: &str| header(r, h).and_then(|a| a.parse::<u64>().ok());
+            let dlq = open_dlq(brokers, &queue)?;
             if json {
                 // One JSON array, written element by element.
                 let mut first = true;
-                print!("[");
-                each_record(brokers, &dlq_name(&queue), |r| {
+                out_part!("[");
+                each_record(dlq, |r| {
                     let item = serde_json::json!({
                         "offset": r.offset, "key": text(&r.key), "value": text(&r.value),
                         "attempts": number(r, "strand.attempts"),
@@ -85,30 +122,36 @@ pub fn run(command: DlqCommand, brokers: &str, json: bool) -> Result<(), String>
                         "source_offset": number(r, "strand.source.offset"),
                         "timestamp_ms": r.timestamp_ms,
                     });
-                    print!("{}{item}", if first { "" } else { "," });
+                    out_part!("{}{item}", if first { "" } else { "," });
                     first = false;
                 })?;
-                println!("]");
+                out!("]");
             } else {
-                println!(
-                    "{:>8}  {:<16}  {:>8}  {:>9}  {:<30}  VALUE",
-                    "OFFSET", "KEY", "ATTEMPTS", "SOURCE", "LAST_ERROR"
+                // Fixed widths (rows are printed as they are read): longer
+                // keys, sources and errors are cut, in full with --output json.
+                out!(
+                    "{:>12}  {}  {:>8}  {}  {}  VALUE",
+                    "OFFSET",
+                    column("KEY", 20),
+                    "ATTEMPTS",
+                    column("SOURCE", 16),
+                    column("LAST_ERROR", 40)
                 );
-                each_record(brokers, &dlq_name(&queue), |r| {
-                    let preview: String = text(&r.value).unwrap_or_default().chars().take(40).collect();
+                each_record(dlq, |r| {
                     let source = format!(
                         "{}/{}",
                         header(r, "strand.source.partition").unwrap_or_default(),
                         header(r, "strand.source.offset").unwrap_or_default()
                     );
-                    println!(
-                        "{:>8}  {:<16}  {:>8}  {:>9}  {:<30}  {}",
+                    let preview: String = text(&r.value).unwrap_or_default().chars().take(40).collect();
+                    out!(
+                        "{:>12}  {}  {:>8}  {}  {}  {}",
                         r.offset,
-                        text(&r.key).unwrap_or_else(|| "-".into()),
+                        column(&text(&r.key).unwrap_or_else(|| "-".into()), 20),
                         header(r, "strand.attempts").unwrap_or_default(),
-                        source,
-                        header(r, "strand.last_error").unwrap_or_default(),
-                        preview.replace('\n', " ")
+                        column(&source, 16),
+                        column(&header(r, "strand.last_error").unwrap_or_default(), 40),
+                        preview.replace(['\n', '\r'], " ")
                     );
                 })?;
             }
@@ -116,9 +159,9 @@ pub fn run(command: DlqCommand, brokers: &str, json: bool) -> Result<(), String>
         DlqCommand::Replay { queue, max } => {
             let replayed = replay(brokers, &queue, max)?;
             if json {
-                println!("{}", serde_json::json!({ "replayed": replayed }));
+                out!("{}", serde_json::json!({ "replayed": replayed }));
             } else {
-                println!("replayed {replayed}");
+                out!("replayed {replayed}");
             }
         }
     }
@@ -139,6 +182,13 @@ fn replay(brokers: &str, queue: &str, max: Option<u64>) -> Result<u64, String> {
         ..GroupConfig::default()
     };
     let dlq = dlq_name(queue);
+    let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
+    block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
+    match block_on(admin.describe_queue(&dlq)) {
+        // Nothing was dead-lettered yet: nothing to replay.
+        Err(e) if e.code() == Some(ErrorCode::UnknownQueue) => return Ok(0),
+        other => other.map_err(|e| e.to_string())?,
+    };
     let mut member =
         block_on(GroupConsumer::subscribe(brokers, REPLAY_GROUP, &[&dlq], config)).map_err(|e| e.to_string())?;
     let producer = Producer::new(
@@ -180,4 +230,17 @@ fn replay(brokers: &str, queue: &str, max: Option<u64>) -> Result<u64, String> {
     }
     block_on(member.close()).map_err(|e| e.to_string())?;
     Ok(replayed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_keep_their_width() {
+        assert_eq!(column("k", 4), "k   ");
+        assert_eq!(column("a\nb", 4), "a b ");
+        assert_eq!(column("abcdefgh", 4), "abc…");
+        assert_eq!(column("abcdefgh", 4).chars().count(), 4);
+    }
 }

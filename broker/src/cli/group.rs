@@ -8,22 +8,32 @@ pub enum GroupCommand {
     /// List consumer groups.
     List,
     /// Members, and per queue and partition: member, position, log end, lag.
-    Describe { group: String },
+    Describe {
+        /// The group to describe.
+        group: String,
+    },
     /// Move the group's positions on a queue (replay or skip); only while
     /// the group has no active members.
     Reset {
+        /// The group whose positions move.
         group: String,
+        /// The queue whose positions move (a group may read several).
         #[arg(long)]
         queue: String,
-        /// Only these partitions (comma-separated); all if absent.
-        #[arg(long, value_delimiter = ',')]
+        /// Only these partitions, comma-separated (0,3) [default: every
+        /// partition of the queue].
+        #[arg(long, value_delimiter = ',', value_name = "P[,P...]")]
         partitions: Vec<u32>,
-        /// earliest, latest, offset:N or time:RFC3339.
-        #[arg(long)]
+        /// Where to: earliest, latest, offset:N (within each partition's
+        /// log) or time:RFC3339 (the first record at or after it).
+        #[arg(long, value_name = "WHERE")]
         to: String,
     },
     /// Delete a group and its positions; only while it has no active members.
-    Delete { group: String },
+    Delete {
+        /// The group to delete.
+        group: String,
+    },
 }
 
 fn target(text: &str) -> Result<ResetTarget, String> {
@@ -61,12 +71,12 @@ pub fn run(command: GroupCommand, brokers: &str, json: bool) -> Result<(), Strin
                     .iter()
                     .map(|g| serde_json::json!({ "name": g.name, "members": g.members, "generation": g.generation }))
                     .collect();
-                println!("{}", serde_json::Value::Array(list));
+                out!("{}", serde_json::Value::Array(list));
             } else {
                 let width = groups.iter().map(|g| g.name.len()).max().unwrap_or(4).max(4);
-                println!("{:<width$}  {:>7}  {:>10}", "NAME", "MEMBERS", "GENERATION");
+                out!("{:<width$}  {:>7}  {:>10}", "NAME", "MEMBERS", "GENERATION");
                 for g in groups {
-                    println!("{:<width$}  {:>7}  {:>10}", g.name, g.members, g.generation);
+                    out!("{:<width$}  {:>7}  {:>10}", g.name, g.members, g.generation);
                 }
             }
         }
@@ -103,7 +113,7 @@ pub fn run(command: GroupCommand, brokers: &str, json: bool) -> Result<(), Strin
                         })
                     })
                     .collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::json!({
                         "name": d.name, "strategy": strategy(d.strategy), "start": start,
@@ -111,7 +121,7 @@ pub fn run(command: GroupCommand, brokers: &str, json: bool) -> Result<(), Strin
                     })
                 );
             } else {
-                println!(
+                out!(
                     "group {}  strategy {}  start {}  generation {}  members {}",
                     d.name,
                     strategy(d.strategy),
@@ -127,12 +137,17 @@ pub fn run(command: GroupCommand, brokers: &str, json: bool) -> Result<(), Strin
                     .max()
                     .unwrap_or(6)
                     .max(6);
-                println!(
+                out!(
                     "{:<qw$}  {:>9}  {:<mw$}  {:>12}  {:>12}  {:>10}",
-                    "QUEUE", "PARTITION", "MEMBER", "POSITION", "LOG_END", "LAG"
+                    "QUEUE",
+                    "PARTITION",
+                    "MEMBER",
+                    "POSITION",
+                    "LOG_END",
+                    "LAG"
                 );
                 for p in &d.partitions {
-                    println!(
+                    out!(
                         "{:<qw$}  {:>9}  {:<mw$}  {:>12}  {:>12}  {:>10}{}",
                         p.queue,
                         p.partition,
@@ -157,20 +172,20 @@ pub fn run(command: GroupCommand, brokers: &str, json: bool) -> Result<(), Strin
                     .iter()
                     .map(|(p, o)| serde_json::json!({ "queue": queue, "partition": p, "position": o }))
                     .collect();
-                println!("{}", serde_json::Value::Array(list));
+                out!("{}", serde_json::Value::Array(list));
             } else {
-                println!("{:>9}  {:>12}", "PARTITION", "POSITION");
+                out!("{:>9}  {:>12}", "PARTITION", "POSITION");
                 for (p, o) in positions {
-                    println!("{p:>9}  {o:>12}");
+                    out!("{p:>9}  {o:>12}");
                 }
             }
         }
         GroupCommand::Delete { group } => {
             block_on(admin.delete_group(&group)).map_err(e)?;
             if json {
-                println!("{}", serde_json::json!({ "deleted": group }));
+                out!("{}", serde_json::json!({ "deleted": group }));
             } else {
-                println!("deleted {group}");
+                out!("deleted {group}");
             }
         }
     }

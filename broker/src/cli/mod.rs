@@ -1,7 +1,24 @@
 //! The `strand` subcommands that talk to a running cluster, through
 //! `strand-client`. Every one takes `--brokers HOST:PORT[,…]` (else
 //! `$STRAND_BROKERS`, else `127.0.0.1:9400`), exits 0 on success and
-//! otherwise prints one line to stderr and exits non-zero.
+//! otherwise prints one line to stderr and exits non-zero. Output goes
+//! through [`out!`]: a reader that stops early (`strand queue list | head
+//! -1`) ends the command quietly with exit 0, as `consume` does.
+
+/// `println!` for the client commands, where a closed stdout ends the
+/// command quietly (exit 0) instead of panicking (exit 101).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*), true)
+    };
+}
+
+/// `print!` likewise (no newline).
+macro_rules! out_part {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*), false)
+    };
+}
 
 pub mod consume;
 pub mod dlq;
@@ -10,6 +27,26 @@ pub mod parse;
 pub mod produce;
 pub mod queue;
 pub mod top;
+
+/// Writes to stdout. A reader gone (EPIPE, as when piped into `head`)
+/// ends the process at once with exit 0: what it wanted it has; any
+/// other failure to write ends it with exit 1 and says why.
+pub fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| if newline { out.write_all(b"\n") } else { Ok(()) })
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("strand: writing to stdout: {e}");
+            std::process::exit(1)
+        }
+    }
+}
 
 /// The `--brokers` flag every client command takes.
 #[derive(clap::Args, Debug, Clone)]

@@ -18,18 +18,21 @@ use super::parse;
 
 #[derive(Args, Debug)]
 pub struct ProduceArgs {
+    /// The queue to send to.
     pub queue: String,
-    /// 0 (no answer), 1 (the leader stored it) or all (every in-sync replica).
-    #[arg(long, default_value = "all")]
+    /// When a message counts as sent: 0 (no answer), 1 (the leader stored
+    /// it) or all (every in-sync replica has it).
+    #[arg(long, default_value = "all", value_name = "0|1|all")]
     pub acks: String,
-    /// Text before the first SEP on a line is the message's key.
-    #[arg(long)]
+    /// Text before the first SEP on a line is the message's key (messages
+    /// with one key keep their order); lines without it have no key.
+    #[arg(long, value_name = "SEP")]
     pub key_separator: Option<String>,
     /// A batch is sent once it holds this much (e.g. 256KiB, 1MiB).
-    #[arg(long, default_value = "256KiB")]
+    #[arg(long, default_value = "256KiB", value_name = "SIZE")]
     pub batch_bytes: String,
-    /// The longest a message waits for its batch to fill.
-    #[arg(long, default_value_t = 0)]
+    /// The longest a message waits for its batch to fill, in ms.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
     pub linger_ms: u64,
 }
 

@@ -1,48 +1,104 @@
 //! `strand queue create|list|describe|alter|delete`.
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use strand_client::{block_on, FsyncSpec, QueueSpec};
 
 use super::parse;
+
+/// The settings a queue is created with and `alter` changes.
+#[derive(Args, Debug, Default)]
+pub struct Settings {
+    /// How long records are kept: 7d, 12h, 30m, 45s, 500ms, or forever
+    /// [create's default: 7d, or the broker's default_retention_ms].
+    #[arg(long, value_name = "DURATION")]
+    retention: Option<String>,
+    /// Most bytes kept per partition, oldest segments deleted first:
+    /// 512MiB, 10GiB, ... or unlimited [create's default: unlimited].
+    #[arg(long, value_name = "SIZE")]
+    retention_bytes: Option<String>,
+    /// always: a batch is acknowledged once fdatasync'd; interval: written
+    /// now, fdatasync'd within 100 ms (a crash may lose the last of it)
+    /// [create's default: always].
+    #[arg(long, value_name = "always|interval")]
+    fsync: Option<String>,
+    /// Largest record batch a producer may send to the queue: 64KiB,
+    /// 1MiB, ... [create's default: the broker's max_message_bytes, 1MiB].
+    #[arg(long, value_name = "SIZE")]
+    max_message_bytes: Option<String>,
+    /// Ack-mode deliveries of a message before it goes to the dead-letter
+    /// queue QUEUE.dlq [create's default: 5].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_delivery_attempts: Option<u32>,
+}
+
+impl Settings {
+    /// The spec these flags give; `None` where a flag is absent.
+    fn spec(&self) -> Result<QueueSpec, String> {
+        Ok(QueueSpec {
+            retention_ms: self.retention.as_deref().map(parse::duration_ms).transpose()?,
+            retention_bytes: self.retention_bytes.as_deref().map(parse::bytes).transpose()?,
+            fsync: self.fsync.as_deref().map(str::parse).transpose()?,
+            max_message_bytes: self
+                .max_message_bytes
+                .as_deref()
+                .map(|text| {
+                    parse::bytes(text)?
+                        .and_then(|v| u32::try_from(v).ok())
+                        .ok_or_else(|| format!("--max-message-bytes {text:?} must be a size below 4 GiB"))
+                })
+                .transpose()?,
+            max_delivery_attempts: self.max_delivery_attempts,
+            ..QueueSpec::default()
+        })
+    }
+}
 
 #[derive(Subcommand, Debug)]
 pub enum QueueCommand {
     /// Create a queue.
     Create {
+        /// The queue's name: 1 to 200 of A-Z a-z 0-9 . _ - (names starting
+        /// with __ are the broker's own).
         name: String,
-        #[arg(long, default_value_t = 1)]
+        /// Partitions: the unit of ordering (per key) and of parallelism.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         partitions: u32,
-        #[arg(long, default_value_t = 1)]
+        /// Copies of each partition on distinct brokers.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
         replication_factor: u16,
-        /// How long records are kept: 7d, 12h, 30m, 45s, 500ms, or forever.
-        #[arg(long, default_value = "7d")]
-        retention: String,
-        /// Most bytes kept per partition (512MiB, 10GiB, …); no limit if absent.
-        #[arg(long)]
-        retention_bytes: Option<String>,
-        /// always: every acknowledged batch is fdatasync'd; interval: every 100 ms.
-        #[arg(long, default_value = "always")]
-        fsync: String,
-        /// Ack-mode deliveries of a message before it goes to QUEUE.dlq [default: 5].
-        #[arg(long)]
-        max_delivery_attempts: Option<u32>,
+        #[command(flatten)]
+        settings: Settings,
     },
-    /// List queues.
-    List,
-    /// Partitions (leader, log start/end, stored bytes) and settings.
-    Describe { name: String },
-    /// Add partitions or change retention.
-    Alter {
+    /// List queues (the broker's own, such as __groups, with --all).
+    List {
+        /// Also the broker's internal queues (names starting with __).
+        #[arg(long)]
+        all: bool,
+    },
+    /// A queue's settings, and per partition its leader, log start and end,
+    /// high watermark, stored bytes and segments.
+    Describe {
+        /// The queue to describe.
         name: String,
-        #[arg(long)]
+    },
+    /// Change a queue: add partitions, or change its retention, fsync
+    /// policy, message limit or delivery attempts (at least one flag).
+    Alter {
+        /// The queue to change.
+        name: String,
+        /// The new partition count (it can only grow; records already
+        /// stored keep their partition, so new records of a key may land
+        /// elsewhere).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         partitions: Option<u32>,
-        #[arg(long)]
-        retention: Option<String>,
-        #[arg(long)]
-        max_delivery_attempts: Option<u32>,
+        #[command(flatten)]
+        settings: Settings,
     },
     /// Delete a queue and its data.
-    Delete { name: String },
+    Delete {
+        /// The queue to delete.
+        name: String,
+    },
 }
 
 /// Runs a queue command; `json` selects machine output.
@@ -54,40 +110,34 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
             name,
             partitions,
             replication_factor,
-            retention,
-            retention_bytes,
-            fsync: mode,
-            max_delivery_attempts,
+            settings,
         } => {
             let spec = QueueSpec {
                 partitions: Some(partitions),
                 replication_factor: Some(replication_factor),
-                retention_ms: Some(parse::duration_ms(&retention)?),
-                retention_bytes: retention_bytes.as_deref().map(parse::bytes).transpose()?,
-                fsync: Some(mode.parse()?),
-                max_message_bytes: None,
-                max_delivery_attempts,
+                ..settings.spec()?
             };
             block_on(admin.create_queue(&name, &spec)).map_err(e)?;
             if json {
-                println!("{}", serde_json::json!({ "created": name }));
+                out!("{}", serde_json::json!({ "created": name }));
             } else {
-                println!("created {name}");
+                out!("created {name}");
             }
         }
-        QueueCommand::List => {
-            let queues = block_on(admin.list_queues()).map_err(e)?;
+        QueueCommand::List { all } => {
+            let mut queues = block_on(admin.list_queues()).map_err(e)?;
+            queues.retain(|(n, _)| all || !crate::groups::is_internal(n));
             if json {
                 let list: Vec<_> = queues
                     .iter()
                     .map(|(n, p)| serde_json::json!({ "name": n, "partitions": p }))
                     .collect();
-                println!("{}", serde_json::Value::Array(list));
+                out!("{}", serde_json::Value::Array(list));
             } else {
                 let width = queues.iter().map(|(n, _)| n.len()).max().unwrap_or(4).max(4);
-                println!("{:<width$}  PARTITIONS", "NAME");
+                out!("{:<width$}  PARTITIONS", "NAME");
                 for (n, p) in queues {
-                    println!("{n:<width$}  {p:>10}");
+                    out!("{n:<width$}  {p:>10}");
                 }
             }
         }
@@ -95,7 +145,14 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
             let d = block_on(admin.describe_queue(&name)).map_err(e)?;
             let fsync = match d.fsync {
                 FsyncSpec::Always => "always".to_string(),
-                FsyncSpec::Interval { ms, bytes } => format!("interval ({ms} ms, {bytes} bytes)"),
+                FsyncSpec::Interval { ms, bytes: 0 } => {
+                    format!("interval ({})", parse::show_duration_ms(u64::from(ms)))
+                }
+                FsyncSpec::Interval { ms, bytes } => format!(
+                    "interval ({} or {})",
+                    parse::show_duration_ms(u64::from(ms)),
+                    parse::show_bytes(bytes)
+                ),
             };
             if json {
                 let parts: Vec<_> = d
@@ -109,7 +166,7 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                         })
                     })
                     .collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::json!({
                         "name": d.name, "replication_factor": d.replication_factor,
@@ -119,25 +176,46 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                     })
                 );
             } else {
-                println!(
-                    "queue {}  replication {}  retention_ms {}  retention_bytes {}  fsync {}  max_message_bytes {}  \
-                     max_delivery_attempts {}",
-                    d.name,
-                    d.replication_factor,
-                    d.retention_ms,
-                    d.retention_bytes,
-                    fsync,
-                    d.max_message_bytes,
-                    d.max_delivery_attempts
-                );
-                println!(
+                let limit = |v: i64, unit: fn(u64) -> String, none: &str| {
+                    u64::try_from(v).map_or_else(|_| none.to_string(), unit)
+                };
+                let rows = [
+                    ("queue", d.name.clone()),
+                    ("partitions", d.partitions.len().to_string()),
+                    ("replication factor", d.replication_factor.to_string()),
+                    ("retention", limit(d.retention_ms, parse::show_duration_ms, "forever")),
+                    (
+                        "retention bytes",
+                        limit(d.retention_bytes, parse::show_bytes, "unlimited"),
+                    ),
+                    ("fsync", fsync),
+                    ("max message bytes", parse::show_bytes(u64::from(d.max_message_bytes))),
+                    ("max delivery attempts", d.max_delivery_attempts.to_string()),
+                ];
+                for (k, v) in rows {
+                    out!("{k:<22} {v}");
+                }
+                out!("");
+                out!(
                     "{:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>14}  {:>8}",
-                    "PARTITION", "LEADER", "LOG_START", "LOG_END", "HIGH_WATER", "STORED_BYTES", "SEGMENTS"
+                    "PARTITION",
+                    "LEADER",
+                    "LOG_START",
+                    "LOG_END",
+                    "HIGH_WATER",
+                    "STORED_BYTES",
+                    "SEGMENTS"
                 );
                 for p in &d.partitions {
-                    println!(
+                    out!(
                         "{:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>14}  {:>8}",
-                        p.partition, p.leader, p.log_start, p.log_end, p.high_watermark, p.stored_bytes, p.segments
+                        p.partition,
+                        p.leader,
+                        p.log_start,
+                        p.log_end,
+                        p.high_watermark,
+                        p.stored_bytes,
+                        p.segments
                     );
                 }
             }
@@ -145,28 +223,31 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
         QueueCommand::Alter {
             name,
             partitions,
-            retention,
-            max_delivery_attempts,
+            settings,
         } => {
             let spec = QueueSpec {
                 partitions,
-                max_delivery_attempts,
-                retention_ms: retention.as_deref().map(parse::duration_ms).transpose()?,
-                ..QueueSpec::default()
+                ..settings.spec()?
             };
+            if spec == QueueSpec::default() {
+                return Err(format!(
+                    "nothing to change on {name}: give at least one of --partitions, --retention, \
+                     --retention-bytes, --fsync, --max-message-bytes, --max-delivery-attempts"
+                ));
+            }
             block_on(admin.alter_queue(&name, &spec)).map_err(e)?;
             if json {
-                println!("{}", serde_json::json!({ "altered": name }));
+                out!("{}", serde_json::json!({ "altered": name }));
             } else {
-                println!("altered {name}");
+                out!("altered {name}");
             }
         }
         QueueCommand::Delete { name } => {
             block_on(admin.delete_queue(&name)).map_err(e)?;
             if json {
-                println!("{}", serde_json::json!({ "deleted": name }));
+                out!("{}", serde_json::json!({ "deleted": name }));
             } else {
-                println!("deleted {name}");
+                out!("deleted {name}");
             }
         }
     }

@@ -21,11 +21,16 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
-    /// Metrics endpoints (each broker's --metrics-listen).
-    #[arg(long, default_value = "127.0.0.1:9401", value_delimiter = ',')]
+    /// Metrics endpoints, comma-separated (each broker's --metrics-listen).
+    #[arg(
+        long,
+        default_value = "127.0.0.1:9401",
+        value_delimiter = ',',
+        value_name = "HOST:PORT[,...]"
+    )]
     pub metrics: Vec<String>,
-    /// Time between refreshes.
-    #[arg(long, default_value_t = 1000)]
+    /// Time between refreshes, in ms.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
     pub interval_ms: u64,
     /// Stop after this many refreshes.
     #[arg(long)]

@@ -57,11 +57,16 @@ impl Controller {
             .await
             .map_err(|e| unavailable("opening the Raft log", &e))?;
         let sm = StateMachineStore::open(dir, publish).map_err(|e| unavailable("opening the Raft snapshot", &e))?;
+        // One voter: nobody to send heartbeats to, and openraft elects the
+        // sole voter at once when it initializes and restores it as leader
+        // at once after a restart; its timer (every 1.5 heartbeat
+        // intervals) only wakes the shard. A slow one keeps an idle broker
+        // idle (the timings for several voters come with the cluster).
         let config = openraft::Config {
             cluster_name: "strand".into(),
-            heartbeat_interval: 50,
-            election_timeout_min: 150,
-            election_timeout_max: 300,
+            heartbeat_interval: 500,
+            election_timeout_min: 1500,
+            election_timeout_max: 3000,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
             ..Default::default()
         }

@@ -92,9 +92,23 @@ pub const DLQ_HEADERS: [&str; 5] = [
     "strand.last_error",
 ];
 
-/// The dead-letter queue of `queue`.
+/// The dead-letter queue of `queue`: `<queue>.dlq`, or, where that would
+/// be longer than a queue name may be (`strand_wire::QUEUE_NAME_MAX`, 200
+/// bytes), the first 187 bytes of the name, `-`, eight hex digits of the
+/// whole name's FNV-1a hash and `.dlq` (200 bytes): every queue, a
+/// dead-letter queue too, has a dead-letter queue that can be created. The
+/// records keep their source queue's full name in `strand.source.queue`.
 pub fn dlq_name(queue: &str) -> String {
-    format!("{queue}.dlq")
+    const SUFFIX: &str = ".dlq";
+    let plain = format!("{queue}{SUFFIX}");
+    if plain.len() <= strand_wire::QUEUE_NAME_MAX {
+        return plain;
+    }
+    let hash = strand_wire::fnv1a64(queue.as_bytes()) as u32;
+    let keep = strand_wire::QUEUE_NAME_MAX - SUFFIX.len() - 9;
+    // Queue names are ASCII ([A-Za-z0-9._-]): any byte is a boundary.
+    let prefix = queue.get(..keep).unwrap_or(queue);
+    format!("{prefix}-{hash:08x}{SUFFIX}")
 }
 
 /// Whether a queue name is reserved for the broker's own queues.
@@ -768,7 +782,10 @@ impl Coordinator {
             if q_p >= n {
                 return Err(WireError::new(
                     ErrorCode::UnknownPartition,
-                    format!("queue {queue:?} has {n} partitions"),
+                    format!(
+                        "partition {q_p} does not exist: queue {queue:?} has {n} (0 to {})",
+                        n.saturating_sub(1)
+                    ),
                 ));
             }
             let tp = (queue.to_string(), q_p);
@@ -1246,6 +1263,11 @@ impl Coordinator {
     }
 
     /// Removes members whose session ran out (called from a shard timer).
+    /// Whether no group is loaded on this shard.
+    pub fn is_empty(&self) -> bool {
+        self.loaded.borrow().values().all(|l| l.groups.is_empty())
+    }
+
     pub fn expire_sessions(&self, shard: &Shard) {
         let now = Instant::now();
         let mut loaded = self.loaded.borrow_mut();
@@ -1485,5 +1507,31 @@ fn apply(
                 a.advance();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_valid_name_has_a_valid_dead_letter_queue() {
+        assert_eq!(dlq_name("jobs"), "jobs.dlq");
+        let longest_plain = "a".repeat(strand_wire::QUEUE_NAME_MAX - 4);
+        assert_eq!(dlq_name(&longest_plain), format!("{longest_plain}.dlq"));
+        for len in [strand_wire::QUEUE_NAME_MAX - 3, strand_wire::QUEUE_NAME_MAX] {
+            for name in ["a".repeat(len), format!("{}.dlq", "b".repeat(len - 4))] {
+                let dlq = dlq_name(&name);
+                assert_eq!(dlq.len(), strand_wire::QUEUE_NAME_MAX, "{dlq}");
+                assert!(strand_wire::validate_queue_name(&dlq).is_ok(), "{dlq}");
+                assert!(dlq.ends_with(".dlq") && dlq != name);
+                // Its own dead-letter queue fits too, and differs.
+                assert_ne!(dlq_name(&dlq), dlq);
+                assert!(strand_wire::validate_queue_name(&dlq_name(&dlq)).is_ok());
+            }
+        }
+        // Long names that share a prefix get distinct dead-letter queues.
+        let (a, b) = (format!("{}x", "p".repeat(199)), format!("{}y", "p".repeat(199)));
+        assert_ne!(dlq_name(&a), dlq_name(&b));
     }
 }

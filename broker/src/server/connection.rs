@@ -171,6 +171,7 @@ async fn read_requests(
             Ok(Some(request)) => {
                 // Counted from now: shutdown waits for every accepted request.
                 shard.in_flight.set(shard.in_flight.get() + 1);
+                shard.requests_seen.set(shard.requests_seen.get() + 1);
                 let (s, chains) = (shard.clone(), chains.clone());
                 let (api, arrived) = (request.header.api, std::time::Instant::now());
                 // A span per request at debug level (nothing at info).

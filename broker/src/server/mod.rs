@@ -13,6 +13,8 @@
 //! closes its logs; shard 0 stops the controller; the process exits 0.
 
 pub mod connection;
+pub mod data_dir;
+pub mod host;
 pub mod messages;
 pub mod partitions;
 pub mod shard;
@@ -30,6 +32,7 @@ use strand_storage::ShardStorage;
 use crate::config::BrokerConfig;
 use crate::controller::{Controller, MetadataTable};
 use crate::routing::ShardId;
+use data_dir::DataDir;
 use partitions::Partitions;
 use shard::{Mesh, Shard};
 
@@ -40,6 +43,9 @@ pub enum ServeError {
     Startup(String),
     #[error("a shard failed: {0}")]
     Shard(String),
+    /// SIGTERM or SIGINT before the broker was ready.
+    #[error("stopped by a signal during start-up")]
+    Interrupted,
 }
 
 /// Process-wide shutdown state shared by the shards.
@@ -66,38 +72,20 @@ enum Event {
 const DRAIN: Duration = Duration::from_secs(5);
 
 /// Runs the broker until SIGTERM or SIGINT.
-pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
-    let shards = u16::try_from(config.shard_count()).map_err(|_| ServeError::Startup("too many cores".into()))?;
-    std::fs::create_dir_all(&config.data_dir)
-        .map_err(|e| ServeError::Startup(format!("creating {}: {e}", config.data_dir.display())))?;
-    // The shards bind with SO_REUSEPORT, which would quietly share the port
-    // with another broker already listening there. A plain bind cannot tell
-    // (a killed broker's closing connections hold the port for a while), so
-    // knock: if something answers, the port is taken.
-    if config.listen.port() != 0 {
-        let probe = match config.listen.ip() {
-            ip if ip.is_unspecified() && ip.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], config.listen.port())),
-            ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, config.listen.port())),
-            _ => config.listen,
-        };
-        let answers = || std::net::TcpStream::connect_timeout(&probe, Duration::from_millis(500)).is_ok();
-        // A broker that has just exited can leave its listening socket up
-        // for a moment (the kernel tears down its io_uring, which holds a
-        // pending accept, after the process is gone): knock again for up to
-        // 2 s before calling the port taken.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut taken = answers();
-        while taken && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-            taken = answers();
-        }
-        if taken {
-            return Err(ServeError::Startup(format!(
-                "listening on {}: address in use (something already listens there: another broker?)",
-                config.listen
-            )));
-        }
+pub fn run(mut config: BrokerConfig) -> Result<(), ServeError> {
+    // First, so that a signal at any later moment of the start is seen
+    // (and the directory a failed start made is removed).
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone())
+            .map_err(|e| ServeError::Startup(format!("installing the signal handler: {e}")))?;
     }
+    let shards = u16::try_from(config.shard_count()).map_err(|_| ServeError::Startup("too many cores".into()))?;
+    match host::check(&config, usize::from(shards), &host::Host::read()).map_err(ServeError::Startup)? {
+        host::Verdict::Fits => {}
+        host::Verdict::Warn(w) => tracing::warn!("{w}"),
+    }
+    check_port_free(config.listen)?;
     // The metrics endpoint's socket, bound here so a busy address is a clear
     // start-up error and port 0 resolves before the ready line; shard 0
     // serves it.
@@ -107,18 +95,73 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
     metrics
         .set_nonblocking(true)
         .map_err(|e| ServeError::Startup(e.to_string()))?;
+    // Last of the checks: from here on the directory is ours, and a failed
+    // start removes it if it made it.
+    let data_dir = DataDir::open(&config.data_dir).map_err(|e| ServeError::Startup(e.to_string()))?;
+    config.data_dir = data_dir.path().to_path_buf();
+    let result = run_locked(config, shards, metrics, metrics_addr, stop);
+    if matches!(result, Err(ServeError::Startup(_)) | Err(ServeError::Interrupted)) {
+        // Shards still starting find their files gone and panic on the way
+        // out: the process is ending, and why was said; their panics would
+        // only bury it.
+        quiet_panics();
+        data_dir.discard_if_new();
+    }
+    result
+}
+
+/// From now on, panics are not reported (the process is about to end).
+fn quiet_panics() {
+    std::panic::set_hook(Box::new(|_| {}));
+}
+
+/// The shards bind with SO_REUSEPORT, which would quietly share the port
+/// with another broker already listening there. A plain bind cannot tell
+/// (a killed broker's closing connections hold the port for a while), so
+/// knock: if something answers, the port is taken.
+fn check_port_free(listen: SocketAddr) -> Result<(), ServeError> {
+    if listen.port() == 0 {
+        return Ok(());
+    }
+    let probe = match listen.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], listen.port())),
+        ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, listen.port())),
+        _ => listen,
+    };
+    let answers = || std::net::TcpStream::connect_timeout(&probe, Duration::from_millis(500)).is_ok();
+    // A broker that has just exited can leave its listening socket up
+    // for a moment (the kernel tears down its io_uring, which holds a
+    // pending accept, after the process is gone): knock again for up to
+    // 2 s before calling the port taken.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut taken = answers();
+    while taken && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        taken = answers();
+    }
+    if taken {
+        return Err(ServeError::Startup(format!(
+            "listening on {listen}: address in use (something already listens there: another broker?)"
+        )));
+    }
+    Ok(())
+}
+
+/// The start and the run, once the data directory is locked.
+fn run_locked(
+    config: BrokerConfig,
+    shards: u16,
+    metrics: std::net::TcpListener,
+    metrics_addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> Result<(), ServeError> {
     let metrics_fd = Some(std::os::fd::IntoRawFd::into_raw_fd(metrics));
     let config = Arc::new(config);
-    let stop = Arc::new(AtomicBool::new(false));
     let drained = Arc::new(AtomicUsize::new(0));
     let metadata_ready = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(signal, stop.clone())
-            .map_err(|e| ServeError::Startup(format!("installing the signal handler: {e}")))?;
-    }
     let mesh = Mesh::full(usize::from(shards), config.shard_channel_capacity);
     let (events_tx, events) = mpsc::channel();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = host::usable_cpu_ids();
     let spawn = |id: u16, listen: SocketAddr| {
         let (config, mesh, events_tx) = (config.clone(), mesh.clone(), events_tx.clone());
         let lifecycle = Lifecycle {
@@ -127,7 +170,7 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
             metadata_ready: metadata_ready.clone(),
             metrics_fd: metrics_fd.filter(|_| id == 0),
         };
-        LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cpus))
+        LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
             // Idle executors poll before parking: cross-shard round trips
             // drop from ≈ 53 µs to ≈ 12 µs p50 (DESIGN.md §5); see the setting.
@@ -145,11 +188,11 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
     let mut handles = vec![spawn(0, config.listen)?];
     // A shard that dies in start-up may leave others waiting for it: give
     // up after a while rather than hang (returning ends the process).
-    let startup = Duration::from_secs(120);
-    let addr = match events.recv_timeout(startup) {
-        Ok(Event::Bound(addr)) => addr,
-        Ok(Event::Failed(e)) => return Err(ServeError::Startup(e)),
-        _ => return Err(ServeError::Startup("shard 0 stopped before binding".into())),
+    let startup = Instant::now() + Duration::from_secs(120);
+    let addr = match next_startup_event(&events, &stop, startup)? {
+        Event::Bound(addr) => addr,
+        Event::Failed(e) => return Err(ServeError::Startup(e)),
+        Event::Ready => return Err(ServeError::Startup("shard 0 was ready before it bound".into())),
     };
     for id in 1..shards {
         handles.push(spawn(id, addr)?);
@@ -157,13 +200,12 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
     drop(events_tx);
     let mut ready = 0;
     while ready < shards {
-        match events.recv_timeout(startup) {
-            Ok(Event::Ready) => ready += 1,
-            Ok(Event::Bound(_)) => {}
+        match next_startup_event(&events, &stop, startup)? {
+            Event::Ready => ready += 1,
+            Event::Bound(_) => {}
             // Other shards may be stuck waiting for the failed one: do not
             // join them; returning ends the process.
-            Ok(Event::Failed(e)) => return Err(ServeError::Startup(e)),
-            Err(_) => return Err(ServeError::Startup("a shard stopped or hung during start-up".into())),
+            Event::Failed(e) => return Err(ServeError::Startup(e)),
         }
     }
     println!("strand ready on {addr} with {shards} shards; metrics on http://{metrics_addr}/metrics");
@@ -176,6 +218,32 @@ pub fn run(config: BrokerConfig) -> Result<(), ServeError> {
         }
     }
     failure.map_or(Ok(()), |e| Err(ServeError::Shard(e)))
+}
+
+/// The next start-up event from the shards, or why there is none: a
+/// SIGTERM/SIGINT (`stop`) ends the wait at once, whatever the shards are
+/// doing, and so does the deadline or the shards' channel closing.
+fn next_startup_event(
+    events: &mpsc::Receiver<Event>,
+    stop: &AtomicBool,
+    deadline: Instant,
+) -> Result<Event, ServeError> {
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Err(ServeError::Interrupted);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ServeError::Startup("a shard hung during start-up (120 s)".into()));
+        }
+        match events.recv_timeout(left.min(Duration::from_millis(50))) {
+            Ok(event) => return Ok(event),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(ServeError::Startup("a shard stopped during start-up".into()))
+            }
+        }
+    }
 }
 
 async fn shard_main(
@@ -252,7 +320,7 @@ async fn shard_main(
 /// pending: glommio accepts through an io_uring operation, and dropping one
 /// (say, on a timeout) can lose a connection the kernel had already
 /// accepted — the client would wait forever on a socket nobody reads. The
-/// stop flag (set from the signal thread) is looked at every 50 ms instead.
+/// stop flag (set from the signal thread) is looked at every 250 ms instead.
 async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &AtomicBool) {
     let s = shard.clone();
     glommio::spawn_local(async move {
@@ -269,23 +337,41 @@ async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &A
     })
     .detach();
     while !stop.load(Ordering::SeqCst) {
-        glommio::timer::sleep(Duration::from_millis(50)).await;
+        glommio::timer::sleep(Duration::from_millis(250)).await;
     }
     shard.stopping.set(true);
     // Long polls end now instead of at their deadline.
     shard.partitions.new_data.notify_all();
 }
 
-/// Retention on every partition every 10 s; interval-fsync ticks every 5 ms;
-/// consumer-group sessions checked every 100 ms; the reactor-stall probe
-/// (a 10 ms timer that notes how late it wakes).
+/// Retention on every partition every 10 s; interval-fsync ticks every 5 ms
+/// while an `fsync=interval` partition has something to write or sync (an
+/// append wakes it); consumer-group sessions checked every 100 ms (every
+/// second on a shard that coordinates no group); the reactor-stall probe (a 10 ms timer that notes how late it wakes, while
+/// the shard serves requests: an idle shard's stalls delay nobody, and
+/// probing them would cost the idle broker a wake-up every 10 ms).
 fn start_timers(shard: &Rc<Shard>) {
     let s = shard.clone();
     glommio::spawn_local(async move {
         const TICK: Duration = Duration::from_millis(10);
+        // A shard quiet this long probes no more, and looks for requests
+        // every IDLE_TICK.
+        const IDLE_AFTER: Duration = Duration::from_secs(1);
+        const IDLE_TICK: Duration = Duration::from_millis(250);
         let mut last_log = Instant::now();
         let mut logged = (0, 0);
+        // Idle: no request in flight at the last look, nor since.
+        let mut quiet_since = Instant::now();
+        let mut seen = s.requests_seen.get();
         while !s.stopping.get() {
+            if s.in_flight.get() > 0 || s.requests_seen.get() != seen {
+                quiet_since = Instant::now();
+                seen = s.requests_seen.get();
+            }
+            if quiet_since.elapsed() >= IDLE_AFTER {
+                glommio::timer::sleep(IDLE_TICK).await;
+                continue;
+            }
             let (asked, cpu) = (Instant::now(), strand_storage::shard::thread_cpu_time());
             glommio::timer::sleep(TICK).await;
             let elapsed = asked.elapsed();
@@ -311,7 +397,9 @@ fn start_timers(shard: &Rc<Shard>) {
     let s = shard.clone();
     glommio::spawn_local(async move {
         while !s.stopping.get() {
-            glommio::timer::sleep(Duration::from_millis(100)).await;
+            // A shard that coordinates no group has no session to expire.
+            let every = if s.groups.is_empty() { 1000 } else { 100 };
+            glommio::timer::sleep(Duration::from_millis(every)).await;
             s.groups.expire_sessions(&s);
         }
     })
@@ -335,10 +423,25 @@ fn start_timers(shard: &Rc<Shard>) {
     let s = shard.clone();
     glommio::spawn_local(async move {
         while !s.stopping.get() {
+            // Nothing of an fsync=interval queue to write, sync or publish:
+            // sleep until the next such append (or a second, to look at
+            // `stopping`) instead of waking every 5 ms for nothing.
+            let seen = s.partitions.interval_appends.epoch();
+            let unsettled = s.partitions.logs().iter().any(|part| {
+                is_interval(part) && (part.log.unsettled() || part.log.high_watermark() < part.log.written_offset())
+            });
+            if !unsettled {
+                futures_lite::future::or(
+                    s.partitions.interval_appends.wait(seen),
+                    glommio::timer::sleep(Duration::from_secs(1)),
+                )
+                .await;
+            }
+            // Then as before: appends gather for 5 ms, one write takes them.
             glommio::timer::sleep(Duration::from_millis(5)).await;
             let mut moved = false;
             for part in s.partitions.logs() {
-                if matches!(part.log.config().fsync, strand_storage::FsyncPolicy::Interval { .. }) {
+                if is_interval(&part) {
                     let _ = part.log.tick().await;
                     moved |= part.log.advance_high_watermark(part.log.written_offset());
                 }
@@ -349,6 +452,10 @@ fn start_timers(shard: &Rc<Shard>) {
         }
     })
     .detach();
+}
+
+fn is_interval(part: &partitions::Partition) -> bool {
+    matches!(part.log.config().fsync, strand_storage::FsyncPolicy::Interval { .. })
 }
 
 /// Two phases: every shard first finishes its own in-flight requests

@@ -48,6 +48,10 @@ pub struct Partitions {
     open: RefCell<HashMap<String, HashMap<u32, Rc<Partition>>>>,
     /// Notified whenever a partition's high watermark moves.
     pub new_data: Notify,
+    /// Notified after an append to an `fsync=interval` partition: wakes
+    /// the shard's interval timer, which sleeps while no such partition
+    /// has anything to write or sync.
+    pub interval_appends: Notify,
 }
 
 /// The log settings of a queue: its own, over the broker's `base`. A queue
@@ -81,6 +85,7 @@ impl Partitions {
             log_base: config.log_base(),
             open: RefCell::new(HashMap::new()),
             new_data: Notify::default(),
+            interval_appends: Notify::default(),
         }
     }
 

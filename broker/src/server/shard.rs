@@ -45,6 +45,9 @@ pub struct Shard {
     applying: glommio::sync::Semaphore,
     /// Requests being served (shutdown waits for them).
     pub in_flight: Cell<usize>,
+    /// Requests and shard messages taken up since the start (the stall
+    /// probe runs while this moves).
+    pub requests_seen: Cell<u64>,
     pub stopping: Cell<bool>,
     /// The consumer groups of the `__groups` partitions this shard owns.
     pub groups: Coordinator,
@@ -73,6 +76,7 @@ impl Shard {
             latest_published: Cell::new(0),
             applying: glommio::sync::Semaphore::new(1),
             in_flight: Cell::new(0),
+            requests_seen: Cell::new(0),
             stopping: Cell::new(false),
             groups: Coordinator::default(),
             metrics: crate::metrics::ShardMetrics::default(),
@@ -382,6 +386,9 @@ impl Shard {
         let (Some(first), Some(last)) = (first, last) else {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
         };
+        if matches!(log.config().fsync, strand_storage::FsyncPolicy::Interval { .. }) {
+            self.partitions.interval_appends.notify_all();
+        }
         let commit = {
             let (log, shard) = (log.clone(), self.clone());
             async move {
@@ -497,6 +504,7 @@ impl Shard {
                         work();
                         continue;
                     }
+                    shard.requests_seen.set(shard.requests_seen.get() + 1);
                     let shard = shard.clone();
                     glommio::spawn_local(async move { shard.on_message(msg).await }).detach();
                 }

@@ -39,23 +39,20 @@ impl Broker {
 
     /// A broker listening on `listen` (to restart one on the same port).
     pub fn start_at(data_dir: &Path, listen: &str, extra: &[&str]) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strand"))
-            .args([
-                "serve",
-                "--listen",
-                listen,
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
-            .arg(data_dir)
-            // Two shards unless the test says otherwise.
-            .args(if extra.contains(&"--cores") {
-                &[][..]
-            } else {
-                &["--cores", "2"][..]
-            })
-            .args(extra)
+        let mut command = serve_command(listen, extra);
+        command.arg("--data-dir").arg(data_dir);
+        // Two shards unless the test says otherwise.
+        if !extra.contains(&"--cores") {
+            command.args(["--cores", "2"]);
+        }
+        Self::spawn(command, data_dir)
+    }
+
+    /// Runs `command` (a `strand serve …`, with its arguments and working
+    /// directory) and waits for its ready line; `data_dir` is where it keeps
+    /// its data.
+    pub fn spawn(mut command: Command, data_dir: &Path) -> Broker {
+        let mut child = command
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -126,6 +123,18 @@ impl Drop for Broker {
             let _ = self.child.wait();
         }
     }
+}
+
+/// `strand serve --listen LISTEN --metrics-listen 127.0.0.1:0 EXTRA…`
+/// logging warnings only, not started: a test adds `--data-dir`, a
+/// working directory or pipes as it needs.
+pub fn serve_command(listen: &str, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_strand"));
+    command
+        .args(["serve", "--listen", listen, "--metrics-listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", "warn");
+    command
 }
 
 /// A blocking protocol client on one connection.

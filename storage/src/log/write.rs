@@ -175,6 +175,15 @@ impl Log {
         self.sync_held().await
     }
 
+    /// Whether [`Log::tick`] has work now or later: records appended and
+    /// not yet written, or written and not yet fdatasync'd. An owner's timer
+    /// can sleep while none of its logs has any (an idle broker then wakes
+    /// for nothing).
+    pub fn unsettled(&self) -> bool {
+        let st = self.inner.state.borrow();
+        st.failed.is_none() && !st.closed && (st.active.pending_bytes() > 0 || st.flushed < st.active.written_offset())
+    }
+
     /// Periodic work for `Interval` logs: fdatasync once the interval is up.
     /// The owner calls it from a timer (every few ms).
     pub async fn tick(&self) -> Result<()> {

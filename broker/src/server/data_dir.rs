@@ -1,0 +1,228 @@
+//! The broker's data directory: made absolute, locked for this process
+//! alone, and removed again if this process made it and failed to start.
+//!
+//! Runs on: the main thread, before any shard starts.
+//!
+//! Why each step:
+//! - **Absolute path.** glommio's `Directory::open` (which the controller's
+//!   store syncs its directory with) hands a relative path to `openat` with
+//!   a directory fd of -1, which fails with EBADF: every relative
+//!   `--data-dir` (the default `./strand-data` among them) could not start.
+//!   The path is resolved once here, so nothing later sees a relative one.
+//! - **Lock.** Two brokers on one directory write the same segments, each
+//!   believing it owns them, and acknowledged records are lost. The lock is
+//!   an exclusive `flock` on `DIR/__lock`, taken before anything else in the
+//!   directory is touched and held (by the open file) until the process
+//!   exits, kill -9 included: the kernel drops it with the last descriptor.
+//!   The file holds the owner's PID (as text) so a refused broker can name
+//!   it. `__` names are reserved for the broker (no queue can be called
+//!   that), so the file never meets a queue's directory.
+//! - **No empty directory after a failed start.** A directory this process
+//!   created is removed when the start fails (before the ready line, no
+//!   client can have stored anything in it).
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// The lock file's name inside the data directory.
+pub const LOCK_FILE: &str = "__lock";
+
+/// Why the data directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirError {
+    #[error("data directory {0} is not a directory")]
+    NotADirectory(PathBuf),
+    #[error("data directory {path} is in use by process {pid} (its {LOCK_FILE} is locked)")]
+    InUse { path: PathBuf, pid: String },
+    #[error("data directory {path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A data directory this process holds the lock of.
+#[derive(Debug)]
+pub struct DataDir {
+    path: PathBuf,
+    /// The highest directory this process created on the way (the data
+    /// directory itself or one of its parents), to remove if the start fails.
+    created: Option<PathBuf>,
+    /// Open for as long as the lock is held.
+    _lock: File,
+}
+
+impl DataDir {
+    /// Creates `path` if need be, resolves it and takes its lock.
+    pub fn open(path: &Path) -> Result<DataDir, DataDirError> {
+        let io = |what, source| DataDirError::Io {
+            path: path.to_path_buf(),
+            what,
+            source,
+        };
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_dir() => return Err(DataDirError::NotADirectory(path.to_path_buf())),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // A parent on the way is a file.
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+                return Err(DataDirError::NotADirectory(path.to_path_buf()))
+            }
+            Err(e) => return Err(io("reading its metadata", e)),
+        }
+        let created = highest_missing(path);
+        std::fs::create_dir_all(path).map_err(|e| match e.kind() {
+            // A parent that is a file.
+            std::io::ErrorKind::NotADirectory | std::io::ErrorKind::AlreadyExists => {
+                DataDirError::NotADirectory(path.to_path_buf())
+            }
+            _ => io("creating it", e),
+        })?;
+        let absolute = std::fs::canonicalize(path).map_err(|e| io("resolving its path", e))?;
+        let created = created.and_then(|c| std::fs::canonicalize(c).ok());
+        let dir = DataDir {
+            _lock: match lock(&absolute) {
+                Ok(file) => file,
+                Err(e) => {
+                    if let Some(c) = &created {
+                        let _ = std::fs::remove_dir_all(c);
+                    }
+                    return Err(e);
+                }
+            },
+            path: absolute,
+            created,
+        };
+        Ok(dir)
+    }
+
+    /// The absolute path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The start failed: removes what this process created (nothing if the
+    /// directory was there before).
+    pub fn discard_if_new(self) {
+        if let Some(c) = &self.created {
+            if let Err(e) = std::fs::remove_dir_all(c) {
+                tracing::warn!("removing {} after a failed start: {e}", c.display());
+            }
+        }
+    }
+}
+
+/// The highest ancestor of `path` (or `path` itself) that does not exist.
+fn highest_missing(path: &Path) -> Option<PathBuf> {
+    let mut missing = None;
+    let mut p = Some(path);
+    while let Some(dir) = p.filter(|d| !d.as_os_str().is_empty()) {
+        if dir.exists() {
+            break;
+        }
+        missing = Some(dir.to_path_buf());
+        p = dir.parent();
+    }
+    missing
+}
+
+/// Takes the exclusive lock of `dir/__lock` and writes this process's PID
+/// into it.
+fn lock(dir: &Path) -> Result<File, DataDirError> {
+    let path = dir.join(LOCK_FILE);
+    let io = |what, source| DataDirError::Io {
+        path: dir.to_path_buf(),
+        what,
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| io("opening its lock file", e))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = match pid.trim() {
+                "" => "unknown".to_string(),
+                p => p.to_string(),
+            };
+            return Err(DataDirError::InUse {
+                path: dir.to_path_buf(),
+                pid,
+            });
+        }
+        return Err(io("locking it", e));
+    }
+    file.set_len(0).map_err(|e| io("writing its lock file", e))?;
+    file.rewind().map_err(|e| io("writing its lock file", e))?;
+    writeln!(file, "{}", std::process::id()).map_err(|e| io("writing its lock file", e))?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_open_is_refused_naming_the_owner() {
+        let tmp = tempfile::tempdir().unwrap();
+        let first = DataDir::open(&tmp.path().join("d")).unwrap();
+        assert!(first.path().is_absolute());
+        // flock locks belong to the open file: a second open in the same
+        // process conflicts as another process's would.
+        let err = DataDir::open(&tmp.path().join("d")).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, DataDirError::InUse { .. }), "{text}");
+        assert!(
+            text.contains(&format!("in use by process {}", std::process::id())),
+            "{text}"
+        );
+        drop(first);
+        DataDir::open(&tmp.path().join("d")).expect("free again once the holder is gone");
+    }
+
+    #[test]
+    fn relative_paths_resolve_and_files_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let err = DataDir::open(&file).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("data directory {} is not a directory", file.display())
+        );
+        let err = DataDir::open(&file.join("below")).unwrap_err();
+        assert!(matches!(err, DataDirError::NotADirectory(_)), "{err}");
+        let nested = tmp.path().join("a/b/../c");
+        let dir = DataDir::open(&nested).unwrap();
+        assert_eq!(dir.path(), std::fs::canonicalize(tmp.path()).unwrap().join("a/c"));
+    }
+
+    #[test]
+    fn a_failed_start_removes_only_what_it_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let new = tmp.path().join("x/y");
+        DataDir::open(&new).unwrap().discard_if_new();
+        assert!(!tmp.path().join("x").exists(), "the parent it made goes too");
+        let old = tmp.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::write(old.join("keep"), b"data").unwrap();
+        DataDir::open(&old).unwrap().discard_if_new();
+        assert!(old.join("keep").exists());
+        // A refused open removes nothing that was there.
+        let held = DataDir::open(&old).unwrap();
+        assert!(DataDir::open(&old).is_err());
+        assert!(old.join("keep").exists() && old.join(LOCK_FILE).exists());
+        drop(held);
+    }
+}
