@@ -17,6 +17,16 @@
 //! - `e2e`: consumers start at the end of fresh queues, then producers send
 //!   at `--rate`; each record carries its due time, and latency runs from
 //!   it to the moment a consumer hands the record out.
+//! - Closed loop, for side-by-side figures with peers that report latency
+//!   this way (iggy-bench with one message per batch, Kafka's
+//!   EndToEndLatency): `produce --in-flight N` keeps at most N records of
+//!   each producer unacknowledged, waiting for the oldest before sending
+//!   the next (latency from the send to its acknowledgement);
+//!   `e2e --in-flight N` (one producer, no `--rate`) sends the next record
+//!   only once the consumer in this process has received all but N-1 of
+//!   those sent (latency from the send to the receipt). A stall then
+//!   delays the sends instead of counting against the records it would
+//!   have delayed, so open-loop figures (`--rate`) stay the main ones.
 //!
 //! Last stdout line: JSON with `msgs_s`, `mib_s` (record values), `p50_us`,
 //! `p99_us`, `p999_us`, `max_us`, `records`.
@@ -167,6 +177,11 @@ pub struct Args {
     /// idempotent: at most 5, and a retry never reorders records).
     #[arg(long, default_value_t = strand_client::IDEMPOTENT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// Closed loop: records each producer may have unacknowledged (produce)
+    /// or not yet received by the consumer (e2e, one producer); 1: one
+    /// message in flight. Not with --rate.
+    #[arg(long)]
+    pub in_flight: Option<u64>,
     /// consume: read the queue's first `--count` records this many times,
     /// one consumer seeking back to the start after each pass; the figures
     /// leave out a first, warm-up pass. With a backlog that fits the
@@ -314,9 +329,31 @@ impl Tally {
     }
 }
 
+/// A record's answer, into the tally: latency from `due` if it was stored.
+fn settle(tally: &Tally, due: Instant, result: Result<(), strand_client::ClientError>) {
+    match result {
+        Ok(()) => tally.record(due.elapsed().as_nanos() as u64),
+        Err(e) => tally.fail(e.to_string()),
+    }
+}
+
 /// Runs the producers until the deadline or count; returns the records and
 /// value bytes acknowledged and the seconds it took, latencies in `tally`.
-fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &AtomicBool) -> Result<(u64, f64), String> {
+/// `gate(n)` runs after a producer sent its `n`th record and may hold it
+/// back (the closed-loop e2e waits there for the consumer).
+fn run_producers(
+    args: &Args,
+    queues: &[String],
+    tally: &Arc<Tally>,
+    stop: &AtomicBool,
+    gate: &(dyn Fn(u64) + Sync),
+) -> Result<(u64, f64), String> {
+    if args.rate.is_some() && args.in_flight.is_some() {
+        return Err("--in-flight is the closed loop, --rate the open one: give one of them".into());
+    }
+    if args.in_flight == Some(0) {
+        return Err("--in-flight must be at least 1".into());
+    }
     let acks: Acks = args.acks.parse()?;
     let producers = args.producers.max(1);
     let total = args.count;
@@ -350,6 +387,7 @@ fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &Atom
                     let started = Instant::now();
                     let mut n = 0u64;
                     let epoch = epoch();
+                    let mut unanswered = std::collections::VecDeque::new();
                     loop {
                         // The clock is read once per record (it is not free
                         // here: a VM's clock source); the deadline every 64.
@@ -375,12 +413,27 @@ fn run_producers(args: &Args, queues: &[String], tally: &Arc<Tally>, stop: &Atom
                         let queue = &queues[(n as usize + i) % queues.len()];
                         let d = block_on(producer.enqueue(queue, key.as_deref().map(str::as_bytes), &value, &[]))
                             .map_err(err)?;
-                        let tally = tally.clone();
-                        d.on_done(move |r| match r {
-                            Ok(_) => tally.record(due.elapsed().as_nanos() as u64),
-                            Err(e) => tally.fail(e.to_string()),
-                        });
+                        match args.in_flight {
+                            // Closed loop: the oldest record's answer frees
+                            // its place.
+                            Some(limit) => {
+                                unanswered.push_back((due, d));
+                                while unanswered.len() as u64 >= limit {
+                                    if let Some((due, d)) = unanswered.pop_front() {
+                                        settle(&tally, due, block_on(d).map(|_| ()));
+                                    }
+                                }
+                            }
+                            None => {
+                                let tally = tally.clone();
+                                d.on_done(move |r| settle(&tally, due, r.map(|_| ())));
+                            }
+                        }
                         n += 1;
+                        gate(n);
+                    }
+                    for (due, d) in unanswered {
+                        settle(&tally, due, block_on(d).map(|_| ()));
                     }
                     block_on(producer.flush());
                     Ok(n)
@@ -415,7 +468,7 @@ pub fn produce(args: &Args) -> Result<Outcome, String> {
     let queues = queues(args, "bench-produce")?;
     let tally = Arc::new(Tally::default());
     let cpu = machine_cpu_s();
-    let (records, secs) = run_producers(args, &queues, &tally, &AtomicBool::new(false))?;
+    let (records, secs) = run_producers(args, &queues, &tally, &AtomicBool::new(false), &|_| {})?;
     Ok(Outcome {
         records,
         bytes: records * args.message_bytes as u64,
@@ -577,9 +630,15 @@ fn value_bytes(r: &ConsumedRecord) -> u64 {
 }
 
 pub fn e2e(args: &Args) -> Result<Outcome, String> {
-    if args.rate.is_none() {
-        return Err("e2e needs --rate (records per second)".into());
+    if args.rate.is_none() && args.in_flight.is_none() {
+        return Err("e2e needs --rate (records per second, open loop) or --in-flight N (closed loop)".into());
     }
+    if args.in_flight.is_some() && args.producers > 1 {
+        return Err("e2e --in-flight (closed loop) runs one producer: leave out --producers".into());
+    }
+    // Closed loop: records the consumers received, and a wake-up for the
+    // producer waiting on them.
+    let arrivals = (Mutex::new(0u64), std::sync::Condvar::new());
     let queues = queues(args, "bench-e2e")?;
     let received = AtomicU64::new(0);
     let bytes = AtomicU64::new(0);
@@ -607,6 +666,12 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
                     }
                     received.fetch_add(1, Ordering::Relaxed);
                     bytes.fetch_add(value_bytes(r), Ordering::Relaxed);
+                    if args.in_flight.is_some() {
+                        if let Ok(mut n) = arrivals.0.lock() {
+                            *n += 1;
+                            arrivals.1.notify_all();
+                        }
+                    }
                 },
                 &|| received.load(Ordering::Relaxed) >= sent.load(Ordering::Relaxed),
                 deadline,
@@ -617,7 +682,19 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
             std::thread::sleep(Duration::from_millis(5));
         }
         let cpu = machine_cpu_s();
-        let result = run_producers(args, &queues, &tally, &AtomicBool::new(false));
+        let gate = |sent: u64| {
+            let Some(limit) = args.in_flight else { return };
+            // Until all but limit - 1 of the records sent have arrived (a
+            // lost record ends the wait at the deadline).
+            let Ok(mut n) = arrivals.0.lock() else { return };
+            while *n + limit <= sent && Instant::now() < deadline {
+                n = match arrivals.1.wait_timeout(n, Duration::from_millis(100)) {
+                    Ok((n, _)) => n,
+                    Err(_) => return,
+                };
+            }
+        };
+        let result = run_producers(args, &queues, &tally, &AtomicBool::new(false), &gate);
         let cpu_s = machine_cpu_s() - cpu;
         sent.store(result.as_ref().map_or(0, |r| r.0), Ordering::SeqCst);
         (result.map(|(records, secs)| (records, secs, cpu_s)), consumed.join())
@@ -639,6 +716,15 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
 }
 
 /// Runs a load scenario and prints its table and JSON line.
+/// How sends are paced, for the report's title.
+fn loop_kind(args: &Args) -> String {
+    match (args.rate, args.in_flight) {
+        (Some(r), _) => format!("open loop at {r}/s"),
+        (None, Some(n)) => format!("closed loop, {n} in flight"),
+        (None, None) => "as fast as the producer's buffer allows".into(),
+    }
+}
+
 pub fn run(scenario: &str, args: Args) -> Result<(), String> {
     let outcome = match scenario {
         "produce" => produce(&args)?,
@@ -647,7 +733,7 @@ pub fn run(scenario: &str, args: Args) -> Result<(), String> {
     };
     outcome.print(&format!(
         "{scenario} against {}: {} B records, {} producer(s), {} consumer(s), {} partition(s), keys {:?}, batch {} B, \
-         linger {} ms, acks {}, rate {}",
+         linger {} ms, acks {}, {}",
         args.brokers,
         args.message_bytes,
         args.producers,
@@ -657,9 +743,11 @@ pub fn run(scenario: &str, args: Args) -> Result<(), String> {
         args.batch_bytes,
         args.linger_ms,
         args.acks,
-        args.rate.map_or("open".to_string(), |r| format!("{r}/s"))
+        loop_kind(&args)
     ));
-    println!("{}", outcome.json(scenario));
+    let mut json = outcome.json(scenario);
+    json["in_flight"] = args.in_flight.into();
+    println!("{json}");
     Ok(())
 }
 
@@ -700,6 +788,7 @@ mod tests {
             count: Some(3000),
             rate: None,
             max_in_flight: 2,
+            in_flight: None,
             passes: 1,
         };
         let produced = produce(&base).unwrap();
@@ -740,16 +829,47 @@ mod tests {
         assert!((3 * 600..=3 * 1000).contains(&passes.records), "{}", passes.records);
         assert_eq!(passes.bytes, passes.records * 200);
 
-        let e2e = e2e(&Args {
+        let open = e2e(&Args {
             count: None,
             seconds: 1,
             rate: Some(2000),
-            ..one
+            ..one.clone()
         })
         .unwrap();
-        assert!(e2e.records >= 1900, "{} records", e2e.records);
-        assert!(e2e.latency.p50_us > 0.0);
-        assert!(e2e.latency.p50_us < 1_000_000.0, "{:?}", e2e.latency);
+        assert!(open.records >= 1900, "{} records", open.records);
+        assert!(open.latency.p50_us > 0.0);
+        assert!(open.latency.p50_us < 1_000_000.0, "{:?}", open.latency);
+
+        // Closed loop: one record in flight, so every record is a request
+        // of its own (with linger 0); and an e2e round per record.
+        let closed = Args {
+            producers: 1,
+            linger_ms: 0,
+            in_flight: Some(1),
+            count: Some(200),
+            ..one
+        };
+        let before = broker.counters().unwrap().produce_requests;
+        let produced = produce(&closed).unwrap();
+        let requests = broker.counters().unwrap().produce_requests - before;
+        assert_eq!((produced.records, requests), (200, 200.0));
+        assert!(produced.latency.p50_us > 0.0);
+        let e2e_closed = e2e(&Args {
+            count: None,
+            seconds: 1,
+            ..closed.clone()
+        })
+        .unwrap();
+        assert!(e2e_closed.records > 0 && e2e_closed.latency.p50_us > 0.0);
+        assert!(
+            produce(&Args {
+                rate: Some(100),
+                ..closed.clone()
+            })
+            .is_err(),
+            "open or closed, not both"
+        );
+        assert!(e2e(&Args { producers: 2, ..closed }).is_err());
     }
 
     #[test]

@@ -137,7 +137,7 @@ impl OwnBroker {
     }
 
     /// The broker's counters so far that the report shows per scenario.
-    fn counters(&self) -> Result<Counters, String> {
+    pub(crate) fn counters(&self) -> Result<Counters, String> {
         use std::io::{Read, Write};
         let mut conn =
             std::net::TcpStream::connect(&self.metrics).map_err(|e| format!("scraping {}: {e}", self.metrics))?;
@@ -211,6 +211,7 @@ fn load_args(addr: &str) -> load::Args {
         count: None,
         rate: None,
         max_in_flight: strand_client::IDEMPOTENT_MAX_IN_FLIGHT,
+        in_flight: None,
         passes: 1,
     }
 }
@@ -267,13 +268,13 @@ fn sum_of(text: &str, name: &str) -> f64 {
 
 /// Counters the broker exports, summed over shards and queues.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-struct Counters {
+pub(crate) struct Counters {
     /// `strand_reactor_stalls_total`.
     stalls: f64,
     /// `strand_reactor_stalls_off_cpu_total`.
     stalls_off_cpu: f64,
     /// `strand_produce_requests_total`.
-    produce_requests: f64,
+    pub(crate) produce_requests: f64,
     /// `strand_produce_bytes_total`.
     produce_bytes: f64,
 }

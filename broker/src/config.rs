@@ -303,12 +303,6 @@ impl BrokerConfig {
         }
         Ok(())
     }
-
-    /// Shards to run: the configured count, else one per core.
-    pub fn shard_count(&self) -> usize {
-        self.cores
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    }
 }
 
 #[cfg(test)]

@@ -938,7 +938,20 @@ fn a_plain_consumer_rides_out_a_broker_restart() {
     create(&broker, "r", 2);
     produce(&broker, "r", "before", 10, 2);
     let addr = broker.addr.to_string();
-    let child = strand_child(&["consume", "r", "--from", "earliest", "--idle-exit-ms", "8000"], &addr);
+    // Exits once all 20 are printed (the idle limit only bounds a failure).
+    let child = strand_child(
+        &[
+            "consume",
+            "r",
+            "--from",
+            "earliest",
+            "--max",
+            "20",
+            "--idle-exit-ms",
+            "30000",
+        ],
+        &addr,
+    );
     std::thread::sleep(Duration::from_millis(1500));
     assert!(broker.terminate().success());
     std::thread::sleep(Duration::from_millis(500));
@@ -953,4 +966,153 @@ fn a_plain_consumer_rides_out_a_broker_restart() {
         .collect();
     assert_eq!(values.len(), 20, "{values:?}\n{err}");
     assert!(values.contains("before-0") && values.contains("after-9"), "{values:?}");
+}
+
+/// Produces `n` records with values `v{i:08}` padded to 100 bytes (one
+/// key per partition-spread) through the library, in large batches.
+fn produce_padded(broker: &Broker, queue: &str, n: usize) {
+    let producer = Producer::new(
+        &broker.addr.to_string(),
+        ProducerConfig {
+            linger: Duration::from_millis(5),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let deliveries: Vec<Delivery> = (0..n)
+        .map(|i| {
+            let value = format!("v{i:08}{}", "x".repeat(91));
+            block_on(producer.enqueue(queue, Some(format!("k{}", i % 16).as_bytes()), value.as_bytes(), &[])).unwrap()
+        })
+        .collect();
+    for d in deliveries {
+        block_on(d).unwrap();
+    }
+}
+
+/// Records in the group state log (`__groups`, every partition): one per
+/// group creation and per partition of each commit.
+fn group_log_records(admin: &Admin) -> u64 {
+    let d = block_on(admin.describe_queue("__groups")).unwrap();
+    d.partitions.iter().map(|p| p.log_end).sum()
+}
+
+/// `consume --group` commits once per printed batch, not once per record
+/// (each commit is an fsync'd `__groups` record: 20,000 records took 27 s).
+#[test]
+fn a_group_consume_commits_per_batch() {
+    let (_dir, broker) = broker_with("many", 2);
+    let addr = broker.addr.to_string();
+    produce_padded(&broker, "many", 20_000);
+    let admin = Admin::connect(&addr).unwrap();
+    let out = strand(
+        &[
+            "consume",
+            "many",
+            "--group",
+            "g",
+            "--from",
+            "earliest",
+            "--max",
+            "20000",
+            "--idle-exit-ms",
+            "10000",
+        ],
+        &addr,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 20_000);
+    let records = group_log_records(&admin);
+    // 20,000 records of ~100 bytes are a few dozen polls of up to 1 MiB a
+    // partition; a commit per record made 20,001 group records.
+    assert!(records < 500, "{records} group records for 20,000 consumed");
+    let d = block_on(admin.describe_group("g")).unwrap();
+    assert_eq!(
+        d.partitions.iter().map(|p| p.lag.unwrap_or(0)).sum::<u64>(),
+        0,
+        "all committed"
+    );
+}
+
+/// kill -9 of a group consumer mid-way: the next one starts at the last
+/// commit, so at most the batch being printed comes again, and nothing is
+/// missed.
+#[test]
+fn a_killed_group_consume_repeats_at_most_one_batch() {
+    let (_dir, broker) = broker_with("one", 1);
+    let addr = broker.addr.to_string();
+    let total = 60_000;
+    produce_padded(&broker, "one", total);
+    let mut child = strand_child(&["consume", "one", "--group", "g", "--from", "earliest"], &addr);
+    let mut first: Vec<String> = Vec::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while first.len() < 25_000 {
+        first.push(lines.next().unwrap().unwrap());
+    }
+    // The consumer blocks on the full pipe, mid-batch; then it is killed.
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let admin = Admin::connect(&addr).unwrap();
+    let d = block_on(admin.describe_group("g")).unwrap();
+    let committed = d.partitions[0].position.unwrap();
+    assert!(committed > 0, "whole batches printed before the kill were committed");
+    // The killed member holds the partition until its session (10 s) ends.
+    let rest = (total as u64 - committed).to_string();
+    let out = strand(
+        &[
+            "consume",
+            "one",
+            "--group",
+            "g",
+            "--max",
+            &rest,
+            "--idle-exit-ms",
+            "30000",
+        ],
+        &addr,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let second: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let index = |v: &String| v[1..9].parse::<u64>().unwrap();
+    // The second run starts exactly at the commit and goes to the end.
+    assert_eq!(index(&second[0]), committed);
+    assert_eq!(index(second.last().unwrap()), total as u64 - 1);
+    let seen: BTreeSet<u64> = first.iter().chain(&second).map(index).collect();
+    assert_eq!(seen.len(), total, "nothing missed");
+    // Printed twice: what the first run printed past its last commit, at
+    // most one poll (1 MiB of ~100-byte records).
+    let repeated = first.iter().filter(|v| index(v) >= committed).count();
+    assert!(repeated < (1 << 20) / 100, "{repeated} printed again");
+}
+
+/// Right after a broker restart the coordinator withholds partitions for a
+/// few seconds (members from before may still read them): a group consume
+/// with --idle-exit-ms waits for them instead of exiting with records
+/// unread, and says on stderr that it waits.
+#[test]
+fn a_group_consume_after_a_restart_waits_for_its_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "after", 4);
+    produce(&broker, "after", "a", 30_000, 64);
+    let addr = broker.addr.to_string();
+    let out = strand(
+        &[
+            "consume", "after", "--group", "g", "--from", "earliest", "--max", "5000",
+        ],
+        &addr,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(broker.terminate().success());
+    let broker = Broker::start_at(dir.path(), &addr, &[]);
+    let out = strand(&["consume", "after", "--group", "g", "--idle-exit-ms", "3000"], &addr);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 25_000, "{err}");
+    assert!(err.contains("waiting for partitions of after"), "{err}");
+    drop(broker);
 }

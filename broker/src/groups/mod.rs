@@ -262,6 +262,8 @@ pub enum GroupReply {
     Heartbeat {
         generation: u64,
         assigned: Vec<Tp>,
+        /// Partitions meant for the member that it may not hold yet.
+        withheld: u32,
     },
     Done,
     Offsets {
@@ -404,7 +406,11 @@ impl Coordinator {
                     let (generation, assigned) = g
                         .heartbeat(&member_id, &owned, Instant::now(), c)
                         .map_err(group_error)?;
-                    Ok(GroupReply::Heartbeat { generation, assigned })
+                    Ok(GroupReply::Heartbeat {
+                        generation,
+                        assigned,
+                        withheld: g.withheld(&member_id),
+                    })
                 })
             }
             GroupOp::Leave { group, member_id } => self.with_group(p, &group, |g| {
@@ -1262,12 +1268,12 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Removes members whose session ran out (called from a shard timer).
     /// Whether no group is loaded on this shard.
     pub fn is_empty(&self) -> bool {
         self.loaded.borrow().values().all(|l| l.groups.is_empty())
     }
 
+    /// Removes members whose session ran out (called from a shard timer).
     pub fn expire_sessions(&self, shard: &Shard) {
         let now = Instant::now();
         let mut loaded = self.loaded.borrow_mut();

@@ -342,7 +342,14 @@ fn write_reply(
             );
             fbb.finish_minimal(root);
         }
-        (Api::Heartbeat, GroupReply::Heartbeat { generation, assigned }) => {
+        (
+            Api::Heartbeat,
+            GroupReply::Heartbeat {
+                generation,
+                assigned,
+                withheld,
+            },
+        ) => {
             let assigned = queue_partitions(fbb, &assigned);
             let root = HeartbeatResponse::create(
                 fbb,
@@ -350,6 +357,7 @@ fn write_reply(
                     error: None,
                     generation,
                     assigned: Some(assigned),
+                    withheld,
                 },
             );
             fbb.finish_minimal(root);

@@ -18,8 +18,9 @@
 //!   it. `__` names are reserved for the broker (no queue can be called
 //!   that), so the file never meets a queue's directory.
 //! - **No empty directory after a failed start.** A directory this process
-//!   created is removed when the start fails (before the ready line, no
-//!   client can have stored anything in it).
+//!   created is removed when the start fails before any shard ran. Once
+//!   shards run, a shard that is ready accepts clients before the others
+//!   are, so nothing is removed from then on.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -49,9 +50,9 @@ pub enum DataDirError {
 #[derive(Debug)]
 pub struct DataDir {
     path: PathBuf,
-    /// The highest directory this process created on the way (the data
-    /// directory itself or one of its parents), to remove if the start fails.
-    created: Option<PathBuf>,
+    /// Whether this process created the directory (and may remove it
+    /// again if the start fails before any shard ran).
+    made: bool,
     /// Open for as long as the lock is held.
     _lock: File,
 }
@@ -64,40 +65,45 @@ impl DataDir {
             what,
             source,
         };
+        let not_a_dir = || DataDirError::NotADirectory(path.to_path_buf());
         match std::fs::metadata(path) {
-            Ok(m) if !m.is_dir() => return Err(DataDirError::NotADirectory(path.to_path_buf())),
+            Ok(m) if !m.is_dir() => return Err(not_a_dir()),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             // A parent on the way is a file.
-            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
-                return Err(DataDirError::NotADirectory(path.to_path_buf()))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return Err(not_a_dir()),
             Err(e) => return Err(io("reading its metadata", e)),
         }
-        let created = highest_missing(path);
-        std::fs::create_dir_all(path).map_err(|e| match e.kind() {
-            // A parent that is a file.
-            std::io::ErrorKind::NotADirectory | std::io::ErrorKind::AlreadyExists => {
-                DataDirError::NotADirectory(path.to_path_buf())
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotADirectory | std::io::ErrorKind::AlreadyExists => not_a_dir(),
+                _ => io("creating its parent", e),
+            })?;
+        }
+        // Made here only if this call created it: a broker starting beside
+        // this one on the same new path finds it existing.
+        let made = match std::fs::create_dir(path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => false,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Err(not_a_dir())
             }
-            _ => io("creating it", e),
-        })?;
-        let absolute = std::fs::canonicalize(path).map_err(|e| io("resolving its path", e))?;
-        let created = created.and_then(|c| std::fs::canonicalize(c).ok());
-        let dir = DataDir {
-            _lock: match lock(&absolute) {
-                Ok(file) => file,
-                Err(e) => {
-                    if let Some(c) = &created {
-                        let _ = std::fs::remove_dir_all(c);
-                    }
-                    return Err(e);
-                }
-            },
-            path: absolute,
-            created,
+            Err(e) => return Err(io("creating it", e)),
         };
-        Ok(dir)
+        let absolute = std::fs::canonicalize(path).map_err(|e| io("resolving its path", e))?;
+        // Refused: whoever holds the lock owns the directory, whoever made
+        // it; nothing is removed.
+        let lock = lock(&absolute)?;
+        Ok(DataDir {
+            path: absolute,
+            made,
+            _lock: lock,
+        })
     }
 
     /// The absolute path.
@@ -105,29 +111,16 @@ impl DataDir {
         &self.path
     }
 
-    /// The start failed: removes what this process created (nothing if the
-    /// directory was there before).
+    /// The start failed before any shard ran: removes the directory if
+    /// this process made it (its parents stay: another broker may be
+    /// starting beside this one in them).
     pub fn discard_if_new(self) {
-        if let Some(c) = &self.created {
-            if let Err(e) = std::fs::remove_dir_all(c) {
-                tracing::warn!("removing {} after a failed start: {e}", c.display());
+        if self.made {
+            if let Err(e) = std::fs::remove_dir_all(&self.path) {
+                tracing::warn!("removing {} after a failed start: {e}", self.path.display());
             }
         }
     }
-}
-
-/// The highest ancestor of `path` (or `path` itself) that does not exist.
-fn highest_missing(path: &Path) -> Option<PathBuf> {
-    let mut missing = None;
-    let mut p = Some(path);
-    while let Some(dir) = p.filter(|d| !d.as_os_str().is_empty()) {
-        if dir.exists() {
-            break;
-        }
-        missing = Some(dir.to_path_buf());
-        p = dir.parent();
-    }
-    missing
 }
 
 /// Takes the exclusive lock of `dir/__lock` and writes this process's PID
@@ -213,7 +206,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let new = tmp.path().join("x/y");
         DataDir::open(&new).unwrap().discard_if_new();
-        assert!(!tmp.path().join("x").exists(), "the parent it made goes too");
+        assert!(
+            !new.exists() && tmp.path().join("x").is_dir(),
+            "the directory goes, its parents stay"
+        );
         let old = tmp.path().join("old");
         std::fs::create_dir(&old).unwrap();
         std::fs::write(old.join("keep"), b"data").unwrap();

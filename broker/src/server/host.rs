@@ -56,8 +56,30 @@ impl Host {
     }
 }
 
+/// glommio will not start a shard under this locked-memory limit, even
+/// with CAP_IPC_LOCK.
+const MEMLOCK_MIN: u64 = 512 << 10;
+
+/// Shards when `cores` is not set: one per CPU, but no more than the
+/// machine's memory holds (each may pin `io_memory_bytes` and cache up to
+/// `tail_cache_budget_bytes`), and at least one.
+pub fn default_shards(config: &BrokerConfig, host: &Host) -> usize {
+    let io = (config.io_memory_bytes as u64).max(1);
+    let per_shard = io.saturating_add(config.tail_cache_budget_bytes as u64);
+    let fits = (host.memory_bytes / per_shard).min(host.available_bytes / io);
+    host.cpus.min(usize::try_from(fits).unwrap_or(usize::MAX)).max(1)
+}
+
 /// Whether `shards` shards of `config` fit on `host`.
 pub fn check(config: &BrokerConfig, shards: usize, host: &Host) -> Result<Verdict, String> {
+    if let Some(limit) = host.memlock_bytes.filter(|l| *l < MEMLOCK_MIN) {
+        return Err(format!(
+            "the locked-memory limit (ulimit -l) is {} KiB; a shard needs at least {} KiB to start: raise it \
+             (ulimit -l unlimited, or LimitMEMLOCK=infinity in the systemd unit)",
+            limit >> 10,
+            MEMLOCK_MIN >> 10
+        ));
+    }
     if shards > host.cpus {
         return Err(format!(
             "cores {shards} is more than the {} CPUs this process may run on (each shard is pinned to a CPU \
@@ -240,6 +262,39 @@ mod tests {
             ..limited
         };
         assert_eq!(check(&BrokerConfig::default(), 2, &privileged), Ok(Verdict::Fits));
+    }
+
+    #[test]
+    fn a_limit_glommio_cannot_start_under_is_refused() {
+        let tiny = Host {
+            memlock_bytes: Some(64 << 10),
+            can_lock_any: true,
+            ..host()
+        };
+        let err = check(&BrokerConfig::default(), 1, &tiny).unwrap_err();
+        assert!(err.contains("64 KiB") && err.contains("512 KiB"), "{err}");
+    }
+
+    #[test]
+    fn the_default_shard_count_fits_the_memory() {
+        let c = BrokerConfig::default();
+        let big = Host { cpus: 16, ..host() };
+        assert_eq!(default_shards(&c, &big), 16);
+        // 2 GiB holds four shards of 256 MiB I/O memory + 256 MiB cache.
+        let small = Host {
+            cpus: 16,
+            memory_bytes: 2 * GIB,
+            available_bytes: 2 * GIB,
+            ..host()
+        };
+        assert_eq!(default_shards(&c, &small), 4);
+        assert_eq!(check(&c, default_shards(&c, &small), &small), Ok(Verdict::Fits));
+        let tiny = Host {
+            memory_bytes: 100 << 20,
+            available_bytes: 100 << 20,
+            ..host()
+        };
+        assert_eq!(default_shards(&c, &tiny), 1, "at least one (then refused by check)");
     }
 
     #[test]

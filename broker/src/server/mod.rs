@@ -80,8 +80,22 @@ pub fn run(mut config: BrokerConfig) -> Result<(), ServeError> {
         signal_hook::flag::register(signal, stop.clone())
             .map_err(|e| ServeError::Startup(format!("installing the signal handler: {e}")))?;
     }
-    let shards = u16::try_from(config.shard_count()).map_err(|_| ServeError::Startup("too many cores".into()))?;
-    match host::check(&config, usize::from(shards), &host::Host::read()).map_err(ServeError::Startup)? {
+    let machine = host::Host::read();
+    let shards = match config.cores {
+        Some(cores) => cores,
+        None => {
+            let fit = host::default_shards(&config, &machine);
+            if fit < machine.cpus {
+                tracing::info!(
+                    "{fit} shards, not one per CPU ({}): the machine's memory holds {fit} (set cores to choose)",
+                    machine.cpus
+                );
+            }
+            fit
+        }
+    };
+    let shards = u16::try_from(shards).map_err(|_| ServeError::Startup("too many cores".into()))?;
+    match host::check(&config, usize::from(shards), &machine).map_err(ServeError::Startup)? {
         host::Verdict::Fits => {}
         host::Verdict::Warn(w) => tracing::warn!("{w}"),
     }
@@ -99,20 +113,7 @@ pub fn run(mut config: BrokerConfig) -> Result<(), ServeError> {
     // start removes it if it made it.
     let data_dir = DataDir::open(&config.data_dir).map_err(|e| ServeError::Startup(e.to_string()))?;
     config.data_dir = data_dir.path().to_path_buf();
-    let result = run_locked(config, shards, metrics, metrics_addr, stop);
-    if matches!(result, Err(ServeError::Startup(_)) | Err(ServeError::Interrupted)) {
-        // Shards still starting find their files gone and panic on the way
-        // out: the process is ending, and why was said; their panics would
-        // only bury it.
-        quiet_panics();
-        data_dir.discard_if_new();
-    }
-    result
-}
-
-/// From now on, panics are not reported (the process is about to end).
-fn quiet_panics() {
-    std::panic::set_hook(Box::new(|_| {}));
+    run_locked(config, shards, metrics, metrics_addr, stop, data_dir)
 }
 
 /// The shards bind with SO_REUSEPORT, which would quietly share the port
@@ -120,6 +121,15 @@ fn quiet_panics() {
 /// (a killed broker's closing connections hold the port for a while), so
 /// knock: if something answers, the port is taken.
 fn check_port_free(listen: SocketAddr) -> Result<(), ServeError> {
+    // An address that is not this machine's (or a port it may not use)
+    // fails here, before the data directory is touched. A port in use is
+    // the knock's to judge (a broker that just exited holds it a moment).
+    match std::net::TcpListener::bind(listen) {
+        Err(e) if e.kind() != std::io::ErrorKind::AddrInUse => {
+            return Err(ServeError::Startup(format!("binding {listen}: {e}")))
+        }
+        _ => {}
+    }
     if listen.port() == 0 {
         return Ok(());
     }
@@ -154,6 +164,7 @@ fn run_locked(
     metrics: std::net::TcpListener,
     metrics_addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    data_dir: DataDir,
 ) -> Result<(), ServeError> {
     let metrics_fd = Some(std::os::fd::IntoRawFd::into_raw_fd(metrics));
     let config = Arc::new(config);
@@ -185,7 +196,18 @@ fn run_locked(
             })
             .map_err(|e| ServeError::Startup(format!("starting shard {id}: {e}")))
     };
-    let mut handles = vec![spawn(0, config.listen)?];
+    // A start that fails before any shard ran leaves no directory it made;
+    // once one runs, the directory stays (see `data_dir`).
+    let first = match spawn(0, config.listen) {
+        Ok(handle) => handle,
+        Err(e) => {
+            data_dir.discard_if_new();
+            return Err(e);
+        }
+    };
+    // Held (and the directory locked) until the process exits.
+    let _data_dir = data_dir;
+    let mut handles = vec![first];
     // A shard that dies in start-up may leave others waiting for it: give
     // up after a while rather than hang (returning ends the process).
     let startup = Instant::now() + Duration::from_secs(120);

@@ -333,6 +333,7 @@ impl Shard {
         acks: i8,
     ) -> Result<Produced, WireError> {
         let log = &part.log;
+        let interval = matches!(log.config().fsync, strand_storage::FsyncPolicy::Interval { .. });
         if records.is_empty() {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
         }
@@ -379,6 +380,12 @@ impl Shard {
                     .map_err(|_| WireError::new(ErrorCode::NotLeader, "the partition is closing; retry"))?;
                 append_once(part, batch).await?
             };
+            // Wakes the interval timer (it sleeps while nothing is to be
+            // written): per batch, so a later batch's failure cannot leave
+            // an earlier one unwritten until the timer's next look.
+            if interval {
+                self.partitions.interval_appends.notify_all();
+            }
             first.get_or_insert(info);
             last = Some(info);
             stored_bytes += info.bytes;
@@ -386,9 +393,7 @@ impl Shard {
         let (Some(first), Some(last)) = (first, last) else {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
         };
-        if matches!(log.config().fsync, strand_storage::FsyncPolicy::Interval { .. }) {
-            self.partitions.interval_appends.notify_all();
-        }
+
         let commit = {
             let (log, shard) = (log.clone(), self.clone());
             async move {

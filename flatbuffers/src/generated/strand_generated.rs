@@ -6328,6 +6328,7 @@ impl<'a> HeartbeatResponse<'a> {
   pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
   pub const VT_GENERATION: ::flatbuffers::VOffsetT = 6;
   pub const VT_ASSIGNED: ::flatbuffers::VOffsetT = 8;
+  pub const VT_WITHHELD: ::flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -6340,6 +6341,7 @@ impl<'a> HeartbeatResponse<'a> {
   ) -> ::flatbuffers::WIPOffset<HeartbeatResponse<'bldr>> {
     let mut builder = HeartbeatResponseBuilder::new(_fbb);
     builder.add_generation(args.generation);
+    builder.add_withheld(args.withheld);
     if let Some(x) = args.assigned { builder.add_assigned(x); }
     if let Some(x) = args.error { builder.add_error(x); }
     builder.finish()
@@ -6369,6 +6371,18 @@ impl<'a> HeartbeatResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>(HeartbeatResponse::VT_ASSIGNED, None)}
   }
+  /// Partitions the assignment gives this member that it may not hold yet:
+  /// another member has not released them, or the coordinator restarted
+  /// moments ago and waits for members from before to stop. The member is
+  /// then not idle, whatever its fetches return. (0 from brokers older
+  /// than the field.)
+  #[inline]
+  pub fn withheld(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(HeartbeatResponse::VT_WITHHELD, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for HeartbeatResponse<'_> {
@@ -6380,6 +6394,7 @@ impl ::flatbuffers::Verifiable for HeartbeatResponse<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
      .visit_field::<u64>("generation", Self::VT_GENERATION, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueuePartitions>>>>("assigned", Self::VT_ASSIGNED, false)?
+     .visit_field::<u32>("withheld", Self::VT_WITHHELD, false)?
      .finish();
     Ok(())
   }
@@ -6388,6 +6403,7 @@ pub struct HeartbeatResponseArgs<'a> {
     pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
     pub generation: u64,
     pub assigned: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueuePartitions<'a>>>>>,
+    pub withheld: u32,
 }
 impl<'a> Default for HeartbeatResponseArgs<'a> {
   #[inline]
@@ -6396,6 +6412,7 @@ impl<'a> Default for HeartbeatResponseArgs<'a> {
       error: None,
       generation: 0,
       assigned: None,
+      withheld: 0,
     }
   }
 }
@@ -6418,6 +6435,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeartbeatResponseBuilder<'a, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatResponse::VT_ASSIGNED, assigned);
   }
   #[inline]
+  pub fn add_withheld(&mut self, withheld: u32) {
+    self.fbb_.push_slot::<u32>(HeartbeatResponse::VT_WITHHELD, withheld, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeartbeatResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     HeartbeatResponseBuilder {
@@ -6438,6 +6459,7 @@ impl ::core::fmt::Debug for HeartbeatResponse<'_> {
       ds.field("error", &self.error());
       ds.field("generation", &self.generation());
       ds.field("assigned", &self.assigned());
+      ds.field("withheld", &self.withheld());
       ds.finish()
   }
 }
