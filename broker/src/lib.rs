@@ -15,6 +15,8 @@
 //!   that keep group state across restarts.
 //! - [`metrics`]: per-shard counters, the `/metrics` and `/health`
 //!   endpoint on shard 0.
+//! - [`peer`]: links to the other brokers of a cluster (pipelined, every
+//!   call with a deadline, completed on the calling shard).
 //! - [`config`]: defaults < TOML file < flags.
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 
@@ -25,5 +27,6 @@ pub mod groups;
 mod handlers;
 pub mod idempotence;
 pub mod metrics;
+pub mod peer;
 pub mod routing;
 pub mod server;

@@ -512,3 +512,49 @@ fn a_low_locked_memory_limit_is_one_clear_line() {
         "escape codes in a log that is not a terminal: {err:?}"
     );
 }
+
+/// A peer link (a broker's connection to another broker) against a real
+/// broker: answered; while that broker is paused (SIGSTOP) a call fails at
+/// its deadline instead of hanging; once it is resumed, calls are answered
+/// again on the same link (the late answer to the call that gave up is
+/// dropped).
+#[test]
+fn a_peer_link_fails_at_its_deadline_while_the_peer_is_paused() {
+    use std::time::{Duration, Instant};
+    use strand_broker::peer::{PeerError, PeerLink};
+    use strand_net::frame::FrameLimits;
+    use strand_net::message::TailBuilder;
+    use strand_wire::flatbuffers::FlatBufferBuilder;
+    use strand_wire::*;
+
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(dir.path(), &["--cores", "1"]);
+    let (addr, pid) = (broker.addr, broker.child.id() as i32);
+    glommio::LocalExecutorBuilder::default()
+        .io_memory(1 << 20)
+        .spawn(move || async move {
+            let mut fbb = FlatBufferBuilder::new();
+            let root = ApiVersionsRequest::create(&mut fbb, &ApiVersionsRequestArgs { client_name: None });
+            fbb.finish_minimal(root);
+            let body = fbb.finished_data().to_vec();
+            let link = PeerLink::new(addr, FrameLimits::default());
+            let call = |timeout| link.call(Api::ApiVersions, &body, TailBuilder::default(), timeout);
+            let f = call(Duration::from_secs(10)).await.unwrap();
+            assert_eq!(f.header.api, Api::ApiVersions as u16);
+            // SAFETY: signals to the broker this test started.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            let started = Instant::now();
+            let err = call(Duration::from_millis(500)).await.unwrap_err();
+            let took = started.elapsed();
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+            assert!(matches!(err, PeerError::Timeout { .. }), "{err}");
+            assert!(took < Duration::from_secs(3), "{took:?}");
+            let f = call(Duration::from_secs(10)).await.unwrap();
+            assert_eq!(f.header.api, Api::ApiVersions as u16);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(broker.terminate().success());
+}
