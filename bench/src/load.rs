@@ -182,6 +182,11 @@ pub struct Args {
     /// message in flight. Not with --rate.
     #[arg(long)]
     pub in_flight: Option<u64>,
+    /// The broker's process id: the report then gives the broker's own CPU
+    /// (`broker_cores`, from /proc/PID/stat, over the whole run), apart
+    /// from the machine's.
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
     /// consume: read the queue's first `--count` records this many times,
     /// one consumer seeking back to the start after each pass; the figures
     /// leave out a first, warm-up pass. With a backlog that fits the
@@ -726,10 +731,17 @@ fn loop_kind(args: &Args) -> String {
 }
 
 pub fn run(scenario: &str, args: Args) -> Result<(), String> {
+    let broker_cpu = |pid| crate::report::process_cpu_s(pid).ok_or(format!("no process {pid} to read the CPU of"));
+    let before = args.broker_pid.map(broker_cpu).transpose()?;
+    let started = Instant::now();
     let outcome = match scenario {
         "produce" => produce(&args)?,
         "consume" => consume(&args)?,
         _ => e2e(&args)?,
+    };
+    let broker_cores = match (args.broker_pid, before) {
+        (Some(pid), Some(before)) => Some((broker_cpu(pid)? - before) / started.elapsed().as_secs_f64().max(1e-9)),
+        _ => None,
     };
     outcome.print(&format!(
         "{scenario} against {}: {} B records, {} producer(s), {} consumer(s), {} partition(s), keys {:?}, batch {} B, \
@@ -745,8 +757,12 @@ pub fn run(scenario: &str, args: Args) -> Result<(), String> {
         args.acks,
         loop_kind(&args)
     ));
+    if let Some(cores) = broker_cores {
+        table("broker process", &[("CPU busy (its own, whole run)", cores, "cores")]);
+    }
     let mut json = outcome.json(scenario);
     json["in_flight"] = args.in_flight.into();
+    json["broker_cores"] = broker_cores.map(round2).into();
     println!("{json}");
     Ok(())
 }
@@ -789,6 +805,7 @@ mod tests {
             rate: None,
             max_in_flight: 2,
             in_flight: None,
+            broker_pid: None,
             passes: 1,
         };
         let produced = produce(&base).unwrap();

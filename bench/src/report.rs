@@ -124,6 +124,22 @@ pub fn machine_cpu_s() -> f64 {
     busy as f64 / per_s as f64
 }
 
+/// CPU seconds (user + system) process `pid` has used so far, from
+/// `/proc/PID/stat` (clock ticks: meaningful over a second or more);
+/// `None` if it cannot be read (no such process).
+pub fn process_cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces, in parentheses):
+    // state is field 3, utime 14 and stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system setting.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    Some((utime + stime) as f64 / per_s as f64)
+}
+
 /// CPU seconds per GiB of `bytes` (0 when nothing moved).
 pub fn cpu_s_per_gib(cpu_s: f64, bytes: u64) -> f64 {
     if bytes == 0 {
@@ -135,6 +151,21 @@ pub fn cpu_s_per_gib(cpu_s: f64, bytes: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_cpu_time_grows_with_work() {
+        let me = std::process::id();
+        let before = process_cpu_s(me).expect("this process's stat");
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        let mut x = 0u64;
+        while std::time::Instant::now() < until {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let after = process_cpu_s(me).unwrap();
+        assert!(after - before >= 0.1, "{before} → {after}");
+        assert_eq!(process_cpu_s(u32::MAX), None);
+    }
 
     #[test]
     fn machine_cpu_time_counts_a_busy_thread() {

@@ -17,6 +17,10 @@
 //!    --passes`), which the partition's tail cache holds: the rate the
 //!    broker serves from memory;
 //! 5. produce → consume latency at half of (1)'s throughput;
+//! 6. the daily load (issue 27): a billion 1 KB records a day, 11,600/s
+//!    open loop, keyed (10,000 uniform keys) over 100 partitions of an
+//!    `fsync=always` queue, 2 producers, linger 0, acks=all, for 60 s (30 s
+//!    with `--quick`); then the same at five times the rate (`s6x5`);
 //!
 //! and, first of all, the broker's RSS before and after creating 1,000
 //! partitions. Each scenario's row also gives the average produce request
@@ -28,7 +32,10 @@
 //! shard), and in brackets those its thread spent mostly off the CPU
 //! (`strand_reactor_stalls_off_cpu_total`: the OS or the host held it):
 //! where those are frequent, the latency tail is the machine's (see
-//! `baseline`'s CPU stalls). It stops
+//! `baseline`'s CPU stalls); the records per produce request; the broker
+//! process's own busy cores (`/proc/PID/stat`, `sN_broker_cores`) beside
+//! the machine's; and its fdatasyncs per second
+//! (`strand_fsync_latency_seconds_count`, `sN_fsyncs_per_s`). It stops
 //! the broker, removes its data, prints a markdown report and, last, one
 //! JSON line: `produce_vs_limit` (= (1) MiB/s ÷ min(disk write, loopback)),
 //! `consume_vs_limit` (= (4) MiB/s ÷ min(disk read, loopback)),
@@ -151,10 +158,19 @@ impl OwnBroker {
 
     /// Runs `scenario`, and says what the broker counted meanwhile.
     fn measure_during<T>(&self, scenario: impl FnOnce() -> Result<T, String>) -> Result<(T, BrokerSide), String> {
-        let (before, start) = (self.counters()?, Instant::now());
+        let (before, start) = (self.counters_and_cpu()?, Instant::now());
         let out = scenario()?;
-        let after = self.counters()?;
+        let after = self.counters_and_cpu()?;
         Ok((out, BrokerSide::between(&before, &after, start.elapsed().as_secs_f64())))
+    }
+
+    /// This broker's counters, with the CPU its process has used.
+    fn counters_and_cpu(&self) -> Result<Counters, String> {
+        let cpu_s = crate::report::process_cpu_s(self.child.id()).ok_or("the broker's /proc/PID/stat is gone")?;
+        Ok(Counters {
+            cpu_s,
+            ..self.counters()?
+        })
     }
 
     /// Resident memory of the broker process, MiB.
@@ -212,7 +228,25 @@ fn load_args(addr: &str) -> load::Args {
         rate: None,
         max_in_flight: strand_client::IDEMPOTENT_MAX_IN_FLIGHT,
         in_flight: None,
+        broker_pid: None,
         passes: 1,
+    }
+}
+
+/// The daily load of scenario (6): a billion 1 KB records a day.
+const DAILY_RATE: u64 = 11_600;
+
+/// Scenario (6)'s load at `rate` records/s: 100 partitions of a fresh
+/// `fsync=always` queue, 2 producers, 10,000 uniform keys, linger 0,
+/// acks=all, open loop.
+fn daily_load_args(addr: &str, rate: u64) -> load::Args {
+    load::Args {
+        partitions: 100,
+        producers: 2,
+        keys: Keys::Uniform(10_000),
+        rate: Some(rate),
+        acks: "all".into(),
+        ..load_args(addr)
     }
 }
 
@@ -277,6 +311,11 @@ pub(crate) struct Counters {
     pub(crate) produce_requests: f64,
     /// `strand_produce_bytes_total`.
     produce_bytes: f64,
+    /// `strand_fsync_latency_seconds_count`: fdatasyncs of every log.
+    fsyncs: f64,
+    /// The broker process's CPU seconds (not from its metrics: set by
+    /// `OwnBroker::counters_and_cpu`).
+    cpu_s: f64,
 }
 
 impl Counters {
@@ -286,6 +325,8 @@ impl Counters {
             stalls_off_cpu: sum_of(text, "strand_reactor_stalls_off_cpu_total"),
             produce_requests: sum_of(text, "strand_produce_requests_total"),
             produce_bytes: sum_of(text, "strand_produce_bytes_total"),
+            fsyncs: sum_of(text, "strand_fsync_latency_seconds_count"),
+            cpu_s: 0.0,
         }
     }
 }
@@ -299,6 +340,11 @@ struct BrokerSide {
     stalls_per_s: f64,
     stalls_off_cpu_per_s: f64,
     produce_request_kib: Option<f64>,
+    /// Produce requests the broker served.
+    produce_requests: f64,
+    /// The broker process's busy cores (its own CPU, not the machine's).
+    cores: f64,
+    fsyncs_per_s: f64,
 }
 
 impl BrokerSide {
@@ -310,6 +356,9 @@ impl BrokerSide {
             stalls_off_cpu_per_s: (after.stalls_off_cpu - before.stalls_off_cpu) / secs,
             produce_request_kib: (requests > 0.0)
                 .then(|| (after.produce_bytes - before.produce_bytes) / requests / 1024.0),
+            produce_requests: requests,
+            cores: (after.cpu_s - before.cpu_s) / secs,
+            fsyncs_per_s: (after.fsyncs - before.fsyncs) / secs,
         }
     }
 }
@@ -320,8 +369,13 @@ fn row(name: &str, o: &Outcome, broker: BrokerSide) -> String {
         Some(k) => format!("{k:.0}"),
         None => "—".to_string(),
     };
+    let per_request = if broker.produce_requests > 0.0 {
+        format!("{:.1}", o.records as f64 / broker.produce_requests)
+    } else {
+        "—".to_string()
+    };
     format!(
-        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {request} | {:.1} ({:.1}) | {:.2} | {:.2} |",
+        "| {name} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {request} | {per_request} | {:.1} ({:.1}) | {:.2} | {:.0} | {:.2} | {:.2} |",
         o.msgs_s(),
         o.mib_s(),
         o.latency.p50_us,
@@ -330,6 +384,8 @@ fn row(name: &str, o: &Outcome, broker: BrokerSide) -> String {
         o.latency.max_us,
         broker.stalls_per_s,
         broker.stalls_off_cpu_per_s,
+        broker.cores,
+        broker.fsyncs_per_s,
         o.cores_busy(),
         o.cpu_s_per_gib()
     )
@@ -340,6 +396,7 @@ pub fn run(args: Args) -> Result<(), String> {
         Some(p) => p.clone(),
         None => std::env::current_exe().map_err(err)?.with_file_name("strand"),
     };
+    let daily_secs = if args.quick { 30 } else { 60 };
     let (secs, backlog_mib, base) = if args.quick {
         (
             3,
@@ -440,6 +497,18 @@ pub fn run(args: Args) -> Result<(), String> {
             ..load_args(&addr)
         })
     })?;
+    let daily = |rate: u64| {
+        broker.measure_during(|| {
+            load::produce(&load::Args {
+                seconds: daily_secs,
+                ..daily_load_args(&addr, rate)
+            })
+        })
+    };
+    eprintln!("suite: (6) the daily load: {DAILY_RATE}/s over 100 partitions, acks=all, fsync=always");
+    let (six, six_broker) = daily(DAILY_RATE)?;
+    eprintln!("suite: (6×5) the same at {}/s", 5 * DAILY_RATE);
+    let (six_x5, six_x5_broker) = daily(5 * DAILY_RATE)?;
     drop(broker);
 
     let produce_limit = limits.disk_write_mib_s.min(limits.loopback_mib_s);
@@ -475,6 +544,10 @@ pub fn run(args: Args) -> Result<(), String> {
         "(1) 1 producer (idempotent, 5 in flight), 1 KB records, 1 MiB batches (linger {THROUGHPUT_LINGER_MS} ms), \
          acks=1, fsync=always, 1 partition"
     );
+    let six_label = format!(
+        "(6) daily load: 1 KB records keyed uniform:10,000 at {DAILY_RATE}/s (open loop) over 100 partitions, \
+         2 producers, linger 0, acks=all, fsync=always"
+    );
     let scenarios = [
         ("s1", one_label.as_str(), &one, one_broker),
         ("s2", "(2) as (1), 8 partitions, 4 producers", &two, two_broker),
@@ -502,10 +575,13 @@ pub fn run(args: Args) -> Result<(), String> {
             &five,
             five_broker,
         ),
+        ("s6", six_label.as_str(), &six, six_broker),
+        ("s6x5", "(6×5) as (6) at five times the rate", &six_x5, six_x5_broker),
     ];
     md.push_str(
         "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | KiB per produce request \
-         | broker stalls/s (off CPU) | cores busy | CPU s/GiB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | records per produce request | broker stalls/s (off CPU) | broker cores | broker fsyncs/s | machine cores busy \
+         | CPU s/GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (_, name, o, broker) in &scenarios {
         md.push_str(&row(name, o, *broker));
@@ -555,7 +631,11 @@ pub fn run(args: Args) -> Result<(), String> {
     for (name, _, o, broker) in scenarios {
         json.insert(format!("{name}_msgs_s"), round2(o.msgs_s()).into());
         json.insert(format!("{name}_mib_s"), round2(o.mib_s()).into());
+        json.insert(format!("{name}_p50_us"), round2(o.latency.p50_us).into());
         json.insert(format!("{name}_p99_us"), round2(o.latency.p99_us).into());
+        json.insert(format!("{name}_p999_us"), round2(o.latency.p999_us).into());
+        json.insert(format!("{name}_broker_cores"), round2(broker.cores).into());
+        json.insert(format!("{name}_fsyncs_per_s"), round2(broker.fsyncs_per_s).into());
         json.insert(format!("{name}_stalls_per_s"), round2(broker.stalls_per_s).into());
         json.insert(
             format!("{name}_stalls_off_cpu_per_s"),
@@ -590,8 +670,10 @@ mod tests {
                     strand_produce_requests_total{queue=\"b\"} 6\n\
                     strand_produce_bytes_total{queue=\"a\"} 8388608\n\
                     strand_reactor_stalls_total{shard=\"1\"} 9\n\
-                    strand_reactor_stalls_off_cpu_total{shard=\"1\"} 4\n";
-        let after = Counters::from_metrics(text);
+                    strand_reactor_stalls_off_cpu_total{shard=\"1\"} 4\n\
+                    strand_fsync_latency_seconds_count 30\n\
+                    strand_fsync_latency_seconds_sum 0.5\n";
+        let mut after = Counters::from_metrics(text);
         assert_eq!(
             after,
             Counters {
@@ -599,17 +681,23 @@ mod tests {
                 stalls_off_cpu: 4.0,
                 produce_requests: 16.0,
                 produce_bytes: 8388608.0,
+                fsyncs: 30.0,
+                cpu_s: 0.0,
             }
         );
+        after.cpu_s = 3.0;
         let before = Counters {
             produce_requests: 8.0,
             produce_bytes: 0.0,
             stalls: 1.0,
+            fsyncs: 10.0,
+            cpu_s: 2.0,
             ..Counters::default()
         };
         let side = BrokerSide::between(&before, &after, 2.0);
         assert_eq!((side.stalls_per_s, side.stalls_off_cpu_per_s), (4.0, 2.0));
         assert_eq!(side.produce_request_kib, Some(1024.0));
+        assert_eq!((side.produce_requests, side.cores, side.fsyncs_per_s), (8.0, 0.5, 10.0));
         // A consume-only scenario stored no produce request.
         assert_eq!(BrokerSide::between(&after, &after, 1.0).produce_request_kib, None);
     }
