@@ -334,6 +334,15 @@ impl Tally {
     }
 }
 
+/// Sets its flag when dropped (a thread's end, however it ends).
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// A record's answer, into the tally: latency from `due` if it was stored.
 fn settle(tally: &Tally, due: Instant, result: Result<(), strand_client::ClientError>) {
     match result {
@@ -644,6 +653,9 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
     // Closed loop: records the consumers received, and a wake-up for the
     // producer waiting on them.
     let arrivals = (Mutex::new(0u64), std::sync::Condvar::new());
+    // Set when the consumers stop (done, or failed): the closed loop's
+    // producer then waits for nobody.
+    let consumers_done = AtomicBool::new(false);
     let queues = queues(args, "bench-e2e")?;
     let received = AtomicU64::new(0);
     let bytes = AtomicU64::new(0);
@@ -655,6 +667,7 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
     let consumers = args.consumers.max(1) as u64;
     let (result, consumed) = std::thread::scope(|scope| {
         let consumed = scope.spawn(|| {
+            let _done = SetOnDrop(&consumers_done);
             run_consumers(
                 args,
                 &queues,
@@ -692,7 +705,7 @@ pub fn e2e(args: &Args) -> Result<Outcome, String> {
             // Until all but limit - 1 of the records sent have arrived (a
             // lost record ends the wait at the deadline).
             let Ok(mut n) = arrivals.0.lock() else { return };
-            while *n + limit <= sent && Instant::now() < deadline {
+            while *n + limit <= sent && Instant::now() < deadline && !consumers_done.load(Ordering::SeqCst) {
                 n = match arrivals.1.wait_timeout(n, Duration::from_millis(100)) {
                     Ok((n, _)) => n,
                     Err(_) => return,

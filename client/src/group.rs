@@ -360,6 +360,7 @@ impl Shared {
                 {
                     let mut st = self.state();
                     st.member_id = None;
+                    st.withheld = 0;
                     if !st.granted.is_empty() {
                         st.granted.clear();
                         st.changes += 1;
@@ -539,9 +540,16 @@ impl GroupConsumer {
     /// moments ago and waits for members from before it), or `poll` has not
     /// taken up a grant yet. A reader that stops when idle should not count
     /// this time as idle.
+    ///
+    /// Only while the coordinator answers: a member whose last heartbeat
+    /// answer is a session old (the coordinator is down or unreachable) is
+    /// not waiting for partitions but failing, and says so through `poll`.
     pub fn waiting_for_partitions(&self) -> bool {
         let st = self.shared.state();
-        st.member_id.is_none() || st.withheld > 0 || st.granted != st.active
+        let answering = st
+            .last_heartbeat
+            .is_some_and(|t| t.elapsed() < self.shared.session_timeout);
+        answering && (st.member_id.is_none() || st.withheld > 0 || st.granted != st.active)
     }
 
     /// Positions moved because they fell outside the log (retention): the

@@ -401,7 +401,7 @@ fn exec_loop(
     let mut waiting = WaitNote::default();
     let mut failing: Option<ClientError> = None;
     loop {
-        if waiting.check(member.waiting_for_partitions(), &args.queue) {
+        if waiting.check(member.waiting_for_partitions(), &args.queue) && failing.is_none() {
             busy_until = busy_until.max(Instant::now());
         }
         if stop.load(Ordering::SeqCst) || args.max.is_some_and(|m| handled >= m) {
@@ -537,7 +537,7 @@ fn print_loop(
         }
         // Waiting for partitions (another member still holds them, or the
         // broker restarted moments ago) is not idle time.
-        if waiting.check(source.waiting(), &args.queue) {
+        if waiting.check(source.waiting(), &args.queue) && failing.is_none() {
             last_message = Instant::now();
         }
         if idle.is_some_and(|d| last_message.elapsed() >= d) {

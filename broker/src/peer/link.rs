@@ -3,8 +3,9 @@
 //! Runs on: the shard that made the link (it is `!Send`); calls may be
 //! made from any number of that shard's tasks at once.
 //!
-//! - **Connection.** Opened on the first call, and again by the call after
-//!   it failed. A call that finds none connects within its own deadline.
+//! - **Connection.** Opened on the first call, and again by the first
+//!   call after it failed or was closed. A call that finds none connects
+//!   within its own deadline.
 //! - **Pipelining.** Each call gets the next correlation id, writes its
 //!   frame whole under the link's write lock (frames never interleave), and
 //!   waits for the response with that id; a reader task on the same
@@ -14,8 +15,9 @@
 //!   overloaded or cut off makes calls fail with [`PeerError::Timeout`]; no
 //!   call outlives its deadline. A write cut short leaves part of a frame on
 //!   the stream, so the connection is then closed (its other waiters fail
-//!   at once with [`PeerError::Unreachable`]); a response that comes after
-//!   its call gave up is dropped, and the connection stays.
+//!   at once with [`PeerError::Unreachable`]) — also when the call itself is
+//!   dropped mid-write; a response that comes after its call gave up is
+//!   dropped, and the connection stays.
 //! - **Failure.** A connection that fails (refused, reset, closed by the
 //!   peer, a malformed frame) fails every call waiting on it.
 //!
@@ -127,12 +129,15 @@ impl PeerLink {
     }
 
     /// Sends a request (`body`, a finished flatbuffer, and `tail`) and
-    /// waits for its response, for at most `timeout` in all.
+    /// waits for its response, for at most `timeout` in all. A call
+    /// dropped before it ends (its caller gave up) cleans up as one that
+    /// timed out: its waiter goes, and a write it cut short closes the
+    /// connection.
     pub async fn call(&self, api: Api, body: &[u8], tail: TailBuilder, timeout: Duration) -> Result<Frame, PeerError> {
         let deadline = Instant::now() + timeout;
         let addr = self.inner.addr;
         let timed_out = || PeerError::Timeout { addr, after: timeout };
-        let (id, conn, answer) = {
+        let (_waiter, answer) = {
             let _turn = before(deadline, self.inner.write_lock.acquire_permit(1))
                 .await
                 .ok_or_else(timed_out)?
@@ -140,11 +145,16 @@ impl PeerLink {
                     addr,
                     message: format!("the link is closed: {e}"),
                 })?;
+            // The lock came, but too late to send anything.
+            if Instant::now() >= deadline {
+                return Err(timed_out());
+            }
             let conn = self.connected(deadline, timeout).await?;
             let id = self.inner.next_id.get();
             self.inner.next_id.set(id.wrapping_add(1));
             let (tx, answer) = oneshot::channel();
             conn.waiting.borrow_mut().insert(id, tx);
+            let waiter = Waiter { conn, id };
             let out = OutFrame::new(
                 FrameHeader {
                     api: api as u16,
@@ -154,27 +164,31 @@ impl PeerLink {
                 body,
                 tail,
             );
-            let mut writer = conn.writer.borrow_mut().take().ok_or_else(|| PeerError::Unreachable {
-                addr,
-                message: "the connection's writer is gone".into(),
-            })?;
-            // A write that did not finish may have left part of the frame
-            // on the stream: it is out of step, nobody may write on it again.
-            match before(deadline, write_frame(&mut writer, &out)).await {
-                Some(Ok(())) => *conn.writer.borrow_mut() = Some(writer),
-                None => {
-                    self.close(&conn, "a write was cut short by its deadline");
-                    return Err(timed_out());
-                }
+            // Until the frame is all written, a stop (deadline, failure or
+            // the call dropped) leaves the stream out of step: the guard
+            // closes the connection then.
+            let mut write = UnfinishedWrite {
+                link: self,
+                conn: &waiter.conn,
+                writer: waiter.conn.writer.borrow_mut().take(),
+            };
+            let Some(writer) = write.writer.as_mut() else {
+                return Err(PeerError::Unreachable {
+                    addr,
+                    message: "the connection's writer is gone".into(),
+                });
+            };
+            match before(deadline, write_frame(writer, &out)).await {
+                Some(Ok(())) => write.finish(),
+                None => return Err(timed_out()),
                 Some(Err(e)) => {
-                    self.close(&conn, "a write failed");
                     return Err(PeerError::Unreachable {
                         addr,
                         message: format!("writing: {e}"),
-                    });
+                    })
                 }
             }
-            (id, conn, answer)
+            (waiter, answer)
         };
         match before(deadline, answer).await {
             Some(Ok(result)) => result,
@@ -182,11 +196,10 @@ impl PeerLink {
                 addr,
                 message: "the connection closed".into(),
             }),
-            None => {
-                conn.waiting.borrow_mut().remove(&id);
-                Err(timed_out())
-            }
+            // (The waiter's guard removes it.)
+            None => Err(timed_out()),
         }
+        // `_waiter` drops here: an answer that comes later finds nobody.
     }
 
     /// The live connection, connecting first if there is none (the caller
@@ -237,6 +250,43 @@ impl PeerLink {
         let mut current = self.inner.conn.borrow_mut();
         if current.as_ref().is_some_and(|c| Rc::ptr_eq(c, conn)) {
             *current = None;
+        }
+    }
+}
+
+/// A call's place among a connection's waiters, removed when the call ends
+/// however it ends (answered, timed out, or dropped).
+struct Waiter {
+    conn: Rc<Conn>,
+    id: u32,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.conn.waiting.borrow_mut().remove(&self.id);
+    }
+}
+
+/// A frame being written: unless [`UnfinishedWrite::finish`]ed, dropping
+/// it closes the connection (part of a frame may be on the stream, which
+/// is then out of step) and fails its waiters.
+struct UnfinishedWrite<'a> {
+    link: &'a PeerLink,
+    conn: &'a Rc<Conn>,
+    /// The connection's writer, taken for the write; put back by `finish`.
+    writer: Option<WriteHalf<TcpStream>>,
+}
+
+impl UnfinishedWrite<'_> {
+    fn finish(mut self) {
+        *self.conn.writer.borrow_mut() = self.writer.take();
+    }
+}
+
+impl Drop for UnfinishedWrite<'_> {
+    fn drop(&mut self) {
+        if self.writer.is_some() || self.conn.writer.borrow().is_none() {
+            self.link.close(self.conn, "a write did not finish");
         }
     }
 }
@@ -400,6 +450,7 @@ mod tests {
             // Answers nothing until it has 1000 requests.
             serve(l, 1000, Rc::new(|_| (Vec::new(), false)));
             let link = PeerLink::new(addr, FrameLimits::default());
+            let mut first: Option<Rc<Conn>> = None;
             for _ in 0..2 {
                 let started = Instant::now();
                 let err = link
@@ -417,6 +468,11 @@ mod tests {
                     took >= Duration::from_millis(200) && took < Duration::from_secs(5),
                     "{took:?}"
                 );
+                // The same connection: a late answer is no reason to drop it,
+                // and the waiter that gave up is gone.
+                let conn = link.inner.conn.borrow().clone().expect("still connected");
+                assert!(conn.waiting.borrow().is_empty() && conn.alive.get());
+                assert!(Rc::ptr_eq(first.get_or_insert_with(|| conn.clone()), &conn));
             }
         });
     }
@@ -444,6 +500,51 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(5));
             // The stream was cut mid-frame: the next call has a new one.
             assert!(link.inner.conn.borrow().is_none());
+        });
+    }
+
+    #[test]
+    fn a_call_dropped_mid_write_closes_the_connection() {
+        run(|| async {
+            // Accepts and never reads: a large write stays unfinished.
+            let (l, addr) = listener();
+            glommio::spawn_local(async move {
+                let mut held = Vec::new();
+                while let Ok(s) = l.accept().await {
+                    held.push(s);
+                }
+            })
+            .detach();
+            let link = PeerLink::new(addr, FrameLimits::default());
+            let caller = link.clone();
+            let call = glommio::spawn_local(async move {
+                let big = vec![7u8; 32 << 20];
+                let _ = caller
+                    .call(Api::Produce, &big, TailBuilder::default(), Duration::from_secs(60))
+                    .await;
+            });
+            glommio::timer::sleep(Duration::from_millis(300)).await;
+            assert!(link.inner.conn.borrow().is_some(), "connected and writing");
+            // The caller gives up: dropping a glommio task cancels it, and
+            // the executor drops its future at its next turn.
+            drop(call);
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+            assert!(
+                link.inner.conn.borrow().is_none(),
+                "the half-written connection is closed"
+            );
+            // The next call starts a new connection (and, this peer never
+            // reading, times out on it).
+            let err = link
+                .call(
+                    Api::ApiVersions,
+                    b"x",
+                    TailBuilder::default(),
+                    Duration::from_millis(200),
+                )
+                .await
+                .unwrap_err();
+            assert!(matches!(err, PeerError::Timeout { .. }), "{err}");
         });
     }
 
