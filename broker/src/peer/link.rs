@@ -401,6 +401,20 @@ mod tests {
         .detach();
     }
 
+    /// A peer that accepts connections and never reads them: the socket
+    /// buffers fill, and a large write cannot finish.
+    fn never_reading_peer() -> SocketAddr {
+        let (l, addr) = listener();
+        glommio::spawn_local(async move {
+            let mut held = Vec::new();
+            while let Ok(s) = l.accept().await {
+                held.push(s);
+            }
+        })
+        .detach();
+        addr
+    }
+
     fn listener() -> (TcpListener, SocketAddr) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -480,15 +494,7 @@ mod tests {
     #[test]
     fn a_peer_that_does_not_read_cannot_hold_a_writer() {
         run(|| async {
-            // Accepts and never reads: the socket buffers fill.
-            let (l, addr) = listener();
-            glommio::spawn_local(async move {
-                let mut held = Vec::new();
-                while let Ok(s) = l.accept().await {
-                    held.push(s);
-                }
-            })
-            .detach();
+            let addr = never_reading_peer();
             let link = PeerLink::new(addr, FrameLimits::default());
             let big = vec![7u8; 32 << 20];
             let started = Instant::now();
@@ -506,15 +512,7 @@ mod tests {
     #[test]
     fn a_call_dropped_mid_write_closes_the_connection() {
         run(|| async {
-            // Accepts and never reads: a large write stays unfinished.
-            let (l, addr) = listener();
-            glommio::spawn_local(async move {
-                let mut held = Vec::new();
-                while let Ok(s) = l.accept().await {
-                    held.push(s);
-                }
-            })
-            .detach();
+            let addr = never_reading_peer();
             let link = PeerLink::new(addr, FrameLimits::default());
             let caller = link.clone();
             let call = glommio::spawn_local(async move {
