@@ -15,6 +15,8 @@
 //!   that keep group state across restarts.
 //! - [`metrics`]: per-shard counters, the `/metrics` and `/health`
 //!   endpoint on shard 0.
+//! - `frame_io`: writing frames on glommio sockets (client connections
+//!   and peer links alike).
 //! - [`peer`]: links to the other brokers of a cluster (pipelined, every
 //!   call with a deadline, completed on the calling shard).
 //! - [`config`]: defaults < TOML file < flags.
@@ -23,6 +25,7 @@
 pub mod cli;
 pub mod config;
 pub mod controller;
+mod frame_io;
 pub mod groups;
 mod handlers;
 pub mod idempotence;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_channel::oneshot;
-use strand_net::frame::{self, FrameHeader, FrameLimits};
+use strand_net::frame::{self, FrameLimits};
 use strand_net::message::TailBuilder;
 use strand_net::{Frame, OutFrame};
 use strand_wire::Api;
@@ -260,12 +260,7 @@ impl Connection {
                 p.waiting.insert(id, (Instant::now(), f));
             }
         }
-        let header = FrameHeader {
-            api: api as u16,
-            version: 0,
-            correlation_id: id,
-        };
-        let out = OutFrame::new(header, body, tail);
+        let out = OutFrame::request(api, id, body, tail);
         let written = write_frame(&mut w.0, &out);
         if let Err(e) = written {
             let err = ClientError::Io {

@@ -170,6 +170,16 @@ impl OutFrame {
         }
     }
 
+    /// A request of `api` with `correlation_id` (every API is at version 0).
+    pub fn request(api: Api, correlation_id: u32, body: &[u8], tail: TailBuilder) -> OutFrame {
+        let header = FrameHeader {
+            api: api as u16,
+            version: 0,
+            correlation_id,
+        };
+        OutFrame::new(header, body, tail)
+    }
+
     /// Bytes on the wire.
     pub fn len(&self) -> usize {
         self.head.len() + self.tail.iter().map(Bytes::len).sum::<usize>()

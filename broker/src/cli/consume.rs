@@ -32,6 +32,8 @@ use strand_client::{
 };
 use strand_wire::ErrorCode;
 
+use crate::groups::offset_outside_log;
+
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
     /// The queue to read.
@@ -214,26 +216,19 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>, String> {
     Ok(stop)
 }
 
-/// The check `group reset --to offset:N` makes, for a plain consume from
-/// `offset:N`: N must lie in every partition's log (from its start to its
-/// end), or the consumer would be moved elsewhere without a word.
+/// The check `group reset --to offset:N` makes ([`offset_outside_log`]),
+/// for a plain consume from `offset:N`: N must lie in every partition's
+/// log, or the consumer would be moved elsewhere without a word.
 fn check_offset_in_range(brokers: &str, queue: &str, offset: u64) -> Result<(), String> {
     let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
     let d = block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
     match d
         .partitions
         .iter()
-        .find(|p| !(p.log_start..=p.high_watermark).contains(&offset))
+        .find_map(|p| offset_outside_log(queue, p.partition, offset, p.log_start, p.high_watermark))
     {
         None => Ok(()),
-        Some(p) => Err(ClientError::broker(
-            ErrorCode::OffsetOutOfRange,
-            format!(
-                "offset {offset} is outside {queue}/{}'s log (offsets {} to {})",
-                p.partition, p.log_start, p.high_watermark
-            ),
-        )
-        .to_string()),
+        Some(why) => Err(ClientError::broker(ErrorCode::OffsetOutOfRange, why).to_string()),
     }
 }
 

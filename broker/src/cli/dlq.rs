@@ -54,26 +54,36 @@ fn text(b: &Option<bytes::Bytes>) -> Option<String> {
     b.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
-/// A consumer of `queue`'s DLQ from its start; `None` if the DLQ was not
-/// made yet (nothing was dead-lettered). A source queue that does not
-/// exist is an error.
-fn open_dlq(brokers: &str, queue: &str) -> Result<Option<Consumer>, String> {
-    let config = ConsumerConfig {
-        start: Seek::Earliest,
-        max_wait: Duration::from_millis(200),
-        ..ConsumerConfig::default()
-    };
-    let mut c = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
-    match block_on(c.assign_all(&dlq_name(queue))) {
-        Ok(_) => Ok(Some(c)),
+/// The name of `queue`'s dead-letter queue if it was made (something was
+/// dead-lettered), `None` if not; an error if `queue` itself does not
+/// exist.
+fn existing_dlq(brokers: &str, queue: &str) -> Result<Option<String>, String> {
+    let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
+    let dlq = dlq_name(queue);
+    match block_on(admin.describe_queue(&dlq)) {
+        Ok(_) => Ok(Some(dlq)),
         Err(e) if e.code() == Some(ErrorCode::UnknownQueue) => {
-            let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
             // The source's own error (it does not exist) if it is missing.
             block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
             Ok(None)
         }
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A consumer of `queue`'s DLQ from its start; `None` if it was not made.
+fn open_dlq(brokers: &str, queue: &str) -> Result<Option<Consumer>, String> {
+    let Some(dlq) = existing_dlq(brokers, queue)? else {
+        return Ok(None);
+    };
+    let config = ConsumerConfig {
+        start: Seek::Earliest,
+        max_wait: Duration::from_millis(200),
+        ..ConsumerConfig::default()
+    };
+    let mut c = Consumer::new(brokers, config).map_err(|e| e.to_string())?;
+    block_on(c.assign_all(&dlq)).map_err(|e| e.to_string())?;
+    Ok(Some(c))
 }
 
 /// Hands every record of the DLQ, oldest first, to `each` as it is read
@@ -181,13 +191,9 @@ fn replay(brokers: &str, queue: &str, max: Option<u64>) -> Result<u64, String> {
         },
         ..GroupConfig::default()
     };
-    let dlq = dlq_name(queue);
-    let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
-    block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
-    match block_on(admin.describe_queue(&dlq)) {
-        // Nothing was dead-lettered yet: nothing to replay.
-        Err(e) if e.code() == Some(ErrorCode::UnknownQueue) => return Ok(0),
-        other => other.map_err(|e| e.to_string())?,
+    // Nothing was dead-lettered yet: nothing to replay.
+    let Some(dlq) = existing_dlq(brokers, queue)? else {
+        return Ok(0);
     };
     let mut member =
         block_on(GroupConsumer::subscribe(brokers, REPLAY_GROUP, &[&dlq], config)).map_err(|e| e.to_string())?;

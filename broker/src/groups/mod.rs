@@ -111,6 +111,15 @@ pub fn dlq_name(queue: &str) -> String {
     format!("{prefix}-{hash:08x}{SUFFIX}")
 }
 
+/// Why `offset` is no place to start reading `queue`/`partition`, whose
+/// log holds offsets `start` to `end` (the end: where the next record
+/// goes); `None` if it is one. The rule of `group reset --to offset:N` and
+/// of `consume --from offset:N`.
+pub fn offset_outside_log(queue: &str, partition: u32, offset: u64, start: u64, end: u64) -> Option<String> {
+    (!(start..=end).contains(&offset))
+        .then(|| format!("offset {offset} is outside {queue}/{partition}'s log (offsets {start} to {end})"))
+}
+
 /// Whether a queue name is reserved for the broker's own queues.
 pub fn is_internal(queue: &str) -> bool {
     queue.starts_with("__")
@@ -802,11 +811,8 @@ impl Coordinator {
                 ResetTo::Offset(o) => {
                     let start = list_offset(shard, &tp, OffsetQuery::Earliest).await?.0;
                     let end = list_offset(shard, &tp, OffsetQuery::Latest).await?.0;
-                    if !(start..=end).contains(&o) {
-                        return Err(WireError::new(
-                            ErrorCode::OffsetOutOfRange,
-                            format!("offset {o} is outside {queue}/{q_p}'s log (offsets {start} to {end})"),
-                        ));
+                    if let Some(why) = offset_outside_log(queue, q_p, o, start, end) {
+                        return Err(WireError::new(ErrorCode::OffsetOutOfRange, why));
                     }
                     o
                 }

@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use futures_channel::oneshot;
 use futures_lite::io::{ReadHalf, WriteHalf};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncReadExt;
 use glommio::net::TcpStream;
-use strand_net::frame::{self, Frame, FrameHeader, FrameLimits};
+use strand_net::frame::{self, Frame, FrameLimits};
 use strand_net::message::TailBuilder;
 use strand_net::OutFrame;
 use strand_wire::Api;
@@ -155,15 +155,7 @@ impl PeerLink {
             let (tx, answer) = oneshot::channel();
             conn.waiting.borrow_mut().insert(id, tx);
             let waiter = Waiter { conn, id };
-            let out = OutFrame::new(
-                FrameHeader {
-                    api: api as u16,
-                    version: 0,
-                    correlation_id: id,
-                },
-                body,
-                tail,
-            );
+            let out = OutFrame::request(api, id, body, tail);
             // Until the frame is all written, a stop (deadline, failure or
             // the call dropped) leaves the stream out of step: the guard
             // closes the connection then.
@@ -178,7 +170,7 @@ impl PeerLink {
                     message: "the connection's writer is gone".into(),
                 });
             };
-            match before(deadline, write_frame(writer, &out)).await {
+            match before(deadline, crate::frame_io::write_frame(writer, &out)).await {
                 Some(Ok(())) => write.finish(),
                 None => return Err(timed_out()),
                 Some(Err(e)) => {
@@ -291,15 +283,6 @@ impl Drop for UnfinishedWrite<'_> {
     }
 }
 
-/// Writes a frame: its head, then its tail pieces (not copied together).
-async fn write_frame(writer: &mut WriteHalf<TcpStream>, out: &OutFrame) -> std::io::Result<()> {
-    writer.write_all(&out.head).await?;
-    for piece in &out.tail {
-        writer.write_all(piece).await?;
-    }
-    Ok(())
-}
-
 /// Bytes read from the socket at a time (at least).
 const READ_CHUNK: usize = 64 << 10;
 
@@ -340,6 +323,7 @@ async fn read_responses(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_lite::AsyncWriteExt;
     use glommio::net::TcpListener;
     use glommio::LocalExecutorBuilder;
 
@@ -380,7 +364,7 @@ mod tests {
                             let (out, close) = answer(std::mem::take(&mut got));
                             for f in out {
                                 let o = OutFrame::new(f.header, &f.body, TailBuilder::default());
-                                if w.write_all(&o.to_bytes()).await.is_err() {
+                                if crate::frame_io::write_frame(&mut w, &o).await.is_err() {
                                     return;
                                 }
                             }

@@ -31,7 +31,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use bytes::BytesMut;
-use futures_lite::io::{ReadHalf, WriteHalf};
+use futures_lite::io::ReadHalf;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
@@ -128,7 +128,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
                 if failed.get() {
                     continue; // drain the rest so every handler finishes
                 }
-                if let Err(e) = write_all(&mut writer, &out).await {
+                if let Err(e) = crate::frame_io::write_frame(&mut writer, &out).await {
                     tracing::debug!(peer = %peer_w, "write failed: {e}");
                     failed.set(true);
                     let _ = writer.close().await;
@@ -298,14 +298,6 @@ impl LowWater {
             Err(std::io::Error::last_os_error())
         }
     }
-}
-
-async fn write_all(stream: &mut WriteHalf<TcpStream>, out: &OutFrame) -> std::io::Result<()> {
-    stream.write_all(&out.head).await?;
-    for piece in &out.tail {
-        stream.write_all(piece).await?;
-    }
-    stream.flush().await
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use strand_net::frame::{self, FrameHeader, FrameLimits};
+use strand_net::frame::{self, FrameLimits};
 use strand_net::message::{body, TailBuilder};
 use strand_net::{Frame, OutFrame};
 use strand_storage::batch::RecordBatch;
@@ -171,15 +171,7 @@ impl Client {
     pub fn frame(&mut self, api: Api, body: &[u8], tail: TailBuilder) -> (u32, Vec<u8>) {
         let id = self.next_id;
         self.next_id += 1;
-        let out = OutFrame::new(
-            FrameHeader {
-                api: api as u16,
-                version: 0,
-                correlation_id: id,
-            },
-            body,
-            tail,
-        );
+        let out = OutFrame::request(api, id, body, tail);
         (id, out.to_bytes().to_vec())
     }
 
