@@ -311,22 +311,53 @@ pub fn run(args: ConsumeArgs, brokers: &str) -> Result<(), String> {
     }
 }
 
-/// Says once on stderr when a group member has waited over a second for
-/// its partitions (so a quiet consumer is not taken for a stuck one).
-#[derive(Default)]
-struct WaitNote {
-    since: Option<Instant>,
+/// When a consumer with `--idle-exit-ms` has been idle long enough to
+/// exit. Idle time counts from the last message, or from when this
+/// consumer's own delayed redeliveries come due; not while a group member
+/// waits for partitions meant for it (said on stderr once it lasts a
+/// second). An exit while polls fail reports the failure.
+struct IdleClock {
+    limit: Option<Duration>,
+    busy_until: Instant,
+    failing: Option<ClientError>,
+    waiting_since: Option<Instant>,
     said: bool,
 }
 
-impl WaitNote {
-    /// Notes whether the member waits now; returns `waiting`.
-    fn check(&mut self, waiting: bool, queue: &str) -> bool {
-        if !waiting {
-            *self = WaitNote::default();
-            return false;
+impl IdleClock {
+    fn new(limit: Option<Duration>) -> IdleClock {
+        IdleClock {
+            limit,
+            busy_until: Instant::now(),
+            failing: None,
+            waiting_since: None,
+            said: false,
         }
-        let since = *self.since.get_or_insert_with(Instant::now);
+    }
+
+    /// Not idle until `until` (a message now, or a redelivery due then).
+    fn busy_until(&mut self, until: Instant) {
+        self.busy_until = self.busy_until.max(until);
+    }
+
+    /// A poll was answered.
+    fn answered(&mut self) {
+        self.failing = None;
+    }
+
+    /// A poll failed with a transient error: said, then a short pause.
+    fn failed(&mut self, e: ClientError) {
+        warn_and_wait(&e);
+        self.failing = Some(e);
+    }
+
+    /// Whether the member now waits for its partitions.
+    fn waiting(&mut self, waiting: bool, queue: &str) {
+        if !waiting {
+            (self.waiting_since, self.said) = (None, false);
+            return;
+        }
+        let since = *self.waiting_since.get_or_insert_with(Instant::now);
         if !self.said && since.elapsed() >= Duration::from_secs(1) {
             eprintln!(
                 "strand: waiting for partitions of {queue} (another member still holds them, or the broker \
@@ -334,7 +365,20 @@ impl WaitNote {
             );
             self.said = true;
         }
-        true
+        if self.failing.is_none() {
+            self.busy_until(Instant::now());
+        }
+    }
+
+    /// `Some(how to exit)` once idle for the limit.
+    fn expired(&mut self) -> Option<Result<(), String>> {
+        let limit = self.limit?;
+        let idle_at = self.busy_until.checked_add(limit)?;
+        (Instant::now() >= idle_at).then(|| {
+            self.failing.take().map_or(Ok(()), |e| {
+                Err(format!("no message for --idle-exit-ms while retrying: {e}"))
+            })
+        })
     }
 }
 
@@ -390,33 +434,23 @@ fn exec_loop(
     member: &mut GroupConsumer,
 ) -> Result<(), String> {
     let mut handled = 0u64;
-    // Idle time counts from the last message, or from when this consumer's
-    // own delayed redeliveries come due.
-    let mut busy_until = Instant::now();
-    let mut waiting = WaitNote::default();
-    let mut failing: Option<ClientError> = None;
+    let mut clock = IdleClock::new(idle);
     loop {
-        if waiting.check(member.waiting_for_partitions(), &args.queue) && failing.is_none() {
-            busy_until = busy_until.max(Instant::now());
-        }
         if stop.load(Ordering::SeqCst) || args.max.is_some_and(|m| handled >= m) {
             return Ok(());
         }
-        if idle.is_some_and(|d| Instant::now().saturating_duration_since(busy_until) >= d) {
-            // Idle because the brokers did not answer: say so.
-            return failing.map_or(Ok(()), |e| {
-                Err(format!("no message for --idle-exit-ms while retrying: {e}"))
-            });
+        clock.waiting(member.waiting_for_partitions(), &args.queue);
+        if let Some(exit) = clock.expired() {
+            return exit;
         }
         let received = match block_on(member.receive(1)) {
             Err(e) if transient(&e) => {
-                warn_and_wait(&e);
-                failing = Some(e);
+                clock.failed(e);
                 continue;
             }
             other => other.map_err(|e| e.to_string())?,
         };
-        failing = None;
+        clock.answered();
         for r in received {
             let status = run_one(cmd, &r, member)?;
             let mut cannot_run = None;
@@ -429,7 +463,7 @@ fn exec_loop(
                     } else {
                         backoff.after(r.attempt)
                     };
-                    busy_until = busy_until.max(Instant::now() + delay);
+                    clock.busy_until(Instant::now() + delay);
                     if fatal {
                         cannot_run = Some(why.clone());
                     }
@@ -455,7 +489,7 @@ fn exec_loop(
                 ));
             }
             handled += 1;
-            busy_until = busy_until.max(Instant::now());
+            clock.busy_until(Instant::now());
         }
     }
 }
@@ -523,36 +557,26 @@ fn print_loop(
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut printed = 0u64;
-    let mut last_message = Instant::now();
-    let mut failing: Option<ClientError> = None;
-    let mut waiting = WaitNote::default();
+    let mut clock = IdleClock::new(idle);
     loop {
         if stop.load(Ordering::SeqCst) || args.max.is_some_and(|m| printed >= m) {
             break;
         }
-        // Waiting for partitions (another member still holds them, or the
-        // broker restarted moments ago) is not idle time.
-        if waiting.check(source.waiting(), &args.queue) && failing.is_none() {
-            last_message = Instant::now();
-        }
-        if idle.is_some_and(|d| last_message.elapsed() >= d) {
-            // Idle because the brokers did not answer: say so.
-            return failing.map_or(Ok(()), |e| {
-                Err(format!("no message for --idle-exit-ms while retrying: {e}"))
-            });
+        clock.waiting(source.waiting(), &args.queue);
+        if let Some(exit) = clock.expired() {
+            return exit;
         }
         let records = match source.poll() {
             Ok(records) => records,
             Err(e) if transient(&e) => {
-                warn_and_wait(&e);
-                failing = Some(e);
+                clock.failed(e);
                 continue;
             }
             Err(e) => return Err(e.to_string()),
         };
-        failing = None;
+        clock.answered();
         if !records.is_empty() {
-            last_message = Instant::now();
+            clock.busy_until(Instant::now());
         }
         let take = args
             .max
@@ -608,6 +632,25 @@ mod tests {
             ..b
         };
         assert_eq!(none.after(3), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_idle_clock_counts_from_activity_and_says_why_it_stops() {
+        assert_eq!(IdleClock::new(None).expired(), None, "no limit: never idle");
+        let mut clock = IdleClock::new(Some(Duration::from_secs(60)));
+        assert_eq!(clock.expired(), None);
+        let mut clock = IdleClock::new(Some(Duration::ZERO));
+        // A redelivery due later keeps it busy until then.
+        clock.busy_until(Instant::now() + Duration::from_secs(60));
+        assert_eq!(clock.expired(), None);
+        let mut clock = IdleClock::new(Some(Duration::ZERO));
+        clock.failing = Some(ClientError::Protocol("down".into()));
+        // Waiting for partitions does not count as busy while polls fail.
+        clock.waiting(true, "q");
+        let exit = clock.expired().expect("idle");
+        assert!(exit.unwrap_err().contains("while retrying: bad response: down"));
+        clock.answered();
+        assert_eq!(clock.expired(), Some(Ok(())));
     }
 
     #[test]
