@@ -369,9 +369,10 @@ async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &A
 /// Retention on every partition every 10 s; interval-fsync ticks every 5 ms
 /// while an `fsync=interval` partition has something to write or sync (an
 /// append wakes it); consumer-group sessions checked every 100 ms (every
-/// second on a shard that coordinates no group); the reactor-stall probe (a 10 ms timer that notes how late it wakes, while
-/// the shard serves requests: an idle shard's stalls delay nobody, and
-/// probing them would cost the idle broker a wake-up every 10 ms).
+/// second on a shard that coordinates no group); the reactor-stall probe
+/// (a 10 ms timer that notes how late it wakes, while the shard serves
+/// requests: an idle shard's stalls delay nobody, and probing them would
+/// cost the idle broker a wake-up every 10 ms).
 fn start_timers(shard: &Rc<Shard>) {
     let s = shard.clone();
     glommio::spawn_local(async move {
@@ -444,14 +445,13 @@ fn start_timers(shard: &Rc<Shard>) {
     .detach();
     let s = shard.clone();
     glommio::spawn_local(async move {
+        // Appends since `seen` (read as a pass starts) wake a sleeping timer.
+        let mut seen = s.partitions.interval_appends.epoch();
+        let mut unsettled = true;
         while !s.stopping.get() {
-            // Nothing of an fsync=interval queue to write, sync or publish:
-            // sleep until the next such append (or a second, to look at
-            // `stopping`) instead of waking every 5 ms for nothing.
-            let seen = s.partitions.interval_appends.epoch();
-            let unsettled = s.partitions.logs().iter().any(|part| {
-                is_interval(part) && (part.log.unsettled() || part.log.high_watermark() < part.log.written_offset())
-            });
+            // The last pass left nothing of an fsync=interval queue to
+            // write, sync or publish: sleep until the next such append (or
+            // a second, to look at `stopping`), not every 5 ms for nothing.
             if !unsettled {
                 futures_lite::future::or(
                     s.partitions.interval_appends.wait(seen),
@@ -461,23 +461,22 @@ fn start_timers(shard: &Rc<Shard>) {
             }
             // Then as before: appends gather for 5 ms, one write takes them.
             glommio::timer::sleep(Duration::from_millis(5)).await;
-            let mut moved = false;
+            seen = s.partitions.interval_appends.epoch();
+            let (mut moved, mut left) = (false, false);
             for part in s.partitions.logs() {
-                if is_interval(&part) {
+                if matches!(part.log.config().fsync, strand_storage::FsyncPolicy::Interval { .. }) {
                     let _ = part.log.tick().await;
                     moved |= part.log.advance_high_watermark(part.log.written_offset());
+                    left |= part.log.unsettled();
                 }
             }
+            unsettled = left;
             if moved {
                 s.partitions.new_data.notify_all();
             }
         }
     })
     .detach();
-}
-
-fn is_interval(part: &partitions::Partition) -> bool {
-    matches!(part.log.config().fsync, strand_storage::FsyncPolicy::Interval { .. })
 }
 
 /// Two phases: every shard first finishes its own in-flight requests

@@ -393,7 +393,6 @@ impl Shard {
         let (Some(first), Some(last)) = (first, last) else {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
         };
-
         let commit = {
             let (log, shard) = (log.clone(), self.clone());
             async move {
