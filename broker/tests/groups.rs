@@ -23,11 +23,26 @@ fn create(broker: &Broker, queue: &str, partitions: u32) {
 
 /// Produces `n` records keyed `k{i % keys}` with values `{tag}-{i}`.
 fn produce(broker: &Broker, queue: &str, tag: &str, n: usize, keys: usize) {
-    let producer = Producer::new(&broker.addr.to_string(), ProducerConfig::default()).unwrap();
+    send_all(broker, queue, ProducerConfig::default(), n, keys, |i| {
+        format!("{tag}-{i}")
+    });
+}
+
+/// Sends `n` records keyed `k{i % keys}` with values `value(i)` through
+/// one producer, and waits for every acknowledgement.
+fn send_all(
+    broker: &Broker,
+    queue: &str,
+    config: ProducerConfig,
+    n: usize,
+    keys: usize,
+    value: impl Fn(usize) -> String,
+) {
+    let producer = Producer::new(&broker.addr.to_string(), config).unwrap();
     let deliveries: Vec<Delivery> = (0..n)
         .map(|i| {
             let key = format!("k{}", i % keys);
-            block_on(producer.enqueue(queue, Some(key.as_bytes()), format!("{tag}-{i}").as_bytes(), &[])).unwrap()
+            block_on(producer.enqueue(queue, Some(key.as_bytes()), value(i).as_bytes(), &[])).unwrap()
         })
         .collect();
     for d in deliveries {
@@ -968,26 +983,14 @@ fn a_plain_consumer_rides_out_a_broker_restart() {
     assert!(values.contains("before-0") && values.contains("after-9"), "{values:?}");
 }
 
-/// Produces `n` records with values `v{i:08}` padded to 100 bytes (one
-/// key per partition-spread) through the library, in large batches.
+/// Produces `n` records of 100 bytes, `v{i:08}` then padding, over 16
+/// keys, in batches that fill (linger 5 ms).
 fn produce_padded(broker: &Broker, queue: &str, n: usize) {
-    let producer = Producer::new(
-        &broker.addr.to_string(),
-        ProducerConfig {
-            linger: Duration::from_millis(5),
-            ..ProducerConfig::default()
-        },
-    )
-    .unwrap();
-    let deliveries: Vec<Delivery> = (0..n)
-        .map(|i| {
-            let value = format!("v{i:08}{}", "x".repeat(91));
-            block_on(producer.enqueue(queue, Some(format!("k{}", i % 16).as_bytes()), value.as_bytes(), &[])).unwrap()
-        })
-        .collect();
-    for d in deliveries {
-        block_on(d).unwrap();
-    }
+    let config = ProducerConfig {
+        linger: Duration::from_millis(5),
+        ..ProducerConfig::default()
+    };
+    send_all(broker, queue, config, n, 16, |i| format!("v{i:08}{}", "x".repeat(91)));
 }
 
 /// Records in the group state log (`__groups`, every partition): one per

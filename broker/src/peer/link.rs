@@ -399,6 +399,20 @@ mod tests {
         addr
     }
 
+    /// A small call that must fail at its 200 ms deadline.
+    async fn times_out(link: &PeerLink) {
+        let err = link
+            .call(
+                Api::ApiVersions,
+                b"x",
+                TailBuilder::default(),
+                Duration::from_millis(200),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PeerError::Timeout { .. }), "{err}");
+    }
+
     fn listener() -> (TcpListener, SocketAddr) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -451,16 +465,7 @@ mod tests {
             let mut first: Option<Rc<Conn>> = None;
             for _ in 0..2 {
                 let started = Instant::now();
-                let err = link
-                    .call(
-                        Api::ApiVersions,
-                        b"x",
-                        TailBuilder::default(),
-                        Duration::from_millis(200),
-                    )
-                    .await
-                    .unwrap_err();
-                assert!(matches!(err, PeerError::Timeout { .. }), "{err}");
+                times_out(&link).await;
                 let took = started.elapsed();
                 assert!(
                     took >= Duration::from_millis(200) && took < Duration::from_secs(5),
@@ -517,16 +522,7 @@ mod tests {
             );
             // The next call starts a new connection (and, this peer never
             // reading, times out on it).
-            let err = link
-                .call(
-                    Api::ApiVersions,
-                    b"x",
-                    TailBuilder::default(),
-                    Duration::from_millis(200),
-                )
-                .await
-                .unwrap_err();
-            assert!(matches!(err, PeerError::Timeout { .. }), "{err}");
+            times_out(&link).await;
         });
     }
 
