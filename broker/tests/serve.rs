@@ -513,6 +513,29 @@ fn a_low_locked_memory_limit_is_one_clear_line() {
     );
 }
 
+/// Waits (up to 5 s) until every thread of process `pid` is stopped
+/// (state `T` in /proc/PID/task/*/stat).
+fn wait_until_stopped(pid: i32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rfind(')')
+                            .and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_string))
+                    })
+                    .is_some_and(|state| state == "T" || state == "t")
+            })
+        })
+    };
+    while !stopped() {
+        assert!(std::time::Instant::now() < deadline, "process {pid} did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// A peer link (a broker's connection to another broker) against a real
 /// broker: answered; while that broker is paused (SIGSTOP) a call fails at
 /// its deadline instead of hanging; once it is resumed, calls are answered
@@ -543,6 +566,10 @@ fn a_peer_link_fails_at_its_deadline_while_the_peer_is_paused() {
             assert_eq!(f.header.api, Api::ApiVersions as u16);
             // SAFETY: signals to the broker this test started.
             unsafe { libc::kill(pid, libc::SIGSTOP) };
+            // kill returns before every thread has stopped (a thread running
+            // on another CPU stops at its next interrupt, late on a busy VM):
+            // wait until all of them are.
+            wait_until_stopped(pid);
             let started = Instant::now();
             let err = call(Duration::from_millis(500)).await.unwrap_err();
             let took = started.elapsed();
