@@ -24,6 +24,16 @@
 //! 6. read-back: the append log reopened (cold tail cache) and read from
 //!    start to end in 1 MiB fetches, against a raw O_DIRECT sequential read
 //!    of the raw file.
+//! 7. with `--spare-segments` (an experiment, not run by default): could a
+//!    spare next segment, prepared in the background, lift fresh-log
+//!    appends to the overwrite rate? Durable raw writes (as in 2) into
+//!    64 MiB segment files, alternating two ways of getting each next
+//!    file: a new empty one (what a fresh log does), or a spare that a
+//!    background task zero-filled and fdatasync'd while the previous
+//!    segment was written (the first one before the clock starts), so the
+//!    data's fdatasyncs are overwrites. The disk writes every byte twice
+//!    in the second way; the question is whether overwrites' cheaper
+//!    fdatasyncs pay for that.
 //!
 //! Last stdout line: a JSON object with `raw_mib_s`, `append_mib_s`,
 //! `ratio` (append / raw), `durable_raw_mib_s`, `durable_ratio` (durable
@@ -32,7 +42,9 @@
 //! `steady_append_mib_s`, `steady_ratio` (steady
 //! append / raw), `small_batch_commits_s`, `small_batch_p50_us`,
 //! `small_batch_p99_us`, `small_batch_p999_us`, `raw_read_mib_s`,
-//! `read_mib_s`, `read_ratio` — medians when `--runs` > 1.
+//! `read_mib_s`, `read_ratio`, and with `--spare-segments`
+//! `spare_new_files_mib_s`, `spare_prepared_mib_s` and `spare_ratio`
+//! (prepared ÷ new) — medians when `--runs` > 1.
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
@@ -84,6 +96,9 @@ pub struct Args {
     /// Repeat the whole scenario and report medians.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Also run the spare-segment experiment (phase 7), `--mib` MiB each way.
+    #[arg(long)]
+    spare_segments: bool,
 }
 
 /// What [`write_phases`] measured (MiB/s).
@@ -105,6 +120,8 @@ struct Figures {
     small: Latency,
     raw_read_mib_s: f64,
     read_mib_s: f64,
+    /// Phase 7: (new files, prepared spares) MiB/s.
+    spare: Option<(f64, f64)>,
 }
 
 pub fn run(args: Args) -> Result<(), String> {
@@ -147,6 +164,18 @@ pub fn run(args: Args) -> Result<(), String> {
         "read_mib_s": read,
         "read_ratio": round2(med(|f| f.read_mib_s / f.raw_read_mib_s) * 100.0) / 100.0,
     });
+    let mut json = json;
+    if args.spare_segments {
+        let new = med(|f| f.spare.map_or(0.0, |s| s.0));
+        let prepared = med(|f| f.spare.map_or(0.0, |s| s.1));
+        json["spare_new_files_mib_s"] = new.into();
+        json["spare_prepared_mib_s"] = prepared.into();
+        json["spare_ratio"] = (round2(med(|f| f.spare.map_or(0.0, |s| s.1 / s.0)) * 100.0) / 100.0).into();
+    }
+    println!(
+        "append_vs_durable {} (the log's fresh-segment appends / durable raw writes, median of {} runs)",
+        json["append_vs_durable"], args.runs
+    );
     println!("{json}");
     Ok(())
 }
@@ -155,12 +184,16 @@ fn print_run(n: usize, args: &Args, f: &Figures) {
     table(
         &format!("run {n}: {} MiB per phase, {} producers", args.mib, args.producers),
         &[
-            ("raw O_DIRECT write (1 MiB, QD1)", f.raw_mib_s, "MiB/s"),
             ("log append, 1 MiB batches, fsync=always", f.append_mib_s, "MiB/s"),
-            ("  ratio append / raw", f.append_mib_s / f.raw_mib_s, ""),
+            (
+                "  ratio append / durable raw (headline)",
+                f.append_mib_s / f.durable_raw_mib_s,
+                "",
+            ),
             ("raw writes, fdatasync as each completes", f.durable_raw_mib_s, "MiB/s"),
+            ("raw O_DIRECT write (1 MiB, QD1)", f.raw_mib_s, "MiB/s"),
+            ("  ratio append / raw", f.append_mib_s / f.raw_mib_s, ""),
             ("  ratio durable raw / raw", f.durable_raw_mib_s / f.raw_mib_s, ""),
-            ("  ratio append / durable raw", f.append_mib_s / f.durable_raw_mib_s, ""),
             ("steady state: segments recycled", f.steady_mib_s, "MiB/s"),
             ("  ratio steady append / raw", f.steady_mib_s / f.raw_mib_s, ""),
             ("16 KiB batch commits", f.small_commits_s, "commits/s"),
@@ -173,6 +206,16 @@ fn print_run(n: usize, args: &Args, f: &Figures) {
             ("  ratio read / raw read", f.read_mib_s / f.raw_read_mib_s, ""),
         ],
     );
+    if let Some((new, prepared)) = f.spare {
+        table(
+            &format!("run {n}: spare segments (durable raw writes, {SPARE_SEGMENT_MIB} MiB segments)"),
+            &[
+                ("into new files", new, "MiB/s"),
+                ("into spares prepared in the background", prepared, "MiB/s"),
+                ("  ratio prepared / new", prepared / new, ""),
+            ],
+        );
+    }
 }
 
 async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
@@ -183,6 +226,10 @@ async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
     let w = write_phases(&shard, &raw_path, &dir.join("durable.bin"), args).await?;
     let (small_commits_s, small) = small_batch_phase(&shard, args.small_commits).await?;
     let (raw_read_mib_s, read_mib_s) = read_phases(&shard, &raw_path, args).await?;
+    let spare = match args.spare_segments {
+        true => Some(spare_phase(dir, args.mib).await?),
+        false => None,
+    };
     Ok(Figures {
         raw_mib_s: w.raw_mib_s,
         durable_raw_mib_s: w.durable_raw_mib_s,
@@ -192,6 +239,7 @@ async fn one_run(dir: &Path, args: &Args) -> Result<Figures, String> {
         small,
         raw_read_mib_s,
         read_mib_s,
+        spare,
     })
 }
 
@@ -386,7 +434,7 @@ pub async fn raw_write_slice(
 /// a second task fdatasyncs whenever a write has completed since its last
 /// fdatasync began — group commit's pattern, with nothing else. Returns the
 /// seconds until the last write is durable, and the fdatasyncs made.
-async fn durable_write_slice(
+pub async fn durable_write_slice(
     file: &Rc<glommio::io::DmaFile>,
     block: &Rc<glommio::io::DmaBuffer>,
     slice: std::ops::Range<usize>,
@@ -423,6 +471,71 @@ async fn durable_write_slice(
     wake.notify_all();
     let syncs = syncer.await?;
     Ok((start.elapsed().as_secs_f64(), syncs))
+}
+
+/// Segment size of the spare-segment experiment (phase 7).
+const SPARE_SEGMENT_MIB: usize = 64;
+
+/// Phase 7 (see the module doc): `mib` MiB of durable raw writes each way,
+/// in [`SPARE_SEGMENT_MIB`] segments, alternating segment by segment so
+/// that both ways meet the same disk. Returns (into new files, into
+/// prepared spares) in MiB/s. The files are removed as it goes.
+async fn spare_phase(dir: &Path, mib: usize) -> Result<(f64, f64), String> {
+    let segments = (mib / SPARE_SEGMENT_MIB).max(1);
+    let block = {
+        let probe = fresh_file(&dir.join("spare-probe")).await?;
+        let mut block = probe.alloc_dma_buffer(MIB);
+        testkit::fill_value(block.as_bytes_mut(), 3, 1);
+        probe.close().await.map_err(err)?;
+        std::fs::remove_file(dir.join("spare-probe")).map_err(err)?;
+        Rc::new(block)
+    };
+    let path = |way: &str, i: usize| dir.join(format!("spare-{way}-{i}"));
+    // The first spare is ready before the clock starts, as one prepared
+    // while the disk had room would be.
+    prepare_spare(path("prepared", 0)).await?;
+    let (mut new_secs, mut prepared_secs) = (0.0, 0.0);
+    for i in 0..segments {
+        let file = Rc::new(fresh_file(&path("new", i)).await?);
+        new_secs += durable_write_slice(&file, &block, 0..SPARE_SEGMENT_MIB).await?.0;
+        file.close_rc().await.map_err(err)?;
+        std::fs::remove_file(path("new", i)).map_err(err)?;
+
+        let start = Instant::now();
+        let next = glommio::spawn_local(prepare_spare(path("prepared", i + 1)));
+        let file = glommio::io::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .dma_open(path("prepared", i))
+            .await
+            .map_err(err)?;
+        let file = Rc::new(file);
+        durable_write_slice(&file, &block, 0..SPARE_SEGMENT_MIB).await?;
+        // The next segment cannot start before its spare is ready (else
+        // it would be a new file after all): waiting counts.
+        next.await?;
+        prepared_secs += start.elapsed().as_secs_f64();
+        file.close_rc().await.map_err(err)?;
+        std::fs::remove_file(path("prepared", i)).map_err(err)?;
+    }
+    std::fs::remove_file(path("prepared", segments)).map_err(err)?;
+    let bytes = (segments * SPARE_SEGMENT_MIB * MIB) as u64;
+    Ok((mib_s(bytes, new_secs), mib_s(bytes, prepared_secs)))
+}
+
+/// A spare segment file at `path`: [`SPARE_SEGMENT_MIB`] MiB of zeros
+/// written with O_DIRECT and fdatasync'd, so later writes into it are
+/// overwrites.
+async fn prepare_spare(path: PathBuf) -> Result<(), String> {
+    let file = fresh_file(&path).await?;
+    let mut zeros = file.alloc_dma_buffer(MIB);
+    zeros.as_bytes_mut().fill(0);
+    let zeros = Rc::new(zeros);
+    for i in 0..SPARE_SEGMENT_MIB {
+        file.write_rc_at(zeros.clone(), (i * MIB) as u64).await.map_err(err)?;
+    }
+    file.fdatasync().await.map_err(err)?;
+    file.close().await.map_err(err)
 }
 
 /// Minor page faults of the process so far.

@@ -37,7 +37,10 @@
 //! the machine's; and its fdatasyncs per second
 //! (`strand_fsync_latency_seconds_count`, `sN_fsyncs_per_s`). It stops
 //! the broker, removes its data, prints a markdown report and, last, one
-//! JSON line: `produce_vs_limit` (= (1) MiB/s ÷ min(disk write, loopback)),
+//! JSON line: `produce_vs_durable_limit` (= (1) MiB/s ÷ min(durable disk
+//! write, loopback): what the disk can take durably into new file space,
+//! the limit an `fsync=always` queue can reach), `produce_vs_limit` (= (1)
+//! MiB/s ÷ min(disk write, loopback)),
 //! `consume_vs_limit` (= (4) MiB/s ÷ min(disk read, loopback)),
 //! `small_p50_us`, `small_p99_us`, `small_p999_us`, `e2e_p99_us`,
 //! `tail_consume_mib_s`, and every
@@ -514,6 +517,8 @@ pub fn run(args: Args) -> Result<(), String> {
     let produce_limit = limits.disk_write_mib_s.min(limits.loopback_mib_s);
     let consume_limit = limits.disk_read_mib_s.min(limits.loopback_mib_s);
     let produce_vs_limit = one.mib_s() / produce_limit.max(1e-9);
+    let durable_limit = limits.disk_durable_write_mib_s.min(limits.loopback_mib_s);
+    let produce_vs_durable_limit = one.mib_s() / durable_limit.max(1e-9);
     let consume_vs_limit = four.mib_s() / consume_limit.max(1e-9);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -527,10 +532,12 @@ pub fn run(args: Args) -> Result<(), String> {
     ));
     md.push_str("## Limits of this host (baseline)\n\n| measure | value |\n|---|---|\n");
     md.push_str(&format!(
-        "| disk write, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n| disk read, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n\
+        "| disk write, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n\
+         | durable disk write (fdatasync as each write completes) | {:.0} MiB/s |\n| disk read, O_DIRECT 1 MiB QD1 | {:.0} MiB/s |\n\
          | fdatasync after a 4 KiB overwrite | p50 {:.0} µs, p99 {:.0} µs |\n| loopback TCP | {:.0} MiB/s |\n\
          | CPU stalls beside durable 4 KiB writes | {:.1} ms per s, longest {:.0} µs |\n\n",
         limits.disk_write_mib_s,
+        limits.disk_durable_write_mib_s,
         limits.disk_read_mib_s,
         limits.fdatasync.p50_us,
         limits.fdatasync.p99_us,
@@ -588,12 +595,15 @@ pub fn run(args: Args) -> Result<(), String> {
         md.push('\n');
     }
     md.push_str(&format!(
-        "\n## Against the limits\n\n- produce_vs_limit = (1) ÷ min(disk write, loopback) = {:.2}\n\
+        "\n## Against the limits\n\n\
+         - produce_vs_durable_limit = (1) ÷ min(durable disk write, loopback) = {:.2}\n\
+         - produce_vs_limit = (1) ÷ min(disk write, loopback) = {:.2}\n\
          - consume_vs_limit = (4) ÷ min(disk read, loopback) = {:.2}\n\
          - tail_consume_mib_s = (4b) = {:.0} MiB/s (target {TAIL_TARGET_MIB_S:.0})\n\n## Memory (broker RSS)\n\n\
          - at start: {rss_start:.0} MiB; after the backlog and its catch-up: {rss_after_backlog:.0} MiB\n\
          - 1,000 more partitions: {before:.1} → {after:.1} MiB ({per_partition_kib:.1} KiB per partition)\n\n\
          Reproduce: `cargo build --release -p strand-broker -p strand-bench && target/release/strand-bench suite{}`\n",
+        produce_vs_durable_limit,
         produce_vs_limit,
         consume_vs_limit,
         four_tail.mib_s(),
@@ -619,6 +629,10 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut json = limits.json();
     json.insert("scenario".into(), "suite".into());
     json.insert("quick".into(), args.quick.into());
+    json.insert(
+        "produce_vs_durable_limit".into(),
+        round2(produce_vs_durable_limit).into(),
+    );
     json.insert("produce_vs_limit".into(), round2(produce_vs_limit).into());
     json.insert("consume_vs_limit".into(), round2(consume_vs_limit).into());
     json.insert("small_p50_us".into(), round2(three.latency.p50_us).into());

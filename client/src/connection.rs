@@ -4,6 +4,32 @@
 //! thread per connection, which matches each response to its request by
 //! correlation id and completes that request's future. Requests are
 //! pipelined: many may be in flight on one connection.
+//!
+//! # Why std sockets and not io_uring
+//! An io_uring core was built and measured against this one (ninth
+//! session, 2026-12-02; the patch is
+//! `bench/results/experiments/2026-12-02-client-io-uring.patch`): each
+//! writer under its mutex with a small ring submitting one `WRITEV` and
+//! waiting for it, the reader thread receiving with `RECV` on a ring of
+//! its own (a 1 s wait timeout for overdue requests, the socket a
+//! registered file, busy poll spinning on the completion queue). Same
+//! broker, the two cores alternating: `strand-bench client --seconds 5
+//! --mib 256`, six runs each, medians std / io_uring: small records p50
+//! 315 / 231 µs and p99 7.5 / 4.8 ms (open loop; the runs spread 169–1182
+//! and 168–322 µs), producer 770 / 754 MiB/s, `producer_vs_raw` 0.95 /
+//! 1.02, machine CPU per GiB 2.13 / 2.21 (producer) and 1.68 / 1.68 (raw
+//! protocol); closed loop (`strand-bench produce --message-bytes 100
+//! --in-flight 1 --seconds 4|5`), eight runs each: p50 151 / 148 µs,
+//! 5,930 / 6,240 records/s. Within this VM's noise on every figure: one
+//! `io_uring_enter` per receive or write costs what one `recv` or
+//! `writev` costs, and the work a ring could save (batching many
+//! operations into one call) does not arise on a connection whose writes
+//! come from the callers' threads. So the simpler core stays: no ring per
+//! connection, no `unsafe` buffer lifetimes across the kernel, and a
+//! client that runs where io_uring is blocked (container seccomp
+//! profiles). Worth measuring again if the client grows an I/O thread
+//! that owns many connections (one ring, many sockets per
+//! `io_uring_enter`).
 
 use std::collections::HashMap;
 use std::io::Write;
