@@ -210,7 +210,7 @@ impl BrokerConfig {
     }
 
     /// The log settings every queue's logs start from (a queue's own go on
-    /// top: `server::partitions::log_config`).
+    /// top: `shard::partitions::log_config`).
     pub fn log_base(&self) -> strand_storage::LogConfig {
         strand_storage::LogConfig {
             segment_bytes_max: self.segment_bytes,

@@ -1,9 +1,15 @@
 //! `strand-broker`: the broker and the `strand` binary.
 //!
 //! - [`server`]: the process — one glommio shard per core, start-up,
-//!   shutdown; per shard its partitions, connections and the mesh to the
-//!   other shards.
+//!   shutdown, the client listener and connections, the mesh receivers,
+//!   the metrics endpoint. It accepts and dispatches; it serves nothing
+//!   itself.
 //! - `handlers`: one file per API.
+//! - [`router`]: reaching the owner of a partition (this shard, another
+//!   shard of this node; later another node) or the controller.
+//! - [`shard`]: one shard's state — its partitions and their roles, the
+//!   produce path, serving a partition request, the link to the
+//!   controller, the messages between shards.
 //! - [`routing`]: which shard of a node owns a partition (pure function,
 //!   known to every shard).
 //! - [`idempotence`]: per partition, the last batches of each idempotent
@@ -21,6 +27,11 @@
 //!   call with a deadline, completed on the calling shard).
 //! - [`config`]: defaults < TOML file < flags.
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
+//!
+//! Dependencies point one way (no module imports one that imports it):
+//! config, routing, idempotence, controller, metrics, frame_io (leaves)
+//! ← shard ← router ← groups ← handlers ← server; peer uses frame_io
+//! alone; cli uses the client library and groups' naming rules.
 
 pub mod cli;
 pub mod config;
@@ -31,5 +42,7 @@ mod handlers;
 pub mod idempotence;
 pub mod metrics;
 pub mod peer;
+pub mod router;
 pub mod routing;
 pub mod server;
+pub mod shard;

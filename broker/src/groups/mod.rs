@@ -59,9 +59,11 @@ use self::assign::{Strategy, Tp};
 use self::group::{Group, GroupError, Member, Start};
 use self::record::{GroupChange, Settled};
 use crate::controller::{Command, ControllerError, FsyncSetting, MetadataTable, ProposeError, QueueSettings};
-use crate::server::messages::{Fetched, OffsetQuery, PartitionRequest, Produced, WireError};
-use crate::server::partitions::Partition;
-use crate::server::shard::Shard;
+use crate::shard::messages::{
+    Fetched, LocalTask, OffsetQuery, OpenPartition, PartitionCall, PartitionRequest, Produced, Reply, WireError,
+};
+use crate::shard::partitions::Partition;
+use crate::shard::Shard;
 
 /// The internal queue that holds group state.
 pub const GROUPS_QUEUE: &str = "__groups";
@@ -368,7 +370,7 @@ pub async fn groups_partitions(shard: &Rc<Shard>) -> Result<u32, WireError> {
         name: GROUPS_QUEUE.to_string(),
         settings,
     };
-    match shard.propose(command).await {
+    match crate::router::propose(shard, command).await {
         Ok(()) | Err(ProposeError::Refused(ControllerError::QueueExists(_))) => {}
         Err(ProposeError::Refused(c)) => return Err(WireError::new(c.code(), c.to_string())),
         Err(ProposeError::Unavailable(m)) => return Err(WireError::new(ErrorCode::ControllerUnavailable, m)),
@@ -389,6 +391,76 @@ pub async fn groups_partitions(shard: &Rc<Shard>) -> Result<u32, WireError> {
 pub async fn coordinator_partition(shard: &Rc<Shard>, group: &str) -> Result<u32, WireError> {
     let n = groups_partitions(shard).await?;
     Ok(strand_wire::partition_for_key(group.as_bytes(), n))
+}
+
+/// Sets up the coordinator on `shard` before it serves: its groups are
+/// dropped with the `__groups` partitions the shard stops holding, and
+/// their state of queues deleted (or created anew), at each metadata
+/// table; a timer expires members' sessions.
+pub fn start(shard: &Rc<Shard>) {
+    let coordinator = shard.ext.get_or_default::<Coordinator>();
+    shard.on_table_applied(Box::new(move |shard, table| {
+        coordinator.retain(|p| shard.partitions.get(GROUPS_QUEUE, p).is_some());
+        coordinator.forget_deleted_queues(table);
+    }));
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        let coordinator = s.ext.get_or_default::<Coordinator>();
+        while !s.stopping.get() {
+            // A shard that coordinates no group has no session to expire.
+            let every = if coordinator.is_empty() { 1000 } else { 100 };
+            glommio::timer::sleep(Duration::from_millis(every)).await;
+            coordinator.expire_sessions(&s);
+        }
+    })
+    .detach();
+}
+
+/// Adds the committed positions and rebalance counts of the groups this
+/// shard coordinates to its metrics snapshot.
+pub fn add_to_snapshot(shard: &Shard, snap: &mut crate::metrics::ShardSnapshot) {
+    if let Some(coordinator) = shard.ext.get::<Coordinator>() {
+        (snap.positions, snap.rebalances) = coordinator.positions();
+    }
+}
+
+/// A group request on its way to the shard that owns its `__groups`
+/// partition (see [`PartitionCall`]); build it with [`GroupCall::request`].
+#[derive(Debug)]
+pub struct GroupCall {
+    op: GroupOp,
+    reply: Reply<GroupReply>,
+}
+
+impl GroupCall {
+    /// The partition request that carries `op` to its coordinator.
+    pub fn request(op: GroupOp, reply: Reply<GroupReply>) -> PartitionRequest {
+        PartitionRequest::Call(Box::new(GroupCall { op, reply }))
+    }
+}
+
+impl PartitionCall for GroupCall {
+    fn run(self: Box<Self>, at: OpenPartition) -> LocalTask {
+        Box::pin(async move {
+            let GroupCall { op, reply } = *self;
+            let OpenPartition {
+                shard,
+                queue,
+                partition,
+                part,
+            } = at;
+            if queue != GROUPS_QUEUE {
+                let err = WireError::new(ErrorCode::InvalidRequest, format!("{queue} holds no groups"));
+                return reply.send(Err(err));
+            }
+            let coordinator = shard.ext.get_or_default::<Coordinator>();
+            reply.send(coordinator.serve(&shard, partition, &part, op).await);
+        })
+    }
+
+    fn fail(self: Box<Self>, err: WireError) {
+        self.reply.send(Err(err));
+    }
 }
 
 impl Coordinator {
@@ -1121,7 +1193,7 @@ impl Coordinator {
         let dlq = ensure_dlq(shard, &tp.0).await?;
         let records = b.build();
         let produced: Boxed<'_, Result<Produced, WireError>> =
-            Box::pin(crate::handlers::ask(shard, dlq, 0, |reply| PartitionRequest::Produce {
+            Box::pin(crate::router::ask(shard, dlq, 0, |reply| PartitionRequest::Produce {
                 records,
                 acks: -1,
                 reply,
@@ -1357,7 +1429,7 @@ type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// may ask this.)
 async fn list_offset(shard: &Rc<Shard>, tp: &Tp, query: OffsetQuery) -> Result<Offset, WireError> {
     let asked: Boxed<'_, Result<(u64, bool), WireError>> =
-        Box::pin(crate::handlers::ask(shard, tp.0.clone(), tp.1, |reply| {
+        Box::pin(crate::router::ask(shard, tp.0.clone(), tp.1, |reply| {
             PartitionRequest::ListOffsets { query, reply }
         }));
     let (offset, _found) = asked.await?;
@@ -1370,7 +1442,7 @@ async fn list_offset(shard: &Rc<Shard>, tp: &Tp, query: OffsetQuery) -> Result<O
 /// other shards.
 async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Result<Fetched, WireError> {
     let asked: Boxed<'_, Result<Fetched, WireError>> =
-        Box::pin(crate::handlers::ask(shard, tp.0.clone(), tp.1, |reply| {
+        Box::pin(crate::router::ask(shard, tp.0.clone(), tp.1, |reply| {
             PartitionRequest::Fetch {
                 offset,
                 max_bytes,
@@ -1405,13 +1477,11 @@ async fn ensure_dlq(shard: &Rc<Shard>, queue: &str) -> Result<String, WireError>
         max_message_bytes,
         ..source
     };
-    match shard
-        .propose(Command::CreateQueue {
-            name: name.clone(),
-            settings,
-        })
-        .await
-    {
+    let command = Command::CreateQueue {
+        name: name.clone(),
+        settings,
+    };
+    match crate::router::propose(shard, command).await {
         Ok(()) | Err(ProposeError::Refused(ControllerError::QueueExists(_))) => Ok(name),
         Err(ProposeError::Refused(c)) => Err(WireError::new(c.code(), format!("creating {name}: {c}"))),
         Err(ProposeError::Unavailable(m)) => Err(WireError::new(ErrorCode::ControllerUnavailable, m)),
@@ -1430,7 +1500,7 @@ async fn replay(part: &Partition, table: &MetadataTable) -> Result<BTreeMap<Stri
         let got = log
             .read_below(from, 1 << 20, end)
             .await
-            .map_err(crate::server::shard::storage_error)?;
+            .map_err(crate::shard::storage_error)?;
         if got.batches.is_empty() {
             break;
         }

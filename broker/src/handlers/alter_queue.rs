@@ -11,8 +11,8 @@ use strand_wire::*;
 use super::create_queue::fsync;
 use super::{error_table, propose_error, request, respond, retention, user_queue_name};
 use crate::controller::{Command, FsyncSetting, QueueChanges};
-use crate::server::messages::WireError;
-use crate::server::shard::Shard;
+use crate::shard::messages::WireError;
+use crate::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let command = {
@@ -49,7 +49,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         };
         Command::AlterQueue { name, changes }
     };
-    let result = shard.propose(command).await.map_err(propose_error);
+    let result = crate::router::propose(shard, command).await.map_err(propose_error);
     let mut fbb = FlatBufferBuilder::new();
     let error = error_table(&mut fbb, result.as_ref().err());
     let root = AlterQueueResponse::create(&mut fbb, &AlterQueueResponseArgs { error });

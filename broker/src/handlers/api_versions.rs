@@ -7,7 +7,7 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::{Api, ApiVersionRange, ApiVersionRangeArgs, ApiVersionsResponse, ApiVersionsResponseArgs};
 
 use super::respond;
-use crate::server::messages::WireError;
+use crate::shard::messages::WireError;
 
 pub fn handle(header: FrameHeader) -> Result<OutFrame, WireError> {
     let mut fbb = FlatBufferBuilder::new();

@@ -10,8 +10,8 @@ use strand_wire::*;
 
 use super::{error_table, propose_error, request, respond, retention, user_queue_name};
 use crate::controller::{Command, FsyncSetting, QueueSettings, DEFAULT_MAX_DELIVERY_ATTEMPTS};
-use crate::server::messages::WireError;
-use crate::server::shard::Shard;
+use crate::shard::messages::WireError;
+use crate::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let command = {
@@ -20,7 +20,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         let settings = settings(shard, req.config())?;
         Command::CreateQueue { name, settings }
     };
-    let result = shard.propose(command).await.map_err(propose_error);
+    let result = crate::router::propose(shard, command).await.map_err(propose_error);
     let mut fbb = FlatBufferBuilder::new();
     let error = error_table(&mut fbb, result.as_ref().err());
     let root = CreateQueueResponse::create(&mut fbb, &CreateQueueResponseArgs { error });

@@ -10,13 +10,12 @@ use strand_wire::*;
 
 use super::{error_table, propose_error, request, respond, user_queue_name};
 use crate::controller::Command;
-use crate::server::messages::WireError;
-use crate::server::shard::Shard;
+use crate::shard::messages::WireError;
+use crate::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let name = user_queue_name(request::<DeleteQueueRequest>(body)?.name())?;
-    let result = shard
-        .propose(Command::DeleteQueue { name })
+    let result = crate::router::propose(shard, Command::DeleteQueue { name })
         .await
         .map_err(propose_error);
     let mut fbb = FlatBufferBuilder::new();

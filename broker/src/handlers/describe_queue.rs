@@ -8,9 +8,10 @@ use strand_net::OutFrame;
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use super::{ask, config_table, queue_name, request, respond};
-use crate::server::messages::{PartitionRequest, PartitionStats, WireError};
-use crate::server::shard::Shard;
+use super::{config_table, queue_name, request, respond};
+use crate::router::ask;
+use crate::shard::messages::{PartitionRequest, PartitionStats, WireError};
+use crate::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let name = queue_name(request::<DescribeQueueRequest>(body)?.name())?;

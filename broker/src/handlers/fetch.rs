@@ -47,9 +47,10 @@ use strand_net::OutFrame;
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use super::{ask, error_table, request, respond};
-use crate::server::messages::{Fetched, PartitionRequest, WireError};
-use crate::server::shard::Shard;
+use super::{error_table, request, respond};
+use crate::router::ask;
+use crate::shard::messages::{Fetched, PartitionRequest, WireError};
+use crate::shard::Shard;
 
 /// Longest long poll accepted.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);

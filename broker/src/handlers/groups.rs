@@ -17,13 +17,14 @@ use strand_net::OutFrame;
 use strand_wire::flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, WIPOffset};
 use strand_wire::*;
 
-use super::{ask, check_entries, error_table, request, respond};
+use super::{check_entries, error_table, request, respond};
 use crate::groups::ack::Outcome;
 use crate::groups::assign::Tp;
 use crate::groups::record::{start_from_wire, start_to_wire, strategy_from_wire, strategy_to_wire};
 use crate::groups::{self as g, GroupOp, GroupReply, GROUPS_QUEUE};
-use crate::server::messages::{PartitionRequest, WireError};
-use crate::server::shard::Shard;
+use crate::router::ask;
+use crate::shard::messages::WireError;
+use crate::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let mut fbb = FlatBufferBuilder::new();
@@ -75,9 +76,8 @@ pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8
 
 /// Sends `op` to the shard owning `__groups` partition `p`.
 async fn coordinator(shard: &Rc<Shard>, p: u32, op: GroupOp) -> Result<GroupReply, WireError> {
-    ask(shard, GROUPS_QUEUE.to_string(), p, |reply| PartitionRequest::Group {
-        op: Box::new(op),
-        reply,
+    ask(shard, GROUPS_QUEUE.to_string(), p, |reply| {
+        g::GroupCall::request(op, reply)
     })
     .await
 }

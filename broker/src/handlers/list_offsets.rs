@@ -9,9 +9,10 @@ use strand_net::OutFrame;
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use super::{ask, error_table, request, respond};
-use crate::server::messages::{OffsetQuery, PartitionRequest, WireError};
-use crate::server::shard::Shard;
+use super::{error_table, request, respond};
+use crate::router::ask;
+use crate::shard::messages::{OffsetQuery, PartitionRequest, WireError};
+use crate::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let mut wants = Vec::new();

@@ -9,8 +9,8 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use super::{config_table, error_table, request, respond};
-use crate::server::messages::WireError;
-use crate::server::shard::Shard;
+use crate::shard::messages::WireError;
+use crate::shard::Shard;
 
 pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let req = request::<MetadataRequest>(body)?;

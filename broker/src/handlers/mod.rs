@@ -30,8 +30,8 @@ use strand_wire::flatbuffers::{FlatBufferBuilder, WIPOffset};
 use strand_wire::{Api, ApiVersionsResponse, ApiVersionsResponseArgs, Error, ErrorArgs, ErrorCode};
 
 use crate::controller::{ControllerError, ProposeError};
-use crate::server::messages::{Answer, PartitionRequest, Reply, WireError};
-use crate::server::shard::Shard;
+use crate::shard::messages::WireError;
+use crate::shard::Shard;
 
 /// Serves one request; `None` when no response is due (produce, acks=0).
 pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: FrameMut) -> Option<OutFrame> {
@@ -123,26 +123,6 @@ pub fn error_frame(header: FrameHeader, code: ErrorCode, message: String) -> Out
 /// Frames a finished body.
 fn respond(header: FrameHeader, fbb: &FlatBufferBuilder<'_>, tail: TailBuilder) -> OutFrame {
     OutFrame::new(header, fbb.finished_data(), tail)
-}
-
-/// Sends a partition request to its owner and waits for the answer.
-pub(crate) async fn ask<T: Send + 'static>(
-    shard: &Rc<Shard>,
-    queue: String,
-    partition: u32,
-    make: impl FnOnce(Reply<T>) -> PartitionRequest,
-) -> Result<T, WireError> {
-    let (tx, rx) = Answer::channel(shard.id.0);
-    let owner = shard.owner(&queue, partition);
-    // Counted while the owner has it.
-    let _forwarded = (owner != shard.id).then(|| shard.metrics.forwarding());
-    shard.route(owner, queue, partition, make(tx)).await;
-    rx.await.unwrap_or_else(|_| {
-        Err(WireError::new(
-            ErrorCode::Internal,
-            "the broker dropped the request (it is shutting down?); retry",
-        ))
-    })
 }
 
 /// The wire error for a failed proposal.

@@ -10,9 +10,10 @@ use strand_net::{FrameMut, OutFrame};
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use super::{ask, error_table, request, respond};
-use crate::server::messages::{PartitionRequest, Produced, WireError};
-use crate::server::shard::Shard;
+use super::{error_table, request, respond};
+use crate::router::ask;
+use crate::shard::messages::{PartitionRequest, Produced, WireError};
+use crate::shard::Shard;
 
 struct Part {
     queue: String,

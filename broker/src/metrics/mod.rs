@@ -2,8 +2,11 @@
 //! channels at scrape time, served as Prometheus / OpenMetrics text.
 //!
 //! Runs on: every shard (its [`ShardMetrics`], plain `Cell`s — no lock, no
-//! atomic on the data path) and shard 0 (the HTTP endpoint, `http.rs`, which
-//! asks every shard for a [`ShardSnapshot`] over the mesh and renders them).
+//! atomic on the data path) and shard 0 (the HTTP endpoint,
+//! `crate::server::metrics_http`, which asks every shard for a
+//! [`ShardSnapshot`] over the mesh and renders them with [`render`]). This
+//! module is the counters and the rendering only: it depends on no other
+//! part of the broker.
 //!
 //! Series (labels in braces):
 //! - `strand_produce_requests_total`, `strand_produce_bytes_total`,
@@ -60,8 +63,6 @@
 //! partitions (a queue has at most `PARTITIONS_MAX`), groups × their
 //! partitions, and the fixed API and shard sets; nothing is labelled by
 //! client, member or key.
-
-pub mod http;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};

@@ -40,9 +40,9 @@ use strand_net::frame::{self, FrameLimits};
 use strand_net::OutFrame;
 use tracing::Instrument;
 
-use super::messages::ShardMessage;
-use super::shard::Shard;
 use crate::handlers;
+use crate::shard::messages::ShardMessage;
+use crate::shard::Shard;
 
 /// Bytes read from the socket at a time (at least).
 const READ_CHUNK: usize = 64 << 10;

@@ -15,9 +15,8 @@
 pub mod connection;
 pub mod data_dir;
 pub mod host;
-pub mod messages;
-pub mod partitions;
-pub mod shard;
+mod mesh;
+pub mod metrics_http;
 
 use std::net::SocketAddr;
 use std::rc::{Rc, Weak};
@@ -32,9 +31,9 @@ use strand_storage::ShardStorage;
 use crate::config::BrokerConfig;
 use crate::controller::{Controller, MetadataTable};
 use crate::routing::ShardId;
+use crate::shard::partitions::Partitions;
+use crate::shard::{self, Mesh, Shard};
 use data_dir::DataDir;
-use partitions::Partitions;
-use shard::{Mesh, Shard};
 
 /// Why the broker stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -289,7 +288,8 @@ async fn shard_main(
     let partitions = Partitions::new(storage, &config, id, shards);
     let shard = Rc::new(Shard::new(id, shards, config.clone(), partitions, senders));
     shard::set_current(&shard);
-    shard.start_mesh_receivers(receivers);
+    mesh::start_receivers(&shard, receivers);
+    crate::groups::start(&shard);
     if id.0 == 0 {
         let weak: Weak<Shard> = Rc::downgrade(&shard);
         let publish = Rc::new(move |table: &MetadataTable| {
@@ -326,7 +326,7 @@ async fn shard_main(
         // SAFETY: the fd is a bound, listening, non-blocking TCP socket that
         // `run` gave up ownership of (into_raw_fd) for this shard alone.
         let listener = unsafe { <TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        crate::metrics::http::start(&shard, listener);
+        metrics_http::start(&shard, listener);
     }
     let _ = events.send(Event::Ready);
     accept_until_stopped(&shard, listener, &lifecycle.stop).await;
@@ -414,16 +414,6 @@ fn start_timers(shard: &Rc<Shard>) {
                     (last_log, logged) = (Instant::now(), (total, off_cpu));
                 }
             }
-        }
-    })
-    .detach();
-    let s = shard.clone();
-    glommio::spawn_local(async move {
-        while !s.stopping.get() {
-            // A shard that coordinates no group has no session to expire.
-            let every = if s.groups.is_empty() { 1000 } else { 100 };
-            glommio::timer::sleep(Duration::from_millis(every)).await;
-            s.groups.expire_sessions(&s);
         }
     })
     .detach();

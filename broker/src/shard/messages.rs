@@ -1,6 +1,7 @@
 //! What shards send each other over the mesh (bounded channels): requests
 //! for a partition another shard owns, proposals for the controller on
-//! shard 0, new metadata tables from shard 0, and replies. Every request
+//! shard 0, new metadata tables from shard 0, and replies. The server
+//! receives them (`crate::server::mesh`). Every request
 //! carries an [`Answer`] for its reply. Record batches move as
 //! `BytesMut`/`Bytes` — ownership passes, bytes are not copied.
 //!
@@ -13,6 +14,9 @@
 //! another shard is shipped to the waiting shard as a closure that runs
 //! there, so every wake is a local one.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -20,8 +24,9 @@ use futures_channel::oneshot;
 use strand_storage::log::ReadBatches;
 use strand_wire::ErrorCode;
 
+use super::partitions::Partition;
+use super::Shard;
 use crate::controller::{Command, MetadataTable, ProposeError};
-use crate::groups::{GroupOp, GroupReply};
 
 /// An error to put in a response: code and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,7 +136,7 @@ impl std::fmt::Debug for Deferred {
 }
 
 fn run_on_shard(origin: u16, work: Box<dyn FnOnce() + Send>) {
-    super::shard::run_on_shard(origin, Deferred(work));
+    super::run_on_shard(origin, Deferred(work));
 }
 
 /// A partition request's reply.
@@ -157,12 +162,34 @@ pub enum PartitionRequest {
     Describe {
         reply: Reply<PartitionStats>,
     },
-    /// For a `__groups` partition: a consumer-group request its coordinator
-    /// serves (`crate::groups`).
-    Group {
-        op: Box<GroupOp>,
-        reply: Reply<GroupReply>,
-    },
+    /// Work of a layer above the shard, done where the partition is open:
+    /// a consumer-group request for its `__groups` partition, which the
+    /// coordinator serves (`crate::groups`).
+    Call(Box<dyn PartitionCall>),
+}
+
+/// A task that stays on its shard.
+pub type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
+
+/// A partition open on the shard that owns it, and that shard.
+pub struct OpenPartition {
+    pub shard: Rc<Shard>,
+    pub queue: String,
+    pub partition: u32,
+    pub part: Rc<Partition>,
+}
+
+/// Work that a layer above the shard does on the shard that owns a
+/// partition (the group coordinator's requests travel to their
+/// `__groups` partition like any partition request): routed and served
+/// like the others, without the shard knowing what it is.
+pub trait PartitionCall: Send + std::fmt::Debug {
+    /// Runs on the owning shard, where the partition is open.
+    fn run(self: Box<Self>, at: OpenPartition) -> LocalTask;
+
+    /// Answers with `err` instead (the partition is not open there, or the
+    /// request could not be delivered).
+    fn fail(self: Box<Self>, err: WireError);
 }
 
 /// Messages between shards.

@@ -2,7 +2,8 @@
 //! and `GET /health` (200 when every shard answers, else 503 with the
 //! reason). Minimal HTTP/1.x: one request per connection, then close.
 //!
-//! Runs on: shard 0. Robust to slow or bad clients: a request head must
+//! Runs on: shard 0 (every shard answers its part over the mesh:
+//! `mesh.rs`). Robust to slow or bad clients: a request head must
 //! arrive within 2 s and fit in 8 KiB, at most 64 scrapes are served at
 //! once (more wait in the kernel's backlog), and a shard that does not
 //! answer within 1 s makes `/health` say so rather than hang the scrape.
@@ -13,8 +14,8 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 
-use super::{render, ShardSnapshot};
-use crate::server::shard::Shard;
+use crate::metrics::{render, ShardSnapshot};
+use crate::shard::Shard;
 
 const HEAD_MAX: usize = 8 << 10;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
@@ -120,10 +121,17 @@ async fn serve(shard: &Rc<Shard>, mut stream: TcpStream) -> Result<(), String> {
     }
 }
 
+/// This shard's snapshot: its own figures and its group coordinator's.
+pub fn snapshot(shard: &Shard) -> ShardSnapshot {
+    let mut snap = shard.snapshot();
+    crate::groups::add_to_snapshot(shard, &mut snap);
+    snap
+}
+
 /// Every shard's snapshot (this one's directly, the others' over the mesh);
 /// the second value names the shards that did not answer in time.
 async fn gather(shard: &Rc<Shard>) -> (Vec<ShardSnapshot>, Option<String>) {
-    let mut all = vec![shard.snapshot()];
+    let mut all = vec![snapshot(shard)];
     let mut missing = Vec::new();
     // All shards at once, under one deadline.
     let asks: Vec<_> = (0..shard.shards)

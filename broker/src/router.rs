@@ -1,0 +1,94 @@
+//! The router: reaching the owner of a partition, or the controller, from
+//! any shard. Handlers, the group coordinator and whatever comes next ask
+//! here; none of them knows where the owner runs.
+//!
+//! Runs on: the asking shard. Where the owner is:
+//! - this shard: served in place ([`Shard::serve_partition`]);
+//! - another shard of this node: sent over the bounded mesh (`try_send`: a
+//!   full queue is an `Overloaded` answer, never a blocked reactor), and
+//!   the reply comes back over the mesh to this shard
+//!   (`crate::shard::messages`);
+//! - another node: not yet — a partition is led by this node or refused
+//!   with `NotLeader` by the owning shard (the cluster issue adds the peer
+//!   links here: `crate::peer`).
+//!
+//! Controller proposals go to shard 0, where the controller member runs,
+//! and resolve once every shard of this node applied the result.
+
+use std::rc::Rc;
+
+use strand_wire::ErrorCode;
+
+use crate::controller::{Command, ProposeError};
+use crate::routing::ShardId;
+use crate::shard::messages::{Answer, PartitionRequest, Reply, ShardMessage, WireError};
+use crate::shard::{reply_error, Shard};
+
+/// Sends a partition request to its owner and waits for the answer.
+pub async fn ask<T: Send + 'static>(
+    shard: &Rc<Shard>,
+    queue: String,
+    partition: u32,
+    make: impl FnOnce(Reply<T>) -> PartitionRequest,
+) -> Result<T, WireError> {
+    let (tx, rx) = Answer::channel(shard.id.0);
+    let owner = shard.owner(&queue, partition);
+    // Counted while the owner has it.
+    let _forwarded = (owner != shard.id).then(|| shard.metrics.forwarding());
+    route(shard, owner, queue, partition, make(tx)).await;
+    rx.await.unwrap_or_else(|_| {
+        Err(WireError::new(
+            ErrorCode::Internal,
+            "the broker dropped the request (it is shutting down?); retry",
+        ))
+    })
+}
+
+/// Serves `request` here if this shard is `owner` (the partition's, from
+/// [`Shard::owner`]), else forwards it there; the request's own answer
+/// carries the result (or the reason it was not delivered).
+pub async fn route(shard: &Rc<Shard>, owner: ShardId, queue: String, partition: u32, request: PartitionRequest) {
+    if owner == shard.id {
+        shard.serve_partition(&queue, partition, request).await;
+        return;
+    }
+    let msg = ShardMessage::Partition {
+        queue,
+        partition,
+        request,
+    };
+    if let Err(e) = shard.peers.try_send_to(usize::from(owner.0), msg) {
+        let returned = match e {
+            glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(m))
+            | glommio::GlommioError::Closed(glommio::ResourceType::Channel(m)) => Some(m),
+            _ => None,
+        };
+        if let Some(ShardMessage::Partition {
+            queue,
+            partition,
+            request,
+        }) = returned
+        {
+            let err = WireError::new(
+                ErrorCode::Overloaded,
+                format!("the broker is busy: too many requests queued for {queue}/{partition}; retry"),
+            );
+            reply_error(request, err);
+        }
+    }
+}
+
+/// Commits a controller command (on shard 0 directly; from another shard
+/// forwarded there) and resolves once every shard of this node applied it.
+pub async fn propose(shard: &Shard, command: Command) -> Result<(), ProposeError> {
+    if shard.id.0 == 0 {
+        return shard.commit_proposal(command).await;
+    }
+    let (tx, rx) = Answer::channel(shard.id.0);
+    shard
+        .peers
+        .try_send_to(0, ShardMessage::Propose { command, reply: tx })
+        .map_err(|_| ProposeError::Unavailable("shard 0 is overloaded".into()))?;
+    rx.await
+        .unwrap_or_else(|_| Err(ProposeError::Unavailable("shard 0 dropped the request".into())))
+}

@@ -1,0 +1,183 @@
+//! The produce path on the shard that owns the partition: the request's
+//! batches checked, each appended once (idempotent producers: a resent
+//! batch is answered with where it was stored), the durability wait the
+//! acks ask for, and the high watermark moved.
+//!
+//! Runs on: the owning shard.
+
+use std::rc::Rc;
+
+use strand_storage::{LeaderEpoch, Offset, StorageError};
+use strand_wire::ErrorCode;
+
+use super::messages::{Produced, WireError};
+use super::partitions::Partition;
+use super::{storage_error, Shard};
+use crate::idempotence::{Sequenced, Verdict};
+
+impl Shard {
+    /// Appends the batches in `records` and, for acks ≥ 1, waits until they
+    /// are durable per the queue's policy; then moves the high watermark
+    /// (one replica: what is durable is committed).
+    pub(crate) async fn produce(
+        self: &Rc<Self>,
+        part: &Partition,
+        mut records: bytes::BytesMut,
+        acks: i8,
+    ) -> Result<Produced, WireError> {
+        let log = &part.log;
+        let interval = matches!(log.config().fsync, strand_storage::FsyncPolicy::Interval { .. });
+        if records.is_empty() {
+            return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
+        }
+        let max = log.config().batch_bytes_max;
+        // Several batches in one request: check them all before appending
+        // any, so a bad one cannot leave the request half applied.
+        let mut rest = &records[..];
+        let mut count = 0;
+        while !rest.is_empty() {
+            let len = (strand_storage::batch::batch_length(rest).unwrap_or(0) as usize).min(rest.len());
+            if count > 0 || len < rest.len() {
+                strand_storage::batch::validate(&rest[..len], max)
+                    .map_err(|e| storage_error(StorageError::InvalidBatch(e)))?;
+            }
+            count += 1;
+            rest = &rest[len.max(1).min(rest.len())..];
+        }
+        let mut first = None;
+        let mut last = None;
+        let mut stored_bytes = 0;
+        while !records.is_empty() {
+            let len = strand_storage::batch::batch_length(&records).unwrap_or(0) as usize;
+            if len > max {
+                return Err(WireError::new(
+                    ErrorCode::MessageTooLarge,
+                    format!("record batch of {len} bytes is over the queue's limit of {max}"),
+                ));
+            }
+            if len < strand_storage::batch::HEADER_LEN || len > records.len() {
+                return Err(WireError::new(
+                    ErrorCode::CorruptBatch,
+                    format!(
+                        "record batch length {len} does not fit the {} bytes sent",
+                        records.len()
+                    ),
+                ));
+            }
+            let batch = records.split_to(len);
+            let info = {
+                let _turn = part
+                    .appending
+                    .acquire_permit(1)
+                    .await
+                    .map_err(|_| WireError::new(ErrorCode::NotLeader, "the partition is closing; retry"))?;
+                append_once(part, batch).await?
+            };
+            // Wakes the interval timer (it sleeps while nothing is to be
+            // written): per batch, so a later batch's failure cannot leave
+            // an earlier one unwritten until the timer's next look.
+            if interval {
+                self.partitions.interval_appends.notify_all();
+            }
+            first.get_or_insert(info);
+            last = Some(info);
+            stored_bytes += info.bytes;
+        }
+        let (Some(first), Some(last)) = (first, last) else {
+            return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
+        };
+        let commit = {
+            let (log, shard) = (log.clone(), self.clone());
+            async move {
+                let result = log.wait_durable(last.last_offset).await;
+                if result.is_ok() && log.advance_high_watermark(last.last_offset.plus(1)) {
+                    shard.partitions.new_data.notify_all();
+                }
+                result
+            }
+        };
+        // What an acknowledgement waits for (the schema's ProduceRequest.acks):
+        // acks=0 nothing; acks=1 on an fsync=interval queue the append to
+        // the leader's log — like Kafka's acks=1, whose leader answers from
+        // its page cache: the records are written within milliseconds and
+        // fdatasync'd per the interval, and a broker crash before then loses
+        // them (REQUIREMENTS: only acks=all must survive kill -9); acks=1 on
+        // fsync=always and acks=all wait until the records are durable per
+        // the policy (written to the device, or fdatasync'd). Consumers see
+        // records only once they are durable per the policy, whatever the
+        // acks (the high watermark moves in `commit`).
+        let wait = !matches!(
+            (acks, log.config().fsync),
+            (0, _) | (1, strand_storage::FsyncPolicy::Interval { .. })
+        );
+        if wait {
+            commit.await.map_err(storage_error)?;
+        } else {
+            glommio::spawn_local(async move {
+                if let Err(e) = commit.await {
+                    tracing::warn!("an append answered before it was durable failed to become durable: {e}");
+                }
+            })
+            .detach();
+        }
+        Ok(Produced {
+            base_offset: first.base_offset.0,
+            last_offset: last.last_offset.0,
+            log_append_time_ms: if log.config().log_append_time {
+                last.max_timestamp
+            } else {
+                -1
+            },
+            log_start: log.log_start().0,
+            stored_bytes,
+        })
+    }
+}
+
+/// Appends one batch of a produce request, unless its producer's sequence
+/// says otherwise ([`crate::idempotence`]): a duplicate is answered with the
+/// offsets it was stored at; a batch out of order is refused
+/// (`OutOfOrderSequence`, which the producer retries in order).
+async fn append_once(part: &Partition, batch: bytes::BytesMut) -> Result<strand_storage::AppendInfo, WireError> {
+    let seq = strand_storage::batch::BatchHeader::parse(&batch)
+        .and_then(|h| Sequenced::of(h.producer_id, h.base_sequence, h.record_count));
+    let Some(seq) = seq else {
+        return part.log.append(batch, LeaderEpoch(0)).await.map_err(storage_error);
+    };
+    let verdict = part.producers.borrow().check(seq);
+    let (code, why) = match verdict {
+        Verdict::Append => {
+            let info = part.log.append(batch, LeaderEpoch(0)).await.map_err(storage_error)?;
+            let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
+            part.producers.borrow_mut().appended(seq, stored);
+            return Ok(info);
+        }
+        Verdict::Duplicate((base, last, max_timestamp)) => {
+            return Ok(strand_storage::AppendInfo {
+                base_offset: Offset(base),
+                last_offset: Offset(last),
+                max_timestamp,
+                bytes: 0,
+            })
+        }
+        Verdict::OutOfOrder { expected } => (
+            ErrorCode::OutOfOrderSequence,
+            format!("out of order: the partition expects sequence {expected} next"),
+        ),
+        Verdict::Unknown => (
+            ErrorCode::UnknownProducer,
+            "this leader does not know the producer (restarted, moved, or forgot it); go on under a new \
+             producer id from sequence 0"
+                .to_string(),
+        ),
+    };
+    tracing::debug!(
+        producer = seq.producer_id,
+        sequence = seq.first,
+        "produce refused: {why}"
+    );
+    Err(WireError::new(
+        code,
+        format!("producer {}, sequence {}: {why}", seq.producer_id, seq.first),
+    ))
+}

@@ -1,0 +1,118 @@
+//! Serving a request for a partition this shard owns: produce (through
+//! `produce.rs`), fetch, offsets, describe, and calls of the layers above
+//! ([`PartitionCall`]).
+//!
+//! Runs on: the owning shard; the router (`crate::router`) brings requests
+//! here from other shards and nodes.
+
+use std::rc::Rc;
+
+use strand_storage::Offset;
+use strand_wire::ErrorCode;
+
+use super::messages::*;
+use super::{reply_error, storage_error, Shard};
+
+impl Shard {
+    /// Serves a partition request on the owning shard.
+    pub async fn serve_partition(self: &Rc<Self>, queue: &str, partition: u32, request: PartitionRequest) {
+        let Some(part) = self.partitions.get(queue, partition) else {
+            let table = self.table();
+            let err = match table.queue(queue) {
+                None => WireError::new(ErrorCode::UnknownQueue, format!("queue {queue:?} does not exist")),
+                Some(q) if partition as usize >= q.partitions.len() => WireError::new(
+                    ErrorCode::UnknownPartition,
+                    format!("queue {queue:?} has {} partitions", q.partitions.len()),
+                ),
+                // Led here but not open: being (re)opened, or it failed to
+                // open. NotLeader makes clients refresh and retry.
+                Some(q) if q.partitions[partition as usize].leader == self.config.node_id => WireError::new(
+                    ErrorCode::NotLeader,
+                    format!(
+                        "{queue}/{partition} is not open on this broker yet (opening, or it failed to open: \
+                         see the broker's log); retry"
+                    ),
+                ),
+                Some(q) => WireError::new(
+                    ErrorCode::NotLeader,
+                    format!(
+                        "broker {} leads {queue}/{partition}",
+                        q.partitions[partition as usize].leader
+                    ),
+                ),
+            };
+            reply_error(request, err);
+            return;
+        };
+        match request {
+            PartitionRequest::Produce { records, acks, reply } => {
+                let result = self.produce(&part, records, acks).await;
+                if result
+                    .as_ref()
+                    .is_err_and(|e| matches!(e.code, ErrorCode::OutOfOrderSequence | ErrorCode::UnknownProducer))
+                {
+                    self.metrics.sequence_refused();
+                }
+                reply.send(result);
+            }
+            PartitionRequest::Fetch {
+                offset,
+                max_bytes,
+                reply,
+            } => {
+                let log = &part.log;
+                let hw = log.high_watermark();
+                let result = log
+                    .read_below(Offset(offset), max_bytes as usize, hw)
+                    .await
+                    .map(|mut read| {
+                        // Batches read from disk slice this shard's I/O
+                        // buffers, which must not be freed on another
+                        // thread: copied when the answer leaves the shard.
+                        if reply.origin() != self.id.0 {
+                            read.detach();
+                        }
+                        Fetched {
+                            read,
+                            high_watermark: hw.0,
+                            log_start: log.log_start().0,
+                        }
+                    })
+                    .map_err(storage_error);
+                reply.send(result);
+            }
+            PartitionRequest::ListOffsets { query, reply } => {
+                let log = &part.log;
+                let result = match query {
+                    OffsetQuery::Earliest => Ok((log.log_start().0, true)),
+                    OffsetQuery::Latest => Ok((log.high_watermark().0, true)),
+                    OffsetQuery::Timestamp(ts) => match log.offset_for_timestamp(ts).await {
+                        Ok(Some(o)) if o < log.high_watermark() => Ok((o.0, true)),
+                        Ok(_) => Ok((log.high_watermark().0, false)),
+                        Err(e) => Err(storage_error(e)),
+                    },
+                };
+                reply.send(result);
+            }
+            PartitionRequest::Call(call) => {
+                let at = OpenPartition {
+                    shard: self.clone(),
+                    queue: queue.to_string(),
+                    partition,
+                    part,
+                };
+                call.run(at).await
+            }
+            PartitionRequest::Describe { reply } => {
+                let log = &part.log;
+                reply.send(Ok(PartitionStats {
+                    log_start: log.log_start().0,
+                    log_end: log.log_end().0,
+                    high_watermark: log.high_watermark().0,
+                    stored_bytes: log.size_bytes(),
+                    segments: log.segment_count() as u32,
+                }));
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! A shard's figures for a metrics scrape: its counters, and per
+//! partition the log's gauges and fdatasync statistics.
+//!
+//! Runs on: the shard itself (the metrics endpoint on shard 0 asks the
+//! others over the mesh).
+
+use super::messages::{Answer, ShardMessage};
+use super::Shard;
+
+impl Shard {
+    /// This shard's counters and partitions, for a scrape (the group
+    /// positions are the coordinator's to add: `crate::groups::add_to_snapshot`).
+    pub fn snapshot(&self) -> crate::metrics::ShardSnapshot {
+        let mut snap = crate::metrics::ShardSnapshot {
+            shard: self.id.0,
+            fsync_buckets: vec![0; strand_storage::log::SYNC_BUCKETS_SECS.len() + 1],
+            ..Default::default()
+        };
+        // One pass over the partitions: their gauges and fdatasync stats.
+        for ((queue, partition), part) in self.partitions.all() {
+            let log = &part.log;
+            snap.partitions.push(crate::metrics::PartitionGauges {
+                queue,
+                partition,
+                log_start: log.log_start().0,
+                log_end: log.log_end().0,
+                high_watermark: log.high_watermark().0,
+                stored_bytes: log.size_bytes(),
+            });
+            let stats = log.stats();
+            for (b, n) in snap.fsync_buckets.iter_mut().zip(stats.sync_buckets) {
+                *b += n;
+            }
+            snap.fsync_sum_secs += stats.sync_ns as f64 / 1e9;
+            snap.fsync_count += stats.syncs;
+            snap.rolls += stats.rolls;
+            snap.recycled += stats.recycled;
+        }
+        let storage = self.partitions.storage();
+        snap.tail_cache_bytes = storage.tail_cache_bytes() as u64;
+        snap.readahead_bytes = storage.readahead_bytes() as u64;
+        snap.readahead_refused = storage.readahead_refused();
+        self.metrics.fill(&mut snap);
+        snap.busy_ratio = self
+            .metrics
+            .busy_ratio(glommio::executor().executor_stats().total_runtime());
+        snap.requests_in_flight = self.in_flight.get() as u64;
+        snap
+    }
+
+    /// Asks shard `peer` for its snapshot over the mesh; `None` if it has
+    /// stopped.
+    pub async fn ask_snapshot(&self, peer: u16) -> Option<crate::metrics::ShardSnapshot> {
+        let (tx, rx) = Answer::channel(self.id.0);
+        self.peers
+            .send_to(usize::from(peer), ShardMessage::Stats { reply: tx })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+}
