@@ -17,7 +17,24 @@
 //! tail_cache_budget_bytes = 268435456  # per shard: recent batches kept in memory for consumers
 //! readahead_budget_bytes = 67108864    # per shard: blocks read ahead for consumers behind the tail
 //! io_memory_bytes = 268435456          # per shard: registered memory for disk reads and writes
+//! advertise = "10.0.0.1:9400"          # default: listen (refused if that is 0.0.0.0 or ::)
+//! controller_voters = "1@10.0.0.1:9400,2@10.0.0.2:9400,3@10.0.0.3:9400"  # default: this node alone
+//! controller_heartbeat_ms = 500        # the controller leader's heartbeat to the other voters
+//! controller_election_min_ms = 1500    # a voter that hears no leader this long (to the max,
+//! controller_election_max_ms = 3000    #   at random) stands for election
 //! ```
+//!
+//! **A cluster.** `controller_voters` names the nodes whose controller
+//! members vote (KRaft-style static voters): `ID@HOST:PORT` each, the
+//! address being that node's advertised client address. Every voter starts
+//! with the same list; a node that is not in it is a broker without a vote
+//! (it follows the controller as a learner). The default, this node alone,
+//! is a one-node cluster — the single-node broker, its data unchanged. The
+//! timings: a leader heartbeats every `controller_heartbeat_ms`; a follower
+//! that hears nothing for a random time between the two election timeouts
+//! stands for election, so the controller fails over within about the
+//! maximum; a busy host that delays heartbeats beyond the minimum causes
+//! needless elections (the defaults leave three missed heartbeats' room).
 //!
 //! `spin_before_park_us` is the latency/CPU trade of a thread-per-core
 //! broker: while a shard polls, a request is picked up without a wake-up
@@ -105,6 +122,60 @@ pub struct BrokerConfig {
     pub readahead_budget_bytes: usize,
     /// Memory each shard registers with its io_uring for disk buffers.
     pub io_memory_bytes: usize,
+    /// The address other nodes and clients reach this one at (`None`: the
+    /// listen address).
+    pub advertise: Option<SocketAddr>,
+    /// The controller's voters (empty: this node alone).
+    #[serde(deserialize_with = "voters_from_text")]
+    pub controller_voters: Vec<Voter>,
+    pub controller_heartbeat_ms: u64,
+    pub controller_election_min_ms: u64,
+    pub controller_election_max_ms: u64,
+}
+
+/// A voter of the controller's Raft group: a node id and that node's
+/// advertised client address (where its controller member is reached).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Voter {
+    pub id: u64,
+    pub address: SocketAddr,
+}
+
+/// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
+pub fn parse_voters(text: &str) -> Result<Vec<Voter>, String> {
+    let mut voters: Vec<Voter> = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, address) = item
+            .split_once('@')
+            .ok_or_else(|| format!("voter {item:?} is not ID@HOST:PORT"))?;
+        let id: u64 = id
+            .parse()
+            .map_err(|_| format!("voter {item:?}: {id:?} is not a node id"))?;
+        let address: SocketAddr = address.parse().map_err(|_| {
+            format!("voter {item:?}: {address:?} is not an IP address and port (HOST:PORT, e.g. 10.0.0.1:9400)")
+        })?;
+        if id == 0 {
+            return Err(format!("voter {item:?}: node ids start at 1"));
+        }
+        if address.ip().is_unspecified() || address.port() == 0 {
+            return Err(format!(
+                "voter {item:?}: {address} is no address to reach a node at (give its advertised address)"
+            ));
+        }
+        if let Some(v) = voters.iter().find(|v| v.id == id || v.address == address) {
+            return Err(format!(
+                "voter {item:?} repeats node {} at {} (each voter once, each at its own address)",
+                v.id, v.address
+            ));
+        }
+        voters.push(Voter { id, address });
+    }
+    Ok(voters)
+}
+
+fn voters_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Voter>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_voters(&text).map_err(serde::de::Error::custom)
 }
 
 impl Default for BrokerConfig {
@@ -126,6 +197,11 @@ impl Default for BrokerConfig {
             tail_cache_budget_bytes: ShardStorageConfig::default().tail_cache_budget_bytes,
             readahead_budget_bytes: ShardStorageConfig::default().readahead_budget_bytes,
             io_memory_bytes: 256 << 20,
+            advertise: None,
+            controller_voters: Vec::new(),
+            controller_heartbeat_ms: 500,
+            controller_election_min_ms: 1500,
+            controller_election_max_ms: 3000,
         }
     }
 }
@@ -169,6 +245,14 @@ pub struct Overrides {
     /// How long an idle shard polls before sleeping, in µs [default: 50].
     #[arg(long, value_name = "US")]
     pub spin_before_park_us: Option<u64>,
+    /// The address other nodes and clients reach this node at
+    /// [default: --listen; required when that is 0.0.0.0 or ::].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<SocketAddr>,
+    /// The controller's voters, each node's id and advertised address;
+    /// every voter starts with the same list [default: this node alone].
+    #[arg(long, value_name = "ID@HOST:PORT,...")]
+    pub controller_voters: Option<String>,
 }
 
 impl BrokerConfig {
@@ -205,6 +289,13 @@ impl BrokerConfig {
         if let Some(v) = flags.spin_before_park_us {
             config.spin_before_park_us = v;
         }
+        if let Some(v) = flags.advertise {
+            config.advertise = Some(v);
+        }
+        if let Some(v) = &flags.controller_voters {
+            config.controller_voters =
+                parse_voters(v).map_err(|e| ConfigError::Invalid(format!("--controller-voters: {e}")))?;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -228,8 +319,67 @@ impl BrokerConfig {
         }
     }
 
+    /// The address this node gives others: `advertise`, else `bound` (the
+    /// listen address once bound: a `:0` port resolved).
+    pub fn advertised(&self, bound: SocketAddr) -> SocketAddr {
+        self.advertise.unwrap_or(bound)
+    }
+
+    /// The controller's voters: the configured ones, or this node alone at
+    /// `advertised`.
+    pub fn voters(&self, advertised: SocketAddr) -> Vec<Voter> {
+        match self.controller_voters.is_empty() {
+            true => vec![Voter {
+                id: self.node_id,
+                address: advertised,
+            }],
+            false => self.controller_voters.clone(),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.node_id == 0 {
+            return bad("node_id must be at least 1".into());
+        }
+        let advertised = self.advertise.unwrap_or(self.listen);
+        if advertised.ip().is_unspecified() {
+            return bad(format!(
+                "listen {} is a wildcard address, which other nodes and clients cannot reach: give the \
+                 address they reach this node at with --advertise HOST:PORT (advertise in the file)",
+                self.listen
+            ));
+        }
+        if self.advertise.is_some_and(|a| a.port() == 0) {
+            return bad("advertise needs a port (not 0)".into());
+        }
+        if !self.controller_voters.is_empty() && !self.controller_voters.iter().any(|v| v.id == self.node_id) {
+            return bad(format!(
+                "node_id {} is not among controller_voters: a node without a vote (a learner) is not built yet",
+                self.node_id
+            ));
+        }
+        if let Some(me) = self.controller_voters.iter().find(|v| v.id == self.node_id) {
+            // A `:0` listen port is known only once bound.
+            if advertised.port() != 0 && me.address != advertised {
+                return bad(format!(
+                    "controller_voters names node {} at {}, but this node advertises {advertised}",
+                    me.id, me.address
+                ));
+            }
+        }
+        let (heartbeat, min, max) = (
+            self.controller_heartbeat_ms,
+            self.controller_election_min_ms,
+            self.controller_election_max_ms,
+        );
+        if heartbeat == 0 || min < 2 * heartbeat || max <= min || max > 600_000 {
+            return bad(format!(
+                "controller timings: heartbeat {heartbeat} ms, election timeout {min}..{max} ms: the \
+                 heartbeat must be > 0, the minimum at least twice the heartbeat, the maximum above the \
+                 minimum and at most 10 minutes"
+            ));
+        }
         if self.cores == Some(0) {
             return bad("cores must be at least 1".into());
         }
@@ -405,5 +555,69 @@ mod tests {
         };
         assert!(BrokerConfig::load(None, &spin).is_err());
         assert!(BrokerConfig::load(Some(&dir.path().join("missing.toml")), &Overrides::default()).is_err());
+    }
+
+    #[test]
+    fn voters_and_the_advertised_address_are_checked() {
+        let v = parse_voters("1@10.0.0.1:9400, 2@10.0.0.2:9400,3@[::1]:9400").unwrap();
+        assert_eq!(v.len(), 3);
+        assert_eq!((v[1].id, v[1].address), (2, "10.0.0.2:9400".parse().unwrap()));
+        assert!(parse_voters("").unwrap().is_empty());
+        for (bad, says) in [
+            ("1-10.0.0.1:9400", "ID@HOST:PORT"),
+            ("x@10.0.0.1:9400", "not a node id"),
+            ("0@10.0.0.1:9400", "start at 1"),
+            ("1@host.example:9400", "IP address"),
+            ("1@0.0.0.0:9400", "no address"),
+            ("1@10.0.0.1:0", "no address"),
+            ("1@10.0.0.1:9400,1@10.0.0.2:9400", "repeats"),
+            ("1@10.0.0.1:9400,2@10.0.0.1:9400", "repeats"),
+        ] {
+            let err = parse_voters(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        let load = |f: Overrides| BrokerConfig::load(None, &f).map_err(|e| e.to_string());
+        let wildcard = Overrides {
+            listen: Some("0.0.0.0:9400".parse().unwrap()),
+            ..Overrides::default()
+        };
+        assert!(load(wildcard.clone()).unwrap_err().contains("--advertise"));
+        let advertised = Overrides {
+            advertise: Some("10.0.0.1:9400".parse().unwrap()),
+            ..wildcard
+        };
+        let c = load(advertised.clone()).unwrap();
+        assert_eq!(
+            c.advertised("0.0.0.0:9400".parse().unwrap()),
+            "10.0.0.1:9400".parse().unwrap()
+        );
+        assert_eq!(c.voters("10.0.0.1:9400".parse().unwrap()).len(), 1, "alone by default");
+        let in_voters = Overrides {
+            controller_voters: Some("1@10.0.0.1:9400,2@10.0.0.2:9400".into()),
+            ..advertised.clone()
+        };
+        assert_eq!(load(in_voters).unwrap().controller_voters.len(), 2);
+        let elsewhere = Overrides {
+            controller_voters: Some("1@10.0.0.9:9400,2@10.0.0.2:9400".into()),
+            ..advertised.clone()
+        };
+        assert!(load(elsewhere).unwrap_err().contains("advertises"));
+        let not_a_voter = Overrides {
+            controller_voters: Some("2@10.0.0.2:9400,3@10.0.0.3:9400".into()),
+            ..advertised.clone()
+        };
+        assert!(load(not_a_voter).unwrap_err().contains("not among"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("strand.toml");
+        std::fs::write(
+            &file,
+            "controller_heartbeat_ms = 1000\ncontroller_election_min_ms = 1500\n",
+        )
+        .unwrap();
+        let err = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("twice the heartbeat"), "{err}");
+        std::fs::write(&file, "controller_voters = \"1@127.0.0.1:9400,2@127.0.0.2:9400\"\n").unwrap();
+        let c = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!(c.controller_voters[1].address, "127.0.0.2:9400".parse().unwrap());
     }
 }

@@ -12,13 +12,16 @@
 //!   with `NotLeader` by the owning shard (the cluster issue adds the peer
 //!   links here: `crate::peer`).
 //!
-//! Controller proposals go to shard 0, where the controller member runs,
-//! and resolve once every shard of this node applied the result.
+//! Controller proposals go to shard 0, where the controller member runs
+//! (it forwards them to the controller leader on another node if need be),
+//! and resolve once every shard of this node applied the result; other
+//! nodes' controller messages go to shard 0 too ([`controller_rpc`]).
 
 use std::rc::Rc;
 
 use strand_wire::ErrorCode;
 
+use crate::controller::network::Refusal;
 use crate::controller::{Command, ProposeError};
 use crate::routing::ShardId;
 use crate::shard::messages::{Answer, PartitionRequest, Reply, ShardMessage, WireError};
@@ -91,4 +94,32 @@ pub async fn propose(shard: &Shard, command: Command) -> Result<(), ProposeError
         .map_err(|_| ProposeError::Unavailable("shard 0 is overloaded".into()))?;
     rx.await
         .unwrap_or_else(|_| Err(ProposeError::Unavailable("shard 0 dropped the request".into())))
+}
+
+/// Hands another node's controller message to the controller member on
+/// shard 0 (here, or over the mesh) and returns its answer.
+pub async fn controller_rpc(
+    shard: &Shard,
+    op: strand_wire::ControllerOp,
+    payload: Vec<u8>,
+) -> Result<Vec<u8>, Refusal> {
+    let unavailable = |message: &str| Refusal {
+        code: ErrorCode::ControllerUnavailable,
+        message: message.to_string(),
+        leader: 0,
+    };
+    if shard.id.0 == 0 {
+        let controller = shard.controller.borrow().clone();
+        return match controller {
+            Some(c) => c.serve(op, &payload).await,
+            None => Err(unavailable("the controller member is not running here yet")),
+        };
+    }
+    let (tx, rx) = Answer::channel(shard.id.0);
+    shard
+        .peers
+        .try_send_to(0, ShardMessage::ControllerRpc { op, payload, reply: tx })
+        .map_err(|_| unavailable("shard 0 is overloaded"))?;
+    rx.await
+        .unwrap_or_else(|_| Err(unavailable("shard 0 dropped the request")))
 }

@@ -24,11 +24,13 @@ pub enum Api {
     DeleteGroup = 17,
     Receive = 18,
     Settle = 19,
+    /// Between brokers: the controller's Raft messages and forwarded proposals.
+    Controller = 20,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 20] = [
+    pub const ALL: [Api; 21] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -49,6 +51,7 @@ impl Api {
         Api::DeleteGroup,
         Api::Receive,
         Api::Settle,
+        Api::Controller,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -89,6 +92,7 @@ impl Api {
             Api::DeleteGroup => "DeleteGroup",
             Api::Receive => "Receive",
             Api::Settle => "Settle",
+            Api::Controller => "Controller",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The entry point of the `frame_decode` fuzz target (`net/fuzz/`), also
 //! run under proptest in CI: a stream of arbitrary bytes is cut into frames
-//! and every frame's body is read as every request table (and the whole
+//! and every frame's body is read as every request table (and the
+//! controller's response, which travels between brokers; and the whole
 //! input as a `__groups` record value). Nothing may
 //! panic, and what decodes must be self-consistent.
 
@@ -43,6 +44,8 @@ pub fn frame_decode(data: &[u8]) {
         let _ = body::<ResetGroupRequest>(&frame).map(|r| r.partitions().map(|p| p.len()));
         let _ = body::<DescribeGroupRequest>(&frame).map(|r| r.group().map(str::len));
         let _ = body::<ReceiveRequest>(&frame).map(|r| (r.max_records(), r.lock_ms()));
+        let _ = body::<ControllerRequest>(&frame).map(|r| (r.op(), r.from(), r.payload().map(|p| p.len())));
+        let _ = body::<ControllerResponse>(&frame).map(|r| (r.leader(), r.payload().map(|p| p.len())));
         let _ = body::<SettleRequest>(&frame).map(|r| {
             r.records()
                 .map(|rs| rs.iter().map(|x| x.reason().map_or(0, str::len)).sum::<usize>())

@@ -13,15 +13,18 @@
 //! - [`store`]: the Raft log, vote and snapshots on disk (byte layout there)
 //!   and the openraft state-machine store around [`stm`].
 //! - [`runtime`]: openraft's async runtime on glommio.
-//! - [`node`]: starting this node's member, proposing commands.
+//! - [`node`]: starting this node's member, proposing commands (forwarded
+//!   to the leader from other nodes), serving the other members.
+//! - [`network`]: the Raft messages and forwarded proposals on peer links.
 
+pub mod network;
 pub mod node;
 pub mod runtime;
 pub mod stm;
 pub mod store;
 pub mod table;
 
-pub use node::{Controller, ProposeError};
+pub use node::{Controller, ProposeError, Settings};
 pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
 pub use table::{
     BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings,

@@ -1,27 +1,28 @@
 //! This node's member of the controller's Raft group: start it (recovering
-//! its log and snapshot), propose commands, stop it.
+//! its log and snapshot), propose commands from any node, serve the other
+//! members' messages, stop it.
 //!
 //! Runs on: shard 0.
 //!
-//! A single node initialises a one-voter group and is its leader; the code
-//! path (propose → commit → apply on every member) is the one a multi-node
-//! group uses. Until cluster membership lands, the Raft network has no
-//! peers to reach: it reports every peer unreachable, which a one-voter
-//! group never asks for.
+//! Voters are static (KRaft-style): every voter starts with the same list
+//! and initialises the group with it on its first start (openraft accepts
+//! the same initial membership from every voter). A single node is a
+//! one-voter group, elected at once. A proposal made where the member does
+//! not lead is forwarded to the leader (`network.rs`); the caller returns
+//! once its own node has applied it, so what it created is visible here
+//! at once.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use openraft::error::{InitializeError, InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::RPCOption;
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
-};
-use openraft::{BasicNode, Raft, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, Raft};
+use strand_wire::{ControllerOp, ErrorCode};
 
+use super::network::{to_json, Links, Refusal, PROPOSE_TIMEOUT};
 use super::stm::{Command, ControllerError};
 use super::store::{LogStore, Publish, StateMachineStore, TypeConfig};
 
@@ -31,87 +32,131 @@ pub enum ProposeError {
     /// Committed, and refused by the state machine.
     #[error(transparent)]
     Refused(#[from] ControllerError),
-    /// Not committed: no leader here, storage failed, shutting down.
+    /// Not committed: no leader reachable, storage failed, shutting down.
     #[error("controller unavailable: {0}")]
     Unavailable(String),
+}
+
+/// How this node's member runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub node_id: u64,
+    /// The address this node's peers and clients reach it at.
+    pub advertised: SocketAddr,
+    /// Every voter's id and advertised address (this node alone for a
+    /// single node).
+    pub voters: Vec<(u64, SocketAddr)>,
+    /// This node's shard count (registered with the broker).
+    pub shards: u16,
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// The largest frame a peer's answer may be.
+    pub max_frame_bytes: u32,
 }
 
 /// The running controller member.
 pub struct Controller {
     raft: Raft<TypeConfig>,
     node_id: u64,
+    links: Links,
+    sm: StateMachineStore,
 }
 
 impl Controller {
-    /// Starts the member with its state in `dir`, initialising a one-voter
-    /// group on first start, and registers this broker at `address`.
-    pub async fn start(
-        dir: &Path,
-        node_id: u64,
-        address: String,
-        shards: u16,
-        publish: Publish,
-    ) -> Result<Controller, ProposeError> {
+    /// Opens the member with its state in `dir` and, on the first start of
+    /// a voter, initialises the group with the voters. It serves the other
+    /// members from now on ([`Controller::serve`]); [`Controller::join`]
+    /// then waits until it can be used.
+    pub async fn open(dir: &Path, settings: &Settings, publish: Publish) -> Result<Controller, ProposeError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
+        let node_id = settings.node_id;
         let log = LogStore::open(dir)
             .await
             .map_err(|e| unavailable("opening the Raft log", &e))?;
         let sm = StateMachineStore::open(dir, publish).map_err(|e| unavailable("opening the Raft snapshot", &e))?;
-        // One voter: nobody to send heartbeats to, and openraft elects the
-        // sole voter at once when it initializes and restores it as leader
-        // at once after a restart; its timer (every 1.5 heartbeat
-        // intervals) only wakes the shard. A slow one keeps an idle broker
-        // idle (the timings for several voters come with the cluster).
         let config = openraft::Config {
             cluster_name: "strand".into(),
-            heartbeat_interval: 500,
-            election_timeout_min: 1500,
-            election_timeout_max: 3000,
+            heartbeat_interval: settings.heartbeat_ms,
+            election_timeout_min: settings.election_min_ms,
+            election_timeout_max: settings.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
             ..Default::default()
         }
         .validate()
         .map_err(|e| unavailable("Raft config", &e))?;
-        let raft = Raft::new(node_id, Arc::new(config), NoPeers, log, sm.clone())
+        let links = Links::new(node_id, settings.max_frame_bytes);
+        let raft = Raft::new(node_id, Arc::new(config), links.clone(), log, sm.clone())
             .await
             .map_err(|e| unavailable("starting Raft", &e))?;
         let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| unavailable("reading the Raft state", &e))?;
-        if !initialized {
-            let members = BTreeMap::from([(node_id, BasicNode::new(address.clone()))]);
+        let voter = settings.voters.iter().any(|(id, _)| *id == node_id);
+        if !initialized && voter {
+            let members: BTreeMap<u64, BasicNode> = settings
+                .voters
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode::new(addr.to_string())))
+                .collect();
             match raft.initialize(members).await {
                 Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
                 Err(e) => return Err(unavailable("initialising the Raft group", &e)),
             }
         }
-        let wait = || raft.wait(Some(Duration::from_secs(10)));
-        wait()
-            .current_leader(node_id, "the single controller member becomes leader")
+        if !voter {
+            return Err(ProposeError::Unavailable(format!(
+                "node {node_id} is not among the controller's voters; joining as a learner is not built yet"
+            )));
+        }
+        Ok(Controller {
+            raft,
+            node_id,
+            links,
+            sm,
+        })
+    }
+
+    /// Waits until the group has a leader and this member has applied its
+    /// log, then registers this broker (id, advertised address, shards) if
+    /// the table does not hold it so.
+    pub async fn join(&self, settings: &Settings) -> Result<(), ProposeError> {
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
+        let (raft, node_id) = (&self.raft, self.node_id);
+        let wait = |secs| raft.wait(Some(Duration::from_secs(secs)));
+        wait(60)
+            .metrics(|m| m.current_leader.is_some(), "the controller elects a leader")
             .await
             .map_err(|e| unavailable("electing a controller leader", &e))?;
         // Apply everything already in the log before serving from the table.
         let last = raft.metrics().borrow().last_log_index;
-        wait()
+        wait(30)
             .applied_index_at_least(last, "the controller replays its log")
             .await
             .map_err(|e| unavailable("replaying the controller log", &e))?;
-        let controller = Controller { raft, node_id };
-        let registered = sm
+        let address = settings.advertised.to_string();
+        let registered = self
+            .sm
             .table()
             .brokers
             .get(&node_id)
-            .is_some_and(|b| b.address == address && b.shards == shards);
+            .is_some_and(|b| b.address == address && b.shards == settings.shards);
         if !registered {
-            controller
-                .propose(Command::RegisterBroker {
-                    id: node_id,
-                    address,
-                    shards,
-                })
-                .await?;
+            self.propose(Command::RegisterBroker {
+                id: node_id,
+                address,
+                shards: settings.shards,
+            })
+            .await?;
         }
+        Ok(())
+    }
+
+    /// [`Controller::open`], then [`Controller::join`].
+    pub async fn start(dir: &Path, settings: &Settings, publish: Publish) -> Result<Controller, ProposeError> {
+        let controller = Controller::open(dir, settings, publish).await?;
+        controller.join(settings).await?;
         Ok(controller)
     }
 
@@ -119,12 +164,120 @@ impl Controller {
         self.node_id
     }
 
-    /// Commits `command` through Raft and applies it. Resolves once applied
-    /// here (the new table has been published).
+    /// The controller leader this member knows of.
+    pub fn leader(&self) -> Option<u64> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// Keeps `leader` at the controller leader this member knows of (0:
+    /// none) until the member stops.
+    pub async fn follow_leader(&self, leader: &std::sync::atomic::AtomicU64) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let now = metrics.borrow().current_leader.unwrap_or(0);
+            leader.store(now, std::sync::atomic::Ordering::Relaxed);
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Commits `command` through Raft — here if this member leads, else on
+    /// the leader — and resolves once it is applied here (the new table has
+    /// been published on this node).
     pub async fn propose(&self, command: Command) -> Result<(), ProposeError> {
-        match self.raft.client_write(command).await {
-            Ok(resp) => resp.data.map_err(ProposeError::Refused),
-            Err(e) => Err(ProposeError::Unavailable(e.to_string())),
+        let deadline = Instant::now() + PROPOSE_TIMEOUT;
+        let mut last_error = String::from("no controller leader");
+        while Instant::now() < deadline {
+            let leader = match self.raft.client_write(command.clone()).await {
+                Ok(resp) => return resp.data.map_err(ProposeError::Refused),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => f.leader_id.zip(f.leader_node),
+                Err(e) => return Err(ProposeError::Unavailable(e.to_string())),
+            };
+            let Some((leader, node)) = leader else {
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let Ok(addr) = node.addr.parse::<SocketAddr>() else {
+                return Err(ProposeError::Unavailable(format!(
+                    "the controller leader {leader}'s address {:?} is not HOST:PORT",
+                    node.addr
+                )));
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self
+                .links
+                .call(addr, ControllerOp::Propose, &to_json(&command), left)
+                .await
+            {
+                Ok(Ok(payload)) => {
+                    let applied: Result<u64, ControllerError> = serde_json::from_slice(&payload)
+                        .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from the leader: {e}")))?;
+                    let index = applied?;
+                    self.raft
+                        .wait(Some(deadline.saturating_duration_since(Instant::now())))
+                        .applied_index_at_least(Some(index), "a forwarded proposal is applied here")
+                        .await
+                        .map_err(|e| ProposeError::Unavailable(e.to_string()))?;
+                    return Ok(());
+                }
+                // It stopped leading meanwhile: ask again who leads.
+                Ok(Err(r)) if r.code == ErrorCode::NotLeader => last_error = r.message,
+                Ok(Err(r)) => return Err(ProposeError::Unavailable(r.message)),
+                Err(e) => last_error = e.to_string(),
+            }
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+        }
+        Err(ProposeError::Unavailable(format!(
+            "no controller leader committed the proposal within {PROPOSE_TIMEOUT:?}: {last_error}"
+        )))
+    }
+
+    /// Serves another member's message (`op` with its JSON `payload`);
+    /// the answer's payload is JSON too (see `network.rs`).
+    pub async fn serve(&self, op: ControllerOp, payload: &[u8]) -> Result<Vec<u8>, Refusal> {
+        let bad = |e: serde_json::Error| Refusal {
+            code: ErrorCode::InvalidRequest,
+            message: format!("a malformed controller payload: {e}"),
+            leader: 0,
+        };
+        match op {
+            ControllerOp::Vote => Ok(to_json(
+                &self.raft.vote(serde_json::from_slice(payload).map_err(bad)?).await,
+            )),
+            ControllerOp::AppendEntries => Ok(to_json(
+                &self
+                    .raft
+                    .append_entries(serde_json::from_slice(payload).map_err(bad)?)
+                    .await,
+            )),
+            ControllerOp::InstallSnapshot => Ok(to_json(
+                &self
+                    .raft
+                    .install_snapshot(serde_json::from_slice(payload).map_err(bad)?)
+                    .await,
+            )),
+            ControllerOp::Propose => {
+                let command: Command = serde_json::from_slice(payload).map_err(bad)?;
+                match self.raft.client_write(command).await {
+                    Ok(resp) => Ok(to_json(&resp.data.map(|()| resp.log_id.index))),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(Refusal {
+                        code: ErrorCode::NotLeader,
+                        message: format!("node {} does not lead the controller", self.node_id),
+                        leader: f.leader_id.unwrap_or(0),
+                    }),
+                    Err(e) => Err(Refusal {
+                        code: ErrorCode::ControllerUnavailable,
+                        message: e.to_string(),
+                        leader: 0,
+                    }),
+                }
+            }
+            other => Err(Refusal {
+                code: ErrorCode::InvalidRequest,
+                message: format!("unknown controller op {}", other.0),
+                leader: 0,
+            }),
         }
     }
 
@@ -133,49 +286,6 @@ impl Controller {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!("controller shutdown: {e}");
         }
-    }
-}
-
-/// The Raft network of a group with no peers yet.
-struct NoPeers;
-struct NoConnection;
-
-impl RaftNetworkFactory<TypeConfig> for NoPeers {
-    type Network = NoConnection;
-    async fn new_client(&mut self, _target: u64, _node: &BasicNode) -> NoConnection {
-        NoConnection
-    }
-}
-
-fn unreachable() -> Unreachable {
-    Unreachable::new(&std::io::Error::other(
-        "controller peers are not connected on this node",
-    ))
-}
-
-impl RaftNetwork<TypeConfig> for NoConnection {
-    async fn append_entries(
-        &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(RPCError::Unreachable(unreachable()))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>> {
-        Err(RPCError::Unreachable(unreachable()))
-    }
-
-    async fn vote(
-        &mut self,
-        _rpc: VoteRequest<u64>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(RPCError::Unreachable(unreachable()))
     }
 }
 
@@ -199,6 +309,20 @@ mod tests {
         }
     }
 
+    fn one_node(id: u64) -> Settings {
+        let advertised: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        Settings {
+            node_id: id,
+            advertised,
+            voters: vec![(id, advertised)],
+            shards: 2,
+            heartbeat_ms: 500,
+            election_min_ms: 1500,
+            election_max_ms: 3000,
+            max_frame_bytes: 1 << 20,
+        }
+    }
+
     fn run<F: std::future::Future<Output = ()> + 'static>(make: impl FnOnce() -> F + Send + 'static) {
         glommio::LocalExecutorBuilder::default()
             .spawn(make)
@@ -217,9 +341,7 @@ mod tests {
                 let seen = seen.clone();
                 Rc::new(move |t: &MetadataTable| *seen.borrow_mut() = t.clone())
             };
-            let c = Controller::start(&path, 7, "127.0.0.1:1".into(), 2, publish.clone())
-                .await
-                .unwrap();
+            let c = Controller::start(&path, &one_node(7), publish.clone()).await.unwrap();
             assert!(seen.borrow().brokers.contains_key(&7), "the broker registers itself");
             c.propose(Command::CreateQueue {
                 name: "orders".into(),
@@ -243,9 +365,7 @@ mod tests {
 
             // Restart: the log replays into the same table; no new registration.
             *seen.borrow_mut() = MetadataTable::default();
-            let c = Controller::start(&path, 7, "127.0.0.1:1".into(), 2, publish.clone())
-                .await
-                .unwrap();
+            let c = Controller::start(&path, &one_node(7), publish.clone()).await.unwrap();
             c.propose(Command::DeleteQueue { name: "nope".into() })
                 .await
                 .unwrap_err();

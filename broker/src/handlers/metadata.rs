@@ -94,7 +94,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
         &MetadataResponseArgs {
             error: None,
             brokers: Some(brokers),
-            controller: shard.config.node_id as u32,
+            controller: shard.controller_leader.load(std::sync::atomic::Ordering::Relaxed) as u32,
             queues: Some(queues),
         },
     );

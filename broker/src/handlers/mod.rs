@@ -12,6 +12,7 @@
 
 mod alter_queue;
 mod api_versions;
+mod controller;
 mod create_queue;
 mod delete_queue;
 mod describe_queue;
@@ -40,8 +41,15 @@ pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: Fra
         Ok(api) => api,
         Err(e) => return Some(error_response(header, &WireError::new(e.code(), e.to_string()))),
     };
+    // Until the node serves (its ready line), the listener is open for the
+    // other nodes' controller members only.
+    if !shard.serving.get() && !matches!(api, Api::ApiVersions | Api::Controller) {
+        let e = WireError::new(ErrorCode::ControllerUnavailable, "the broker is starting; retry");
+        return Some(error_response(header, &e));
+    }
     let result = match api {
         Api::ApiVersions => api_versions::handle(header),
+        Api::Controller => controller::handle(shard, header, &frame.body).await,
         Api::Metadata => metadata::handle(shard, header, &frame.body),
         Api::CreateQueue => create_queue::handle(shard, header, &frame.body).await,
         Api::DeleteQueue => delete_queue::handle(shard, header, &frame.body).await,

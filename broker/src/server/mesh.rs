@@ -47,6 +47,9 @@ async fn on_message(shard: Rc<Shard>, msg: ShardMessage) {
         ShardMessage::Propose { command, reply } => {
             reply.send(shard.commit_proposal(command).await);
         }
+        ShardMessage::ControllerRpc { op, payload, reply } => {
+            reply.send(crate::router::controller_rpc(&shard, op, payload).await);
+        }
         ShardMessage::Run(Deferred(work)) => work(), // (run by the receiver)
         ShardMessage::Metadata { table, applied } => {
             shard.apply_table(table).await;

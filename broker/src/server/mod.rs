@@ -20,7 +20,7 @@ pub mod metrics_http;
 
 use std::net::SocketAddr;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use strand_storage::ShardStorage;
 
 use crate::config::BrokerConfig;
-use crate::controller::{Controller, MetadataTable};
+use crate::controller::{Controller, MetadataTable, Settings as ControllerSettings};
 use crate::routing::ShardId;
 use crate::shard::partitions::Partitions;
 use crate::shard::{self, Mesh, Shard};
@@ -59,6 +59,8 @@ struct Lifecycle {
     metadata_ready: Arc<AtomicBool>,
     /// Shard 0: the metrics endpoint's listening socket, to serve.
     metrics_fd: Option<std::os::fd::RawFd>,
+    /// The controller leader shard 0's member knows of (0: none).
+    controller_leader: Arc<AtomicU64>,
 }
 
 enum Event {
@@ -169,6 +171,7 @@ fn run_locked(
     let config = Arc::new(config);
     let drained = Arc::new(AtomicUsize::new(0));
     let metadata_ready = Arc::new(AtomicBool::new(false));
+    let controller_leader = Arc::new(AtomicU64::new(0));
     let mesh = Mesh::full(usize::from(shards), config.shard_channel_capacity);
     let (events_tx, events) = mpsc::channel();
     let cpus = host::usable_cpu_ids();
@@ -179,6 +182,7 @@ fn run_locked(
             drained: drained.clone(),
             metadata_ready: metadata_ready.clone(),
             metrics_fd: metrics_fd.filter(|_| id == 0),
+            controller_leader: controller_leader.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
@@ -286,10 +290,21 @@ async fn shard_main(
         .map_err(|e| e.to_string())?;
     let (senders, receivers) = mesh.join().await.map_err(|_| "joining the shard mesh".to_string())?;
     let partitions = Partitions::new(storage, &config, id, shards);
-    let shard = Rc::new(Shard::new(id, shards, config.clone(), partitions, senders));
+    let shard = Rc::new(Shard::new(
+        id,
+        shards,
+        config.clone(),
+        partitions,
+        senders,
+        lifecycle.controller_leader.clone(),
+    ));
     shard::set_current(&shard);
     mesh::start_receivers(&shard, receivers);
     crate::groups::start(&shard);
+    // Accepting from now on: the other nodes' controller members must
+    // reach this one for the controller to elect a leader; clients are
+    // answered only once `serving` is set (`handlers::dispatch`).
+    start_accepting(&shard, listener);
     if id.0 == 0 {
         let weak: Weak<Shard> = Rc::downgrade(&shard);
         let publish = Rc::new(move |table: &MetadataTable| {
@@ -297,16 +312,31 @@ async fn shard_main(
                 shard.publish(Arc::new(table.clone()));
             }
         });
-        let controller = Controller::start(
-            &config.data_dir.join("__controller"),
-            config.node_id,
-            addr.to_string(),
+        let advertised = config.advertised(addr);
+        let settings = ControllerSettings {
+            node_id: config.node_id,
+            advertised,
+            voters: config.voters(advertised).iter().map(|v| (v.id, v.address)).collect(),
             shards,
-            publish,
-        )
-        .await
-        .map_err(|e| format!("starting the controller: {e}"))?;
-        *shard.controller.borrow_mut() = Some(Rc::new(controller));
+            heartbeat_ms: config.controller_heartbeat_ms,
+            election_min_ms: config.controller_election_min_ms,
+            election_max_ms: config.controller_election_max_ms,
+            max_frame_bytes: config.max_frame_bytes,
+        };
+        let controller = Controller::open(&config.data_dir.join("__controller"), &settings, publish)
+            .await
+            .map_err(|e| format!("starting the controller: {e}"))?;
+        let controller = Rc::new(controller);
+        // The member serves the other voters from now on: they elect a
+        // leader together.
+        shard.controller.borrow_mut().replace(controller.clone());
+        let follower = controller.clone();
+        let leader = lifecycle.controller_leader.clone();
+        glommio::spawn_local(async move { follower.follow_leader(&leader).await }).detach();
+        controller
+            .join(&settings)
+            .await
+            .map_err(|e| format!("starting the controller: {e}"))?;
         // Ready only once every shard holds everything the log had.
         if !shard.wait_all_applied(Duration::from_secs(30)).await {
             return Err("the shards did not apply the metadata within 30 s".into());
@@ -328,22 +358,23 @@ async fn shard_main(
         let listener = unsafe { <TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         metrics_http::start(&shard, listener);
     }
+    shard.serving.set(true);
     let _ = events.send(Event::Ready);
-    accept_until_stopped(&shard, listener, &lifecycle.stop).await;
+    wait_for_stop(&shard, &lifecycle.stop).await;
     shutdown(&shard, &lifecycle.drained).await;
     // Tasks left over are dropped after this returns, outside the executor.
     shard::mark_torn_down();
     Ok(())
 }
 
-/// Accepts connections until the broker is told to stop.
+/// Accepts connections (for the whole life of the shard).
 ///
 /// The accept itself runs in its own task and is never cancelled while
 /// pending: glommio accepts through an io_uring operation, and dropping one
 /// (say, on a timeout) can lose a connection the kernel had already
 /// accepted — the client would wait forever on a socket nobody reads. The
 /// stop flag (set from the signal thread) is looked at every 250 ms instead.
-async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &AtomicBool) {
+fn start_accepting(shard: &Rc<Shard>, listener: TcpListener) {
     let s = shard.clone();
     glommio::spawn_local(async move {
         loop {
@@ -358,6 +389,11 @@ async fn accept_until_stopped(shard: &Rc<Shard>, listener: TcpListener, stop: &A
         }
     })
     .detach();
+}
+
+/// Waits until the broker is told to stop, then marks the shard stopping
+/// (the accept loop closes new connections at once from then on).
+async fn wait_for_stop(shard: &Rc<Shard>, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(Duration::from_millis(250)).await;
     }

@@ -212,6 +212,13 @@ pub enum ShardMessage {
         table: Arc<MetadataTable>,
         applied: Answer<()>,
     },
+    /// For shard 0: another node's controller message (`op` with its JSON
+    /// payload) for the controller member here.
+    ControllerRpc {
+        op: strand_wire::ControllerOp,
+        payload: Vec<u8>,
+        reply: Answer<Result<Vec<u8>, crate::controller::network::Refusal>>,
+    },
     /// A reply (or other work) to run on the receiving shard.
     Run(Deferred),
     /// For the metrics endpoint: this shard's counters and gauges.

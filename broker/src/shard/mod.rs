@@ -32,6 +32,7 @@ use std::any::{Any, TypeId};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use glommio::channels::channel_mesh::{Full, Senders};
@@ -59,6 +60,9 @@ pub struct Shard {
     pub(crate) peers: Senders<ShardMessage>,
     /// Shard 0: the controller member.
     pub controller: RefCell<Option<Rc<Controller>>>,
+    /// The controller leader's node id as shard 0's member knows it (0:
+    /// none), shared by every shard of the node for metadata answers.
+    pub controller_leader: Arc<AtomicU64>,
     /// Shard 0: highest table version every shard has applied.
     all_applied: Cell<u64>,
     all_applied_event: Notify,
@@ -74,6 +78,9 @@ pub struct Shard {
     /// probe runs while this moves).
     pub requests_seen: Cell<u64>,
     pub stopping: Cell<bool>,
+    /// Set once the node serves clients (the ready line); before, the
+    /// listener is open for the controller's members only.
+    pub serving: Cell<bool>,
     /// Per-shard state of the layers above (the group coordinator).
     pub ext: Extensions,
     /// This shard's counters (see `crate::metrics`).
@@ -87,6 +94,7 @@ impl Shard {
         config: Arc<BrokerConfig>,
         partitions: Partitions,
         peers: Senders<ShardMessage>,
+        controller_leader: Arc<AtomicU64>,
     ) -> Shard {
         Shard {
             id,
@@ -96,6 +104,7 @@ impl Shard {
             table: RefCell::new(Arc::new(MetadataTable::default())),
             peers,
             controller: RefCell::new(None),
+            controller_leader,
             all_applied: Cell::new(0),
             all_applied_event: Notify::default(),
             latest_published: Cell::new(0),
@@ -104,6 +113,7 @@ impl Shard {
             in_flight: Cell::new(0),
             requests_seen: Cell::new(0),
             stopping: Cell::new(false),
+            serving: Cell::new(false),
             ext: Extensions::default(),
             metrics: crate::metrics::ShardMetrics::default(),
         }

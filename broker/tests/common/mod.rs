@@ -3,6 +3,8 @@
 //! std TCP with strand-net's codec.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -51,39 +53,8 @@ impl Broker {
     /// Runs `command` (a `strand serve …`, with its arguments and working
     /// directory) and waits for its ready line; `data_dir` is where it keeps
     /// its data.
-    pub fn spawn(mut command: Command, data_dir: &Path) -> Broker {
-        let mut child = command
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting strand");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("strand printed no ready line");
-        assert!(line.contains("ready"), "{line}");
-        let addr = line.split_whitespace().nth(3).unwrap().parse().unwrap();
-        let metrics = line
-            .split("http://")
-            .nth(1)
-            .and_then(|m| m.split('/').next())
-            .unwrap()
-            .parse()
-            .unwrap();
-        Broker {
-            child,
-            addr,
-            metrics,
-            data_dir: data_dir.to_path_buf(),
-        }
+    pub fn spawn(command: Command, data_dir: &Path) -> Broker {
+        Starting::spawn(command, data_dir).ready()
     }
 
     pub fn client(&self) -> Client {
@@ -113,6 +84,71 @@ impl Broker {
     pub fn kill9(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+    }
+}
+
+/// A `strand serve` started and not yet ready (the nodes of a cluster
+/// start together: none is ready before the others run).
+pub struct Starting {
+    child: Option<Child>,
+    lines: std::sync::mpsc::Receiver<String>,
+    data_dir: PathBuf,
+}
+
+impl Starting {
+    /// Runs `command` (a `strand serve …`); `data_dir` is where it keeps its data.
+    pub fn spawn(mut command: Command, data_dir: &Path) -> Starting {
+        let mut child = command
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting strand");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+        });
+        Starting {
+            child: Some(child),
+            lines: rx,
+            data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    /// Waits (up to 60 s) for the ready line.
+    pub fn ready(mut self) -> Broker {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("strand printed no ready line");
+        assert!(line.contains("ready"), "{line}");
+        let addr = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+        let metrics = line
+            .split("http://")
+            .nth(1)
+            .and_then(|m| m.split('/').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        Broker {
+            child: self.child.take().unwrap(),
+            addr,
+            metrics,
+            data_dir: self.data_dir.clone(),
+        }
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

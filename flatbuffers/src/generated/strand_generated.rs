@@ -858,6 +858,105 @@ impl<'a> ::flatbuffers::Verifiable for GroupRecordKind {
 }
 
 impl ::flatbuffers::SimpleToVerifyInSlice for GroupRecordKind {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_CONTROLLER_OP: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_CONTROLLER_OP: u8 = 3;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_CONTROLLER_OP: [ControllerOp; 4] = [
+  ControllerOp::Vote,
+  ControllerOp::AppendEntries,
+  ControllerOp::InstallSnapshot,
+  ControllerOp::Propose,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct ControllerOp(pub u8);
+#[allow(non_upper_case_globals)]
+impl ControllerOp {
+  /// Raft: openraft `VoteRequest` → `Result<VoteResponse, RaftError>`.
+  pub const Vote: Self = Self(0);
+  /// Raft: openraft `AppendEntriesRequest` → `Result<AppendEntriesResponse, RaftError>`.
+  pub const AppendEntries: Self = Self(1);
+  /// Raft: openraft `InstallSnapshotRequest` →
+  /// `Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>`.
+  pub const InstallSnapshot: Self = Self(2);
+  /// A controller `Command` for the leader to commit → `Result<u64, ControllerError>`:
+  /// the Raft log index it was applied at (the sender then waits until its own
+  /// node has applied that index), or why the state machine refused it.
+  pub const Propose: Self = Self(3);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Vote,
+    Self::AppendEntries,
+    Self::InstallSnapshot,
+    Self::Propose,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Vote => Some("Vote"),
+      Self::AppendEntries => Some("AppendEntries"),
+      Self::InstallSnapshot => Some("InstallSnapshot"),
+      Self::Propose => Some("Propose"),
+      _ => None,
+    }
+  }
+}
+impl ::core::fmt::Debug for ControllerOp {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter) -> ::core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> ::flatbuffers::Follow<'a> for ControllerOp {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = unsafe { ::flatbuffers::read_scalar_at::<u8>(buf, loc) };
+    Self(b)
+  }
+}
+
+impl ::flatbuffers::Push for ControllerOp {
+    type Output = ControllerOp;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        unsafe { ::flatbuffers::emplace_scalar::<u8>(dst, self.0) };
+    }
+}
+
+impl ::flatbuffers::EndianScalar for ControllerOp {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> ::flatbuffers::Verifiable for ControllerOp {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl ::flatbuffers::SimpleToVerifyInSlice for ControllerOp {}
 pub enum ErrorOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -9917,6 +10016,270 @@ impl ::core::fmt::Debug for GroupRecord<'_> {
       ds.field("outcome", &self.outcome());
       ds.field("reason", &self.reason());
       ds.field("queue_id", &self.queue_id());
+      ds.finish()
+  }
+}
+pub enum ControllerRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ControllerRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerRequest<'a> {
+  type Inner = ControllerRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerRequest<'a> {
+  pub const VT_OP: ::flatbuffers::VOffsetT = 4;
+  pub const VT_FROM: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PAYLOAD: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerRequest<'bldr>> {
+    let mut builder = ControllerRequestBuilder::new(_fbb);
+    builder.add_from(args.from);
+    if let Some(x) = args.payload { builder.add_payload(x); }
+    builder.add_op(args.op);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn op(&self) -> ControllerOp {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ControllerOp>(ControllerRequest::VT_OP, Some(ControllerOp::Vote)).unwrap()}
+  }
+  /// The sending node's id.
+  #[inline]
+  pub fn from(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerRequest::VT_FROM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn payload(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ControllerRequest::VT_PAYLOAD, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ControllerOp>("op", Self::VT_OP, false)?
+     .visit_field::<u64>("from", Self::VT_FROM, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("payload", Self::VT_PAYLOAD, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerRequestArgs<'a> {
+    pub op: ControllerOp,
+    pub from: u64,
+    pub payload: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for ControllerRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerRequestArgs {
+      op: ControllerOp::Vote,
+      from: 0,
+      payload: None,
+    }
+  }
+}
+
+pub struct ControllerRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_op(&mut self, op: ControllerOp) {
+    self.fbb_.push_slot::<ControllerOp>(ControllerRequest::VT_OP, op, ControllerOp::Vote);
+  }
+  #[inline]
+  pub fn add_from(&mut self, from: u64) {
+    self.fbb_.push_slot::<u64>(ControllerRequest::VT_FROM, from, 0);
+  }
+  #[inline]
+  pub fn add_payload(&mut self, payload: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerRequest::VT_PAYLOAD, payload);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerRequest");
+      ds.field("op", &self.op());
+      ds.field("from", &self.from());
+      ds.field("payload", &self.payload());
+      ds.finish()
+  }
+}
+pub enum ControllerResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ControllerResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ControllerResponse<'a> {
+  type Inner = ControllerResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ControllerResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_LEADER: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PAYLOAD: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ControllerResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ControllerResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ControllerResponse<'bldr>> {
+    let mut builder = ControllerResponseBuilder::new(_fbb);
+    builder.add_leader(args.leader);
+    if let Some(x) = args.payload { builder.add_payload(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  /// Set when the op was not carried out: `NotLeader` (a proposal reached a
+  /// node that does not lead; `leader` names the one it knows, 0: none),
+  /// `ControllerUnavailable` (no controller member here yet), or a bad request.
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ControllerResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn leader(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ControllerResponse::VT_LEADER, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn payload(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ControllerResponse::VT_PAYLOAD, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ControllerResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<u64>("leader", Self::VT_LEADER, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("payload", Self::VT_PAYLOAD, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ControllerResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub leader: u64,
+    pub payload: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for ControllerResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ControllerResponseArgs {
+      error: None,
+      leader: 0,
+      payload: None,
+    }
+  }
+}
+
+pub struct ControllerResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ControllerResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ControllerResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_leader(&mut self, leader: u64) {
+    self.fbb_.push_slot::<u64>(ControllerResponse::VT_LEADER, leader, 0);
+  }
+  #[inline]
+  pub fn add_payload(&mut self, payload: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ControllerResponse::VT_PAYLOAD, payload);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ControllerResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ControllerResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ControllerResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ControllerResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ControllerResponse");
+      ds.field("error", &self.error());
+      ds.field("leader", &self.leader());
+      ds.field("payload", &self.payload());
       ds.finish()
   }
 }

@@ -1,0 +1,175 @@
+//! A controller across nodes: three `strand serve` processes on
+//! 127.0.0.1–3 elect a controller, share one metadata table, take
+//! proposals through any node, fail over when the leader is killed, and
+//! keep going while a voter is paused. One cluster at a time (two cores).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{metadata, Cluster};
+use common::{batch, TS};
+use strand_wire::ErrorCode;
+
+/// One cluster at a time: three brokers per test are enough for two cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Every node's view of the controller leader, once they agree on one.
+fn agreed_leader(c: &Cluster, ids: &[u8]) -> u8 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen: Vec<u32> = ids
+            .iter()
+            .map(|id| metadata(&mut c.client(*id), None).controller)
+            .collect();
+        if seen[0] != 0 && seen.iter().all(|l| *l == seen[0]) {
+            return seen[0] as u8;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes do not agree on a controller leader: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Creates `name` through node `via`, retrying while the controller has no
+/// leader; returns how long it took.
+fn create_through(c: &Cluster, via: u8, name: &str, partitions: u32) -> Duration {
+    let start = Instant::now();
+    loop {
+        match c.client(via).create_queue(name, partitions) {
+            ErrorCode::None => return start.elapsed(),
+            ErrorCode::ControllerUnavailable if start.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            other => panic!("creating {name} through node {via}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn three_nodes_elect_a_controller_and_serve_queues_led_by_each() {
+    let _turn = turn();
+    let c = Cluster::start(3);
+    let leader = agreed_leader(&c, &[1, 2, 3]);
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let seen = metadata(&mut c.client(follower), None);
+    let brokers: Vec<u32> = seen.brokers.iter().map(|b| b.0).collect();
+    assert_eq!(brokers, vec![1, 2, 3], "every broker registered");
+    for (id, address) in &seen.brokers {
+        assert_eq!(
+            *address,
+            c.addr(*id as u8).to_string(),
+            "brokers register their advertised address"
+        );
+    }
+
+    // A proposal through a follower is visible there as soon as it returns.
+    create_through(&c, follower, "orders", 6);
+    let on_follower = metadata(&mut c.client(follower), Some("orders"));
+    assert_eq!(on_follower.leaders.len(), 6);
+    let mut leaders = on_follower.leaders.clone();
+    leaders.sort();
+    leaders.dedup();
+    assert_eq!(leaders, vec![1, 2, 3], "partitions are led by every node");
+    for id in 1..=3 {
+        assert_eq!(metadata(&mut c.client(id), Some("orders")).leaders, on_follower.leaders);
+    }
+
+    // Replicas beyond the leader do not exist yet: no queue may claim them.
+    assert_eq!(
+        c.client(follower).create_queue_rf("replicated", 1, 3),
+        ErrorCode::InvalidConfig
+    );
+    assert_eq!(
+        c.client(leader).create_queue_rf("replicated", 1, 2),
+        ErrorCode::InvalidConfig
+    );
+    assert!(!metadata(&mut c.client(leader), None)
+        .queues
+        .contains(&"replicated".to_string()));
+
+    // Each partition takes records on its leader's node and gives them back;
+    // another node answers NotLeader.
+    for (p, node) in on_follower.leaders.iter().enumerate() {
+        let node = *node as u8;
+        let mut on_leader = c.client(node);
+        let (base, _) = on_leader
+            .produce("orders", p as u32, batch(&format!("p{p}"), 3, TS), 1)
+            .unwrap();
+        assert_eq!(base, 0);
+        let (batches, hw) = on_leader.fetch("orders", p as u32, 0, 0, 0).unwrap();
+        assert_eq!((batches.len(), hw), (1, 3));
+        let other = (1..=3).find(|id| *id != node).unwrap();
+        let refused = c.client(other).produce("orders", p as u32, batch("x", 1, TS), 1);
+        assert_eq!(refused.unwrap_err().0, ErrorCode::NotLeader);
+    }
+}
+
+#[test]
+fn the_controller_fails_over_when_its_leader_is_killed_and_the_node_catches_up() {
+    let _turn = turn();
+    let mut c = Cluster::start(3);
+    let leader = agreed_leader(&c, &[1, 2, 3]);
+    c.kill9(leader);
+    let others: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
+    let took = create_through(&c, others[0], "after-failover", 1);
+    eprintln!("a queue created {took:?} after the controller leader was killed");
+    let new_leader = agreed_leader(&c, &others);
+    assert_ne!(new_leader, leader);
+    create_through(&c, others[1], "second", 2);
+
+    // The killed node comes back and catches up with everything it missed.
+    c.restart(leader);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let views: Vec<Vec<String>> = (1..=3).map(|id| metadata(&mut c.client(id), None).queues).collect();
+        if views
+            .iter()
+            .all(|v| v.contains(&"after-failover".to_string()) && v.contains(&"second".to_string()))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted node did not catch up: {views:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    agreed_leader(&c, &[1, 2, 3]);
+}
+
+#[test]
+fn a_paused_voter_blocks_no_proposal_and_no_call() {
+    let _turn = turn();
+    let c = Cluster::start(3);
+    let leader = agreed_leader(&c, &[1, 2, 3]);
+    let others: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
+    let paused = others[0];
+    c.node(paused).signal(libc::SIGSTOP);
+    let result = std::panic::catch_unwind(|| {
+        // Through the leader and through the other follower: the two live
+        // voters are a majority.
+        create_through(&c, leader, "while-paused-1", 1);
+        create_through(&c, others[1], "while-paused-2", 1);
+        let seen = metadata(&mut c.client(others[1]), None);
+        assert!(seen.queues.contains(&"while-paused-1".to_string()));
+    });
+    c.node(paused).signal(libc::SIGCONT);
+    result.unwrap();
+    // Resumed, it catches up.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !metadata(&mut c.client(paused), None)
+        .queues
+        .contains(&"while-paused-2".to_string())
+    {
+        assert!(Instant::now() < deadline, "the resumed voter did not catch up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,158 @@
+//! A cluster of real `strand serve` processes on one machine: node N
+//! listens on `127.0.0.N:PORT` (all of 127/8 is local), one shard each,
+//! small memory budgets, every node a controller voter. Started together
+//! (no node is ready before a controller leader is elected); stopped
+//! (SIGKILL) when dropped.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+
+use strand_net::message::{body, TailBuilder};
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+use super::{serve_command, Broker, Client, Starting};
+
+/// Settings that keep a node small: one shard, 32 MiB of I/O memory.
+const SMALL: &str = "io_memory_bytes = 33554432\nreadahead_budget_bytes = 8388608\n\
+                     tail_cache_budget_bytes = 16777216\nspin_before_park_us = 0\n";
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    /// By node id - 1; `None` while a node is down.
+    pub nodes: Vec<Option<Broker>>,
+}
+
+impl Cluster {
+    /// Starts `n` nodes and waits until every one is ready.
+    pub fn start(n: u8) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("small.toml"), SMALL).unwrap();
+        let port = free_port(n);
+        let mut cluster = Cluster {
+            dir,
+            port,
+            nodes: Vec::new(),
+        };
+        let starting: Vec<Starting> = (1..=n).map(|id| cluster.launch(id, n)).collect();
+        cluster.nodes = starting.into_iter().map(|s| Some(s.ready())).collect();
+        cluster
+    }
+
+    fn size(&self) -> u8 {
+        self.nodes.len().max(1) as u8
+    }
+
+    /// Node `id`'s client address.
+    pub fn addr(&self, id: u8) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, id], self.port))
+    }
+
+    pub fn data_dir(&self, id: u8) -> PathBuf {
+        self.dir.path().join(format!("node-{id}"))
+    }
+
+    fn launch(&self, id: u8, n: u8) -> Starting {
+        let voters: Vec<String> = (1..=n).map(|v| format!("{v}@{}", self.addr(v))).collect();
+        let listen = self.addr(id).to_string();
+        let id_text = id.to_string();
+        let config = self.dir.path().join("small.toml");
+        let mut command = serve_command(
+            &listen,
+            &[
+                "--node-id",
+                &id_text,
+                "--cores",
+                "1",
+                "--controller-voters",
+                &voters.join(","),
+            ],
+        );
+        command
+            .arg("--config")
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(self.data_dir(id));
+        Starting::spawn(command, &self.data_dir(id))
+    }
+
+    /// Starts node `id` again (after [`Cluster::kill9`]) and waits for it.
+    pub fn restart(&mut self, id: u8) {
+        let n = self.size();
+        let node = self.launch(id, n).ready();
+        self.nodes[usize::from(id - 1)] = Some(node);
+    }
+
+    /// kill -9 of node `id`.
+    pub fn kill9(&mut self, id: u8) {
+        if let Some(node) = self.nodes[usize::from(id - 1)].take() {
+            node.kill9();
+        }
+    }
+
+    pub fn node(&self, id: u8) -> &Broker {
+        self.nodes[usize::from(id - 1)].as_ref().unwrap()
+    }
+
+    pub fn client(&self, id: u8) -> Client {
+        Client::connect(self.addr(id))
+    }
+}
+
+/// A port free on 127.0.0.1 to 127.0.0.n.
+fn free_port(n: u8) -> u16 {
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let free = (1..=n).all(|id| TcpListener::bind(SocketAddr::from(([127, 0, 0, id], port))).is_ok());
+        if free {
+            return port;
+        }
+    }
+    panic!("no port free on every node's address");
+}
+
+/// What a node's Metadata says: the controller leader (0: none), the
+/// brokers (id, address) and per partition of `queue` (if given) its leader.
+pub struct Seen {
+    pub controller: u32,
+    pub brokers: Vec<(u32, String)>,
+    pub leaders: Vec<u32>,
+    pub queues: Vec<String>,
+}
+
+pub fn metadata(c: &mut Client, queue: Option<&str>) -> Seen {
+    let mut fbb = FlatBufferBuilder::new();
+    let names = queue.map(|q| {
+        let n = fbb.create_string(q);
+        fbb.create_vector(&[n])
+    });
+    let root = MetadataRequest::create(&mut fbb, &MetadataRequestArgs { queues: names });
+    fbb.finish_minimal(root);
+    let f = c.call(Api::Metadata, &fbb, TailBuilder::default());
+    let resp = body::<MetadataResponse>(&f).unwrap();
+    let brokers = resp
+        .brokers()
+        .unwrap()
+        .iter()
+        .map(|b| (b.node_id(), format!("{}:{}", b.host().unwrap_or_default(), b.port())))
+        .collect();
+    let queues: Vec<_> = resp.queues().unwrap().iter().collect();
+    let leaders = match queue {
+        Some(_) => queues[0]
+            .partitions()
+            .map(|ps| ps.iter().map(|p| p.leader()).collect())
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    Seen {
+        controller: resp.controller(),
+        brokers,
+        leaders,
+        queues: queues
+            .iter()
+            .filter(|q| q.error().is_none())
+            .map(|q| q.name().unwrap_or_default().to_string())
+            .collect(),
+    }
+}
