@@ -27,9 +27,9 @@
 //! **A cluster.** `controller_voters` names the nodes whose controller
 //! members vote (KRaft-style static voters): `ID@HOST:PORT` each, the
 //! address being that node's advertised client address. Every voter starts
-//! with the same list; a node that is not in it (a broker without a vote,
-//! a learner) is refused at start until learners are built. The default,
-//! this node alone,
+//! with the same list; a node that is not in it is a broker without a
+//! vote: it joins the controller as a learner (it receives and applies the
+//! metadata). The default, this node alone,
 //! is a one-node cluster — the single-node broker, its data unchanged. The
 //! timings: a leader heartbeats every `controller_heartbeat_ms`; a follower
 //! that hears nothing for a random time between the two election timeouts
@@ -360,12 +360,6 @@ impl BrokerConfig {
         if self.advertise.is_some_and(|a| a.port() == 0) {
             return bad("advertise needs a port (not 0)".into());
         }
-        if !self.controller_voters.is_empty() && !self.controller_voters.iter().any(|v| v.id == self.node_id) {
-            return bad(format!(
-                "node_id {} is not among controller_voters: a node without a vote (a learner) is not built yet",
-                self.node_id
-            ));
-        }
         if let Some(me) = self.controller_voters.iter().find(|v| v.id == self.node_id) {
             // A `:0` listen port is known only once bound.
             if advertised.port() != 0 && me.address != advertised {
@@ -609,11 +603,11 @@ mod tests {
             ..advertised.clone()
         };
         assert!(load(elsewhere).unwrap_err().contains("advertises"));
-        let not_a_voter = Overrides {
+        let learner = Overrides {
             controller_voters: Some("2@10.0.0.2:9400,3@10.0.0.3:9400".into()),
             ..advertised.clone()
         };
-        assert!(load(not_a_voter).unwrap_err().contains("not among"));
+        assert_eq!(load(learner).unwrap().voters("10.0.0.1:9400".parse().unwrap()).len(), 2);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("strand.toml");
         std::fs::write(

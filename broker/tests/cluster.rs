@@ -38,6 +38,25 @@ fn agreed_leader(c: &Cluster, ids: &[u8]) -> u8 {
     }
 }
 
+/// Waits (up to 10 s) until every node in `ids` shows `queue`'s partitions
+/// led as `leaders` (the nodes apply a committed change each on its own).
+fn until_all_see(c: &Cluster, ids: &[u8], queue: &str, leaders: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in ids {
+        loop {
+            let seen = metadata(&mut c.client(*id), Some(queue)).leaders;
+            if seen == leaders {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} shows {queue} led by {seen:?}, not {leaders:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// Creates `name` through node `via`, retrying while the controller has no
 /// leader; returns how long it took.
 fn create_through(c: &Cluster, via: u8, name: &str, partitions: u32) -> Duration {
@@ -59,7 +78,16 @@ fn three_nodes_elect_a_controller_and_serve_queues_led_by_each() {
     let c = Cluster::start(3);
     let leader = agreed_leader(&c, &[1, 2, 3]);
     let follower = (1..=3).find(|id| *id != leader).unwrap();
-    let seen = metadata(&mut c.client(follower), None);
+    // Each node registered before its ready line; the follower may apply
+    // the last registration a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let seen = metadata(&mut c.client(follower), None);
+        if seen.brokers.len() == 3 || Instant::now() > deadline {
+            break seen;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let brokers: Vec<u32> = seen.brokers.iter().map(|b| b.0).collect();
     assert_eq!(brokers, vec![1, 2, 3], "every broker registered");
     for (id, address) in &seen.brokers {
@@ -78,9 +106,7 @@ fn three_nodes_elect_a_controller_and_serve_queues_led_by_each() {
     leaders.sort();
     leaders.dedup();
     assert_eq!(leaders, vec![1, 2, 3], "partitions are led by every node");
-    for id in 1..=3 {
-        assert_eq!(metadata(&mut c.client(id), Some("orders")).leaders, on_follower.leaders);
-    }
+    until_all_see(&c, &[1, 2, 3], "orders", &on_follower.leaders);
 
     // Replicas beyond the leader do not exist yet: no queue may claim them.
     assert_eq!(
@@ -172,4 +198,26 @@ fn a_paused_voter_blocks_no_proposal_and_no_call() {
         assert!(Instant::now() < deadline, "the resumed voter did not catch up");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn a_node_that_is_not_a_voter_joins_as_a_learner_and_serves() {
+    let _turn = turn();
+    let mut c = Cluster::start(3);
+    create_through(&c, 1, "before-the-learner", 2);
+    c.add_learner(4);
+    let leader = agreed_leader(&c, &[1, 2, 3, 4]);
+    assert!(leader <= 3, "a learner never leads");
+    let seen = metadata(&mut c.client(4), None);
+    assert!(seen.queues.contains(&"before-the-learner".to_string()));
+    let brokers: Vec<u32> = seen.brokers.iter().map(|b| b.0).collect();
+    assert_eq!(brokers, vec![1, 2, 3, 4], "the learner registered as a broker");
+    // Its proposals go to the leader, and it sees them on return.
+    create_through(&c, 4, "through-the-learner", 8);
+    let on_learner = metadata(&mut c.client(4), Some("through-the-learner"));
+    assert!(
+        on_learner.leaders.contains(&4),
+        "new queues place partitions on the learner's broker too"
+    );
+    until_all_see(&c, &[1, 2, 3], "through-the-learner", &on_learner.leaders);
 }

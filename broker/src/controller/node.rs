@@ -7,7 +7,9 @@
 //! Voters are static (KRaft-style): every voter starts with the same list
 //! and initialises the group with it on its first start (openraft accepts
 //! the same initial membership from every voter). A single node is a
-//! one-voter group, elected at once. A proposal made where the member does
+//! one-voter group, elected at once. A node that is not a voter (an
+//! observer broker) asks the voters to add it as a learner: it receives
+//! the log and applies it, and votes in nothing. A proposal made where the member does
 //! not lead is forwarded to the leader (`network.rs`); the caller returns
 //! once its own node has applied it, so what it created is visible here
 //! at once.
@@ -35,6 +37,13 @@ pub enum ProposeError {
     /// Not committed: no leader reachable, storage failed, shutting down.
     #[error("controller unavailable: {0}")]
     Unavailable(String),
+}
+
+/// A learner's request to join (`ControllerOp::AddLearner`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct LearnerRequest {
+    id: u64,
+    address: String,
 }
 
 /// How this node's member runs.
@@ -105,11 +114,6 @@ impl Controller {
                 Err(e) => return Err(unavailable("initialising the Raft group", &e)),
             }
         }
-        if !voter {
-            return Err(ProposeError::Unavailable(format!(
-                "node {node_id} is not among the controller's voters; joining as a learner is not built yet"
-            )));
-        }
         Ok(Controller {
             raft,
             node_id,
@@ -124,6 +128,9 @@ impl Controller {
     pub async fn join(&self, settings: &Settings) -> Result<(), ProposeError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
         let (raft, node_id) = (&self.raft, self.node_id);
+        if !settings.voters.iter().any(|(id, _)| *id == node_id) {
+            self.join_as_learner(settings).await?;
+        }
         let wait = |secs| raft.wait(Some(Duration::from_secs(secs)));
         wait(60)
             .metrics(|m| m.current_leader.is_some(), "the controller elects a leader")
@@ -151,6 +158,83 @@ impl Controller {
             .await?;
         }
         Ok(())
+    }
+
+    /// A node that is not a voter: asks the voters (the leader, once one
+    /// names it) to add it as a learner, unless the membership it holds
+    /// already has it, and waits until it applied the membership that does.
+    async fn join_as_learner(&self, settings: &Settings) -> Result<(), ProposeError> {
+        let held = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .learner_ids()
+            .any(|id| id == self.node_id);
+        if held {
+            return Ok(());
+        }
+        let request = to_json(&LearnerRequest {
+            id: self.node_id,
+            address: settings.advertised.to_string(),
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let voters: Vec<SocketAddr> = settings.voters.iter().map(|(_, a)| *a).collect();
+        let (mut turn, mut named) = (0usize, None);
+        let mut last_error = String::from("no voter answered");
+        while Instant::now() < deadline && !voters.is_empty() {
+            // The leader a voter named, else the voters in turn.
+            let addr = named.take().unwrap_or_else(|| {
+                turn += 1;
+                voters[(turn - 1) % voters.len()]
+            });
+            match self
+                .links
+                .call(addr, ControllerOp::AddLearner, &request, PROPOSE_TIMEOUT)
+                .await
+            {
+                Ok(Ok(payload)) => {
+                    let added: Result<u64, String> = serde_json::from_slice(&payload)
+                        .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from {addr}: {e}")))?;
+                    let index = added.map_err(ProposeError::Unavailable)?;
+                    return self
+                        .applied_here(index, deadline, "this learner applies its membership")
+                        .await;
+                }
+                // Ask the leader it names next.
+                Ok(Err(r)) if r.code == ErrorCode::NotLeader => {
+                    named = settings.voters.iter().find(|(id, _)| *id == r.leader).map(|(_, a)| *a);
+                    last_error = r.message;
+                }
+                Ok(Err(r)) => last_error = r.message,
+                Err(e) => last_error = e.to_string(),
+            }
+            glommio::timer::sleep(Duration::from_millis(100)).await;
+        }
+        Err(ProposeError::Unavailable(format!(
+            "node {} could not join the controller as a learner within 60 s: {last_error}",
+            self.node_id
+        )))
+    }
+
+    /// Waits until this member applied log `index` (by `deadline`).
+    async fn applied_here(&self, index: u64, deadline: Instant, what: &str) -> Result<(), ProposeError> {
+        self.raft
+            .wait(Some(deadline.saturating_duration_since(Instant::now())))
+            .applied_index_at_least(Some(index), what)
+            .await
+            .map(|_| ())
+            .map_err(|e| ProposeError::Unavailable(e.to_string()))
+    }
+
+    /// The refusal of a request only the leader serves.
+    fn not_leader(&self, leader: Option<u64>) -> Refusal {
+        Refusal {
+            code: ErrorCode::NotLeader,
+            message: format!("node {} does not lead the controller", self.node_id),
+            leader: leader.unwrap_or(0),
+        }
     }
 
     /// [`Controller::open`], then [`Controller::join`].
@@ -213,13 +297,9 @@ impl Controller {
                 Ok(Ok(payload)) => {
                     let applied: Result<u64, ControllerError> = serde_json::from_slice(&payload)
                         .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from the leader: {e}")))?;
-                    let index = applied?;
-                    self.raft
-                        .wait(Some(deadline.saturating_duration_since(Instant::now())))
-                        .applied_index_at_least(Some(index), "a forwarded proposal is applied here")
-                        .await
-                        .map_err(|e| ProposeError::Unavailable(e.to_string()))?;
-                    return Ok(());
+                    return self
+                        .applied_here(applied?, deadline, "a forwarded proposal is applied here")
+                        .await;
                 }
                 // It stopped leading meanwhile: ask again who leads.
                 Ok(Err(r)) if r.code == ErrorCode::NotLeader => last_error = r.message,
@@ -261,16 +341,21 @@ impl Controller {
                 let command: Command = serde_json::from_slice(payload).map_err(bad)?;
                 match self.raft.client_write(command).await {
                     Ok(resp) => Ok(to_json(&resp.data.map(|()| resp.log_id.index))),
-                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(Refusal {
-                        code: ErrorCode::NotLeader,
-                        message: format!("node {} does not lead the controller", self.node_id),
-                        leader: f.leader_id.unwrap_or(0),
-                    }),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(self.not_leader(f.leader_id)),
                     Err(e) => Err(Refusal {
                         code: ErrorCode::ControllerUnavailable,
                         message: e.to_string(),
                         leader: 0,
                     }),
+                }
+            }
+            ControllerOp::AddLearner => {
+                let learner: LearnerRequest = serde_json::from_slice(payload).map_err(bad)?;
+                let node = BasicNode::new(learner.address);
+                match self.raft.add_learner(learner.id, node, false).await {
+                    Ok(resp) => Ok(to_json(&Ok::<u64, String>(resp.log_id.index))),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(self.not_leader(f.leader_id)),
+                    Err(e) => Ok(to_json(&Err::<u64, String>(e.to_string()))),
                 }
             }
             other => Err(Refusal {

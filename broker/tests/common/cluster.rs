@@ -22,6 +22,8 @@ pub struct Cluster {
     pub port: u16,
     /// By node id - 1; `None` while a node is down.
     pub nodes: Vec<Option<Broker>>,
+    /// Nodes 1 to `voters` vote; later ones are learners.
+    pub voters: u8,
 }
 
 impl Cluster {
@@ -29,19 +31,22 @@ impl Cluster {
     pub fn start(n: u8) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("small.toml"), SMALL).unwrap();
-        let port = free_port(n);
+        // One more address free for a learner.
+        let port = free_port(n + 1);
         let mut cluster = Cluster {
             dir,
             port,
             nodes: Vec::new(),
+            voters: n,
         };
         let starting: Vec<Starting> = (1..=n).map(|id| cluster.launch(id, n)).collect();
         cluster.nodes = starting.into_iter().map(|s| Some(s.ready())).collect();
         cluster
     }
 
+    /// The voters: the nodes the cluster started with.
     fn size(&self) -> u8 {
-        self.nodes.len().max(1) as u8
+        self.voters
     }
 
     /// Node `id`'s client address.
@@ -82,6 +87,15 @@ impl Cluster {
         let n = self.size();
         let node = self.launch(id, n).ready();
         self.nodes[usize::from(id - 1)] = Some(node);
+    }
+
+    /// Starts node `id` with the cluster's voters, not among them: it
+    /// joins as a learner (a broker without a vote).
+    pub fn add_learner(&mut self, id: u8) {
+        let voters = self.size();
+        let node = self.launch(id, voters).ready();
+        assert_eq!(usize::from(id), self.nodes.len() + 1, "learners take the next id");
+        self.nodes.push(Some(node));
     }
 
     /// kill -9 of node `id`.

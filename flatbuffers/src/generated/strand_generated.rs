@@ -861,14 +861,15 @@ impl ::flatbuffers::SimpleToVerifyInSlice for GroupRecordKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_CONTROLLER_OP: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_CONTROLLER_OP: u8 = 3;
+pub const ENUM_MAX_CONTROLLER_OP: u8 = 4;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_CONTROLLER_OP: [ControllerOp; 4] = [
+pub const ENUM_VALUES_CONTROLLER_OP: [ControllerOp; 5] = [
   ControllerOp::Vote,
   ControllerOp::AppendEntries,
   ControllerOp::InstallSnapshot,
   ControllerOp::Propose,
+  ControllerOp::AddLearner,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -887,14 +888,20 @@ impl ControllerOp {
   /// the Raft log index it was applied at (the sender then waits until its own
   /// node has applied that index), or why the state machine refused it.
   pub const Propose: Self = Self(3);
+  /// A node that is not a voter asks the leader to add it as a learner:
+  /// `{"id": ID, "address": "HOST:PORT"}` → `Result<u64, String>`, the log
+  /// index of the membership that holds it (it has joined once it applied
+  /// that index).
+  pub const AddLearner: Self = Self(4);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_MAX: u8 = 4;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Vote,
     Self::AppendEntries,
     Self::InstallSnapshot,
     Self::Propose,
+    Self::AddLearner,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -903,6 +910,7 @@ impl ControllerOp {
       Self::AppendEntries => Some("AppendEntries"),
       Self::InstallSnapshot => Some("InstallSnapshot"),
       Self::Propose => Some("Propose"),
+      Self::AddLearner => Some("AddLearner"),
       _ => None,
     }
   }
