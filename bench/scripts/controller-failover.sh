@@ -14,18 +14,12 @@ dir=$(mktemp -d /var/tmp/strand-failover.XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
-voters="1@127.0.0.1:$port,2@127.0.0.2:$port,3@127.0.0.3:$port"
+# shellcheck source=cluster-lib.sh
+source "$(dirname "$0")/cluster-lib.sh"
 for run in $(seq 1 "$runs"); do
-  rm -rf "${dir:?}"/*; pids=()
+  rm -rf "${dir:?}"/*
   start=$(date +%s.%N)
-  for n in 1 2 3; do
-    "$bin" serve --node-id $n --listen 127.0.0.$n:$port --metrics-listen 127.0.0.$n:0 \
-      --data-dir "$dir/n$n" --cores 1 --controller-voters "$voters" > "$dir/n$n.out" 2> "$dir/n$n.log" &
-    pids+=($!)
-  done
-  for n in 1 2 3; do
-    for _ in $(seq 1 3000); do grep -q ready "$dir/n$n.out" && break; sleep 0.01; done
-  done
+  start_three_nodes
   ready=$(date +%s.%N)
   leader=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['leader_id']['node_id'])" "$dir/n1/__controller/vote.json")
   other=$(( leader % 3 + 1 ))

@@ -91,6 +91,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use strand_storage::shard::ShardStorageConfig;
 
+pub use crate::controller::Voter;
+
 /// Fewest bytes of registered I/O memory a shard may have: a few write
 /// buffers and read-ahead blocks.
 const IO_MEMORY_MIN: usize = 16 << 20;
@@ -138,14 +140,6 @@ pub struct BrokerConfig {
     pub controller_heartbeat_ms: u64,
     pub controller_election_min_ms: u64,
     pub controller_election_max_ms: u64,
-}
-
-/// A voter of the controller's Raft group: a node id and that node's
-/// advertised client address (where its controller member is reached).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Voter {
-    pub id: u64,
-    pub address: SocketAddr,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).

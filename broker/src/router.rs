@@ -87,13 +87,23 @@ pub async fn propose(shard: &Shard, command: Command) -> Result<(), ProposeError
     if shard.id.0 == 0 {
         return shard.commit_proposal(command).await;
     }
+    let unavailable = |why: &str| Err(ProposeError::Unavailable(why.into()));
+    ask_shard_0(shard, |reply| ShardMessage::Propose { command, reply }, unavailable).await
+}
+
+/// Sends the message `make` builds around an answer to shard 0 over the
+/// mesh and waits for the answer; `unavailable(why)` stands in for one that
+/// cannot come.
+async fn ask_shard_0<T: Send + 'static>(
+    shard: &Shard,
+    make: impl FnOnce(Answer<T>) -> ShardMessage,
+    unavailable: impl Fn(&str) -> T,
+) -> T {
     let (tx, rx) = Answer::channel(shard.id.0);
-    shard
-        .peers
-        .try_send_to(0, ShardMessage::Propose { command, reply: tx })
-        .map_err(|_| ProposeError::Unavailable("shard 0 is overloaded".into()))?;
-    rx.await
-        .unwrap_or_else(|_| Err(ProposeError::Unavailable("shard 0 dropped the request".into())))
+    if shard.peers.try_send_to(0, make(tx)).is_err() {
+        return unavailable("shard 0 is overloaded");
+    }
+    rx.await.unwrap_or_else(|_| unavailable("shard 0 dropped the request"))
 }
 
 /// Hands another node's controller message to the controller member on
@@ -103,23 +113,20 @@ pub async fn controller_rpc(
     op: strand_wire::ControllerOp,
     payload: Vec<u8>,
 ) -> Result<Vec<u8>, Refusal> {
-    let unavailable = |message: &str| Refusal {
-        code: ErrorCode::ControllerUnavailable,
-        message: message.to_string(),
-        leader: 0,
+    let unavailable = |message: &str| {
+        Err(Refusal {
+            code: ErrorCode::ControllerUnavailable,
+            message: message.to_string(),
+            leader: 0,
+        })
     };
     if shard.id.0 == 0 {
         let controller = shard.controller.borrow().clone();
         return match controller {
             Some(c) => c.serve(op, &payload).await,
-            None => Err(unavailable("the controller member is not running here yet")),
+            None => unavailable("the controller member is not running here yet"),
         };
     }
-    let (tx, rx) = Answer::channel(shard.id.0);
-    shard
-        .peers
-        .try_send_to(0, ShardMessage::ControllerRpc { op, payload, reply: tx })
-        .map_err(|_| unavailable("shard 0 is overloaded"))?;
-    rx.await
-        .unwrap_or_else(|_| Err(unavailable("shard 0 dropped the request")))
+    let make = |reply| ShardMessage::ControllerRpc { op, payload, reply };
+    ask_shard_0(shard, make, unavailable).await
 }

@@ -24,7 +24,7 @@ pub mod stm;
 pub mod store;
 pub mod table;
 
-pub use node::{Controller, ProposeError, Settings};
+pub use node::{Controller, ProposeError, Settings, Voter};
 pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
 pub use table::{
     BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings,

@@ -39,6 +39,14 @@ pub enum ProposeError {
     Unavailable(String),
 }
 
+/// A voter of the controller's Raft group: a node id and that node's
+/// advertised client address (where its controller member is reached).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Voter {
+    pub id: u64,
+    pub address: SocketAddr,
+}
+
 /// A learner's request to join (`ControllerOp::AddLearner`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct LearnerRequest {
@@ -52,9 +60,8 @@ pub struct Settings {
     pub node_id: u64,
     /// The address this node's peers and clients reach it at.
     pub advertised: SocketAddr,
-    /// Every voter's id and advertised address (this node alone for a
-    /// single node).
-    pub voters: Vec<(u64, SocketAddr)>,
+    /// Every voter (this node alone for a single node).
+    pub voters: Vec<Voter>,
     /// This node's shard count (registered with the broker).
     pub shards: u16,
     pub heartbeat_ms: u64,
@@ -102,12 +109,12 @@ impl Controller {
             .is_initialized()
             .await
             .map_err(|e| unavailable("reading the Raft state", &e))?;
-        let voter = settings.voters.iter().any(|(id, _)| *id == node_id);
+        let voter = settings.voters.iter().any(|v| v.id == node_id);
         if !initialized && voter {
             let members: BTreeMap<u64, BasicNode> = settings
                 .voters
                 .iter()
-                .map(|(id, addr)| (*id, BasicNode::new(addr.to_string())))
+                .map(|v| (v.id, BasicNode::new(v.address.to_string())))
                 .collect();
             match raft.initialize(members).await {
                 Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
@@ -128,14 +135,25 @@ impl Controller {
     pub async fn join(&self, settings: &Settings) -> Result<(), ProposeError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
         let (raft, node_id) = (&self.raft, self.node_id);
-        if !settings.voters.iter().any(|(id, _)| *id == node_id) {
+        if !settings.voters.iter().any(|v| v.id == node_id) {
             self.join_as_learner(settings).await?;
         }
         let wait = |secs| raft.wait(Some(Duration::from_secs(secs)));
         wait(60)
             .metrics(|m| m.current_leader.is_some(), "the controller elects a leader")
             .await
-            .map_err(|e| unavailable("electing a controller leader", &e))?;
+            .map_err(|_| {
+                let voters: Vec<String> = settings
+                    .voters
+                    .iter()
+                    .map(|v| format!("{}@{}", v.id, v.address))
+                    .collect();
+                ProposeError::Unavailable(format!(
+                    "no controller leader within 60 s: a majority of the voters ({}) must be running and reach \
+                     each other at those addresses",
+                    voters.join(", ")
+                ))
+            })?;
         // Apply everything already in the log before serving from the table.
         let last = raft.metrics().borrow().last_log_index;
         wait(30)
@@ -180,7 +198,7 @@ impl Controller {
             address: settings.advertised.to_string(),
         });
         let deadline = Instant::now() + Duration::from_secs(60);
-        let voters: Vec<SocketAddr> = settings.voters.iter().map(|(_, a)| *a).collect();
+        let voters: Vec<SocketAddr> = settings.voters.iter().map(|v| v.address).collect();
         let (mut turn, mut named) = (0usize, None);
         let mut last_error = String::from("no voter answered");
         while Instant::now() < deadline && !voters.is_empty() {
@@ -204,7 +222,7 @@ impl Controller {
                 }
                 // Ask the leader it names next.
                 Ok(Err(r)) if r.code == ErrorCode::NotLeader => {
-                    named = settings.voters.iter().find(|(id, _)| *id == r.leader).map(|(_, a)| *a);
+                    named = settings.voters.iter().find(|v| v.id == r.leader).map(|v| v.address);
                     last_error = r.message;
                 }
                 Ok(Err(r)) => last_error = r.message,
@@ -248,11 +266,6 @@ impl Controller {
         self.node_id
     }
 
-    /// The controller leader this member knows of.
-    pub fn leader(&self) -> Option<u64> {
-        self.raft.metrics().borrow().current_leader
-    }
-
     /// Keeps `leader` at the controller leader this member knows of (0:
     /// none) until the member stops.
     pub async fn follow_leader(&self, leader: &std::sync::atomic::AtomicU64) {
@@ -272,6 +285,7 @@ impl Controller {
     pub async fn propose(&self, command: Command) -> Result<(), ProposeError> {
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
         let mut last_error = String::from("no controller leader");
+        let mut forwarded = None;
         while Instant::now() < deadline {
             let leader = match self.raft.client_write(command.clone()).await {
                 Ok(resp) => return resp.data.map_err(ProposeError::Refused),
@@ -291,7 +305,12 @@ impl Controller {
             let left = deadline.saturating_duration_since(Instant::now());
             match self
                 .links
-                .call(addr, ControllerOp::Propose, &to_json(&command), left)
+                .call(
+                    addr,
+                    ControllerOp::Propose,
+                    forwarded.get_or_insert_with(|| to_json(&command)),
+                    left,
+                )
                 .await
             {
                 Ok(Ok(payload)) => {
@@ -399,7 +418,10 @@ mod tests {
         Settings {
             node_id: id,
             advertised,
-            voters: vec![(id, advertised)],
+            voters: vec![Voter {
+                id,
+                address: advertised,
+            }],
             shards: 2,
             heartbeat_ms: 500,
             election_min_ms: 1500,

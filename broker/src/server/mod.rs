@@ -316,7 +316,7 @@ async fn shard_main(
         let settings = ControllerSettings {
             node_id: config.node_id,
             advertised,
-            voters: config.voters(advertised).iter().map(|v| (v.id, v.address)).collect(),
+            voters: config.voters(advertised),
             shards,
             heartbeat_ms: config.controller_heartbeat_ms,
             election_min_ms: config.controller_election_min_ms,
