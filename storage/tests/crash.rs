@@ -53,6 +53,18 @@ fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool) -> Vec<Ac
             Err(_) => break,
         }
     }
+    // With recycling, the kill is meant to land once retention has moved
+    // the log start (the parent checks it did): wait (bounded) until the
+    // first segment's file is gone — retention deleted or recycled it. On a
+    // busy machine 20 acknowledgements can come before the log outgrew its
+    // retention.
+    let first = dir
+        .join("p0")
+        .join(strand_storage::segment::log_file_name(strand_storage::Offset(0)));
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while recycle && first.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let delay_ms = 20 + (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % 400;
     std::thread::sleep(Duration::from_millis(delay_ms));
     child.kill().expect("SIGKILL");
