@@ -22,6 +22,8 @@
 //! controller_heartbeat_ms = 250        # the controller leader's heartbeat to the other voters
 //! controller_election_min_ms = 1000    # a voter that hears no leader this long (to the max,
 //! controller_election_max_ms = 2000    #   at random) stands for election
+//! broker_heartbeat_ms = 500            # a broker renews its lease with the controller leader
+//! broker_session_ms = 3000             # a lease not renewed this long expires: the broker is fenced
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -42,6 +44,13 @@
 //! host that delays heartbeats beyond the minimum causes needless
 //! elections (the defaults leave three missed heartbeats' room; none in a
 //! 10-minute idle run of three nodes).
+//!
+//! **Liveness.** Every broker heartbeats the controller leader every
+//! `broker_heartbeat_ms`; the leader keeps each broker's lease in memory
+//! and fences (in the table, through Raft) a broker whose lease is older
+//! than `broker_session_ms`. A new leader gives every broker a whole
+//! session from its election, so a controller failover fences nobody.
+//! Six heartbeats per session leave room for a busy host.
 //!
 //! `spin_before_park_us` is the latency/CPU trade of a thread-per-core
 //! broker: while a shard polls, a request is picked up without a wake-up
@@ -140,6 +149,10 @@ pub struct BrokerConfig {
     pub controller_heartbeat_ms: u64,
     pub controller_election_min_ms: u64,
     pub controller_election_max_ms: u64,
+    /// How often this broker renews its lease with the controller leader.
+    pub broker_heartbeat_ms: u64,
+    /// How long a lease lasts without renewal before the broker is fenced.
+    pub broker_session_ms: u64,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
@@ -203,6 +216,8 @@ impl Default for BrokerConfig {
             controller_heartbeat_ms: 250,
             controller_election_min_ms: 1000,
             controller_election_max_ms: 2000,
+            broker_heartbeat_ms: 500,
+            broker_session_ms: 3000,
         }
     }
 }
@@ -373,6 +388,13 @@ impl BrokerConfig {
                 "controller timings: heartbeat {heartbeat} ms, election timeout {min}..{max} ms: the \
                  heartbeat must be > 0, the minimum at least twice the heartbeat, the maximum above the \
                  minimum and at most 10 minutes"
+            ));
+        }
+        let (heartbeat, session) = (self.broker_heartbeat_ms, self.broker_session_ms);
+        if heartbeat == 0 || session < 2 * heartbeat || session > 600_000 {
+            return bad(format!(
+                "broker liveness: heartbeat {heartbeat} ms, session {session} ms: the heartbeat must be > 0 \
+                 and the session at least twice the heartbeat and at most 10 minutes"
             ));
         }
         if self.cores == Some(0) {

@@ -25,6 +25,16 @@ enum Command {
         #[arg(long, global = true, default_value = "table", value_name = "table|json")]
         output: String,
     },
+    /// The cluster's controller leader and brokers.
+    Cluster {
+        #[command(subcommand)]
+        command: strand_broker::cli::cluster::ClusterCommand,
+        #[command(flatten)]
+        brokers: strand_broker::cli::Brokers,
+        /// Output format: table (for people) or json (one document).
+        #[arg(long, global = true, default_value = "table", value_name = "table|json")]
+        output: String,
+    },
     /// Inspect, reset and delete consumer groups.
     Group {
         #[command(subcommand)]
@@ -120,6 +130,14 @@ fn main() -> ExitCode {
             output,
         } => match json_output(&output) {
             Ok(json) => finish(strand_broker::cli::queue::run(command, &brokers.list(), json)),
+            Err(code) => code,
+        },
+        Command::Cluster {
+            command,
+            brokers,
+            output,
+        } => match json_output(&output) {
+            Ok(json) => finish(strand_broker::cli::cluster::run(command, &brokers.list(), json)),
             Err(code) => code,
         },
         Command::Group {

@@ -8,9 +8,11 @@
 //!   full queue is an `Overloaded` answer, never a blocked reactor), and
 //!   the reply comes back over the mesh to this shard
 //!   (`crate::shard::messages`);
-//! - another node: not yet — a partition is led by this node or refused
-//!   with `NotLeader` by the owning shard (the cluster issue adds the peer
-//!   links here: `crate::peer`).
+//! - another node: a request about a partition another node leads is sent
+//!   there on this shard's peer link ([`call_node`]: the node's address from
+//!   the table, the same frames, a deadline). Today the queue's describe
+//!   gathers its partitions' state this way; produce and fetch are answered
+//!   `NotLeader` by the owning shard, and the client goes to the leader.
 //!
 //! Controller proposals go to shard 0, where the controller member runs
 //! (it forwards them to the controller leader on another node if need be),
@@ -18,11 +20,14 @@
 //! nodes' controller messages go to shard 0 too ([`controller_rpc`]).
 
 use std::rc::Rc;
+use std::time::Duration;
 
-use strand_wire::ErrorCode;
+use strand_net::message::TailBuilder;
+use strand_net::Frame;
+use strand_wire::{Api, ErrorCode};
 
 use crate::controller::network::Refusal;
-use crate::controller::{Command, ProposeError};
+use crate::controller::{Command, NodeId, ProposeError};
 use crate::routing::ShardId;
 use crate::shard::messages::{Answer, PartitionRequest, Reply, ShardMessage, WireError};
 use crate::shard::{reply_error, Shard};
@@ -129,4 +134,38 @@ pub async fn controller_rpc(
     }
     let make = |reply| ShardMessage::ControllerRpc { op, payload, reply };
     ask_shard_0(shard, make, unavailable).await
+}
+
+/// Sends a request (`api`, a finished flatbuffer `body`) to node `node` on
+/// this shard's peer link and waits for its answer, at most `timeout`. The
+/// node's address is the one it registered in the table.
+pub async fn call_node(
+    shard: &Shard,
+    node: NodeId,
+    api: Api,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Frame, WireError> {
+    let address = shard.table().brokers.get(&node).map(|b| b.address.clone());
+    let addr = address
+        .as_deref()
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .ok_or_else(|| {
+            WireError::new(
+                ErrorCode::NotLeader,
+                format!("node {node} has no address in the metadata; retry"),
+            )
+        })?;
+    shard
+        .nodes
+        .get(addr)
+        .call(api, body, TailBuilder::default(), timeout)
+        .await
+        .map_err(|e| {
+            let code = match e {
+                crate::peer::PeerError::Timeout { .. } => ErrorCode::Timeout,
+                crate::peer::PeerError::Unreachable { .. } => ErrorCode::NotLeader,
+            };
+            WireError::new(code, format!("node {node}: {e}; retry"))
+        })
 }

@@ -75,7 +75,13 @@ fn alter_describe_and_metadata() {
 
     let mut fbb = FlatBufferBuilder::new();
     let n = fbb.create_string("grow");
-    let root = DescribeQueueRequest::create(&mut fbb, &DescribeQueueRequestArgs { name: Some(n) });
+    let root = DescribeQueueRequest::create(
+        &mut fbb,
+        &DescribeQueueRequestArgs {
+            name: Some(n),
+            only_led_here: false,
+        },
+    );
     fbb.finish_minimal(root);
     let f = c.call(Api::DescribeQueue, &fbb, TailBuilder::default());
     let resp = body::<DescribeQueueResponse>(&f).unwrap();

@@ -45,8 +45,26 @@ fn queue_commands_end_to_end() {
     let d: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(d["retention_ms"], 12 * 3600 * 1000);
     assert_eq!(d["partitions"][1]["log_end"], 4);
+    assert_eq!(
+        (&d["partitions"][1]["replicas"], &d["partitions"][1]["isr"]),
+        (&serde_json::json!([1]), &serde_json::json!([1]))
+    );
+    assert_eq!(d["partitions"][1]["leader_epoch"], 0);
     let o = strand(&["queue", "describe", "orders"], &addr);
     assert!(stdout(&o).contains("LOG_END"), "a table for people");
+
+    // One node: it leads the controller and every partition.
+    let o = strand(&["cluster", "status", "--output", "json"], &addr);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let status: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(
+        status,
+        serde_json::json!({"controller": 1, "brokers": [
+            {"id": 1, "address": addr, "alive": true, "leaders": 3, "replicas": 3}
+        ]})
+    );
+    let o = strand(&["cluster", "status"], &addr);
+    assert!(stdout(&o).contains("controller leader: 1"), "{}", stdout(&o));
 
     let o = strand(&["queue", "alter", "orders", "--partitions", "5"], &addr);
     assert!(o.status.success(), "{}", stderr(&o));

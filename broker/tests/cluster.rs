@@ -136,6 +136,130 @@ fn three_nodes_elect_a_controller_and_serve_queues_led_by_each() {
         let refused = c.client(other).produce("orders", p as u32, batch("x", 1, TS), 1);
         assert_eq!(refused.unwrap_err().0, ErrorCode::NotLeader);
     }
+
+    // Any node describes the whole queue: the partitions other nodes lead
+    // are asked of them.
+    for id in 1..=3u8 {
+        let text = c.strand(id, &["queue", "describe", "orders", "--output", "json"]);
+        let d: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let parts = d["partitions"].as_array().unwrap();
+        assert_eq!(parts.len(), 6, "{d}");
+        for (p, part) in parts.iter().enumerate() {
+            let leader = on_follower.leaders[p];
+            assert_eq!(part["leader"], leader, "{d}");
+            assert_eq!(part["log_end"], 3, "partition {p} through node {id}: {d}");
+            assert_eq!(part["replicas"], serde_json::json!([leader]));
+            assert_eq!(part["isr"], serde_json::json!([leader]));
+            assert_eq!(part["leader_epoch"], 0);
+        }
+    }
+    // `cluster status` agrees on every node: the leader, every broker alive,
+    // two of the six partitions led by each.
+    let statuses: Vec<serde_json::Value> = (1..=3u8)
+        .map(|id| serde_json::from_str(c.strand(id, &["cluster", "status", "--output", "json"]).trim()).unwrap())
+        .collect();
+    assert!(statuses.iter().all(|s| *s == statuses[0]), "{statuses:?}");
+    assert_eq!(statuses[0]["controller"], u32::from(leader));
+    for (i, b) in statuses[0]["brokers"].as_array().unwrap().iter().enumerate() {
+        let id = i as u8 + 1;
+        assert_eq!(b["id"], id);
+        assert_eq!(b["address"], c.addr(id).to_string());
+        assert_eq!(b["alive"], true);
+        assert_eq!(
+            (b["leaders"].as_u64(), b["replicas"].as_u64()),
+            (Some(2), Some(2)),
+            "{b}"
+        );
+    }
+}
+
+/// Waits (up to 20 s) until every node in `ids` shows exactly `fenced` as
+/// the fenced brokers.
+fn until_fenced(c: &Cluster, ids: &[u8], fenced: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for id in ids {
+        loop {
+            let seen = metadata(&mut c.client(*id), None).fenced;
+            if seen == fenced {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} shows {seen:?} fenced, not {fenced:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
+    let _turn = turn();
+    let mut c = Cluster::start(3);
+    let leader = agreed_leader(&c, &[1, 2, 3]);
+    let others: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
+    let stopped = others[0];
+    c.kill9(stopped);
+    let killed_at = Instant::now();
+    let live = [leader, others[1]];
+    until_fenced(&c, &live, &[u32::from(stopped)]);
+    let took = killed_at.elapsed();
+    eprintln!("broker {stopped} fenced {took:?} after its kill");
+    assert!(
+        took >= Duration::from_millis(2500),
+        "fenced after {took:?}: before its 3 s session could run out"
+    );
+    // New partitions go to the live brokers only.
+    create_through(&c, others[1], "while-fenced", 4);
+    // (Read where it was proposed: that node has applied it on return.)
+    let placed = metadata(&mut c.client(others[1]), Some("while-fenced")).leaders;
+    assert!(
+        placed.iter().all(|l| *l != u32::from(stopped)) && placed.len() == 4,
+        "{placed:?}"
+    );
+    c.restart(stopped);
+    until_fenced(&c, &[1, 2, 3], &[]);
+    // Back, it leads the next partitions first (it leads none).
+    create_through(&c, stopped, "after", 1);
+    let placed = metadata(&mut c.client(stopped), Some("after")).leaders;
+    assert_eq!(placed, vec![u32::from(stopped)]);
+}
+
+#[test]
+fn a_broker_started_with_an_id_alive_elsewhere_is_refused() {
+    let _turn = turn();
+    let mut c = Cluster::start(3);
+    c.add_learner(4);
+    // Another process claims id 4 from 127.0.0.5.
+    let log = c.dir.path().join("impostor.log");
+    let mut impostor = c
+        .command(4, 3, std::net::SocketAddr::from(([127, 0, 0, 5], c.port)))
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = impostor.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = impostor.kill();
+            let _ = impostor.wait();
+            panic!("a broker with a taken id still runs after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "{said}");
+    let holder = format!("broker id 4 is alive at {}", c.addr(4));
+    assert!(said.contains(&holder), "the refusal names the holder: {said}");
+    // The holder goes on, alive at its own address, on every node.
+    let seen = metadata(&mut c.client(1), None);
+    assert!(seen.brokers.contains(&(4, c.addr(4).to_string())));
+    until_fenced(&c, &[1, 2, 3, 4], &[]);
+    create_through(&c, 4, "still-serving", 1);
 }
 
 #[test]

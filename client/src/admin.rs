@@ -65,6 +65,12 @@ pub struct PartitionDescription {
     pub high_watermark: u64,
     pub stored_bytes: u64,
     pub segments: u32,
+    /// The brokers holding a replica (the first the preferred leader).
+    pub replicas: Vec<u32>,
+    /// The replicas in sync with the leader.
+    pub isr: Vec<u32>,
+    /// Bumped on every change of leader.
+    pub leader_epoch: u32,
 }
 
 /// A queue's settings and partitions.
@@ -79,6 +85,29 @@ pub struct QueueDescription {
     pub fsync: FsyncSpec,
     pub max_message_bytes: u32,
     pub max_delivery_attempts: u32,
+}
+
+/// One broker of the cluster, as the metadata shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerDescription {
+    pub id: u32,
+    /// Its advertised client address, `HOST:PORT`.
+    pub address: String,
+    /// False once the controller fenced it (its lease expired).
+    pub alive: bool,
+    /// Partitions it leads, of every queue.
+    pub leaders: usize,
+    /// Partition replicas it holds (led or followed), of every queue.
+    pub replicas: usize,
+}
+
+/// The cluster: its controller leader and every broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterDescription {
+    /// The controller leader's node id (0: none known to the answering node).
+    pub controller: u32,
+    /// By id.
+    pub brokers: Vec<BrokerDescription>,
 }
 
 /// The admin client.
@@ -215,7 +244,13 @@ impl Admin {
     pub async fn describe_queue(&self, name: &str) -> Result<QueueDescription, ClientError> {
         let mut fbb = FlatBufferBuilder::new();
         let n = fbb.create_string(name);
-        let root = DescribeQueueRequest::create(&mut fbb, &DescribeQueueRequestArgs { name: Some(n) });
+        let root = DescribeQueueRequest::create(
+            &mut fbb,
+            &DescribeQueueRequestArgs {
+                name: Some(n),
+                only_led_here: false,
+            },
+        );
         fbb.finish_minimal(root);
         let f = self.call(Api::DescribeQueue, &fbb).await?;
         let resp = response::<DescribeQueueResponse>(&f)?;
@@ -237,6 +272,9 @@ impl Admin {
                     high_watermark: p.high_watermark(),
                     stored_bytes: p.stored_bytes(),
                     segments: p.segments(),
+                    replicas: p.replicas().iter().flatten().collect(),
+                    isr: p.isr().iter().flatten().collect(),
+                    leader_epoch: p.leader_epoch(),
                 })
                 .collect(),
             retention_ms: config.retention_ms().unwrap_or(-1),
@@ -255,14 +293,55 @@ impl Admin {
         })
     }
 
-    /// Every queue's name and partition count.
-    pub async fn list_queues(&self) -> Result<Vec<(String, u32)>, ClientError> {
+    /// The answer to a Metadata request for every queue, checked for an error.
+    async fn metadata_of_all(&self) -> Result<strand_net::Frame, ClientError> {
         let mut fbb = FlatBufferBuilder::new();
         let root = MetadataRequest::create(&mut fbb, &MetadataRequestArgs { queues: None });
         fbb.finish_minimal(root);
         let f = self.call(Api::Metadata, &fbb).await?;
+        ClientError::check(response::<MetadataResponse>(&f)?.error())?;
+        Ok(f)
+    }
+
+    /// The controller leader and every broker with what it leads and holds,
+    /// as the node this client talks to knows them.
+    pub async fn describe_cluster(&self) -> Result<ClusterDescription, ClientError> {
+        let f = self.metadata_of_all().await?;
         let resp = response::<MetadataResponse>(&f)?;
-        ClientError::check(resp.error())?;
+        let mut brokers: Vec<BrokerDescription> = resp
+            .brokers()
+            .iter()
+            .flatten()
+            .map(|b| BrokerDescription {
+                id: b.node_id(),
+                address: format!("{}:{}", b.host().unwrap_or_default(), b.port()),
+                alive: !b.fenced(),
+                leaders: 0,
+                replicas: 0,
+            })
+            .collect();
+        brokers.sort_by_key(|b| b.id);
+        for p in resp
+            .queues()
+            .iter()
+            .flatten()
+            .flat_map(|q| q.partitions().into_iter().flatten())
+        {
+            for b in brokers.iter_mut() {
+                b.leaders += usize::from(p.leader() == b.id);
+                b.replicas += usize::from(p.replicas().is_some_and(|r| r.iter().any(|id| id == b.id)));
+            }
+        }
+        Ok(ClusterDescription {
+            controller: resp.controller(),
+            brokers,
+        })
+    }
+
+    /// Every queue's name and partition count.
+    pub async fn list_queues(&self) -> Result<Vec<(String, u32)>, ClientError> {
+        let f = self.metadata_of_all().await?;
+        let resp = response::<MetadataResponse>(&f)?;
         Ok(resp
             .queues()
             .iter()

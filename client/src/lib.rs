@@ -31,7 +31,9 @@ mod group;
 mod producer;
 pub mod requests;
 
-pub use admin::{Admin, FsyncSpec, PartitionDescription, QueueDescription, QueueSpec};
+pub use admin::{
+    Admin, BrokerDescription, ClusterDescription, FsyncSpec, PartitionDescription, QueueDescription, QueueSpec,
+};
 pub use cluster::{parse_brokers, Cluster, QueueInfo, METADATA_MAX_AGE};
 pub use connection::Connection;
 pub use consumer::{ConsumedRecord, Consumer, ConsumerConfig, OutOfRangeReset, Seek};

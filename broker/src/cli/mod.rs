@@ -20,6 +20,7 @@ macro_rules! out_part {
     };
 }
 
+pub mod cluster;
 pub mod consume;
 pub mod dlq;
 pub mod group;

@@ -163,6 +163,7 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                             "partition": p.partition, "leader": p.leader, "log_start": p.log_start,
                             "log_end": p.log_end, "high_watermark": p.high_watermark,
                             "stored_bytes": p.stored_bytes, "segments": p.segments,
+                            "replicas": p.replicas, "isr": p.isr, "leader_epoch": p.leader_epoch,
                         })
                     })
                     .collect();
@@ -196,10 +197,21 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                     out!("{k:<22} {v}");
                 }
                 out!("");
+                let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+                let width = d
+                    .partitions
+                    .iter()
+                    .map(|p| ids(&p.replicas).len().max(ids(&p.isr).len()))
+                    .max()
+                    .unwrap_or(3)
+                    .max(8);
                 out!(
-                    "{:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>14}  {:>8}",
+                    "{:>9}  {:>6}  {:>5}  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>12}  {:>14}  {:>8}",
                     "PARTITION",
                     "LEADER",
+                    "EPOCH",
+                    "REPLICAS",
+                    "ISR",
                     "LOG_START",
                     "LOG_END",
                     "HIGH_WATER",
@@ -208,9 +220,12 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                 );
                 for p in &d.partitions {
                     out!(
-                        "{:>9}  {:>6}  {:>12}  {:>12}  {:>12}  {:>14}  {:>8}",
+                        "{:>9}  {:>6}  {:>5}  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>12}  {:>14}  {:>8}",
                         p.partition,
                         p.leader,
+                        p.leader_epoch,
+                        ids(&p.replicas),
+                        ids(&p.isr),
                         p.log_start,
                         p.log_end,
                         p.high_watermark,

@@ -10,6 +10,8 @@
 //!   commands apply, snapshots. Deterministic: the same commands in the same
 //!   order give the same table on every node, so all validation needs only
 //!   the table and the command.
+//! - [`leases`]: broker leases as the controller leader keeps them (sans
+//!   I/O): who is alive, whose lease ran out, which id is taken.
 //! - [`store`]: the Raft log, vote and snapshots on disk (byte layout there)
 //!   and the openraft state-machine store around [`stm`].
 //! - [`runtime`]: openraft's async runtime on glommio.
@@ -17,6 +19,7 @@
 //!   to the leader from other nodes), serving the other members.
 //! - [`network`]: the Raft messages and forwarded proposals on peer links.
 
+pub mod leases;
 pub mod network;
 pub mod node;
 pub mod runtime;

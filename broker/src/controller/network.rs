@@ -15,8 +15,6 @@
 //! it (`RPCOption::hard_ttl`), or [`PROPOSE_TIMEOUT`]: a paused or cut-off
 //! peer fails the call, it never hangs the member.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
@@ -30,7 +28,6 @@ use openraft::raft::{
 use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use strand_net::frame::FrameLimits;
 use strand_net::message::{read_body, TailBuilder};
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::{
@@ -39,7 +36,7 @@ use strand_wire::{
 };
 
 use super::store::TypeConfig;
-use crate::peer::{PeerError, PeerLink};
+use crate::peer::{PeerError, Peers};
 
 /// How long a forwarded proposal may take, end to end.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -116,8 +113,7 @@ pub fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
 /// network and proposal forwarding.
 #[derive(Clone)]
 pub struct Links {
-    links: Rc<RefCell<HashMap<SocketAddr, PeerLink>>>,
-    limits: FrameLimits,
+    links: Rc<Peers>,
     /// This node's id (the `from` of every request).
     pub from: u64,
 }
@@ -125,19 +121,9 @@ pub struct Links {
 impl Links {
     pub fn new(from: u64, max_frame_bytes: u32) -> Links {
         Links {
-            links: Rc::default(),
-            limits: FrameLimits { max_frame_bytes },
+            links: Rc::new(Peers::new(max_frame_bytes)),
             from,
         }
-    }
-
-    /// The link to `addr` (made on first use).
-    pub fn get(&self, addr: SocketAddr) -> PeerLink {
-        self.links
-            .borrow_mut()
-            .entry(addr)
-            .or_insert_with(|| PeerLink::new(addr, self.limits))
-            .clone()
     }
 
     /// Sends `op` with `payload` to the node at `addr` and returns its
@@ -151,6 +137,7 @@ impl Links {
     ) -> Result<Result<Vec<u8>, Refusal>, PeerError> {
         let body = encode_request(op, self.from, payload);
         let frame = self
+            .links
             .get(addr)
             .call(Api::Controller, &body, TailBuilder::default(), timeout)
             .await?;

@@ -9,11 +9,12 @@
 //! the same initial membership from every voter). A single node is a
 //! one-voter group, elected at once. A node that is not a voter (an
 //! observer broker) asks the voters to add it as a learner: it receives
-//! the log and applies it, and votes in nothing. A proposal made where the member does
-//! not lead is forwarded to the leader (`network.rs`); the caller returns
-//! once its own node has applied it, so what it created is visible here
-//! at once.
+//! the log and applies it, and votes in nothing. A proposal made where the
+//! member does not lead is forwarded to the leader (`network.rs`); the
+//! caller returns once its own node has applied it, so what it created is
+//! visible here at once.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -24,6 +25,7 @@ use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, Raft};
 use strand_wire::{ControllerOp, ErrorCode};
 
+use super::leases::Leases;
 use super::network::{to_json, Links, Refusal, PROPOSE_TIMEOUT};
 use super::stm::{Command, ControllerError};
 use super::store::{LogStore, Publish, StateMachineStore, TypeConfig};
@@ -54,6 +56,29 @@ struct LearnerRequest {
     address: String,
 }
 
+/// A broker's lease renewal (`ControllerOp::BrokerHeartbeat`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Heartbeat {
+    id: u64,
+    address: String,
+    shards: u16,
+}
+
+/// Where the controller leader is, as this member knows it.
+enum Leader {
+    Here,
+    At(SocketAddr),
+    Unknown,
+}
+
+/// What one call to the leader came to.
+enum Forwarded {
+    Answered(Vec<u8>),
+    /// No answer worth keeping (it stopped leading, or did not answer):
+    /// find the leader again and retry; the reason, for the final error.
+    AskAgain(String),
+}
+
 /// How this node's member runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -67,6 +92,10 @@ pub struct Settings {
     pub heartbeat_ms: u64,
     pub election_min_ms: u64,
     pub election_max_ms: u64,
+    /// How often this broker renews its lease with the leader.
+    pub broker_heartbeat_ms: u64,
+    /// How long a lease lasts unrenewed before the leader fences the broker.
+    pub broker_session_ms: u64,
     /// The largest frame a peer's answer may be.
     pub max_frame_bytes: u32,
 }
@@ -77,6 +106,8 @@ pub struct Controller {
     node_id: u64,
     links: Links,
     sm: StateMachineStore,
+    /// Every broker's lease, while this member leads.
+    leases: RefCell<Leases>,
 }
 
 impl Controller {
@@ -126,6 +157,7 @@ impl Controller {
             node_id,
             links,
             sm,
+            leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
         })
     }
 
@@ -160,22 +192,189 @@ impl Controller {
             .applied_index_at_least(last, "the controller replays its log")
             .await
             .map_err(|e| unavailable("replaying the controller log", &e))?;
+        self.register(settings).await
+    }
+
+    /// Registers this broker through its first lease renewal. While another
+    /// broker holds this id's lease, retries for a session and a half (the
+    /// holder may be this broker's previous run at another address, whose
+    /// lease runs out), then gives up with the holder's address.
+    async fn register(&self, settings: &Settings) -> Result<(), ProposeError> {
+        let session = Duration::from_millis(settings.broker_session_ms);
+        let give_up = Instant::now() + session * 3 / 2;
+        loop {
+            match self.heartbeat(settings, PROPOSE_TIMEOUT).await {
+                Err(ProposeError::Refused(e @ ControllerError::BrokerIdInUse { .. })) if Instant::now() >= give_up => {
+                    return Err(ProposeError::Refused(e))
+                }
+                Err(ProposeError::Refused(ControllerError::BrokerIdInUse { .. })) => {
+                    glommio::timer::sleep(Duration::from_millis(settings.broker_heartbeat_ms)).await
+                }
+                Err(e) => return Err(e),
+                Ok(()) => break,
+            }
+        }
+        // Registered at the leader: wait until this node applied it too.
         let address = settings.advertised.to_string();
-        let registered = self
-            .sm
-            .table()
-            .brokers
-            .get(&node_id)
-            .is_some_and(|b| b.address == address && b.shards == settings.shards);
-        if !registered {
+        let deadline = Instant::now() + PROPOSE_TIMEOUT;
+        while !self.sm.with_table(|t| {
+            t.brokers
+                .get(&self.node_id)
+                .is_some_and(|b| b.alive && b.address == address)
+        }) {
+            if Instant::now() > deadline {
+                return Err(ProposeError::Unavailable(format!(
+                    "this node did not apply its own registration within {PROPOSE_TIMEOUT:?}"
+                )));
+            }
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Renews this broker's lease every `broker_heartbeat_ms` and, while
+    /// this member leads, fences the brokers whose lease ran out; until the
+    /// member stops. A renewal that fails is logged and tried again at the
+    /// next beat (a lost leader, a refused id: the next leader or the
+    /// operator sorts it out).
+    pub async fn keep_alive(&self, settings: &Settings) {
+        let beat = Duration::from_millis(settings.broker_heartbeat_ms);
+        let mut last_failure = String::new();
+        loop {
+            glommio::timer::sleep(beat).await;
+            match self.heartbeat(settings, beat * 2).await {
+                Ok(()) => last_failure.clear(),
+                Err(e) => {
+                    let why = e.to_string();
+                    if why != last_failure {
+                        tracing::warn!("renewing broker {}'s lease: {why}", self.node_id);
+                        last_failure = why;
+                    }
+                }
+            }
+            self.fence_expired().await;
+        }
+    }
+
+    /// Where the leader is, from this member's Raft metrics.
+    fn leader(&self) -> Leader {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        match m.current_leader {
+            Some(id) if id == self.node_id => Leader::Here,
+            Some(id) => m
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .and_then(|n| n.addr.parse().ok())
+                .map_or(Leader::Unknown, Leader::At),
+            None => Leader::Unknown,
+        }
+    }
+
+    /// This broker's lease renewal, at the leader (here, or over a peer link),
+    /// within `within`.
+    async fn heartbeat(&self, settings: &Settings, within: Duration) -> Result<(), ProposeError> {
+        let request = Heartbeat {
+            id: self.node_id,
+            address: settings.advertised.to_string(),
+            shards: settings.shards,
+        };
+        let deadline = Instant::now() + within;
+        let mut last_error = String::from("no controller leader");
+        let mut payload = None;
+        while Instant::now() < deadline {
+            match self.leader() {
+                Leader::Here => return self.renew_lease(&request).await,
+                Leader::At(addr) => {
+                    let payload = payload.get_or_insert_with(|| to_json(&request));
+                    match self
+                        .forward(addr, ControllerOp::BrokerHeartbeat, payload, deadline)
+                        .await?
+                    {
+                        Forwarded::Answered(answer) => {
+                            let renewed: Result<(), ControllerError> =
+                                serde_json::from_slice(&answer).map_err(|e| {
+                                    ProposeError::Unavailable(format!("a malformed answer from the leader: {e}"))
+                                })?;
+                            return renewed.map_err(ProposeError::Refused);
+                        }
+                        Forwarded::AskAgain(why) => last_error = why,
+                    }
+                }
+                Leader::Unknown => {}
+            }
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+        }
+        Err(ProposeError::Unavailable(format!(
+            "no controller leader renewed the lease within {within:?}: {last_error}"
+        )))
+    }
+
+    /// At the leader: renews broker `request.id`'s lease and, unless the
+    /// table already shows it alive at that address, registers it.
+    async fn renew_lease(&self, request: &Heartbeat) -> Result<(), ProposeError> {
+        let term = self.raft.metrics().borrow().current_term;
+        let known = self.sm.with_table(|table| {
+            self.leases
+                .borrow_mut()
+                .renew(term, table, request.id, &request.address, Instant::now())?;
+            Ok::<bool, ControllerError>(
+                table
+                    .brokers
+                    .get(&request.id)
+                    .is_some_and(|b| b.alive && b.address == request.address && b.shards == request.shards),
+            )
+        })?;
+        if !known {
             self.propose(Command::RegisterBroker {
-                id: node_id,
-                address,
-                shards: settings.shards,
+                id: request.id,
+                address: request.address.clone(),
+                shards: request.shards,
             })
             .await?;
         }
         Ok(())
+    }
+
+    /// While this member leads: fences (through Raft) every broker alive in
+    /// the table whose lease ran out.
+    async fn fence_expired(&self) {
+        let (term, leader) = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            (m.current_term, m.current_leader)
+        };
+        if leader != Some(self.node_id) {
+            return;
+        }
+        let expired = self
+            .sm
+            .with_table(|table| self.leases.borrow_mut().expired(term, table, Instant::now()));
+        for id in expired {
+            tracing::warn!("broker {id}'s lease expired: fencing it");
+            if let Err(e) = self.propose(Command::FenceBroker { id }).await {
+                tracing::warn!("fencing broker {id}: {e}");
+            }
+        }
+    }
+
+    /// One call to the leader at `addr` (`op` with `payload`, by `deadline`).
+    async fn forward(
+        &self,
+        addr: SocketAddr,
+        op: ControllerOp,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<Forwarded, ProposeError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.links.call(addr, op, payload, left).await {
+            Ok(Ok(answer)) => Ok(Forwarded::Answered(answer)),
+            // It stopped leading meanwhile: ask again who leads.
+            Ok(Err(r)) if r.code == ErrorCode::NotLeader => Ok(Forwarded::AskAgain(r.message)),
+            Ok(Err(r)) => Err(ProposeError::Unavailable(r.message)),
+            Err(e) => Ok(Forwarded::AskAgain(e.to_string())),
+        }
     }
 
     /// A node that is not a voter: asks the voters (the leader, once one
@@ -215,7 +414,12 @@ impl Controller {
                 Ok(Ok(payload)) => {
                     let added: Result<u64, String> = serde_json::from_slice(&payload)
                         .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from {addr}: {e}")))?;
-                    let index = added.map_err(ProposeError::Unavailable)?;
+                    let index = added.map_err(|why| {
+                        ProposeError::Unavailable(format!(
+                            "the controller leader did not add node {} as a learner: {why}",
+                            self.node_id
+                        ))
+                    })?;
                     return self
                         .applied_here(index, deadline, "this learner applies its membership")
                         .await;
@@ -302,28 +506,16 @@ impl Controller {
                     node.addr
                 )));
             };
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self
-                .links
-                .call(
-                    addr,
-                    ControllerOp::Propose,
-                    forwarded.get_or_insert_with(|| to_json(&command)),
-                    left,
-                )
-                .await
-            {
-                Ok(Ok(payload)) => {
-                    let applied: Result<u64, ControllerError> = serde_json::from_slice(&payload)
+            let payload = forwarded.get_or_insert_with(|| to_json(&command));
+            match self.forward(addr, ControllerOp::Propose, payload, deadline).await? {
+                Forwarded::Answered(answer) => {
+                    let applied: Result<u64, ControllerError> = serde_json::from_slice(&answer)
                         .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from the leader: {e}")))?;
                     return self
                         .applied_here(applied?, deadline, "a forwarded proposal is applied here")
                         .await;
                 }
-                // It stopped leading meanwhile: ask again who leads.
-                Ok(Err(r)) if r.code == ErrorCode::NotLeader => last_error = r.message,
-                Ok(Err(r)) => return Err(ProposeError::Unavailable(r.message)),
-                Err(e) => last_error = e.to_string(),
+                Forwarded::AskAgain(why) => last_error = why,
             }
             glommio::timer::sleep(Duration::from_millis(50)).await;
         }
@@ -370,11 +562,38 @@ impl Controller {
             }
             ControllerOp::AddLearner => {
                 let learner: LearnerRequest = serde_json::from_slice(payload).map_err(bad)?;
+                // An id another live broker holds is not for this one.
+                if matches!(self.leader(), Leader::Here) {
+                    let term = self.raft.metrics().borrow().current_term;
+                    let taken = self.sm.with_table(|table| {
+                        self.leases
+                            .borrow_mut()
+                            .check(term, table, learner.id, &learner.address, Instant::now())
+                    });
+                    if let Err(e) = taken {
+                        return Ok(to_json(&Err::<u64, String>(e.to_string())));
+                    }
+                }
                 let node = BasicNode::new(learner.address);
                 match self.raft.add_learner(learner.id, node, false).await {
                     Ok(resp) => Ok(to_json(&Ok::<u64, String>(resp.log_id.index))),
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(self.not_leader(f.leader_id)),
                     Err(e) => Ok(to_json(&Err::<u64, String>(e.to_string()))),
+                }
+            }
+            ControllerOp::BrokerHeartbeat => {
+                let request: Heartbeat = serde_json::from_slice(payload).map_err(bad)?;
+                if !matches!(self.leader(), Leader::Here) {
+                    return Err(self.not_leader(self.raft.metrics().borrow().current_leader));
+                }
+                match self.renew_lease(&request).await {
+                    Ok(()) => Ok(to_json(&Ok::<(), ControllerError>(()))),
+                    Err(ProposeError::Refused(e)) => Ok(to_json(&Err::<(), ControllerError>(e))),
+                    Err(ProposeError::Unavailable(message)) => Err(Refusal {
+                        code: ErrorCode::ControllerUnavailable,
+                        message,
+                        leader: 0,
+                    }),
                 }
             }
             other => Err(Refusal {
@@ -426,6 +645,8 @@ mod tests {
             heartbeat_ms: 500,
             election_min_ms: 1500,
             election_max_ms: 3000,
+            broker_heartbeat_ms: 500,
+            broker_session_ms: 3000,
             max_frame_bytes: 1 << 20,
         }
     }

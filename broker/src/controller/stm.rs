@@ -20,13 +20,20 @@ pub const MESSAGE_BYTES_MAX: u32 = 64 << 20;
 /// A change to the metadata, as proposed to the Raft group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// A broker joins (or updates its address or shard count).
+    /// A broker joins, updates its address or shard count, or comes back
+    /// from fenced: it is alive from here on. Proposed by the controller
+    /// leader when it grants a lease (`leases.rs`), which refuses an id
+    /// whose lease another address holds.
     RegisterBroker {
         id: NodeId,
         address: String,
         /// Its shards (0 in logs written before brokers reported them).
         #[serde(default)]
         shards: u16,
+    },
+    /// The controller leader saw the broker's lease expire.
+    FenceBroker {
+        id: NodeId,
     },
     CreateQueue {
         name: String,
@@ -66,8 +73,13 @@ pub enum ControllerError {
     InvalidName(String),
     #[error("invalid queue settings: {0}")]
     InvalidSettings(String),
-    #[error("replication factor {wanted} needs {wanted} brokers, the cluster has {brokers}")]
+    #[error("replication factor {wanted} needs {wanted} live brokers, the cluster has {brokers}")]
     NotEnoughBrokers { wanted: u16, brokers: usize },
+    #[error(
+        "broker id {id} is alive at {address}: another broker holds its lease (stop it, or give this one \
+         another node id)"
+    )]
+    BrokerIdInUse { id: NodeId, address: String },
 }
 
 impl ControllerError {
@@ -79,6 +91,7 @@ impl ControllerError {
             ControllerError::UnknownQueue(_) => ErrorCode::UnknownQueue,
             ControllerError::InvalidName(_) => ErrorCode::InvalidQueueName,
             ControllerError::InvalidSettings(_) | ControllerError::NotEnoughBrokers { .. } => ErrorCode::InvalidConfig,
+            ControllerError::BrokerIdInUse { .. } => ErrorCode::InvalidRequest,
         }
     }
 }
@@ -112,8 +125,15 @@ impl MetadataStm {
                         id: *id,
                         address: address.clone(),
                         shards: *shards,
+                        alive: true,
                     },
                 );
+                Ok(())
+            }
+            Command::FenceBroker { id } => {
+                if let Some(b) = self.table.brokers.get_mut(id) {
+                    b.alive = false;
+                }
                 Ok(())
             }
             Command::CreateQueue { name, settings } => self.create_queue(name, settings),
@@ -140,17 +160,11 @@ impl MetadataStm {
             return Err(ControllerError::QueueExists(name.to_string()));
         }
         validate_settings(settings)?;
-        let brokers: Vec<NodeId> = self.table.brokers.keys().copied().collect();
-        if usize::from(settings.replication_factor) > brokers.len() {
-            return Err(ControllerError::NotEnoughBrokers {
-                wanted: settings.replication_factor,
-                brokers: brokers.len(),
-            });
-        }
+        let mut placement = Placement::of(&self.table, settings.replication_factor)?;
         let id = self.table.next_queue_id;
         self.table.next_queue_id += 1;
         let partitions = (0..settings.partitions)
-            .map(|p| place_partition(&brokers, id, p, settings.replication_factor))
+            .map(|_| placement.place(settings.replication_factor))
             .collect();
         self.table.queues.insert(
             name.to_string(),
@@ -165,7 +179,6 @@ impl MetadataStm {
     }
 
     fn alter_queue(&mut self, name: &str, changes: &QueueChanges) -> Result<(), ControllerError> {
-        let brokers: Vec<NodeId> = self.table.brokers.keys().copied().collect();
         let queue = self
             .table
             .queues
@@ -197,22 +210,21 @@ impl MetadataStm {
             settings.max_delivery_attempts = m;
         }
         validate_settings(&settings)?;
-        let id = queue.id;
         let have = queue.partitions.len() as u32;
         let rf = settings.replication_factor;
-        if usize::from(rf) > brokers.len() && settings.partitions > have {
-            return Err(ControllerError::NotEnoughBrokers {
-                wanted: rf,
-                brokers: brokers.len(),
-            });
-        }
+        let mut placement = match settings.partitions > have {
+            true => Some(Placement::of(&self.table, rf)?),
+            false => None,
+        };
         let queue = self
             .table
             .queues
             .get_mut(name)
             .ok_or_else(|| ControllerError::UnknownQueue(name.to_string()))?;
-        for p in have..settings.partitions {
-            queue.partitions.push(place_partition(&brokers, id, p, rf));
+        if let Some(placement) = placement.as_mut() {
+            for _ in have..settings.partitions {
+                queue.partitions.push(placement.place(rf));
+            }
         }
         queue.settings = settings;
         Ok(())
@@ -265,20 +277,77 @@ fn validate_settings(s: &QueueSettings) -> Result<(), ControllerError> {
     Ok(())
 }
 
-/// Replicas of partition `p` of queue `id`: `rf` consecutive brokers (by
-/// id) starting at `(id + p) mod brokers`, so queues and partitions spread
-/// over the cluster; the first replica leads.
-fn place_partition(brokers: &[NodeId], id: u64, p: u32, rf: u16) -> PartitionRecord {
-    assert!(!brokers.is_empty() && usize::from(rf) <= brokers.len());
-    let start = ((id + u64::from(p)) % brokers.len() as u64) as usize;
-    let replicas: Vec<NodeId> = (0..usize::from(rf))
-        .map(|i| brokers[(start + i) % brokers.len()])
-        .collect();
-    PartitionRecord {
-        leader: replicas[0],
-        leader_epoch: 0,
-        isr: replicas.clone(),
-        replicas,
+/// Where new partitions go: on live brokers only, each partition's
+/// replicas on distinct brokers, each new leader on the live broker that
+/// leads fewest partitions (and each follower on the one holding fewest
+/// replicas), counting what the table already places and what this
+/// placement added. Ties go to the lowest id. Deterministic: the same table
+/// places the same way on every node.
+struct Placement {
+    /// (leaders, replicas) each live broker holds, by id.
+    load: std::collections::BTreeMap<NodeId, (usize, usize)>,
+}
+
+impl Placement {
+    /// The load of the live brokers in `table`; refused when fewer than `rf`.
+    fn of(table: &MetadataTable, rf: u16) -> Result<Placement, ControllerError> {
+        let mut load: std::collections::BTreeMap<NodeId, (usize, usize)> = table
+            .brokers
+            .values()
+            .filter(|b| b.alive)
+            .map(|b| (b.id, (0, 0)))
+            .collect();
+        if usize::from(rf) > load.len() {
+            return Err(ControllerError::NotEnoughBrokers {
+                wanted: rf,
+                brokers: load.len(),
+            });
+        }
+        for p in table.queues.values().flat_map(|q| &q.partitions) {
+            if let Some(l) = load.get_mut(&p.leader) {
+                l.0 += 1;
+            }
+            for r in &p.replicas {
+                if let Some(l) = load.get_mut(r) {
+                    l.1 += 1;
+                }
+            }
+        }
+        Ok(Placement { load })
+    }
+
+    /// Places one partition with `rf` replicas (at most the live brokers).
+    fn place(&mut self, rf: u16) -> PartitionRecord {
+        let pick = |load: &std::collections::BTreeMap<NodeId, (usize, usize)>,
+                    taken: &[NodeId],
+                    key: fn(&(usize, usize)) -> (usize, usize)| {
+            load.iter()
+                .filter(|(id, _)| !taken.contains(id))
+                .min_by_key(|(id, l)| (key(l), **id))
+                .map(|(id, _)| *id)
+        };
+        let mut replicas: Vec<NodeId> = Vec::with_capacity(usize::from(rf));
+        while replicas.len() < usize::from(rf) {
+            // The leader by leaders held (then replicas); followers by replicas.
+            let key: fn(&(usize, usize)) -> (usize, usize) = match replicas.is_empty() {
+                true => |l| (l.0, l.1),
+                false => |l| (l.1, l.0),
+            };
+            let Some(id) = pick(&self.load, &replicas, key) else {
+                break;
+            };
+            if let Some(l) = self.load.get_mut(&id) {
+                l.0 += usize::from(replicas.is_empty());
+                l.1 += 1;
+            }
+            replicas.push(id);
+        }
+        PartitionRecord {
+            leader: replicas[0],
+            leader_epoch: 0,
+            isr: replicas.clone(),
+            replicas,
+        }
     }
 }
 

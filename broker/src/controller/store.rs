@@ -409,6 +409,11 @@ impl StateMachineStore {
         self.inner.borrow().stm.table().clone()
     }
 
+    /// `f` of the table as applied now (without copying it).
+    pub fn with_table<R>(&self, f: impl FnOnce(&MetadataTable) -> R) -> R {
+        f(self.inner.borrow().stm.table())
+    }
+
     async fn save_snapshot(
         &self,
         meta: &SnapshotMeta<NodeId, BasicNode>,

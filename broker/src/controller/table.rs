@@ -20,6 +20,15 @@ pub struct BrokerRecord {
     /// use it to connect to the shard that owns a partition.
     #[serde(default)]
     pub shards: u16,
+    /// False once its lease with the controller leader expired (fenced):
+    /// new partitions are not placed on it until it heartbeats again.
+    /// Absent in tables written before liveness: alive.
+    #[serde(default = "alive")]
+    pub alive: bool,
+}
+
+fn alive() -> bool {
+    true
 }
 
 /// When a queue's appended data is fdatasync'd.

@@ -36,6 +36,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                     host: Some(host),
                     port,
                     shards: b.shards,
+                    fenced: !b.alive,
                 },
             )
         })
@@ -65,6 +66,8 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
             .map(|(i, p)| {
                 let replicas: Vec<u32> = p.replicas.iter().map(|r| *r as u32).collect();
                 let replicas = fbb.create_vector(&replicas);
+                let isr: Vec<u32> = p.isr.iter().map(|r| *r as u32).collect();
+                let isr = fbb.create_vector(&isr);
                 PartitionInfo::create(
                     &mut fbb,
                     &PartitionInfoArgs {
@@ -72,6 +75,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                         leader: p.leader as u32,
                         leader_epoch: p.leader_epoch,
                         replicas: Some(replicas),
+                        isr: Some(isr),
                     },
                 )
             })

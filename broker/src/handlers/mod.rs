@@ -113,6 +113,12 @@ fn error_table<'b>(fbb: &mut FlatBufferBuilder<'b>, err: Option<&WireError>) -> 
     ))
 }
 
+/// The error an `Error` table carries (another node's answer), if any.
+fn error_from_table(err: Option<Error<'_>>) -> Option<WireError> {
+    let err = err.filter(|e| e.code() != ErrorCode::None)?;
+    Some(WireError::new(err.code(), err.message().unwrap_or_default()))
+}
+
 /// A response carrying only an error (see the module doc).
 fn error_response(header: FrameHeader, err: &WireError) -> OutFrame {
     let mut fbb = FlatBufferBuilder::new();

@@ -11,7 +11,38 @@
 //! - [`link::PeerLink`]: one pipelined connection to one peer, the same
 //!   frames as clients speak (`net/src/frame.rs`), every call bounded by a
 //!   deadline.
+//! - [`Peers`]: a shard's links, one per peer address, made on first use.
 
 pub mod link;
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
 pub use link::{PeerError, PeerLink};
+use strand_net::frame::FrameLimits;
+
+/// One shard's links to the other nodes, by address.
+pub struct Peers {
+    links: RefCell<HashMap<SocketAddr, PeerLink>>,
+    limits: FrameLimits,
+}
+
+impl Peers {
+    /// Links that take answers up to `max_frame_bytes`.
+    pub fn new(max_frame_bytes: u32) -> Peers {
+        Peers {
+            links: RefCell::default(),
+            limits: FrameLimits { max_frame_bytes },
+        }
+    }
+
+    /// The link to `addr` (made on first use; it connects on its first call).
+    pub fn get(&self, addr: SocketAddr) -> PeerLink {
+        self.links
+            .borrow_mut()
+            .entry(addr)
+            .or_insert_with(|| PeerLink::new(addr, self.limits))
+            .clone()
+    }
+}

@@ -321,6 +321,8 @@ async fn shard_main(
             heartbeat_ms: config.controller_heartbeat_ms,
             election_min_ms: config.controller_election_min_ms,
             election_max_ms: config.controller_election_max_ms,
+            broker_heartbeat_ms: config.broker_heartbeat_ms,
+            broker_session_ms: config.broker_session_ms,
             max_frame_bytes: config.max_frame_bytes,
         };
         let controller = Controller::open(&config.data_dir.join("__controller"), &settings, publish)
@@ -337,6 +339,8 @@ async fn shard_main(
             .join(&settings)
             .await
             .map_err(|e| format!("starting the controller: {e}"))?;
+        let beating = controller.clone();
+        glommio::spawn_local(async move { beating.keep_alive(&settings).await }).detach();
         // Ready only once every shard holds everything the log had.
         if !shard.wait_all_applied(Duration::from_secs(30)).await {
             return Err("the shards did not apply the metadata within 30 s".into());

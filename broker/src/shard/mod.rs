@@ -58,6 +58,8 @@ pub struct Shard {
     pub table: RefCell<Arc<MetadataTable>>,
     /// The mesh to the other shards of this node.
     pub(crate) peers: Senders<ShardMessage>,
+    /// This shard's links to the other nodes (`crate::router::call_node`).
+    pub nodes: crate::peer::Peers,
     /// Shard 0: the controller member.
     pub controller: RefCell<Option<Rc<Controller>>>,
     /// The controller leader's node id as shard 0's member knows it (0:
@@ -99,6 +101,7 @@ impl Shard {
         Shard {
             id,
             shards,
+            nodes: crate::peer::Peers::new(config.max_frame_bytes),
             config,
             partitions,
             table: RefCell::new(Arc::new(MetadataTable::default())),

@@ -31,8 +31,9 @@ impl Cluster {
     pub fn start(n: u8) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("small.toml"), SMALL).unwrap();
-        // One more address free for a learner.
-        let port = free_port(n + 1);
+        // Two more addresses free: a learner, and a node that tries to
+        // take another's id.
+        let port = free_port(n + 2);
         let mut cluster = Cluster {
             dir,
             port,
@@ -59,8 +60,19 @@ impl Cluster {
     }
 
     fn launch(&self, id: u8, n: u8) -> Starting {
+        Starting::spawn(self.command(id, n, self.addr(id)), &self.data_dir(id))
+    }
+
+    /// The `strand serve` of node `id` listening on `listen`, with voters
+    /// 1 to `n`, its data in [`Cluster::data_dir`] of the listen address's
+    /// last byte.
+    pub fn command(&self, id: u8, n: u8, listen: SocketAddr) -> std::process::Command {
         let voters: Vec<String> = (1..=n).map(|v| format!("{v}@{}", self.addr(v))).collect();
-        let listen = self.addr(id).to_string();
+        let dir = match listen.ip() {
+            std::net::IpAddr::V4(ip) => self.data_dir(ip.octets()[3]),
+            std::net::IpAddr::V6(_) => self.data_dir(id),
+        };
+        let listen = listen.to_string();
         let id_text = id.to_string();
         let config = self.dir.path().join("small.toml");
         let mut command = serve_command(
@@ -74,12 +86,25 @@ impl Cluster {
                 &voters.join(","),
             ],
         );
+        command.arg("--config").arg(&config).arg("--data-dir").arg(dir);
         command
-            .arg("--config")
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(self.data_dir(id));
-        Starting::spawn(command, &self.data_dir(id))
+    }
+
+    /// Runs `strand ARGS --brokers <node id's address>` and returns its
+    /// stdout, asserting it succeeded.
+    pub fn strand(&self, id: u8, args: &[&str]) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+            .args(args)
+            .arg("--brokers")
+            .arg(self.addr(id).to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "strand {args:?} on node {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
     }
 
     /// Starts node `id` again (after [`Cluster::kill9`]) and waits for it.
@@ -127,10 +152,12 @@ fn free_port(n: u8) -> u16 {
 }
 
 /// What a node's Metadata says: the controller leader (0: none), the
-/// brokers (id, address) and per partition of `queue` (if given) its leader.
+/// brokers (id, address), the fenced ones, and per partition of `queue` (if
+/// given) its leader.
 pub struct Seen {
     pub controller: u32,
     pub brokers: Vec<(u32, String)>,
+    pub fenced: Vec<u32>,
     pub leaders: Vec<u32>,
     pub queues: Vec<String>,
 }
@@ -151,6 +178,13 @@ pub fn metadata(c: &mut Client, queue: Option<&str>) -> Seen {
         .iter()
         .map(|b| (b.node_id(), format!("{}:{}", b.host().unwrap_or_default(), b.port())))
         .collect();
+    let fenced = resp
+        .brokers()
+        .unwrap()
+        .iter()
+        .filter(|b| b.fenced())
+        .map(|b| b.node_id())
+        .collect();
     let queues: Vec<_> = resp.queues().unwrap().iter().collect();
     let leaders = match queue {
         Some(_) => queues[0]
@@ -162,6 +196,7 @@ pub fn metadata(c: &mut Client, queue: Option<&str>) -> Seen {
     Seen {
         controller: resp.controller(),
         brokers,
+        fenced,
         leaders,
         queues: queues
             .iter()

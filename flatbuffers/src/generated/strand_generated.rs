@@ -861,15 +861,16 @@ impl ::flatbuffers::SimpleToVerifyInSlice for GroupRecordKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_CONTROLLER_OP: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_CONTROLLER_OP: u8 = 4;
+pub const ENUM_MAX_CONTROLLER_OP: u8 = 5;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_CONTROLLER_OP: [ControllerOp; 5] = [
+pub const ENUM_VALUES_CONTROLLER_OP: [ControllerOp; 6] = [
   ControllerOp::Vote,
   ControllerOp::AppendEntries,
   ControllerOp::InstallSnapshot,
   ControllerOp::Propose,
   ControllerOp::AddLearner,
+  ControllerOp::BrokerHeartbeat,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -893,15 +894,21 @@ impl ControllerOp {
   /// index of the membership that holds it (it has joined once it applied
   /// that index).
   pub const AddLearner: Self = Self(4);
+  /// A broker renews its lease with the controller leader (and registers,
+  /// or comes back from fenced, through it):
+  /// `{"id": ID, "address": "HOST:PORT", "shards": N}` → `Result<(), ControllerError>`
+  /// (`BrokerIdInUse` while another broker holds the id's lease).
+  pub const BrokerHeartbeat: Self = Self(5);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 4;
+  pub const ENUM_MAX: u8 = 5;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Vote,
     Self::AppendEntries,
     Self::InstallSnapshot,
     Self::Propose,
     Self::AddLearner,
+    Self::BrokerHeartbeat,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -911,6 +918,7 @@ impl ControllerOp {
       Self::InstallSnapshot => Some("InstallSnapshot"),
       Self::Propose => Some("Propose"),
       Self::AddLearner => Some("AddLearner"),
+      Self::BrokerHeartbeat => Some("BrokerHeartbeat"),
       _ => None,
     }
   }
@@ -1769,6 +1777,7 @@ impl<'a> BrokerInfo<'a> {
   pub const VT_HOST: ::flatbuffers::VOffsetT = 6;
   pub const VT_PORT: ::flatbuffers::VOffsetT = 8;
   pub const VT_SHARDS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_FENCED: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1784,6 +1793,7 @@ impl<'a> BrokerInfo<'a> {
     builder.add_node_id(args.node_id);
     builder.add_shards(args.shards);
     builder.add_port(args.port);
+    builder.add_fenced(args.fenced);
     builder.finish()
   }
 
@@ -1816,6 +1826,13 @@ impl<'a> BrokerInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u16>(BrokerInfo::VT_SHARDS, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn fenced(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(BrokerInfo::VT_FENCED, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
@@ -1828,6 +1845,7 @@ impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("host", Self::VT_HOST, false)?
      .visit_field::<u16>("port", Self::VT_PORT, false)?
      .visit_field::<u16>("shards", Self::VT_SHARDS, false)?
+     .visit_field::<bool>("fenced", Self::VT_FENCED, false)?
      .finish();
     Ok(())
   }
@@ -1837,6 +1855,7 @@ pub struct BrokerInfoArgs<'a> {
     pub host: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub port: u16,
     pub shards: u16,
+    pub fenced: bool,
 }
 impl<'a> Default for BrokerInfoArgs<'a> {
   #[inline]
@@ -1846,6 +1865,7 @@ impl<'a> Default for BrokerInfoArgs<'a> {
       host: None,
       port: 0,
       shards: 0,
+      fenced: false,
     }
   }
 }
@@ -1872,6 +1892,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerInfoBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<u16>(BrokerInfo::VT_SHARDS, shards, 0);
   }
   #[inline]
+  pub fn add_fenced(&mut self, fenced: bool) {
+    self.fbb_.push_slot::<bool>(BrokerInfo::VT_FENCED, fenced, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     BrokerInfoBuilder {
@@ -1893,6 +1917,7 @@ impl ::core::fmt::Debug for BrokerInfo<'_> {
       ds.field("host", &self.host());
       ds.field("port", &self.port());
       ds.field("shards", &self.shards());
+      ds.field("fenced", &self.fenced());
       ds.finish()
   }
 }
@@ -1916,6 +1941,7 @@ impl<'a> PartitionInfo<'a> {
   pub const VT_LEADER: ::flatbuffers::VOffsetT = 6;
   pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 8;
   pub const VT_REPLICAS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_ISR: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1927,6 +1953,7 @@ impl<'a> PartitionInfo<'a> {
     args: &'args PartitionInfoArgs<'args>
   ) -> ::flatbuffers::WIPOffset<PartitionInfo<'bldr>> {
     let mut builder = PartitionInfoBuilder::new(_fbb);
+    if let Some(x) = args.isr { builder.add_isr(x); }
     if let Some(x) = args.replicas { builder.add_replicas(x); }
     builder.add_leader_epoch(args.leader_epoch);
     builder.add_leader(args.leader);
@@ -1963,6 +1990,13 @@ impl<'a> PartitionInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(PartitionInfo::VT_REPLICAS, None)}
   }
+  #[inline]
+  pub fn isr(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(PartitionInfo::VT_ISR, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for PartitionInfo<'_> {
@@ -1975,6 +2009,7 @@ impl ::flatbuffers::Verifiable for PartitionInfo<'_> {
      .visit_field::<u32>("leader", Self::VT_LEADER, false)?
      .visit_field::<u32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("replicas", Self::VT_REPLICAS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("isr", Self::VT_ISR, false)?
      .finish();
     Ok(())
   }
@@ -1984,6 +2019,7 @@ pub struct PartitionInfoArgs<'a> {
     pub leader: u32,
     pub leader_epoch: u32,
     pub replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub isr: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
 }
 impl<'a> Default for PartitionInfoArgs<'a> {
   #[inline]
@@ -1993,6 +2029,7 @@ impl<'a> Default for PartitionInfoArgs<'a> {
       leader: 0,
       leader_epoch: 0,
       replicas: None,
+      isr: None,
     }
   }
 }
@@ -2019,6 +2056,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PartitionInfoBuilder<'a, 'b, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PartitionInfo::VT_REPLICAS, replicas);
   }
   #[inline]
+  pub fn add_isr(&mut self, isr: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PartitionInfo::VT_ISR, isr);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PartitionInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     PartitionInfoBuilder {
@@ -2040,6 +2081,7 @@ impl ::core::fmt::Debug for PartitionInfo<'_> {
       ds.field("leader", &self.leader());
       ds.field("leader_epoch", &self.leader_epoch());
       ds.field("replicas", &self.replicas());
+      ds.field("isr", &self.isr());
       ds.finish()
   }
 }
@@ -3085,6 +3127,7 @@ impl<'a> ::flatbuffers::Follow<'a> for DescribeQueueRequest<'a> {
 
 impl<'a> DescribeQueueRequest<'a> {
   pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ONLY_LED_HERE: ::flatbuffers::VOffsetT = 6;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3097,6 +3140,7 @@ impl<'a> DescribeQueueRequest<'a> {
   ) -> ::flatbuffers::WIPOffset<DescribeQueueRequest<'bldr>> {
     let mut builder = DescribeQueueRequestBuilder::new(_fbb);
     if let Some(x) = args.name { builder.add_name(x); }
+    builder.add_only_led_here(args.only_led_here);
     builder.finish()
   }
 
@@ -3108,6 +3152,13 @@ impl<'a> DescribeQueueRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribeQueueRequest::VT_NAME, None)}
   }
+  #[inline]
+  pub fn only_led_here(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(DescribeQueueRequest::VT_ONLY_LED_HERE, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for DescribeQueueRequest<'_> {
@@ -3117,18 +3168,21 @@ impl ::flatbuffers::Verifiable for DescribeQueueRequest<'_> {
   ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
     v.visit_table(pos)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<bool>("only_led_here", Self::VT_ONLY_LED_HERE, false)?
      .finish();
     Ok(())
   }
 }
 pub struct DescribeQueueRequestArgs<'a> {
     pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub only_led_here: bool,
 }
 impl<'a> Default for DescribeQueueRequestArgs<'a> {
   #[inline]
   fn default() -> Self {
     DescribeQueueRequestArgs {
       name: None,
+      only_led_here: false,
     }
   }
 }
@@ -3141,6 +3195,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribeQueueRequestBuilder<'
   #[inline]
   pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribeQueueRequest::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_only_led_here(&mut self, only_led_here: bool) {
+    self.fbb_.push_slot::<bool>(DescribeQueueRequest::VT_ONLY_LED_HERE, only_led_here, false);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribeQueueRequestBuilder<'a, 'b, A> {
@@ -3161,6 +3219,7 @@ impl ::core::fmt::Debug for DescribeQueueRequest<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("DescribeQueueRequest");
       ds.field("name", &self.name());
+      ds.field("only_led_here", &self.only_led_here());
       ds.finish()
   }
 }
@@ -3187,6 +3246,9 @@ impl<'a> PartitionState<'a> {
   pub const VT_HIGH_WATERMARK: ::flatbuffers::VOffsetT = 12;
   pub const VT_STORED_BYTES: ::flatbuffers::VOffsetT = 14;
   pub const VT_SEGMENTS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_REPLICAS: ::flatbuffers::VOffsetT = 18;
+  pub const VT_ISR: ::flatbuffers::VOffsetT = 20;
+  pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3195,13 +3257,16 @@ impl<'a> PartitionState<'a> {
   #[allow(unused_mut)]
   pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
     _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-    args: &'args PartitionStateArgs
+    args: &'args PartitionStateArgs<'args>
   ) -> ::flatbuffers::WIPOffset<PartitionState<'bldr>> {
     let mut builder = PartitionStateBuilder::new(_fbb);
     builder.add_stored_bytes(args.stored_bytes);
     builder.add_high_watermark(args.high_watermark);
     builder.add_log_end(args.log_end);
     builder.add_log_start(args.log_start);
+    builder.add_leader_epoch(args.leader_epoch);
+    if let Some(x) = args.isr { builder.add_isr(x); }
+    if let Some(x) = args.replicas { builder.add_replicas(x); }
     builder.add_segments(args.segments);
     builder.add_leader(args.leader);
     builder.add_partition(args.partition);
@@ -3258,6 +3323,27 @@ impl<'a> PartitionState<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(PartitionState::VT_SEGMENTS, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn replicas(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(PartitionState::VT_REPLICAS, None)}
+  }
+  #[inline]
+  pub fn isr(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(PartitionState::VT_ISR, None)}
+  }
+  #[inline]
+  pub fn leader_epoch(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(PartitionState::VT_LEADER_EPOCH, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for PartitionState<'_> {
@@ -3273,11 +3359,14 @@ impl ::flatbuffers::Verifiable for PartitionState<'_> {
      .visit_field::<u64>("high_watermark", Self::VT_HIGH_WATERMARK, false)?
      .visit_field::<u64>("stored_bytes", Self::VT_STORED_BYTES, false)?
      .visit_field::<u32>("segments", Self::VT_SEGMENTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("replicas", Self::VT_REPLICAS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("isr", Self::VT_ISR, false)?
+     .visit_field::<u32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
      .finish();
     Ok(())
   }
 }
-pub struct PartitionStateArgs {
+pub struct PartitionStateArgs<'a> {
     pub partition: u32,
     pub leader: u32,
     pub log_start: u64,
@@ -3285,8 +3374,11 @@ pub struct PartitionStateArgs {
     pub high_watermark: u64,
     pub stored_bytes: u64,
     pub segments: u32,
+    pub replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub isr: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub leader_epoch: u32,
 }
-impl<'a> Default for PartitionStateArgs {
+impl<'a> Default for PartitionStateArgs<'a> {
   #[inline]
   fn default() -> Self {
     PartitionStateArgs {
@@ -3297,6 +3389,9 @@ impl<'a> Default for PartitionStateArgs {
       high_watermark: 0,
       stored_bytes: 0,
       segments: 0,
+      replicas: None,
+      isr: None,
+      leader_epoch: 0,
     }
   }
 }
@@ -3335,6 +3430,18 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PartitionStateBuilder<'a, 'b,
     self.fbb_.push_slot::<u32>(PartitionState::VT_SEGMENTS, segments, 0);
   }
   #[inline]
+  pub fn add_replicas(&mut self, replicas: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PartitionState::VT_REPLICAS, replicas);
+  }
+  #[inline]
+  pub fn add_isr(&mut self, isr: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PartitionState::VT_ISR, isr);
+  }
+  #[inline]
+  pub fn add_leader_epoch(&mut self, leader_epoch: u32) {
+    self.fbb_.push_slot::<u32>(PartitionState::VT_LEADER_EPOCH, leader_epoch, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PartitionStateBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     PartitionStateBuilder {
@@ -3359,6 +3466,9 @@ impl ::core::fmt::Debug for PartitionState<'_> {
       ds.field("high_watermark", &self.high_watermark());
       ds.field("stored_bytes", &self.stored_bytes());
       ds.field("segments", &self.segments());
+      ds.field("replicas", &self.replicas());
+      ds.field("isr", &self.isr());
+      ds.field("leader_epoch", &self.leader_epoch());
       ds.finish()
   }
 }

@@ -216,3 +216,157 @@ fn applying_out_of_order_is_a_bug() {
     let (mut stm, _) = one_node();
     stm.apply_blank(1);
 }
+
+/// A table of `n` brokers, 10.0.0.1–n, each registered and alive.
+fn brokers(n: u64) -> (MetadataStm, u64) {
+    let mut stm = MetadataStm::new();
+    for id in 1..=n {
+        stm.apply(
+            id,
+            &Command::RegisterBroker {
+                id,
+                address: format!("10.0.0.{id}:9400"),
+                shards: 2,
+            },
+        )
+        .unwrap();
+    }
+    (stm, n + 1)
+}
+
+/// (leaders, replicas) each broker holds in the table.
+fn load(stm: &MetadataStm) -> std::collections::BTreeMap<NodeId, (usize, usize)> {
+    let mut load = std::collections::BTreeMap::new();
+    for p in stm.table().queues.values().flat_map(|q| &q.partitions) {
+        load.entry(p.leader).or_insert((0, 0)).0 += 1;
+        for r in &p.replicas {
+            load.entry(*r).or_insert((0, 0)).1 += 1;
+        }
+    }
+    load
+}
+
+#[test]
+fn leaders_and_replicas_spread_evenly_over_the_brokers() {
+    let (mut stm, mut index) = brokers(3);
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        let r = stm.apply(index, &c);
+        index += 1;
+        r
+    };
+    // Queue sizes that a per-queue rotation would pile onto one broker.
+    for (i, partitions) in [1u32, 1, 1, 4, 2, 7, 1, 5].iter().enumerate() {
+        apply(
+            &mut stm,
+            Command::CreateQueue {
+                name: format!("q{i}"),
+                settings: settings(*partitions, 1 + (i % 3) as u16),
+            },
+        )
+        .unwrap();
+    }
+    apply(
+        &mut stm,
+        Command::AlterQueue {
+            name: "q0".into(),
+            changes: QueueChanges {
+                partitions: Some(5),
+                ..QueueChanges::default()
+            },
+        },
+    )
+    .unwrap();
+    let load = load(&stm);
+    let leaders: Vec<usize> = load.values().map(|l| l.0).collect();
+    let replicas: Vec<usize> = load.values().map(|l| l.1).collect();
+    assert_eq!(leaders.iter().sum::<usize>(), 26);
+    assert!(
+        leaders.iter().max().unwrap() - leaders.iter().min().unwrap() <= 1,
+        "leaders per broker {leaders:?}"
+    );
+    assert!(
+        replicas.iter().max().unwrap() - replicas.iter().min().unwrap() <= 1,
+        "replicas per broker {replicas:?}"
+    );
+    for p in stm.table().queues.values().flat_map(|q| &q.partitions) {
+        let mut distinct = p.replicas.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), p.replicas.len(), "distinct brokers: {p:?}");
+        assert_eq!((p.leader, &p.isr), (p.replicas[0], &p.replicas));
+    }
+    // The same commands on another node place the same way.
+    let (mut again, mut index) = brokers(3);
+    for i in 0..8usize {
+        let partitions = [1u32, 1, 1, 4, 2, 7, 1, 5][i];
+        again
+            .apply(
+                index,
+                &Command::CreateQueue {
+                    name: format!("q{i}"),
+                    settings: settings(partitions, 1 + (i % 3) as u16),
+                },
+            )
+            .unwrap();
+        index += 1;
+    }
+    assert_eq!(again.table().queues["q5"], stm.table().queues["q5"]);
+}
+
+#[test]
+fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
+    let (mut stm, index) = brokers(3);
+    stm.apply(index, &Command::FenceBroker { id: 2 }).unwrap();
+    assert!(!stm.table().brokers[&2].alive);
+    stm.apply(
+        index + 1,
+        &Command::CreateQueue {
+            name: "while-fenced".into(),
+            settings: settings(6, 1),
+        },
+    )
+    .unwrap();
+    assert!(stm.table().queues["while-fenced"]
+        .partitions
+        .iter()
+        .all(|p| p.replicas != vec![2]));
+    assert_eq!(
+        stm.apply(
+            index + 2,
+            &Command::CreateQueue {
+                name: "rf3".into(),
+                settings: settings(1, 3),
+            },
+        ),
+        Err(ControllerError::NotEnoughBrokers { wanted: 3, brokers: 2 })
+    );
+    // Fencing a broker the table does not know changes nothing.
+    let before = stm.table().brokers.clone();
+    stm.apply(index + 3, &Command::FenceBroker { id: 9 }).unwrap();
+    assert_eq!(stm.table().brokers, before);
+    // Back: alive, and the next partitions go to it first (it leads none).
+    stm.apply(
+        index + 4,
+        &Command::RegisterBroker {
+            id: 2,
+            address: "10.0.0.2:9400".into(),
+            shards: 2,
+        },
+    )
+    .unwrap();
+    assert!(stm.table().brokers[&2].alive);
+    stm.apply(
+        index + 5,
+        &Command::CreateQueue {
+            name: "after".into(),
+            settings: settings(2, 1),
+        },
+    )
+    .unwrap();
+    let leaders: Vec<NodeId> = stm.table().queues["after"]
+        .partitions
+        .iter()
+        .map(|p| p.leader)
+        .collect();
+    assert_eq!(leaders, vec![2, 2]);
+}

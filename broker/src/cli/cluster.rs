@@ -1,0 +1,105 @@
+//! `strand cluster status`: the controller leader and every broker, with
+//! its liveness and the partitions it leads and holds, as the node asked
+//! knows them.
+//!
+//! JSON (`--output json`), a contract:
+//! `{"controller": ID, "brokers": [{"id": 1, "address": "HOST:PORT",
+//! "alive": true, "leaders": N, "replicas": N}]}` (`controller` 0: the
+//! node knows no leader now).
+
+use clap::Subcommand;
+use strand_client::{block_on, ClusterDescription};
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// The controller leader and each broker: address, alive or fenced,
+    /// partitions led, replicas held.
+    Status,
+}
+
+/// Runs a cluster command; `json` selects machine output.
+pub fn run(command: ClusterCommand, brokers: &str, json: bool) -> Result<(), String> {
+    let admin = strand_client::Admin::connect(brokers).map_err(|e| e.to_string())?;
+    match command {
+        ClusterCommand::Status => {
+            let cluster = block_on(admin.describe_cluster()).map_err(|e| e.to_string())?;
+            if json {
+                out!("{}", status_json(&cluster));
+            } else {
+                let controller = match cluster.controller {
+                    0 => "none (no leader known; retry in a few seconds)".to_string(),
+                    id => id.to_string(),
+                };
+                out!("controller leader: {controller}");
+                let width = cluster
+                    .brokers
+                    .iter()
+                    .map(|b| b.address.len())
+                    .max()
+                    .unwrap_or(7)
+                    .max(7);
+                out!(
+                    "{:>4}  {:<width$}  {:<6}  {:>7}  {:>8}",
+                    "ID",
+                    "ADDRESS",
+                    "STATE",
+                    "LEADERS",
+                    "REPLICAS"
+                );
+                for b in &cluster.brokers {
+                    let state = if b.alive { "alive" } else { "fenced" };
+                    out!(
+                        "{:>4}  {:<width$}  {:<6}  {:>7}  {:>8}",
+                        b.id,
+                        b.address,
+                        state,
+                        b.leaders,
+                        b.replicas
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The JSON document of `cluster status --output json`.
+pub fn status_json(cluster: &ClusterDescription) -> serde_json::Value {
+    let brokers: Vec<_> = cluster
+        .brokers
+        .iter()
+        .map(|b| {
+            serde_json::json!({
+                "id": b.id, "address": b.address, "alive": b.alive,
+                "leaders": b.leaders, "replicas": b.replicas,
+            })
+        })
+        .collect();
+    serde_json::json!({ "controller": cluster.controller, "brokers": brokers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strand_client::BrokerDescription;
+
+    #[test]
+    fn the_json_has_the_contracted_fields() {
+        let cluster = ClusterDescription {
+            controller: 2,
+            brokers: vec![BrokerDescription {
+                id: 1,
+                address: "10.0.0.1:9400".into(),
+                alive: false,
+                leaders: 3,
+                replicas: 5,
+            }],
+        };
+        assert_eq!(
+            status_json(&cluster),
+            serde_json::json!({"controller": 2, "brokers": [
+                {"id": 1, "address": "10.0.0.1:9400", "alive": false, "leaders": 3, "replicas": 5}
+            ]})
+        );
+    }
+}
