@@ -263,6 +263,50 @@ fn a_broker_started_with_an_id_alive_elsewhere_is_refused() {
 }
 
 #[test]
+fn the_client_library_finds_each_partitions_leader_from_one_node() {
+    use strand_client::{block_on, Consumer, ConsumerConfig, Producer, ProducerConfig, Seek};
+    let _turn = turn();
+    let c = Cluster::start(3);
+    create_through(&c, 2, "spread", 6);
+    let leaders = metadata(&mut c.client(2), Some("spread")).leaders;
+    until_all_see(&c, &[1, 2, 3], "spread", &leaders);
+    // Producer and consumer know only node 1; the metadata leads them on.
+    let bootstrap = c.addr(1).to_string();
+    let producer = Producer::new(&bootstrap, ProducerConfig::default()).unwrap();
+    let mut sent = std::collections::BTreeMap::new();
+    for i in 0..120u32 {
+        let key = format!("k{i}");
+        let d = block_on(producer.send("spread", Some(key.as_bytes()), key.as_bytes(), &[])).unwrap();
+        *sent.entry(d.partition).or_insert(0) += 1;
+    }
+    let led_by: std::collections::BTreeSet<u32> = sent.keys().map(|p| leaders[*p as usize]).collect();
+    assert_eq!(
+        led_by.len(),
+        3,
+        "records on partitions led by each node: {sent:?} {leaders:?}"
+    );
+    let mut consumer = Consumer::new(
+        &bootstrap,
+        ConsumerConfig {
+            start: Seek::Earliest,
+            max_wait: Duration::from_millis(100),
+            ..ConsumerConfig::default()
+        },
+    )
+    .unwrap();
+    block_on(consumer.assign_all("spread")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = std::collections::BTreeMap::new();
+    while got.values().sum::<u32>() < 120 {
+        assert!(Instant::now() < deadline, "consumed only {got:?} of {sent:?}");
+        for r in block_on(consumer.poll()).unwrap() {
+            *got.entry(r.partition).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(got, sent);
+}
+
+#[test]
 fn the_controller_fails_over_when_its_leader_is_killed_and_the_node_catches_up() {
     let _turn = turn();
     let mut c = Cluster::start(3);
@@ -279,16 +323,20 @@ fn the_controller_fails_over_when_its_leader_is_killed_and_the_node_catches_up()
     c.restart(leader);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let views: Vec<Vec<String>> = (1..=3).map(|id| metadata(&mut c.client(id), None).queues).collect();
-        if views
-            .iter()
-            .all(|v| v.contains(&"after-failover".to_string()) && v.contains(&"second".to_string()))
-        {
+        let views: Vec<_> = (1..=3).map(|id| metadata(&mut c.client(id), None)).collect();
+        let caught_up = views.iter().all(|v| {
+            v.queues.contains(&"after-failover".to_string())
+                && v.queues.contains(&"second".to_string())
+                && v.fenced.is_empty()
+                && v.applied_index == views[0].applied_index
+        });
+        if caught_up {
             break;
         }
+        let indexes: Vec<_> = views.iter().map(|v| (v.applied_index, v.queues.clone())).collect();
         assert!(
             Instant::now() < deadline,
-            "the restarted node did not catch up: {views:?}"
+            "the restarted node did not catch up (applied index, queues): {indexes:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -302,8 +350,23 @@ fn a_paused_voter_blocks_no_proposal_and_no_call() {
     let leader = agreed_leader(&c, &[1, 2, 3]);
     let others: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
     let paused = others[0];
+    // A queue with a partition on every node, the paused one's included.
+    create_through(&c, leader, "spread", 3);
     c.node(paused).signal(libc::SIGSTOP);
     let result = std::panic::catch_unwind(|| {
+        // A call that needs the paused node ends with an error within its
+        // deadline (5 s) instead of hanging.
+        let asked = Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+            .args(["queue", "describe", "spread", "--brokers"])
+            .arg(c.addr(others[1]).to_string())
+            .output()
+            .unwrap();
+        let took = asked.elapsed();
+        assert!(!out.status.success(), "a describe needing a paused node failed");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains(&format!("node {paused}")), "{said}");
+        assert!(took < Duration::from_secs(8), "the describe took {took:?}");
         // Through the leader and through the other follower: the two live
         // voters are a majority.
         create_through(&c, leader, "while-paused-1", 1);

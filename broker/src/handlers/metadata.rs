@@ -100,6 +100,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
             brokers: Some(brokers),
             controller: shard.controller_leader.load(std::sync::atomic::Ordering::Relaxed) as u32,
             queues: Some(queues),
+            applied_index: table.applied_index,
         },
     );
     fbb.finish_minimal(root);

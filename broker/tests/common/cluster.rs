@@ -158,6 +158,8 @@ pub struct Seen {
     pub controller: u32,
     pub brokers: Vec<(u32, String)>,
     pub fenced: Vec<u32>,
+    /// The controller log index the node's metadata reflects.
+    pub applied_index: u64,
     pub leaders: Vec<u32>,
     pub queues: Vec<String>,
 }
@@ -197,6 +199,7 @@ pub fn metadata(c: &mut Client, queue: Option<&str>) -> Seen {
         controller: resp.controller(),
         brokers,
         fenced,
+        applied_index: resp.applied_index(),
         leaders,
         queues: queues
             .iter()

@@ -2252,6 +2252,7 @@ impl<'a> MetadataResponse<'a> {
   pub const VT_BROKERS: ::flatbuffers::VOffsetT = 6;
   pub const VT_CONTROLLER: ::flatbuffers::VOffsetT = 8;
   pub const VT_QUEUES: ::flatbuffers::VOffsetT = 10;
+  pub const VT_APPLIED_INDEX: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2263,6 +2264,7 @@ impl<'a> MetadataResponse<'a> {
     args: &'args MetadataResponseArgs<'args>
   ) -> ::flatbuffers::WIPOffset<MetadataResponse<'bldr>> {
     let mut builder = MetadataResponseBuilder::new(_fbb);
+    builder.add_applied_index(args.applied_index);
     if let Some(x) = args.queues { builder.add_queues(x); }
     builder.add_controller(args.controller);
     if let Some(x) = args.brokers { builder.add_brokers(x); }
@@ -2299,6 +2301,13 @@ impl<'a> MetadataResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueMetadata>>>>(MetadataResponse::VT_QUEUES, None)}
   }
+  #[inline]
+  pub fn applied_index(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(MetadataResponse::VT_APPLIED_INDEX, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for MetadataResponse<'_> {
@@ -2311,6 +2320,7 @@ impl ::flatbuffers::Verifiable for MetadataResponse<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BrokerInfo>>>>("brokers", Self::VT_BROKERS, false)?
      .visit_field::<u32>("controller", Self::VT_CONTROLLER, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<QueueMetadata>>>>("queues", Self::VT_QUEUES, false)?
+     .visit_field::<u64>("applied_index", Self::VT_APPLIED_INDEX, false)?
      .finish();
     Ok(())
   }
@@ -2320,6 +2330,7 @@ pub struct MetadataResponseArgs<'a> {
     pub brokers: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BrokerInfo<'a>>>>>,
     pub controller: u32,
     pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<QueueMetadata<'a>>>>>,
+    pub applied_index: u64,
 }
 impl<'a> Default for MetadataResponseArgs<'a> {
   #[inline]
@@ -2329,6 +2340,7 @@ impl<'a> Default for MetadataResponseArgs<'a> {
       brokers: None,
       controller: 0,
       queues: None,
+      applied_index: 0,
     }
   }
 }
@@ -2355,6 +2367,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> MetadataResponseBuilder<'a, '
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(MetadataResponse::VT_QUEUES, queues);
   }
   #[inline]
+  pub fn add_applied_index(&mut self, applied_index: u64) {
+    self.fbb_.push_slot::<u64>(MetadataResponse::VT_APPLIED_INDEX, applied_index, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> MetadataResponseBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     MetadataResponseBuilder {
@@ -2376,6 +2392,7 @@ impl ::core::fmt::Debug for MetadataResponse<'_> {
       ds.field("brokers", &self.brokers());
       ds.field("controller", &self.controller());
       ds.field("queues", &self.queues());
+      ds.field("applied_index", &self.applied_index());
       ds.finish()
   }
 }
