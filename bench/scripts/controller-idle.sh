@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Spurious controller elections: three release nodes on 127.0.0.1-3 left
-# idle for SECONDS; prints every node's vote (term and leader) before and
-# after — a term that moved is an election nobody needed. Kills what it
-# started (by PID) and removes its data.
+# Spurious controller elections and fencings: three release nodes on
+# 127.0.0.1-3 left idle for SECONDS; prints every node's vote (term and
+# leader) before and after — a term that moved is an election nobody
+# needed — and counts the brokers the controller leader fenced (its lease
+# expired: a heartbeat came too late). Kills what it started (by PID) and
+# removes its data.
 # Usage: bench/scripts/controller-idle.sh [SECONDS] [PORT]
 set -euo pipefail
 secs=${1:-600}
@@ -18,3 +20,4 @@ start_three_nodes
 for n in 1 2 3; do echo "node $n before: $(cat "$dir/n$n/__controller/vote.json")"; done
 sleep "$secs"
 for n in 1 2 3; do echo "node $n after:  $(cat "$dir/n$n/__controller/vote.json")"; done
+echo "brokers fenced: $(cat "$dir"/n?.log | grep -c "lease expired: fencing" || true)"

@@ -391,10 +391,10 @@ impl BrokerConfig {
             ));
         }
         let (heartbeat, session) = (self.broker_heartbeat_ms, self.broker_session_ms);
-        if heartbeat == 0 || session < 2 * heartbeat || session > 600_000 {
+        if heartbeat == 0 || session < 4 * heartbeat || session > 600_000 {
             return bad(format!(
                 "broker liveness: heartbeat {heartbeat} ms, session {session} ms: the heartbeat must be > 0 \
-                 and the session at least twice the heartbeat and at most 10 minutes"
+                 and the session at least four heartbeats (a renewal may take two) and at most 10 minutes"
             ));
         }
         if self.cores == Some(0) {

@@ -152,7 +152,7 @@ pub async fn call_node(
         .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
         .ok_or_else(|| {
             WireError::new(
-                ErrorCode::NotLeader,
+                ErrorCode::BrokerUnavailable,
                 format!("node {node} has no address in the metadata; retry"),
             )
         })?;
@@ -164,7 +164,7 @@ pub async fn call_node(
         .map_err(|e| {
             let code = match e {
                 crate::peer::PeerError::Timeout { .. } => ErrorCode::Timeout,
-                crate::peer::PeerError::Unreachable { .. } => ErrorCode::NotLeader,
+                crate::peer::PeerError::Unreachable { .. } => ErrorCode::BrokerUnavailable,
             };
             WireError::new(code, format!("node {node}: {e}; retry"))
         })

@@ -155,10 +155,17 @@ fn three_nodes_elect_a_controller_and_serve_queues_led_by_each() {
     }
     // `cluster status` agrees on every node: the leader, every broker alive,
     // two of the six partitions led by each.
-    let statuses: Vec<serde_json::Value> = (1..=3u8)
-        .map(|id| serde_json::from_str(c.strand(id, &["cluster", "status", "--output", "json"]).trim()).unwrap())
-        .collect();
-    assert!(statuses.iter().all(|s| *s == statuses[0]), "{statuses:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let statuses = loop {
+        let statuses: Vec<serde_json::Value> = (1..=3u8)
+            .map(|id| serde_json::from_str(c.strand(id, &["cluster", "status", "--output", "json"]).trim()).unwrap())
+            .collect();
+        if statuses.iter().all(|s| *s == statuses[0]) {
+            break statuses;
+        }
+        assert!(Instant::now() < deadline, "the nodes disagree: {statuses:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(statuses[0]["controller"], u32::from(leader));
     for (i, b) in statuses[0]["brokers"].as_array().unwrap().iter().enumerate() {
         let id = i as u8 + 1;
@@ -205,8 +212,9 @@ fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
     until_fenced(&c, &live, &[u32::from(stopped)]);
     let took = killed_at.elapsed();
     eprintln!("broker {stopped} fenced {took:?} after its kill");
+    // Its last renewal came up to a beat (and a call) before the kill.
     assert!(
-        took >= Duration::from_millis(2500),
+        took >= Duration::from_millis(2000),
         "fenced after {took:?}: before its 3 s session could run out"
     );
     // New partitions go to the live brokers only.

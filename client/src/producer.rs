@@ -1205,6 +1205,7 @@ fn retriable(e: &ClientError) -> bool {
                 | ErrorCode::ControllerUnavailable
                 | ErrorCode::OutOfOrderSequence
                 | ErrorCode::UnknownProducer
+                | ErrorCode::BrokerUnavailable
         ),
         _ => false,
     }

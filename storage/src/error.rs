@@ -40,6 +40,11 @@ pub enum StorageError {
     Closed,
     #[error("log {dir} stopped after a failed write or fdatasync ({reason}); reopen it to recover")]
     LogFailed { dir: PathBuf, reason: String },
+    /// A replicated batch that does not start where this log ends.
+    #[error("a replicated batch starts at offset {batch_base}, but this log ends at {log_end}")]
+    NotAtLogEnd { log_end: Offset, batch_base: Offset },
+    #[error(transparent)]
+    StaleEpoch(#[from] crate::epochs::StaleEpoch),
 }
 
 impl StorageError {

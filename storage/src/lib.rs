@@ -19,12 +19,17 @@
 //!   recycling (a roll writes into the file of a segment retention frees:
 //!   `log::write`, "Recycling").
 //! - [`retention`]: the pure retention policy (segments, now → cut offset).
+//! - [`epochs`]: the pure leader-epoch history (epoch → first offset, where
+//!   an epoch ends); [`checkpoint`]: its file and the high watermark's,
+//!   byte layouts and atomic writes.
 //! - [`shard`]: per-shard resources shared by the logs of one shard: the
 //!   direct-I/O probe file, the file-descriptor cache for sealed segments and
 //!   the memory budgets ([`budget`]) of the tail caches and of read-ahead.
 
 pub mod budget;
+pub mod checkpoint;
 pub mod config;
+pub mod epochs;
 pub mod error;
 pub mod fuzzing;
 pub mod index;

@@ -3,7 +3,9 @@
 //! kills it at a random moment, reopens the log, and every printed batch
 //! must be there, intact, at the offsets printed — also when the child's
 //! segments are written into recycled files (older batches of the same log
-//! lie past the end of the active one).
+//! lie past the end of the active one). The leader-epoch history recovered
+//! must match the batches, and the high watermark must be at least the
+//! last one the child checkpointed.
 
 mod common;
 
@@ -23,8 +25,9 @@ struct Acked {
 }
 
 /// Runs the child until it has acknowledged a few batches, then kills it
-/// after a seeded random delay; returns the batches it acknowledged.
-fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool) -> Vec<Acked> {
+/// after a seeded random delay; returns the batches it acknowledged and the
+/// last high watermark it checkpointed.
+fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool) -> (Vec<Acked>, u64) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_strand-storage-crash-writer"))
         .arg(dir)
         .arg(seed.to_string())
@@ -71,8 +74,15 @@ fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool) -> Vec<Ac
     child.wait().expect("reaping the child");
     reader.join().expect("reader thread");
     lines.extend(rx.try_iter());
-    lines
+    let high_watermark = lines
         .iter()
+        .filter_map(|l| l.strip_prefix("hw "))
+        .map(|n| n.parse::<u64>().expect("a number"))
+        .max()
+        .unwrap_or(0);
+    let acked = lines
+        .iter()
+        .filter(|l| !l.starts_with("hw "))
         .map(|l| {
             let v: Vec<u64> = l.split(' ').map(|x| x.parse().expect("a number")).collect();
             Acked {
@@ -81,22 +91,24 @@ fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool) -> Vec<Ac
                 tag: v[2],
             }
         })
-        .collect()
+        .collect();
+    (acked, high_watermark)
 }
 
 #[test]
 fn every_acknowledged_batch_survives_kill_9() {
+    let mut epochs_moved_in_some_run = false;
     for seed in 1..=6u64 {
         let recycle = seed % 2 == 0;
         let dir = tempfile::tempdir().unwrap();
-        let acked = run_child_and_kill(dir.path(), seed, recycle);
+        let (acked, high_watermark) = run_child_and_kill(dir.path(), seed, recycle);
         assert!(
             acked.len() >= 20,
             "seed {seed}: the child acknowledged only {} batches",
             acked.len()
         );
         let path = dir.path().to_path_buf();
-        run(move || async move {
+        let moved = run(move || async move {
             let config = strand_storage::LogConfig {
                 segment_bytes_max: 256 << 10,
                 batch_bytes_max: 64 << 10,
@@ -144,11 +156,32 @@ fn every_acknowledged_batch_survives_kill_9() {
                     assert_eq!(&value[..], &want[..], "seed {seed}: offset {}", r.offset);
                 }
             }
+            // The epoch history is the batches', and it moved.
+            let mut walked = strand_storage::epochs::EpochHistory::new();
+            for b in read_batches(&log).await {
+                let h = strand_storage::batch::BatchHeader::parse(&b).unwrap();
+                walked
+                    .observe(h.leader_epoch, h.base_offset)
+                    .expect("epochs never go back");
+            }
+            assert_eq!(log.epochs(), walked, "seed {seed}");
+            let epochs_moved = walked.entries().len() > 1;
+            // The high watermark: at least the last one checkpointed, within the log.
+            let hw = log.high_watermark();
+            assert!(
+                hw >= Offset(high_watermark.max(start)) && hw <= log.log_end(),
+                "seed {seed}: high watermark {hw}, last checkpointed {high_watermark}"
+            );
             // The whole recovered log is readable and the log takes appends.
             let records = read_all(&log).await;
             assert_eq!(records.len() as u64, log.log_end().0 - start);
             let end = log.log_end();
-            assert_eq!(append(&log, 1, 1, 10).await, end);
+            let epoch = log.latest_epoch().unwrap_or_default();
+            let info = log.append(testkit::batch(1, 1, 10, TS), epoch).await.unwrap();
+            assert_eq!(info.base_offset, end);
+            epochs_moved
         });
+        epochs_moved_in_some_run |= moved;
     }
+    assert!(epochs_moved_in_some_run, "no run got to a second leader epoch");
 }

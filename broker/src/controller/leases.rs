@@ -65,7 +65,10 @@ impl Leases {
     }
 
     /// Renews broker `id`'s lease from `address` until `now + session`, or
-    /// refuses it while another address holds a lease that runs.
+    /// refuses it while another address holds a lease that runs. `Ok(true)`:
+    /// a new lease (none ran for this address: the broker is new, moved, or
+    /// back after its lease expired — the table must be told it is alive,
+    /// even if a fence for it is still on its way through Raft).
     pub fn renew(
         &mut self,
         term: u64,
@@ -73,16 +76,22 @@ impl Leases {
         id: NodeId,
         address: &str,
         now: Instant,
-    ) -> Result<(), ControllerError> {
+    ) -> Result<bool, ControllerError> {
         self.check(term, table, id, address, now)?;
-        self.held.insert(
-            id,
-            Lease {
-                address: address.to_string(),
-                until: now + self.session,
-            },
-        );
-        Ok(())
+        let lease = Lease {
+            address: address.to_string(),
+            until: now + self.session,
+        };
+        let fresh = match self.held.insert(id, lease) {
+            Some(old) => old.address != address || old.until <= now,
+            None => true,
+        };
+        Ok(fresh)
+    }
+
+    /// Whether broker `id`'s lease ran out by `now` (also if it has none).
+    pub fn has_expired(&self, id: NodeId, now: Instant) -> bool {
+        self.held.get(&id).is_none_or(|l| l.until <= now)
     }
 
     /// Whether a broker at `address` may take id `id` now: refused while
@@ -147,13 +156,19 @@ mod tests {
         let t = table(&[(1, true), (2, true)]);
         let mut leases = Leases::new(SESSION);
         let start = Instant::now();
-        leases.renew(5, &t, 1, "10.0.0.1:9400", start).unwrap();
-        leases
+        // Known to the table, alive: the first look gave them their lease.
+        assert!(!leases.renew(5, &t, 1, "10.0.0.1:9400", start).unwrap());
+        assert!(!leases
             .renew(5, &t, 2, "10.0.0.2:9400", start + Duration::from_secs(2))
-            .unwrap();
+            .unwrap());
         assert!(leases.expired(5, &t, start + Duration::from_millis(2999)).is_empty());
         assert_eq!(leases.expired(5, &t, start + SESSION), vec![1]);
         assert_eq!(leases.expired(5, &t, start + Duration::from_secs(5)), vec![1, 2]);
+        assert!(leases.has_expired(1, start + SESSION) && !leases.has_expired(2, start + SESSION));
+        // A renewal after expiry is a new lease: the table must hear of it.
+        assert!(leases
+            .renew(5, &t, 1, "10.0.0.1:9400", start + Duration::from_secs(6))
+            .unwrap());
         // A fenced broker is not reported again.
         let fenced = table(&[(1, false), (2, false)]);
         assert!(leases.expired(5, &fenced, start + Duration::from_secs(9)).is_empty());

@@ -18,15 +18,17 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
-use openraft::{BasicNode, Raft};
+use openraft::{AsyncRuntime, BasicNode, Raft};
 use strand_wire::{ControllerOp, ErrorCode};
 
 use super::leases::Leases;
 use super::network::{to_json, Links, Refusal, PROPOSE_TIMEOUT};
+use super::runtime::GlommioRuntime;
 use super::stm::{Command, ControllerError};
 use super::store::{LogStore, Publish, StateMachineStore, TypeConfig};
 
@@ -232,17 +234,28 @@ impl Controller {
         Ok(())
     }
 
-    /// Renews this broker's lease every `broker_heartbeat_ms` and, while
-    /// this member leads, fences the brokers whose lease ran out; until the
-    /// member stops. A renewal that fails is logged and tried again at the
-    /// next beat (a lost leader, a refused id: the next leader or the
-    /// operator sorts it out).
-    pub async fn keep_alive(&self, settings: &Settings) {
+    /// Renews this broker's lease every `broker_heartbeat_ms` (each renewal
+    /// bounded by two beats, the next one due a beat after the last began),
+    /// and runs the fencing ([`Controller::fence_expired`]) in a task of its
+    /// own so that a slow fence never delays this broker's own renewal;
+    /// until the member stops. A renewal that fails is logged and tried
+    /// again at the next beat (a lost leader, a refused id: the next leader
+    /// or the operator sorts it out).
+    pub async fn keep_alive(self: Rc<Self>, settings: Settings) {
         let beat = Duration::from_millis(settings.broker_heartbeat_ms);
+        let fencer = self.clone();
+        let fencing = glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(beat).await;
+                fencer.fence_expired(beat * 2).await;
+            }
+        });
         let mut last_failure = String::new();
+        let mut next = Instant::now() + beat;
         loop {
-            glommio::timer::sleep(beat).await;
-            match self.heartbeat(settings, beat * 2).await {
+            glommio::timer::sleep(next.saturating_duration_since(Instant::now())).await;
+            next = Instant::now() + beat;
+            match self.heartbeat(&settings, beat * 2).await {
                 Ok(()) => last_failure.clear(),
                 Err(e) => {
                     let why = e.to_string();
@@ -252,7 +265,10 @@ impl Controller {
                     }
                 }
             }
-            self.fence_expired().await;
+            if self.raft.metrics().borrow().state == openraft::ServerState::Shutdown {
+                drop(fencing);
+                return;
+            }
         }
     }
 
@@ -311,19 +327,22 @@ impl Controller {
         )))
     }
 
-    /// At the leader: renews broker `request.id`'s lease and, unless the
-    /// table already shows it alive at that address, registers it.
+    /// At the leader: renews broker `request.id`'s lease and registers it
+    /// (alive) when the lease is new or the table does not show it alive at
+    /// that address.
     async fn renew_lease(&self, request: &Heartbeat) -> Result<(), ProposeError> {
         let term = self.raft.metrics().borrow().current_term;
         let known = self.sm.with_table(|table| {
-            self.leases
+            let fresh = self
+                .leases
                 .borrow_mut()
                 .renew(term, table, request.id, &request.address, Instant::now())?;
             Ok::<bool, ControllerError>(
-                table
-                    .brokers
-                    .get(&request.id)
-                    .is_some_and(|b| b.alive && b.address == request.address && b.shards == request.shards),
+                !fresh
+                    && table
+                        .brokers
+                        .get(&request.id)
+                        .is_some_and(|b| b.alive && b.address == request.address && b.shards == request.shards),
             )
         })?;
         if !known {
@@ -337,9 +356,11 @@ impl Controller {
         Ok(())
     }
 
-    /// While this member leads: fences (through Raft) every broker alive in
-    /// the table whose lease ran out.
-    async fn fence_expired(&self) {
+    /// While this member leads: fences every broker alive in the table whose
+    /// lease ran out (each looked at again just before, each committed
+    /// here within `within` or not at all: a fence is never forwarded, and
+    /// it applies only in this leader's term, see `Command::FenceBroker`).
+    async fn fence_expired(&self, within: Duration) {
         let (term, leader) = {
             let metrics = self.raft.metrics();
             let m = metrics.borrow();
@@ -352,9 +373,21 @@ impl Controller {
             .sm
             .with_table(|table| self.leases.borrow_mut().expired(term, table, Instant::now()));
         for id in expired {
+            if !self.leases.borrow().has_expired(id, Instant::now()) {
+                continue;
+            }
             tracing::warn!("broker {id}'s lease expired: fencing it");
-            if let Err(e) = self.propose(Command::FenceBroker { id }).await {
-                tracing::warn!("fencing broker {id}: {e}");
+            let write = self.raft.client_write(Command::FenceBroker { id, term });
+            match GlommioRuntime::timeout(within, write).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!("fencing broker {id}: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!("fencing broker {id}: not committed within {within:?}");
+                    return;
+                }
             }
         }
     }
@@ -399,6 +432,8 @@ impl Controller {
         let deadline = Instant::now() + Duration::from_secs(60);
         let voters: Vec<SocketAddr> = settings.voters.iter().map(|v| v.address).collect();
         let (mut turn, mut named) = (0usize, None);
+        let session = Duration::from_millis(settings.broker_session_ms);
+        let mut refused_since: Option<Instant> = None;
         let mut last_error = String::from("no voter answered");
         while Instant::now() < deadline && !voters.is_empty() {
             // The leader a voter named, else the voters in turn.
@@ -414,15 +449,26 @@ impl Controller {
                 Ok(Ok(payload)) => {
                     let added: Result<u64, String> = serde_json::from_slice(&payload)
                         .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from {addr}: {e}")))?;
-                    let index = added.map_err(|why| {
-                        ProposeError::Unavailable(format!(
-                            "the controller leader did not add node {} as a learner: {why}",
-                            self.node_id
-                        ))
-                    })?;
-                    return self
-                        .applied_here(index, deadline, "this learner applies its membership")
-                        .await;
+                    match added {
+                        Ok(index) => {
+                            return self
+                                .applied_here(index, deadline, "this learner applies its membership")
+                                .await
+                        }
+                        // Refused (its id held by another address, which
+                        // may be this node's previous run expiring): again
+                        // for a session and a half, then give up.
+                        Err(why) => {
+                            let refused = *refused_since.get_or_insert_with(Instant::now);
+                            if refused.elapsed() > session * 3 / 2 {
+                                return Err(ProposeError::Unavailable(format!(
+                                    "the controller leader did not add node {} as a learner: {why}",
+                                    self.node_id
+                                )));
+                            }
+                            last_error = why;
+                        }
+                    }
                 }
                 // Ask the leader it names next.
                 Ok(Err(r)) if r.code == ErrorCode::NotLeader => {
@@ -491,7 +537,11 @@ impl Controller {
         let mut last_error = String::from("no controller leader");
         let mut forwarded = None;
         while Instant::now() < deadline {
-            let leader = match self.raft.client_write(command.clone()).await {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(written) = GlommioRuntime::timeout(left, self.raft.client_write(command.clone())).await else {
+                break;
+            };
+            let leader = match written {
                 Ok(resp) => return resp.data.map_err(ProposeError::Refused),
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => f.leader_id.zip(f.leader_node),
                 Err(e) => return Err(ProposeError::Unavailable(e.to_string())),

@@ -31,9 +31,13 @@ pub enum Command {
         #[serde(default)]
         shards: u16,
     },
-    /// The controller leader saw the broker's lease expire.
+    /// The controller leader of Raft term `term` saw the broker's lease
+    /// expire. Applies only from an entry written in that term: a leader
+    /// deposed meanwhile (its leases are no longer the truth) fences no one,
+    /// even if its proposal is forwarded to and committed by its successor.
     FenceBroker {
         id: NodeId,
+        term: u64,
     },
     CreateQueue {
         name: String,
@@ -111,10 +115,16 @@ impl MetadataStm {
         &self.table
     }
 
-    /// Applies the command committed at Raft log `index`. A refused command
-    /// still moves `applied_index` (it was committed; it just changed
-    /// nothing else), so replay after a restart skips it the same way.
+    /// [`MetadataStm::apply_in_term`] for an entry of term 0.
     pub fn apply(&mut self, index: u64, command: &Command) -> Result<(), ControllerError> {
+        self.apply_in_term(index, 0, command)
+    }
+
+    /// Applies the command committed at Raft log `index`, written by the
+    /// leader of term `term`. A refused command still moves
+    /// `applied_index` (it was committed; it just changed nothing else), so
+    /// replay after a restart skips it the same way.
+    pub fn apply_in_term(&mut self, index: u64, term: u64, command: &Command) -> Result<(), ControllerError> {
         assert!(index > self.table.applied_index, "commands apply in log order, once");
         self.table.applied_index = index;
         match command {
@@ -130,9 +140,11 @@ impl MetadataStm {
                 );
                 Ok(())
             }
-            Command::FenceBroker { id } => {
-                if let Some(b) = self.table.brokers.get_mut(id) {
-                    b.alive = false;
+            Command::FenceBroker { id, term: of } => {
+                if *of == term {
+                    if let Some(b) = self.table.brokers.get_mut(id) {
+                        b.alive = false;
+                    }
                 }
                 Ok(())
             }

@@ -482,7 +482,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         inner.stm.apply_blank(index);
                         out.push(Ok(()));
                     }
-                    EntryPayload::Normal(command) => out.push(inner.stm.apply(index, &command)),
+                    EntryPayload::Normal(command) => {
+                        let term = e.log_id.leader_id.term;
+                        out.push(inner.stm.apply_in_term(index, term, &command))
+                    }
                     EntryPayload::Membership(m) => {
                         inner.stm.apply_blank(index);
                         inner.membership = StoredMembership::new(Some(e.log_id), m);

@@ -125,16 +125,22 @@ async fn describe_on(
         },
     );
     fbb.finish_minimal(root);
-    let frame = call_node(shard, node, Api::DescribeQueue, fbb.finished_data(), NODE_TIMEOUT).await?;
-    let resp = read_body::<DescribeQueueResponse>(&frame.body).map_err(|e| {
-        WireError::new(
-            ErrorCode::Internal,
-            format!("node {node} answered the describe with a malformed response: {e}"),
-        )
-    })?;
-    if let Some(e) = error_from_table(resp.error()) {
-        return Err(e);
-    }
+    // The node may not have applied the queue's creation yet: it gets until
+    // the deadline to catch up.
+    let deadline = std::time::Instant::now() + NODE_TIMEOUT;
+    let frame = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let frame = call_node(shard, node, Api::DescribeQueue, fbb.finished_data(), left).await?;
+        let resp = decode(node, &frame)?;
+        match error_from_table(resp.error()) {
+            Some(e) if e.code == ErrorCode::UnknownQueue && std::time::Instant::now() < deadline => {
+                glommio::timer::sleep(Duration::from_millis(50)).await
+            }
+            Some(e) => return Err(e),
+            None => break frame,
+        }
+    };
+    let resp = decode(node, &frame)?;
     let answered: BTreeMap<u32, PartitionStats> = resp
         .partitions()
         .iter()
@@ -163,4 +169,14 @@ async fn describe_on(
             })
         })
         .collect()
+}
+
+/// Node `node`'s DescribeQueue answer.
+fn decode(node: NodeId, frame: &strand_net::Frame) -> Result<DescribeQueueResponse<'_>, WireError> {
+    read_body::<DescribeQueueResponse>(&frame.body).map_err(|e| {
+        WireError::new(
+            ErrorCode::Internal,
+            format!("node {node} answered the describe with a malformed response: {e}"),
+        )
+    })
 }

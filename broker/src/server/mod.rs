@@ -339,8 +339,7 @@ async fn shard_main(
             .join(&settings)
             .await
             .map_err(|e| format!("starting the controller: {e}"))?;
-        let beating = controller.clone();
-        glommio::spawn_local(async move { beating.keep_alive(&settings).await }).detach();
+        glommio::spawn_local(controller.clone().keep_alive(settings)).detach();
         // Ready only once every shard holds everything the log had.
         if !shard.wait_all_applied(Duration::from_secs(30)).await {
             return Err("the shards did not apply the metadata within 30 s".into());

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 27;
+pub const ENUM_MAX_ERROR_CODE: u16 = 28;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 28] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 29] = [
   ErrorCode::None,
   ErrorCode::InvalidRequest,
   ErrorCode::UnsupportedApi,
@@ -45,6 +45,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 28] = [
   ErrorCode::GroupNotEmpty,
   ErrorCode::OutOfOrderSequence,
   ErrorCode::UnknownProducer,
+  ErrorCode::BrokerUnavailable,
 ];
 
 /// Every error the broker reports. 0 is success.
@@ -104,9 +105,13 @@ impl ErrorCode {
   /// be forgotten) and the batch is not its first (sequence 0): the
   /// producer goes on under a new producer id from sequence 0. Retriable.
   pub const UnknownProducer: Self = Self(27);
+  /// Another broker this request needs (a partition's leader that this
+  /// broker asks on the client's behalf) did not answer: it may be down,
+  /// paused or cut off. Retriable.
+  pub const BrokerUnavailable: Self = Self(28);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 27;
+  pub const ENUM_MAX: u16 = 28;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::InvalidRequest,
@@ -136,6 +141,7 @@ impl ErrorCode {
     Self::GroupNotEmpty,
     Self::OutOfOrderSequence,
     Self::UnknownProducer,
+    Self::BrokerUnavailable,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -168,6 +174,7 @@ impl ErrorCode {
       Self::GroupNotEmpty => Some("GroupNotEmpty"),
       Self::OutOfOrderSequence => Some("OutOfOrderSequence"),
       Self::UnknownProducer => Some("UnknownProducer"),
+      Self::BrokerUnavailable => Some("BrokerUnavailable"),
       _ => None,
     }
   }

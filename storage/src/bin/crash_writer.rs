@@ -1,18 +1,23 @@
 //! `strand-storage-crash-writer DIR SEED [recycle]`: the child process of
 //! the crash test (`tests/crash.rs`). Appends to the log in `DIR/p0` with
 //! `fsync=always` from four concurrent producers and prints one line per
-//! batch once it is durable: `<base offset> <last offset> <tag>`. The parent
-//! kills it with SIGKILL at a random moment and checks that every printed
-//! batch survived. With `recycle`, size retention keeps about three
+//! batch once it is durable: `<base offset> <last offset> <tag>`. The
+//! leader epoch moves up every 5 batches of producer 0; every 10th batch of producer 1
+//! also moves the high watermark to the end of its batch and checkpoints
+//! it, then prints `hw <offset>`. The parent kills it with SIGKILL at a
+//! random moment and checks that every printed batch survived, that the
+//! epoch history matches the batches, and that the high watermark is at
+//! least the last one printed. With `recycle`, size retention keeps about three
 //! segments, so most segments are written into recycled files. Exits by
 //! itself after 20 s so it can never be left running.
 
+use std::cell::Cell;
 use std::io::Write;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use strand_storage::shard::ShardStorageConfig;
-use strand_storage::{testkit, FsyncPolicy, LeaderEpoch, LogConfig, ShardStorage};
+use strand_storage::{testkit, FsyncPolicy, LeaderEpoch, LogConfig, ShardStorage, StorageError};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -44,9 +49,10 @@ fn main() {
                 .expect("opening the log"),
         );
         let deadline = Instant::now() + Duration::from_secs(20);
+        let epoch = Rc::new(Cell::new(1u32));
         let mut producers = Vec::new();
         for p in 0..4u64 {
-            let log = log.clone();
+            let (log, epoch) = (log.clone(), epoch.clone());
             producers.push(glommio::spawn_local(async move {
                 let mut rng = seed.wrapping_mul(31).wrapping_add(p) | 1;
                 for i in 0u64.. {
@@ -59,12 +65,30 @@ fn main() {
                     let tag = (seed << 40) | (p << 32) | i;
                     let records = 1 + (rng % 8) as u32;
                     let value_len = 1 + (rng >> 8) as usize % 3000;
-                    let batch = testkit::batch(tag, records, value_len, 1_700_000_000_000);
-                    let info = log.append(batch, LeaderEpoch(1)).await.expect("append");
+                    if p == 0 && i % 5 == 4 {
+                        epoch.set(epoch.get() + 1);
+                    }
+                    // Another producer may append in a newer epoch while
+                    // this one waits for room: then this one takes it too.
+                    let info = loop {
+                        let batch = testkit::batch(tag, records, value_len, 1_700_000_000_000);
+                        match log.append(batch, LeaderEpoch(epoch.get())).await {
+                            Err(StorageError::StaleEpoch(_)) => continue,
+                            other => break other.expect("append"),
+                        }
+                    };
                     log.wait_durable(info.last_offset).await.expect("durable");
                     let mut out = std::io::stdout().lock();
                     writeln!(out, "{} {} {tag}", info.base_offset, info.last_offset).expect("stdout");
                     out.flush().expect("stdout");
+                    drop(out);
+                    if p == 1 && i % 10 == 9 {
+                        log.advance_high_watermark(info.last_offset.plus(1));
+                        log.checkpoint().await.expect("checkpoint");
+                        let mut out = std::io::stdout().lock();
+                        writeln!(out, "hw {}", log.high_watermark()).expect("stdout");
+                        out.flush().expect("stdout");
+                    }
                 }
             }));
         }

@@ -73,17 +73,29 @@ impl Log {
         self.inner.shard.forget(&path);
         let active = open_active(&path, keep_base, config, Some(cut_pos.unwrap_or(0))).await?;
         sync_dir(&self.inner.dir).await?;
-        let mut st = self.inner.state.borrow_mut();
-        st.active = active;
-        // Readers may have read ahead meanwhile, from the files as they were.
-        st.readahead.clear();
-        let end = st.log_end();
-        if cut_pos.is_none() {
-            st.log_start = keep_base;
-        }
-        st.cache.truncate(end);
-        st.flushed = end;
-        st.high_watermark = st.high_watermark.min(end);
+        let end = {
+            let mut st = self.inner.state.borrow_mut();
+            st.active = active;
+            // Readers may have read ahead meanwhile, from the files as they were.
+            st.readahead.clear();
+            let end = st.log_end();
+            if cut_pos.is_none() {
+                st.log_start = keep_base;
+            }
+            st.cache.truncate(end);
+            st.flushed = end;
+            st.high_watermark = st.high_watermark.min(end);
+            if st.epochs.truncate_end(end) {
+                st.epochs_dirty = true;
+            }
+            let start = st.log_start;
+            if st.epochs.truncate_start(start) {
+                st.epochs_dirty = true;
+            }
+            end
+        };
+        // The history must not name epochs the log no longer has.
+        self.save_epochs_locked().await?;
         Ok(end)
     }
 
@@ -194,6 +206,12 @@ impl Log {
         {
             let mut st = self.inner.state.borrow_mut();
             st.log_start = st.log_start.max(cut);
+            let start = st.log_start;
+            // Written with the next checkpoint; opening cuts a stale one.
+            if st.epochs.truncate_start(start) {
+                st.epochs_dirty = true;
+            }
+            st.high_watermark = st.high_watermark.max(start);
         }
         for seg in &doomed {
             self.inner.shard.forget(&seg.path);
@@ -221,6 +239,12 @@ impl Log {
         self.finish_zeroing().await;
         self.sync_held().await?;
         self.persist_index_locked(true).await?;
+        self.save_epochs_locked().await?;
+        drop(_sync);
+        drop(_permit);
+        // The high watermark as it is now (the next open starts from it).
+        self.checkpoint().await?;
+        let _permit = self.lock().await?;
         self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();
         st.closed = true;

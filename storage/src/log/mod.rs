@@ -16,7 +16,17 @@
 //! - *written*: every offset below it has been handed to the disk.
 //! - *flushed*: every offset below it has been fdatasync'd: durable.
 //! - *high watermark*: set by replication; what consumers may see. With one
-//!   replica the broker moves it to the flushed or written offset.
+//!   replica the broker moves it to the flushed or written offset. Kept
+//!   across restarts by a lazily written checkpoint (`replica.rs`): a
+//!   reopened log starts from it, not from its log end.
+//!
+//! # Leader epochs
+//! Every batch carries the epoch of the leader that appended it; the log
+//! keeps the history of where each epoch began (`crate::epochs`,
+//! checkpointed beside the segments) in step with appends, truncation and
+//! retention, for replication to find where a follower diverged.
+//! [`Log::append`] stamps the leader's epoch; [`Log::append_replica`]
+//! keeps a replicated batch as the leader stored it.
 //!
 //! # Group commit
 //! `append` only stamps the batch and queues it (memory). A producer with
@@ -57,6 +67,7 @@ mod maintain;
 mod read;
 mod readahead;
 pub use readahead::foreign_drops;
+mod replica;
 mod write;
 
 use std::cell::RefCell;
@@ -186,6 +197,13 @@ struct State {
     log_start: Offset,
     flushed: Offset,
     high_watermark: Offset,
+    /// The high watermark in the checkpoint file (`None`: not written by
+    /// this open).
+    high_watermark_saved: Option<Offset>,
+    /// Where each leader epoch began (`replica.rs`).
+    epochs: crate::epochs::EpochHistory,
+    /// The epoch checkpoint lags `epochs`.
+    epochs_dirty: bool,
     cache: TailCache,
     unsynced_bytes: u64,
     last_sync_ms: u64,
@@ -311,7 +329,11 @@ impl Log {
             active,
             log_start,
             flushed: log_end,
-            high_watermark: log_end,
+            // Until `load_replication_state` reads the checkpoint.
+            high_watermark: log_start,
+            high_watermark_saved: None,
+            epochs: crate::epochs::EpochHistory::new(),
+            epochs_dirty: false,
             cache: TailCache::new(config.tail_cache_bytes_max, shard.cache_budget()),
             unsynced_bytes: 0,
             last_sync_ms: mono_ms(),
@@ -322,7 +344,7 @@ impl Log {
             failed: None,
             closed: false,
         };
-        Ok(Log {
+        let log = Log {
             inner: Rc::new(Inner {
                 dir,
                 config,
@@ -332,7 +354,9 @@ impl Log {
                 sync_lock: Semaphore::new(1),
                 io_done: Notify::default(),
             }),
-        })
+        };
+        log.load_replication_state().await?;
+        Ok(log)
     }
 
     pub fn dir(&self) -> &Path {

@@ -60,15 +60,57 @@ impl Log {
     /// Validates a producer's batch, stamps it with the next offsets and
     /// `epoch`, and queues it for the disk. Returns at once unless the queue
     /// is full or the segment must roll; await [`Log::wait_durable`] before
-    /// acknowledging. On a validation error nothing changes.
+    /// acknowledging. On a validation error nothing changes. An `epoch`
+    /// older than the log's latest is refused (`StaleEpoch`).
     pub async fn append(&self, batch: BytesMut, epoch: LeaderEpoch) -> Result<AppendInfo> {
         let config = &self.inner.config;
+        self.queue(batch, |bytes, log_end| {
+            let stamp = Stamp {
+                base_offset: log_end,
+                leader_epoch: epoch,
+                log_append_time_ms: config.log_append_time.then(|| now_ms() as i64),
+            };
+            Ok(RecordBatch::stamped(bytes, config.batch_bytes_max, stamp)?)
+        })
+        .await
+    }
+
+    /// Validates a batch as the partition's leader stored it and queues it
+    /// unchanged: its offsets, leader epoch and timestamps stay the
+    /// leader's (a follower's append). Refused, changing nothing, when it
+    /// does not start at this log's end (`NotAtLogEnd`), or its epoch is
+    /// older than this log's latest (`StaleEpoch`). Durability as for
+    /// [`Log::append`].
+    pub async fn append_replica(&self, batch: BytesMut) -> Result<AppendInfo> {
+        let max = self.inner.config.batch_bytes_max;
+        self.queue(batch, |bytes, log_end| {
+            let rb = RecordBatch::new(bytes.freeze(), max)?;
+            if rb.base_offset() != log_end {
+                return Err(StorageError::NotAtLogEnd {
+                    log_end,
+                    batch_base: rb.base_offset(),
+                });
+            }
+            Ok(rb)
+        })
+        .await
+    }
+
+    /// Queues the batch `make` builds from the bytes and the log end, once
+    /// the log can take it (rolling the segment or writing queued batches
+    /// first if need be); the batch's epoch must not be older than the log's.
+    async fn queue(
+        &self,
+        batch: BytesMut,
+        make: impl Fn(BytesMut, Offset) -> Result<RecordBatch>,
+    ) -> Result<AppendInfo> {
+        let config = &self.inner.config;
+        let len = batch.len();
         let mut batch = Some(batch);
         loop {
             let blocked = {
                 let mut st = self.inner.state.borrow_mut();
                 st.check_usable(&self.inner.dir)?;
-                let len = batch.as_ref().map_or(0, |b| b.len());
                 let now = mono_ms();
                 if st.reshaping {
                     Blocked::Reshaping
@@ -80,12 +122,19 @@ impl Log {
                     let Some(bytes) = batch.take() else {
                         unreachable!("the batch is taken only when appended")
                     };
-                    let stamp = Stamp {
-                        base_offset: st.log_end(),
-                        leader_epoch: epoch,
-                        log_append_time_ms: config.log_append_time.then(|| now_ms() as i64),
-                    };
-                    let rb = RecordBatch::stamped(bytes, config.batch_bytes_max, stamp)?;
+                    let rb = make(bytes, st.log_end())?;
+                    let epoch = rb.header().leader_epoch;
+                    if !st.epochs.accepts(epoch) {
+                        let latest = st.epochs.latest().map_or(epoch, |l| l.epoch);
+                        return Err(StorageError::StaleEpoch(crate::epochs::StaleEpoch {
+                            batch: epoch,
+                            latest,
+                            offset: rb.base_offset(),
+                        }));
+                    }
+                    if st.epochs.observe(epoch, rb.base_offset()) == Ok(true) {
+                        st.epochs_dirty = true;
+                    }
                     st.active.push(&rb, config.index_interval_bytes, now);
                     let written = st.active.written_offset();
                     st.cache.push(&rb, written);
@@ -98,7 +147,6 @@ impl Log {
                 }
             };
             let _permit = self.lock().await?;
-            let len = batch.as_ref().map_or(0, |b| b.len());
             match blocked {
                 // Another producer may have rolled while this one waited.
                 Blocked::Roll if self.inner.state.borrow().active.needs_roll(len, mono_ms(), config) => {
@@ -208,6 +256,10 @@ impl Log {
 
     /// Writes every queued batch in one aligned write. Holds: the I/O lock.
     pub(super) async fn write_locked(&self) -> Result<()> {
+        // A new epoch's start is on disk before its batches are.
+        if self.inner.state.borrow().epochs_dirty {
+            self.save_epochs_locked().await?;
+        }
         let (job, file, path) = {
             let mut st = self.inner.state.borrow_mut();
             st.check_usable(&self.inner.dir)?;

@@ -52,9 +52,8 @@ pub async fn append(log: &Log, tag: u64, records: u32, value_len: usize) -> Offs
     info.base_offset
 }
 
-/// Reads the whole log from its start and returns (offset, key, value) of
-/// every record.
-pub async fn read_all(log: &Log) -> Vec<(u64, Vec<u8>, Vec<u8>)> {
+/// Every stored batch from the log start, as bytes.
+pub async fn read_batches(log: &Log) -> Vec<bytes::Bytes> {
     let mut out = Vec::new();
     let mut from = log.log_start();
     loop {
@@ -62,14 +61,22 @@ pub async fn read_all(log: &Log) -> Vec<(u64, Vec<u8>, Vec<u8>)> {
         if got.batches.is_empty() {
             return out;
         }
-        for b in got.batches {
-            let batch = strand_storage::batch::RecordBatch::new(b, 1 << 24).expect("stored batches validate");
-            for r in batch.records() {
-                out.push((r.offset.0, r.key.unwrap().to_vec(), r.value.unwrap().to_vec()));
-            }
-        }
+        out.extend(got.batches);
         from = got.next_offset;
     }
+}
+
+/// Reads the whole log from its start and returns (offset, key, value) of
+/// every record.
+pub async fn read_all(log: &Log) -> Vec<(u64, Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    for b in read_batches(log).await {
+        let batch = strand_storage::batch::RecordBatch::new(b, 1 << 24).expect("stored batches validate");
+        for r in batch.records() {
+            out.push((r.offset.0, r.key.unwrap().to_vec(), r.value.unwrap().to_vec()));
+        }
+    }
+    out
 }
 
 /// Checks that records are numbered from `start` without gaps and that each

@@ -316,10 +316,15 @@ fn leaders_and_replicas_spread_evenly_over_the_brokers() {
 #[test]
 fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
     let (mut stm, index) = brokers(3);
-    stm.apply(index, &Command::FenceBroker { id: 2 }).unwrap();
+    // A fence written by a leader of another term (deposed meanwhile) is void.
+    stm.apply_in_term(index, 5, &Command::FenceBroker { id: 2, term: 4 })
+        .unwrap();
+    assert!(stm.table().brokers[&2].alive);
+    stm.apply_in_term(index + 1, 4, &Command::FenceBroker { id: 2, term: 4 })
+        .unwrap();
     assert!(!stm.table().brokers[&2].alive);
     stm.apply(
-        index + 1,
+        index + 2,
         &Command::CreateQueue {
             name: "while-fenced".into(),
             settings: settings(6, 1),
@@ -332,7 +337,7 @@ fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
         .all(|p| p.replicas != vec![2]));
     assert_eq!(
         stm.apply(
-            index + 2,
+            index + 4,
             &Command::CreateQueue {
                 name: "rf3".into(),
                 settings: settings(1, 3),
@@ -342,11 +347,12 @@ fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
     );
     // Fencing a broker the table does not know changes nothing.
     let before = stm.table().brokers.clone();
-    stm.apply(index + 3, &Command::FenceBroker { id: 9 }).unwrap();
+    stm.apply_in_term(index + 5, 4, &Command::FenceBroker { id: 9, term: 4 })
+        .unwrap();
     assert_eq!(stm.table().brokers, before);
     // Back: alive, and the next partitions go to it first (it leads none).
     stm.apply(
-        index + 4,
+        index + 6,
         &Command::RegisterBroker {
             id: 2,
             address: "10.0.0.2:9400".into(),
@@ -356,7 +362,7 @@ fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
     .unwrap();
     assert!(stm.table().brokers[&2].alive);
     stm.apply(
-        index + 5,
+        index + 7,
         &Command::CreateQueue {
             name: "after".into(),
             settings: settings(2, 1),

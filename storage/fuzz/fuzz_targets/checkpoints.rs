@@ -1,0 +1,7 @@
+//! The leader-epoch and high-watermark checkpoint files: decoding never
+//! panics, and what decodes encodes back to the same bytes.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    strand_storage::fuzzing::checkpoints(data);
+});

@@ -1,0 +1,239 @@
+//! The small files beside a partition's segments that carry replication
+//! state across restarts, their byte layouts, and how they are written.
+//!
+//! Runs on: the shard that owns the log.
+//!
+//! # `leader-epochs` (the [`EpochHistory`])
+//! All integers little-endian; 12 + 12·N bytes:
+//!
+//! | bytes          | field                                                  |
+//! |----------------|--------------------------------------------------------|
+//! | 0..4           | magic `SLE1`                                           |
+//! | 4..8           | N, the entry count (u32)                               |
+//! | 8 + 12i ..+4   | entry i: leader epoch (u32)                            |
+//! | 12 + 12i ..+8  | entry i: its first offset (u64)                        |
+//! | 8 + 12N ..+4   | CRC-32 (IEEE, `crc32fast`) of every byte before it     |
+//!
+//! Entries strictly increase in epoch and in offset.
+//!
+//! # `high-watermark`
+//! 16 bytes: magic `SHW1` (0..4), the high watermark (u64, 4..12), CRC-32
+//! of bytes 0..12 (12..16).
+//!
+//! # Writing
+//! Whole, to `NAME.tmp`, then renamed over `NAME`. The epoch history is
+//! written durably (the temporary file fdatasync'd before the rename, the
+//! directory fsync'd after): a crash leaves the old file or the new one,
+//! and a truncation's history is on disk before anything is appended after
+//! it. The high watermark is written without a sync (it is lazy anyway).
+//! A file that fails any check reads as absent: the log rebuilds its
+//! epochs from the batch headers, and a high watermark it cannot read is
+//! the log start (that only hides records until replication moves it
+//! again; it never shows one that was not committed).
+
+use std::path::Path;
+
+use crate::epochs::{EpochHistory, EpochStart};
+use crate::error::{Result, StorageError};
+use crate::segment::io::{read_small_file, sync_dir};
+use crate::{LeaderEpoch, Offset};
+
+/// The leader-epoch checkpoint's file name.
+pub const EPOCHS_FILE: &str = "leader-epochs";
+/// The high-watermark checkpoint's file name.
+pub const HIGH_WATERMARK_FILE: &str = "high-watermark";
+
+const EPOCHS_MAGIC: &[u8; 4] = b"SLE1";
+const HIGH_WATERMARK_MAGIC: &[u8; 4] = b"SHW1";
+
+/// The `leader-epochs` file's bytes.
+pub fn encode_epochs(history: &EpochHistory) -> Vec<u8> {
+    let entries = history.entries();
+    let mut out = Vec::with_capacity(12 + 12 * entries.len());
+    out.extend_from_slice(EPOCHS_MAGIC);
+    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for e in entries {
+        out.extend_from_slice(&e.epoch.0.to_le_bytes());
+        out.extend_from_slice(&e.start.0.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Reads a `leader-epochs` file's bytes, or says why they are not one.
+pub fn decode_epochs(bytes: &[u8]) -> Result<EpochHistory, String> {
+    let body = checked_body(bytes, EPOCHS_MAGIC, 12)?;
+    let count = u32::from_le_bytes(word(body, 4)) as usize;
+    if body.len() != 8 + 12 * count {
+        return Err(format!("{} bytes for {count} entries", bytes.len()));
+    }
+    let entries = (0..count)
+        .map(|i| {
+            let at = 8 + 12 * i;
+            EpochStart {
+                epoch: LeaderEpoch(u32::from_le_bytes(word(body, at))),
+                start: Offset(u64::from_le_bytes(long(body, at + 4))),
+            }
+        })
+        .collect();
+    EpochHistory::from_entries(entries)
+}
+
+/// The `high-watermark` file's bytes.
+pub fn encode_high_watermark(offset: Offset) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(HIGH_WATERMARK_MAGIC);
+    out.extend_from_slice(&offset.0.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Reads a `high-watermark` file's bytes, or says why they are not one.
+pub fn decode_high_watermark(bytes: &[u8]) -> Result<Offset, String> {
+    let body = checked_body(bytes, HIGH_WATERMARK_MAGIC, 16)?;
+    if body.len() != 12 {
+        return Err(format!("{} bytes, not 16", bytes.len()));
+    }
+    Ok(Offset(u64::from_le_bytes(long(body, 4))))
+}
+
+/// The bytes before the CRC, once the length, magic and CRC check out.
+fn checked_body<'a>(bytes: &'a [u8], magic: &[u8; 4], min_len: usize) -> Result<&'a [u8], String> {
+    if bytes.len() < min_len {
+        return Err(format!("{} bytes: too short", bytes.len()));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if &body[..4] != magic {
+        return Err("not this kind of checkpoint (magic)".into());
+    }
+    let stored = u32::from_le_bytes(word(crc, 0));
+    if crc32fast::hash(body) != stored {
+        return Err("CRC mismatch".into());
+    }
+    Ok(body)
+}
+
+fn word(bytes: &[u8], at: usize) -> [u8; 4] {
+    let mut w = [0; 4];
+    w.copy_from_slice(&bytes[at..at + 4]);
+    w
+}
+
+fn long(bytes: &[u8], at: usize) -> [u8; 8] {
+    let mut w = [0; 8];
+    w.copy_from_slice(&bytes[at..at + 8]);
+    w
+}
+
+/// Replaces `dir/name` with `bytes` (see the module doc); `durable`: a
+/// crash leaves the old file or the new one, and the new one once this
+/// returns.
+pub(crate) async fn write_atomically(dir: &Path, name: &str, bytes: Vec<u8>, durable: bool) -> Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let file = glommio::io::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .buffered_open(&tmp)
+        .await
+        .map_err(|e| StorageError::glommio("opening", &tmp, e))?;
+    file.write_at(bytes, 0)
+        .await
+        .map_err(|e| StorageError::glommio("writing", &tmp, e))?;
+    if durable {
+        file.fdatasync()
+            .await
+            .map_err(|e| StorageError::glommio("syncing", &tmp, e))?;
+    }
+    file.close()
+        .await
+        .map_err(|e| StorageError::glommio("closing", &tmp, e))?;
+    let path = dir.join(name);
+    glommio::io::rename(&tmp, &path)
+        .await
+        .map_err(|e| StorageError::glommio("renaming", &path, e))?;
+    match durable {
+        true => sync_dir(dir).await,
+        false => Ok(()),
+    }
+}
+
+/// What `dir/name` holds, decoded; `None` when it is absent or fails its
+/// checks (the reason is logged).
+pub(crate) async fn read<T>(dir: &Path, name: &str, decode: fn(&[u8]) -> Result<T, String>) -> Result<Option<T>> {
+    let path = dir.join(name);
+    let Some(bytes) = read_small_file(&path).await? else {
+        return Ok(None);
+    };
+    match decode(&bytes) {
+        Ok(v) => Ok(Some(v)),
+        Err(why) => {
+            tracing::warn!("ignoring {}: {why}", path.display());
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_round_trip_and_every_corruption_is_caught() {
+        let h = EpochHistory::from_entries(vec![
+            EpochStart {
+                epoch: LeaderEpoch(0),
+                start: Offset(0),
+            },
+            EpochStart {
+                epoch: LeaderEpoch(4),
+                start: Offset(1 << 40),
+            },
+        ])
+        .unwrap();
+        let bytes = encode_epochs(&h);
+        assert_eq!(bytes.len(), 12 + 24);
+        assert_eq!(&bytes[..8], b"SLE1\x02\0\0\0");
+        assert_eq!(decode_epochs(&bytes), Ok(h));
+        assert_eq!(
+            decode_epochs(&encode_epochs(&EpochHistory::new())),
+            Ok(EpochHistory::new())
+        );
+        // Any flipped bit, any cut.
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut bad = bytes.clone();
+                bad[i] ^= 1 << bit;
+                assert!(decode_epochs(&bad).is_err(), "byte {i} bit {bit}");
+            }
+        }
+        for len in 0..bytes.len() {
+            assert!(decode_epochs(&bytes[..len]).is_err(), "cut at {len}");
+        }
+        // A well-formed file whose entries break the order is refused too.
+        let mut disordered = b"SLE1\x02\0\0\0".to_vec();
+        for (epoch, start) in [(3u32, 10u64), (2, 20)] {
+            disordered.extend_from_slice(&epoch.to_le_bytes());
+            disordered.extend_from_slice(&start.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&disordered);
+        disordered.extend_from_slice(&crc.to_le_bytes());
+        assert!(decode_epochs(&disordered).unwrap_err().contains("out of order"));
+    }
+
+    #[test]
+    fn high_watermarks_round_trip_and_every_corruption_is_caught() {
+        let bytes = encode_high_watermark(Offset(123_456_789));
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(decode_high_watermark(&bytes), Ok(Offset(123_456_789)));
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert!(decode_high_watermark(&bad).is_err(), "byte {i}");
+        }
+        assert!(decode_high_watermark(&bytes[..15]).is_err());
+        assert!(decode_high_watermark(&encode_epochs(&EpochHistory::new())).is_err());
+    }
+}

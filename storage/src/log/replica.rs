@@ -1,0 +1,201 @@
+//! What replication needs of the log besides appending: the leader-epoch
+//! history (kept in step with the batches, checkpointed, rebuilt from the
+//! batch headers when its file is missing or does not match the log), the
+//! high watermark's checkpoint, and where an epoch ends.
+//!
+//! Runs on: the shard that owns the log. File layouts: `crate::checkpoint`.
+//!
+//! - The epoch checkpoint is written before the batches of a new epoch
+//!   (`write_locked`), after a truncation, and by [`Log::checkpoint`].
+//! - The high watermark is written lazily: by [`Log::checkpoint`] (the
+//!   broker calls it now and then, and at close). A restarted replica
+//!   starts from the last one written, never from its log end: what it
+//!   shows consumers was committed. A log without one (written before
+//!   replication, or the file lost) starts at its log start; the broker
+//!   moves a one-replica partition's to its flushed end at once.
+//! - Opening trusts the epoch checkpoint only if, cut to the log's extent,
+//!   it starts at the log start and its latest epoch is the last batch's;
+//!   otherwise the history is rebuilt. Epochs never decrease along a log,
+//!   so a segment whose first batch has the epoch of the next segment's
+//!   first batch holds only that epoch: the rebuild reads each segment's
+//!   first batch and walks only the segments in which the epoch changes.
+
+use super::Log;
+use crate::batch::BatchHeader;
+use crate::checkpoint::{self, EPOCHS_FILE, HIGH_WATERMARK_FILE};
+use crate::epochs::EpochHistory;
+use crate::error::Result;
+use crate::{LeaderEpoch, Offset};
+
+/// Bytes read at a time while walking a segment for its epochs.
+const WALK_BYTES: usize = 1 << 20;
+
+impl Log {
+    /// The leader-epoch history (epoch → first offset), oldest first.
+    pub fn epochs(&self) -> EpochHistory {
+        self.inner.state.borrow().epochs.clone()
+    }
+
+    /// The epoch of the last batch, if the log holds any.
+    pub fn latest_epoch(&self) -> Option<LeaderEpoch> {
+        self.inner.state.borrow().epochs.latest().map(|e| e.epoch)
+    }
+
+    /// Where `epoch` ends in this log (see
+    /// [`EpochHistory::end_offset_for`]): what a leader answers a follower
+    /// whose last batch has that epoch.
+    pub fn end_offset_for_epoch(&self, epoch: LeaderEpoch) -> Option<(LeaderEpoch, Offset)> {
+        let st = self.inner.state.borrow();
+        st.epochs.end_offset_for(epoch, st.log_end())
+    }
+
+    /// Writes the high watermark and the epoch history where they changed
+    /// since last written. Cheap when nothing changed.
+    pub async fn checkpoint(&self) -> Result<()> {
+        let (hw, saved, dirty) = {
+            let st = self.inner.state.borrow();
+            st.check_usable(&self.inner.dir)?;
+            (st.high_watermark, st.high_watermark_saved, st.epochs_dirty)
+        };
+        if dirty {
+            let _permit = self.lock().await?;
+            self.save_epochs_locked().await?;
+        }
+        if saved != Some(hw) {
+            checkpoint::write_atomically(
+                &self.inner.dir,
+                HIGH_WATERMARK_FILE,
+                checkpoint::encode_high_watermark(hw),
+                false,
+            )
+            .await?;
+            let mut st = self.inner.state.borrow_mut();
+            if st.high_watermark_saved.is_none_or(|s| s < hw) {
+                st.high_watermark_saved = Some(hw);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the epoch history if it changed. Holds: the I/O lock (so
+    /// writes of the history do not overtake each other).
+    pub(super) async fn save_epochs_locked(&self) -> Result<()> {
+        let history = {
+            let mut st = self.inner.state.borrow_mut();
+            if !st.epochs_dirty {
+                return Ok(());
+            }
+            st.epochs_dirty = false;
+            st.epochs.clone()
+        };
+        let written =
+            checkpoint::write_atomically(&self.inner.dir, EPOCHS_FILE, checkpoint::encode_epochs(&history), true).await;
+        if written.is_err() {
+            self.inner.state.borrow_mut().epochs_dirty = true;
+        }
+        written
+    }
+
+    /// At open: the epoch history and the high watermark from their
+    /// checkpoints, checked against the log (see the module doc).
+    pub(super) async fn load_replication_state(&self) -> Result<()> {
+        let dir = self.inner.dir.clone();
+        let (log_start, log_end) = {
+            let st = self.inner.state.borrow();
+            (st.log_start, st.log_end())
+        };
+        let last = match log_end > log_start {
+            true => self
+                .first_header_from(Offset(log_end.0 - 1))
+                .await?
+                .map(|h| h.leader_epoch),
+            false => None,
+        };
+        let saved = checkpoint::read(&dir, EPOCHS_FILE, checkpoint::decode_epochs).await?;
+        let trusted = saved.and_then(|mut h| {
+            h.truncate_end(log_end);
+            h.truncate_start(log_start);
+            let first_ok = h.entries().first().is_none_or(|e| e.start == log_start);
+            (first_ok && h.latest().map(|e| e.epoch) == last).then_some(h)
+        });
+        let (epochs, dirty) = match trusted {
+            Some(h) => (h, false),
+            None => (self.rebuild_epochs(log_start, log_end).await?, true),
+        };
+        let hw = checkpoint::read(&dir, HIGH_WATERMARK_FILE, checkpoint::decode_high_watermark)
+            .await?
+            .map_or(log_start, |hw| hw.clamp(log_start, log_end));
+        let mut st = self.inner.state.borrow_mut();
+        st.epochs = epochs;
+        st.epochs_dirty = dirty;
+        st.high_watermark = hw;
+        Ok(())
+    }
+
+    /// The history from the batch headers (see the module doc).
+    async fn rebuild_epochs(&self, log_start: Offset, log_end: Offset) -> Result<EpochHistory> {
+        let mut history = EpochHistory::new();
+        if log_end <= log_start {
+            return Ok(history);
+        }
+        // Each segment's first offset (the first from the log start), and
+        // the first batch's epoch there; then the log end.
+        let mut bases: Vec<Offset> = {
+            let st = self.inner.state.borrow();
+            st.sealed.keys().copied().chain([st.active.base]).collect()
+        };
+        bases.retain(|b| *b < log_end);
+        if let Some(first) = bases.first_mut() {
+            *first = (*first).max(log_start);
+        }
+        let mut firsts = Vec::with_capacity(bases.len());
+        for base in &bases {
+            firsts.push(self.first_header_from(*base).await?);
+        }
+        let last = self.first_header_from(Offset(log_end.0 - 1)).await?;
+        for (i, first) in firsts.iter().enumerate() {
+            let Some(first) = first else { continue };
+            let next_epoch = match firsts.get(i + 1) {
+                Some(next) => next.map(|h| h.leader_epoch),
+                None => last.map(|h| h.leader_epoch),
+            };
+            note(&mut history, first.leader_epoch, first.base_offset);
+            if next_epoch != Some(first.leader_epoch) {
+                let end = bases.get(i + 1).copied().unwrap_or(log_end);
+                self.walk_epochs(&mut history, first.base_offset, end).await?;
+            }
+        }
+        Ok(history)
+    }
+
+    /// Notes the epoch of every batch from `from` to `end`.
+    async fn walk_epochs(&self, history: &mut EpochHistory, mut from: Offset, end: Offset) -> Result<()> {
+        while from < end {
+            let read = self.read(from, WALK_BYTES).await?;
+            if read.batches.is_empty() || read.next_offset <= from {
+                break;
+            }
+            for b in &read.batches {
+                if let Some(h) = BatchHeader::parse(b) {
+                    note(history, h.leader_epoch, h.base_offset);
+                }
+            }
+            from = read.next_offset;
+        }
+        Ok(())
+    }
+
+    /// The header of the batch holding `offset`, if there is one.
+    async fn first_header_from(&self, offset: Offset) -> Result<Option<BatchHeader>> {
+        let read = self.read(offset, 1).await?;
+        Ok(read.batches.first().and_then(|b| BatchHeader::parse(b)))
+    }
+}
+
+/// Notes a batch's epoch in a history being rebuilt; a batch older than the
+/// latest epoch (which no leader writes) is logged and left out.
+fn note(history: &mut EpochHistory, epoch: LeaderEpoch, base: Offset) {
+    if let Err(e) = history.observe(epoch, base) {
+        tracing::warn!("rebuilding leader epochs: {e}; ignored");
+    }
+}
