@@ -6,7 +6,10 @@
 //!   itself.
 //! - `handlers`: one file per API.
 //! - [`router`]: reaching the owner of a partition (this shard, another
-//!   shard of this node; later another node) or the controller.
+//!   shard of this node, another node) or the controller.
+//! - [`replica`]: replication's decisions, sans I/O (a leader's view of
+//!   its followers, the ISR, the high watermark, acks=all; fetch answers
+//!   and a diverged follower's truncation), with a seeded simulation.
 //! - [`shard`]: one shard's state — its partitions and their roles, the
 //!   produce path, serving a partition request, the link to the
 //!   controller, the messages between shards.
@@ -29,7 +32,8 @@
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 //!
 //! Dependencies point one way (no module imports one that imports it):
-//! config, routing, idempotence, controller, metrics, frame_io (leaves)
+//! config, routing, idempotence, controller, metrics, frame_io (leaves;
+//! replica uses only the controller's ids)
 //! ← shard ← router ← groups ← handlers ← server; peer uses frame_io
 //! alone; cli uses the client library and groups' naming rules.
 
@@ -42,6 +46,7 @@ mod handlers;
 pub mod idempotence;
 pub mod metrics;
 pub mod peer;
+pub mod replica;
 pub mod router;
 pub mod routing;
 pub mod server;

@@ -54,6 +54,19 @@ impl EpochHistory {
         Ok(EpochHistory { entries })
     }
 
+    /// [`EpochHistory::from_entries`] of `(epoch, start offset)` pairs.
+    pub fn from_pairs(pairs: &[(u32, u64)]) -> Result<EpochHistory, String> {
+        EpochHistory::from_entries(
+            pairs
+                .iter()
+                .map(|(epoch, start)| EpochStart {
+                    epoch: LeaderEpoch(*epoch),
+                    start: Offset(*start),
+                })
+                .collect(),
+        )
+    }
+
     pub fn entries(&self) -> &[EpochStart] {
         &self.entries
     }
@@ -139,7 +152,7 @@ mod tests {
     }
 
     fn history(entries: &[(u32, u64)]) -> EpochHistory {
-        EpochHistory::from_entries(entries.iter().map(|(ep, s)| e(*ep, *s)).collect()).unwrap()
+        EpochHistory::from_pairs(entries).unwrap()
     }
 
     #[test]

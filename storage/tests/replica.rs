@@ -10,7 +10,7 @@ use common::*;
 use strand_storage::batch::{BatchHeader, RecordBatch, Stamp};
 use strand_storage::checkpoint::{EPOCHS_FILE, HIGH_WATERMARK_FILE};
 use strand_storage::config::LogConfig;
-use strand_storage::epochs::{EpochHistory, EpochStart};
+use strand_storage::epochs::EpochHistory;
 use strand_storage::retention::RetentionPolicy;
 use strand_storage::{testkit, LeaderEpoch, Log, Offset, StorageError};
 
@@ -32,16 +32,7 @@ async fn append_in(log: &Log, epoch: u32, tag: u64, records: u32) -> Offset {
 }
 
 fn history(entries: &[(u32, u64)]) -> EpochHistory {
-    EpochHistory::from_entries(
-        entries
-            .iter()
-            .map(|(e, s)| EpochStart {
-                epoch: LeaderEpoch(*e),
-                start: Offset(*s),
-            })
-            .collect(),
-    )
-    .unwrap()
+    EpochHistory::from_pairs(entries).unwrap()
 }
 
 #[test]

@@ -31,5 +31,5 @@ pub use node::{Controller, ProposeError, Settings, Voter};
 pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
 pub use table::{
     BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings,
-    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS, NO_LEADER,
 };

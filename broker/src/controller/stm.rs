@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::table::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings};
+use super::table::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings, NO_LEADER};
 
 /// Most partitions a queue may have.
 pub const PARTITIONS_MAX: u32 = 10_000;
@@ -38,6 +38,18 @@ pub enum Command {
     FenceBroker {
         id: NodeId,
         term: u64,
+    },
+    /// A partition's leader changes its ISR. Accepted only from the leader
+    /// of `leader_epoch` that saw `partition_epoch` (else
+    /// `StaleIsrChange`); the ISR must hold the leader, only replicas, and
+    /// no fenced broker it did not already hold.
+    AlterIsr {
+        queue: String,
+        partition: u32,
+        leader: NodeId,
+        leader_epoch: u32,
+        partition_epoch: u32,
+        isr: Vec<NodeId>,
     },
     CreateQueue {
         name: String,
@@ -84,6 +96,15 @@ pub enum ControllerError {
          another node id)"
     )]
     BrokerIdInUse { id: NodeId, address: String },
+    #[error("{what}: the partition moved on (now leader {leader}, leader epoch {leader_epoch}, partition epoch {partition_epoch})")]
+    StaleIsrChange {
+        what: String,
+        leader: NodeId,
+        leader_epoch: u32,
+        partition_epoch: u32,
+    },
+    #[error("invalid ISR: {0}")]
+    InvalidIsr(String),
 }
 
 impl ControllerError {
@@ -95,7 +116,8 @@ impl ControllerError {
             ControllerError::UnknownQueue(_) => ErrorCode::UnknownQueue,
             ControllerError::InvalidName(_) => ErrorCode::InvalidQueueName,
             ControllerError::InvalidSettings(_) | ControllerError::NotEnoughBrokers { .. } => ErrorCode::InvalidConfig,
-            ControllerError::BrokerIdInUse { .. } => ErrorCode::InvalidRequest,
+            ControllerError::BrokerIdInUse { .. } | ControllerError::InvalidIsr(_) => ErrorCode::InvalidRequest,
+            ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
         }
     }
 }
@@ -138,16 +160,26 @@ impl MetadataStm {
                         alive: true,
                     },
                 );
+                self.lead_offline_partitions(*id);
                 Ok(())
             }
             Command::FenceBroker { id, term: of } => {
                 if *of == term {
                     if let Some(b) = self.table.brokers.get_mut(id) {
                         b.alive = false;
+                        self.move_leaderships_off(*id);
                     }
                 }
                 Ok(())
             }
+            Command::AlterIsr {
+                queue,
+                partition,
+                leader,
+                leader_epoch,
+                partition_epoch,
+                isr,
+            } => self.alter_isr(queue, *partition, *leader, *leader_epoch, *partition_epoch, isr),
             Command::CreateQueue { name, settings } => self.create_queue(name, settings),
             Command::DeleteQueue { name } => self
                 .table
@@ -157,6 +189,91 @@ impl MetadataStm {
                 .ok_or_else(|| ControllerError::UnknownQueue(name.clone())),
             Command::AlterQueue { name, changes } => self.alter_queue(name, changes),
         }
+    }
+
+    /// A fenced broker leaves every ISR it is in (unless it is the last
+    /// member: the partition then waits for it, offline) and every
+    /// leadership it holds goes to the first replica that is in the ISR and
+    /// alive, or to no one.
+    fn move_leaderships_off(&mut self, fenced: NodeId) {
+        let alive: Vec<NodeId> = self.table.brokers.values().filter(|b| b.alive).map(|b| b.id).collect();
+        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+            let mut changed = false;
+            if p.isr.contains(&fenced) && p.isr.len() > 1 {
+                p.isr.retain(|r| *r != fenced);
+                changed = true;
+            }
+            if p.leader == fenced {
+                p.leader = p
+                    .replicas
+                    .iter()
+                    .copied()
+                    .find(|r| p.isr.contains(r) && alive.contains(r))
+                    .unwrap_or(NO_LEADER);
+                p.leader_epoch += 1;
+                changed = true;
+            }
+            if changed {
+                p.partition_epoch += 1;
+            }
+        }
+    }
+
+    /// A broker back alive leads the offline partitions whose ISR holds it
+    /// (it holds every committed record of them).
+    fn lead_offline_partitions(&mut self, id: NodeId) {
+        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+            if p.leader == NO_LEADER && p.isr.contains(&id) {
+                p.leader = id;
+                p.leader_epoch += 1;
+                p.partition_epoch += 1;
+            }
+        }
+    }
+
+    fn alter_isr(
+        &mut self,
+        queue: &str,
+        partition: u32,
+        leader: NodeId,
+        leader_epoch: u32,
+        partition_epoch: u32,
+        isr: &[NodeId],
+    ) -> Result<(), ControllerError> {
+        let alive: Vec<NodeId> = self.table.brokers.values().filter(|b| b.alive).map(|b| b.id).collect();
+        let p = self
+            .table
+            .queues
+            .get_mut(queue)
+            .ok_or_else(|| ControllerError::UnknownQueue(queue.to_string()))?
+            .partitions
+            .get_mut(partition as usize)
+            .ok_or_else(|| ControllerError::InvalidIsr(format!("{queue} has no partition {partition}")))?;
+        if (p.leader, p.leader_epoch, p.partition_epoch) != (leader, leader_epoch, partition_epoch) {
+            return Err(ControllerError::StaleIsrChange {
+                what: format!(
+                    "an ISR change of {queue}/{partition} from leader {leader} (leader epoch {leader_epoch}, \
+                     partition epoch {partition_epoch})"
+                ),
+                leader: p.leader,
+                leader_epoch: p.leader_epoch,
+                partition_epoch: p.partition_epoch,
+            });
+        }
+        let bad = |why: String| Err(ControllerError::InvalidIsr(format!("{queue}/{partition}: {why}")));
+        if !isr.contains(&leader) {
+            return bad(format!("{isr:?} does not hold the leader {leader}"));
+        }
+        if let Some(r) = isr.iter().find(|r| !p.replicas.contains(r)) {
+            return bad(format!("{r} is not a replica (replicas {:?})", p.replicas));
+        }
+        if let Some(r) = isr.iter().find(|r| !p.isr.contains(r) && !alive.contains(r)) {
+            return bad(format!("broker {r} is fenced: it cannot join"));
+        }
+        // In replica order, each once.
+        p.isr = p.replicas.iter().copied().filter(|r| isr.contains(r)).collect();
+        p.partition_epoch += 1;
+        Ok(())
     }
 
     /// Records that a Raft entry with no command (a leader's blank entry, a
@@ -359,6 +476,7 @@ impl Placement {
             leader_epoch: 0,
             isr: replicas.clone(),
             replicas,
+            partition_epoch: 0,
         }
     }
 }

@@ -62,15 +62,26 @@ fn default_max_delivery_attempts() -> u32 {
     DEFAULT_MAX_DELIVERY_ATTEMPTS
 }
 
+/// No leader: every in-sync replica is fenced (the partition is offline
+/// until one comes back; never an unclean election).
+pub const NO_LEADER: NodeId = 0;
+
 /// One partition: where its replicas live and who leads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionRecord {
+    /// The first is the preferred leader.
     pub replicas: Vec<NodeId>,
+    /// [`NO_LEADER`] while offline.
     pub leader: NodeId,
     /// Bumped on every leader change.
     pub leader_epoch: u32,
-    /// In-sync replicas.
+    /// In-sync replicas, in replica order (the leader among them).
     pub isr: Vec<NodeId>,
+    /// Bumped on every change of leader or ISR: an ISR change is accepted
+    /// only from the leader that saw the current one (absent in older
+    /// tables: 0).
+    #[serde(default)]
+    pub partition_epoch: u32,
 }
 
 /// A queue.

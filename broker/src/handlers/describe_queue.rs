@@ -37,6 +37,16 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     let mut elsewhere: BTreeMap<NodeId, Vec<u32>> = BTreeMap::new();
     for (p, record) in queue.partitions.iter().enumerate() {
         let p = p as u32;
+        if record.leader == crate::controller::NO_LEADER && !only_led_here {
+            return Err(WireError::new(
+                ErrorCode::BrokerUnavailable,
+                format!(
+                    "partition {p} of {name} has no leader: its in-sync replicas {:?} are fenced; it is back \
+                     with one of them",
+                    record.isr
+                ),
+            ));
+        }
         if record.leader == me {
             let (shard, name) = (shard.clone(), name.clone());
             local.push((

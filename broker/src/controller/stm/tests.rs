@@ -234,6 +234,15 @@ fn brokers(n: u64) -> (MetadataStm, u64) {
     (stm, n + 1)
 }
 
+/// Broker `id` registering (again) as [`brokers`] registers it.
+fn back(id: NodeId) -> Command {
+    Command::RegisterBroker {
+        id,
+        address: format!("10.0.0.{id}:9400"),
+        shards: 2,
+    }
+}
+
 /// (leaders, replicas) each broker holds in the table.
 fn load(stm: &MetadataStm) -> std::collections::BTreeMap<NodeId, (usize, usize)> {
     let mut load = std::collections::BTreeMap::new();
@@ -375,4 +384,104 @@ fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
         .map(|p| p.leader)
         .collect();
     assert_eq!(leaders, vec![2, 2]);
+}
+
+#[test]
+fn a_fenced_leader_hands_over_to_the_isr_and_isr_changes_are_fenced_by_epochs() {
+    let (mut stm, mut index) = brokers(3);
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    apply(
+        &mut stm,
+        Command::CreateQueue {
+            name: "q".into(),
+            settings: settings(1, 3),
+        },
+    )
+    .unwrap();
+    apply(
+        &mut stm,
+        Command::CreateQueue {
+            name: "single".into(),
+            settings: settings(1, 1),
+        },
+    )
+    .unwrap();
+    let part = |stm: &MetadataStm, q: &str| stm.table().queues[q].partitions[0].clone();
+    let first = part(&stm, "q");
+    let [a, b, c] = [first.replicas[0], first.replicas[1], first.replicas[2]];
+    let lone = part(&stm, "single").leader;
+    assert_eq!((first.leader, first.leader_epoch, first.partition_epoch), (a, 0, 0));
+
+    // The leader is fenced: the next replica in the ISR leads, a new epoch.
+    apply(&mut stm, Command::FenceBroker { id: a, term: 0 }).unwrap();
+    let p = part(&stm, "q");
+    assert_eq!((p.leader, p.leader_epoch, p.partition_epoch), (b, 1, 1));
+    assert_eq!(p.isr, vec![b, c]);
+    // Back, it does not take the lead; the leader lets it in again.
+    apply(&mut stm, back(a)).unwrap();
+    assert_eq!(part(&stm, "q").leader, b);
+    let alter = |leader, leader_epoch, partition_epoch, isr: Vec<NodeId>| Command::AlterIsr {
+        queue: "q".into(),
+        partition: 0,
+        leader,
+        leader_epoch,
+        partition_epoch,
+        isr,
+    };
+    apply(&mut stm, alter(b, 1, 1, vec![c, b, a])).unwrap();
+    let p = part(&stm, "q");
+    assert_eq!(
+        (p.isr.clone(), p.partition_epoch),
+        (vec![a, b, c], 2),
+        "in replica order"
+    );
+    // A change from a leader that did not see the last one, or from an old leader.
+    for stale in [alter(b, 1, 1, vec![b]), alter(a, 0, 2, vec![a])] {
+        assert!(matches!(
+            apply(&mut stm, stale),
+            Err(ControllerError::StaleIsrChange { leader, .. }) if leader == b
+        ));
+    }
+    assert!(matches!(
+        apply(&mut stm, alter(b, 1, 2, vec![a, c])),
+        Err(ControllerError::InvalidIsr(_))
+    ));
+    assert!(matches!(
+        apply(&mut stm, alter(b, 1, 2, vec![b, 7])),
+        Err(ControllerError::InvalidIsr(_))
+    ));
+    assert_eq!(part(&stm, "q").partition_epoch, 2, "refusals change nothing");
+
+    // Fenced one by one: the lead moves through the ISR; the last member
+    // stays in it, and the partition waits offline for it.
+    apply(&mut stm, Command::FenceBroker { id: b, term: 0 }).unwrap();
+    assert_eq!((part(&stm, "q").leader, part(&stm, "q").isr.clone()), (a, vec![a, c]));
+    apply(&mut stm, Command::FenceBroker { id: a, term: 0 }).unwrap();
+    assert_eq!((part(&stm, "q").leader, part(&stm, "q").isr.clone()), (c, vec![c]));
+    // A fenced broker cannot be let in.
+    let p = part(&stm, "q");
+    assert!(matches!(
+        apply(&mut stm, alter(c, p.leader_epoch, p.partition_epoch, vec![b, c])),
+        Err(ControllerError::InvalidIsr(_))
+    ));
+    apply(&mut stm, Command::FenceBroker { id: c, term: 0 }).unwrap();
+    let p = part(&stm, "q");
+    assert_eq!((p.leader, p.isr.clone(), p.leader_epoch), (NO_LEADER, vec![c], 4));
+    // Only an ISR member may lead again (no unclean election): a comes
+    // back and the partition stays offline; c comes back and leads.
+    apply(&mut stm, back(a)).unwrap();
+    assert_eq!(part(&stm, "q").leader, NO_LEADER);
+    apply(&mut stm, back(c)).unwrap();
+    let p = part(&stm, "q");
+    assert_eq!((p.leader, p.leader_epoch), (c, 5));
+    // A one-replica partition (placed on b, which led nothing): offline
+    // while its broker is fenced, its again once back.
+    assert_eq!(lone, b);
+    let s = part(&stm, "single");
+    assert_eq!((s.leader, s.isr.clone()), (NO_LEADER, vec![b]));
+    apply(&mut stm, back(b)).unwrap();
+    assert_eq!(part(&stm, "single").leader, b);
 }

@@ -1,0 +1,130 @@
+//! A follower's fetch from the leader and its answer, as decisions: records
+//! from the fetch offset, or where the follower's last epoch ends on the
+//! leader (divergence); and how far a diverged follower truncates.
+
+use strand_storage::epochs::EpochHistory;
+use strand_wire::{LeaderEpoch, Offset};
+
+/// What the leader answers a follower's fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchAnswer {
+    /// The follower's log agrees with the leader's up to the fetch offset:
+    /// records from there.
+    Records,
+    /// It does not: on the leader, epoch `epoch` (the follower's last, or
+    /// the largest below it the leader has) ends at `end_offset`.
+    Diverging { epoch: LeaderEpoch, end_offset: Offset },
+}
+
+/// The leader's answer to a fetch at `fetch_offset` (the follower's log
+/// end) whose last batch has epoch `last_epoch` (`None`: an empty log),
+/// given the leader's epoch `history` and log end.
+pub fn answer_fetch(
+    history: &EpochHistory,
+    log_end: Offset,
+    fetch_offset: Offset,
+    last_epoch: Option<LeaderEpoch>,
+) -> FetchAnswer {
+    let Some(last) = last_epoch else {
+        return FetchAnswer::Records;
+    };
+    match history.end_offset_for(last, log_end) {
+        Some((epoch, end_offset)) if epoch == last && end_offset >= fetch_offset => FetchAnswer::Records,
+        Some((epoch, end_offset)) => FetchAnswer::Diverging { epoch, end_offset },
+        // The follower has an epoch newer than any here (it cannot have been
+        // written under a leader this one succeeds): keep nothing past the
+        // leader's end.
+        None => FetchAnswer::Diverging {
+            epoch: history.latest().map_or(LeaderEpoch(0), |e| e.epoch),
+            end_offset: log_end,
+        },
+    }
+}
+
+/// Where a follower truncates on a `Diverging { epoch, end_offset }`
+/// answer: at the leader's end of that epoch, or at its own end of it if
+/// that comes first (its log may have a gap in epochs where the leader's
+/// has none), never past its log end, and never below its high watermark
+/// (committed records are on every ISR member; a diverging answer below it
+/// would mean an unclean election, which the controller never makes).
+pub fn truncation_point(
+    own: &EpochHistory,
+    log_end: Offset,
+    high_watermark: Offset,
+    epoch: LeaderEpoch,
+    end_offset: Offset,
+) -> Offset {
+    let own_end = own.end_offset_for(epoch, log_end).map_or(log_end, |(_, end)| end);
+    end_offset.min(own_end).min(log_end).max(high_watermark.min(log_end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn history(entries: &[(u32, u64)]) -> EpochHistory {
+        EpochHistory::from_pairs(entries).unwrap()
+    }
+
+    #[test]
+    fn a_follower_in_step_gets_records_and_one_that_diverged_gets_the_epoch_end() {
+        let leader = history(&[(1, 0), (3, 10)]);
+        let end = Offset(20);
+        assert_eq!(answer_fetch(&leader, end, Offset(0), None), FetchAnswer::Records);
+        assert_eq!(
+            answer_fetch(&leader, end, Offset(15), Some(LeaderEpoch(3))),
+            FetchAnswer::Records
+        );
+        assert_eq!(
+            answer_fetch(&leader, end, Offset(8), Some(LeaderEpoch(1))),
+            FetchAnswer::Records
+        );
+        // Epoch 1 ran to 12 on the follower but ended at 10 here.
+        assert_eq!(
+            answer_fetch(&leader, end, Offset(12), Some(LeaderEpoch(1))),
+            FetchAnswer::Diverging {
+                epoch: LeaderEpoch(1),
+                end_offset: Offset(10)
+            }
+        );
+        // Epoch 2 never happened here: epoch 1's end.
+        assert_eq!(
+            answer_fetch(&leader, end, Offset(12), Some(LeaderEpoch(2))),
+            FetchAnswer::Diverging {
+                epoch: LeaderEpoch(1),
+                end_offset: Offset(10)
+            }
+        );
+        // Ahead of the leader in its own epoch.
+        assert_eq!(
+            answer_fetch(&leader, end, Offset(25), Some(LeaderEpoch(3))),
+            FetchAnswer::Diverging {
+                epoch: LeaderEpoch(3),
+                end_offset: end
+            }
+        );
+    }
+
+    #[test]
+    fn truncation_stops_at_the_first_end_and_never_goes_below_the_high_watermark() {
+        // The follower wrote epoch 2 from 10 to 14 under a leader that lost.
+        let own = history(&[(1, 0), (2, 10)]);
+        let end = Offset(14);
+        assert_eq!(
+            truncation_point(&own, end, Offset(5), LeaderEpoch(1), Offset(10)),
+            Offset(10)
+        );
+        // The leader's epoch 1 ran further than the follower's own.
+        assert_eq!(
+            truncation_point(&own, end, Offset(5), LeaderEpoch(1), Offset(12)),
+            Offset(10)
+        );
+        // Never past its own end.
+        assert_eq!(truncation_point(&own, end, Offset(5), LeaderEpoch(2), Offset(30)), end);
+        // Never below its high watermark.
+        assert_eq!(
+            truncation_point(&own, end, Offset(11), LeaderEpoch(1), Offset(10)),
+            Offset(11)
+        );
+    }
+}
