@@ -206,6 +206,11 @@ fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
     let leader = agreed_leader(&c, &[1, 2, 3]);
     let others: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
     let stopped = others[0];
+    // One partition on each broker, before.
+    create_through(&c, leader, "before", 3);
+    let placed_before = metadata(&mut c.client(leader), Some("before")).leaders;
+    until_all_see(&c, &[1, 2, 3], "before", &placed_before);
+    let lost = placed_before.iter().position(|l| *l == u32::from(stopped)).unwrap();
     c.kill9(stopped);
     let killed_at = Instant::now();
     let live = [leader, others[1]];
@@ -217,6 +222,17 @@ fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
         took >= Duration::from_millis(2000),
         "fenced after {took:?}: before its 3 s session could run out"
     );
+    // Its partition (one replica, nowhere to move) is offline: no leader,
+    // and a typed error to producers; the others serve.
+    let mut offline = placed_before.clone();
+    offline[lost] = 0;
+    until_all_see(&c, &live, "before", &offline);
+    let refused = c.client(others[1]).produce("before", lost as u32, batch("x", 1, TS), 1);
+    assert_eq!(refused.unwrap_err().0, ErrorCode::BrokerUnavailable);
+    let text = c.strand(others[1], &["queue", "describe", "before", "--output", "json"]);
+    let d: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(d["partitions"][lost]["leader"], 0, "{d}");
+    assert_eq!(d["partitions"][lost]["isr"], serde_json::json!([stopped]), "{d}");
     // New partitions go to the live brokers only.
     create_through(&c, others[1], "while-fenced", 4);
     // (Read where it was proposed: that node has applied it on return.)
@@ -227,7 +243,9 @@ fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
     );
     c.restart(stopped);
     until_fenced(&c, &[1, 2, 3], &[]);
-    // Back, it leads the next partitions first (it leads none).
+    // Back, it leads its partition again.
+    until_all_see(&c, &[1, 2, 3], "before", &placed_before);
+    // It leads the next partitions first (it leads the fewest).
     create_through(&c, stopped, "after", 1);
     let placed = metadata(&mut c.client(stopped), Some("after")).leaders;
     assert_eq!(placed, vec![u32::from(stopped)]);

@@ -3,7 +3,8 @@
 //! The partitions this node leads are asked of their shards; those led by
 //! other nodes are asked of those nodes (one `DescribeQueue` each with
 //! `only_led_here`, on the peer links: `crate::router::call_node`), so any
-//! node describes the whole queue.
+//! node describes the whole queue. An offline partition (no leader) is
+//! shown with leader 0 and zero figures.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -34,18 +35,15 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         .ok_or_else(|| WireError::new(ErrorCode::UnknownQueue, format!("queue {name:?} does not exist")))?;
     let me = shard.config.node_id;
     let mut local = Vec::new();
+    let mut offline = Vec::new();
     let mut elsewhere: BTreeMap<NodeId, Vec<u32>> = BTreeMap::new();
     for (p, record) in queue.partitions.iter().enumerate() {
         let p = p as u32;
-        if record.leader == crate::controller::NO_LEADER && !only_led_here {
-            return Err(WireError::new(
-                ErrorCode::BrokerUnavailable,
-                format!(
-                    "partition {p} of {name} has no leader: its in-sync replicas {:?} are fenced; it is back \
-                     with one of them",
-                    record.isr
-                ),
-            ));
+        if record.leader == crate::controller::NO_LEADER {
+            // Offline: shown with leader 0 and no figures (its replicas,
+            // ISR and epoch are what an operator needs now).
+            offline.push(p);
+            continue;
         }
         if record.leader == me {
             let (shard, name) = (shard.clone(), name.clone());
@@ -75,6 +73,9 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     }
     for t in remote {
         stats.extend(t.await?);
+    }
+    if !only_led_here {
+        stats.extend(offline.into_iter().map(|p| (p, PartitionStats::default())));
     }
     let mut fbb = FlatBufferBuilder::new();
     let parts: Vec<_> = stats

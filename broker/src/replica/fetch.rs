@@ -14,26 +14,40 @@ pub enum FetchAnswer {
     /// It does not: on the leader, epoch `epoch` (the follower's last, or
     /// the largest below it the leader has) ends at `end_offset`.
     Diverging { epoch: LeaderEpoch, end_offset: Offset },
+    /// The follower and this leader disagree on the current leader epoch:
+    /// one of them has not learned of the last election. Nothing is
+    /// answered; the follower refreshes its metadata and asks the leader
+    /// it then knows. (A diverging answer from a deposed leader could cut
+    /// records the new leader committed.)
+    Fenced { leader_epoch: LeaderEpoch },
 }
 
-/// The leader's answer to a fetch at `fetch_offset` (the follower's log
-/// end) whose last batch has epoch `last_epoch` (`None`: an empty log),
-/// given the leader's epoch `history` and log end.
+/// The answer of a leader in epoch `leader_epoch` to a fetch made in epoch
+/// `fetch_epoch` (the follower's current leader epoch) at `fetch_offset`
+/// (its log end) whose last batch has epoch `last_epoch` (`None`: an empty
+/// log), given the leader's epoch `history` and log end. The follower must
+/// apply an answer only while its leader epoch and log end are still the
+/// ones it fetched with.
 pub fn answer_fetch(
+    leader_epoch: LeaderEpoch,
+    fetch_epoch: LeaderEpoch,
     history: &EpochHistory,
     log_end: Offset,
     fetch_offset: Offset,
     last_epoch: Option<LeaderEpoch>,
 ) -> FetchAnswer {
+    if fetch_epoch != leader_epoch {
+        return FetchAnswer::Fenced { leader_epoch };
+    }
     let Some(last) = last_epoch else {
         return FetchAnswer::Records;
     };
     match history.end_offset_for(last, log_end) {
         Some((epoch, end_offset)) if epoch == last && end_offset >= fetch_offset => FetchAnswer::Records,
         Some((epoch, end_offset)) => FetchAnswer::Diverging { epoch, end_offset },
-        // The follower has an epoch newer than any here (it cannot have been
-        // written under a leader this one succeeds): keep nothing past the
-        // leader's end.
+        // The follower's last epoch is newer than any batch here: it wrote
+        // it under a leader that lost (this one took over before appending
+        // in it). Nothing past this log's end is kept.
         None => FetchAnswer::Diverging {
             epoch: history.latest().map_or(LeaderEpoch(0), |e| e.epoch),
             end_offset: log_end,
@@ -66,22 +80,45 @@ mod tests {
         EpochHistory::from_pairs(entries).unwrap()
     }
 
+    /// The leader epoch of the tests' fetches.
+    const E: LeaderEpoch = LeaderEpoch(3);
+
+    #[test]
+    fn a_fetch_in_another_leader_epoch_is_fenced() {
+        let leader = history(&[(1, 0), (3, 10)]);
+        for (here, fetch) in [(3, 2), (2, 3)] {
+            assert_eq!(
+                answer_fetch(
+                    LeaderEpoch(here),
+                    LeaderEpoch(fetch),
+                    &leader,
+                    Offset(20),
+                    Offset(12),
+                    Some(LeaderEpoch(1))
+                ),
+                FetchAnswer::Fenced {
+                    leader_epoch: LeaderEpoch(here)
+                }
+            );
+        }
+    }
+
     #[test]
     fn a_follower_in_step_gets_records_and_one_that_diverged_gets_the_epoch_end() {
         let leader = history(&[(1, 0), (3, 10)]);
         let end = Offset(20);
-        assert_eq!(answer_fetch(&leader, end, Offset(0), None), FetchAnswer::Records);
+        assert_eq!(answer_fetch(E, E, &leader, end, Offset(0), None), FetchAnswer::Records);
         assert_eq!(
-            answer_fetch(&leader, end, Offset(15), Some(LeaderEpoch(3))),
+            answer_fetch(E, E, &leader, end, Offset(15), Some(LeaderEpoch(3))),
             FetchAnswer::Records
         );
         assert_eq!(
-            answer_fetch(&leader, end, Offset(8), Some(LeaderEpoch(1))),
+            answer_fetch(E, E, &leader, end, Offset(8), Some(LeaderEpoch(1))),
             FetchAnswer::Records
         );
         // Epoch 1 ran to 12 on the follower but ended at 10 here.
         assert_eq!(
-            answer_fetch(&leader, end, Offset(12), Some(LeaderEpoch(1))),
+            answer_fetch(E, E, &leader, end, Offset(12), Some(LeaderEpoch(1))),
             FetchAnswer::Diverging {
                 epoch: LeaderEpoch(1),
                 end_offset: Offset(10)
@@ -89,7 +126,7 @@ mod tests {
         );
         // Epoch 2 never happened here: epoch 1's end.
         assert_eq!(
-            answer_fetch(&leader, end, Offset(12), Some(LeaderEpoch(2))),
+            answer_fetch(E, E, &leader, end, Offset(12), Some(LeaderEpoch(2))),
             FetchAnswer::Diverging {
                 epoch: LeaderEpoch(1),
                 end_offset: Offset(10)
@@ -97,7 +134,7 @@ mod tests {
         );
         // Ahead of the leader in its own epoch.
         assert_eq!(
-            answer_fetch(&leader, end, Offset(25), Some(LeaderEpoch(3))),
+            answer_fetch(E, E, &leader, end, Offset(25), Some(LeaderEpoch(3))),
             FetchAnswer::Diverging {
                 epoch: LeaderEpoch(3),
                 end_offset: end

@@ -130,7 +130,8 @@ impl LeaderState {
     }
 
     /// Follower `id` fetched from `at.log_end` (it holds everything before)
-    /// and has `at.flushed` on stable storage. Returns whether the high
+    /// and has `at.flushed` on stable storage; call it only for a fetch
+    /// answered with records (one whose log agrees with the leader's). Returns whether the high
     /// watermark moved. A fetch from a broker that is not a replica is
     /// ignored.
     pub fn on_fetch(&mut self, id: NodeId, at: Position, now_ms: u64) -> bool {
@@ -182,14 +183,24 @@ impl LeaderState {
     }
 
     /// The controller answered: `Some(isr)` committed (returns whether the
-    /// high watermark moved), `None` refused (a newer leader or partition
-    /// epoch won).
+    /// high watermark moved), `None` refused for sure (a newer leader or
+    /// partition epoch won) — not a lost answer: see
+    /// [`LeaderState::on_partition`].
     pub fn on_isr(&mut self, committed: Option<Vec<NodeId>>) -> bool {
         self.proposed = None;
         if let Some(isr) = committed {
             self.isr = isr;
         }
         self.advance()
+    }
+
+    /// The controller changed the ISR itself (it fenced a member) or the
+    /// leader learned the outcome of its proposal from the table: `isr` is
+    /// the committed one; a change in flight is over. Returns whether the
+    /// high watermark moved. (A proposal whose answer was lost must stay in
+    /// flight, counted, until this tells how it ended.)
+    pub fn on_partition(&mut self, isr: Vec<NodeId>) -> bool {
+        self.on_isr(Some(isr))
     }
 
     /// Where an acks=all batch whose last offset is `last` stands: refused

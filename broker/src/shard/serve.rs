@@ -33,6 +33,14 @@ impl Shard {
                          see the broker's log); retry"
                     ),
                 ),
+                Some(q) if q.partitions[partition as usize].leader == crate::controller::NO_LEADER => WireError::new(
+                    ErrorCode::BrokerUnavailable,
+                    format!(
+                        "{queue}/{partition} is offline: its in-sync replicas {:?} are fenced; it is back \
+                             with one of them",
+                        q.partitions[partition as usize].isr
+                    ),
+                ),
                 Some(q) => WireError::new(
                     ErrorCode::NotLeader,
                     format!(
