@@ -62,6 +62,9 @@ pub struct LeaderState {
     settings: LeaderSettings,
     /// As the controller committed it (the leader among them).
     isr: Vec<NodeId>,
+    /// The partition epoch of `isr` (the controller bumps it on every
+    /// leader or ISR change).
+    partition_epoch: u32,
     /// An ISR change proposed and not yet committed.
     proposed: Option<Vec<NodeId>>,
     local: Position,
@@ -105,6 +108,7 @@ impl LeaderState {
             me,
             settings,
             isr,
+            partition_epoch: 0,
             proposed: None,
             local,
             epoch_start: local.log_end,
@@ -115,6 +119,18 @@ impl LeaderState {
 
     pub fn high_watermark(&self) -> Offset {
         self.high_watermark
+    }
+
+    /// The partition epoch of the ISR it starts from (0 by default).
+    pub fn at_partition_epoch(mut self, partition_epoch: u32) -> LeaderState {
+        self.partition_epoch = partition_epoch;
+        self
+    }
+
+    /// The partition epoch of [`LeaderState::isr`]: a proposal carries it,
+    /// and the controller refuses it once the partition moved on.
+    pub fn partition_epoch(&self) -> u32 {
+        self.partition_epoch
     }
 
     /// The ISR as the controller committed it.
@@ -182,25 +198,31 @@ impl LeaderState {
         self.proposed = Some(isr);
     }
 
-    /// The controller answered: `Some(isr)` committed (returns whether the
-    /// high watermark moved), `None` refused for sure (a newer leader or
-    /// partition epoch won) — not a lost answer: see
+    /// The controller answered: `Some((isr, partition epoch))` committed
+    /// (returns whether the high watermark moved), `None` refused for sure
+    /// (a newer leader or partition epoch won) — not a lost answer: see
     /// [`LeaderState::on_partition`].
-    pub fn on_isr(&mut self, committed: Option<Vec<NodeId>>) -> bool {
+    pub fn on_isr(&mut self, committed: Option<(Vec<NodeId>, u32)>) -> bool {
         self.proposed = None;
-        if let Some(isr) = committed {
+        if let Some((isr, partition_epoch)) = committed {
             self.isr = isr;
+            self.partition_epoch = partition_epoch;
         }
         self.advance()
     }
 
-    /// The controller changed the ISR itself (it fenced a member) or the
-    /// leader learned the outcome of its proposal from the table: `isr` is
-    /// the committed one; a change in flight is over. Returns whether the
-    /// high watermark moved. (A proposal whose answer was lost must stay in
-    /// flight, counted, until this tells how it ended.)
-    pub fn on_partition(&mut self, isr: Vec<NodeId>) -> bool {
-        self.on_isr(Some(isr))
+    /// The table shows the partition's ISR at `partition_epoch`. If that is
+    /// newer than what the leader holds, the controller changed the ISR
+    /// (it fenced a member, or committed a proposal whose answer was lost):
+    /// the leader takes it, and a proposal in flight is over (committed, or
+    /// refused for its old epoch). If not, nothing changed — and a proposal
+    /// in flight stays counted: the controller may still commit it.
+    /// Returns whether the high watermark moved.
+    pub fn on_partition(&mut self, isr: Vec<NodeId>, partition_epoch: u32) -> bool {
+        if partition_epoch <= self.partition_epoch {
+            return false;
+        }
+        self.on_isr(Some((isr, partition_epoch)))
     }
 
     /// Where an acks=all batch whose last offset is `last` stands: refused
@@ -303,11 +325,11 @@ mod tests {
         assert_eq!(l.wanted_isr(10_600), None, "one change at a time");
         // Until committed, the old ISR still holds the high watermark back.
         assert_eq!(l.high_watermark(), Offset(50));
-        assert!(l.on_isr(Some(shrunk)));
+        assert!(l.on_isr(Some((shrunk, 1))));
         assert_eq!(l.high_watermark(), Offset(200));
         // Below min_insync: acks=all refused; with 3 back, accepted.
         let mut alone = l.clone();
-        alone.on_isr(Some(vec![1]));
+        alone.on_isr(Some((vec![1], 2)));
         assert_eq!(alone.ack(Offset(300)), Ack::NotEnoughReplicas);
         // 3 has the high watermark written but not on disk: not yet.
         l.on_fetch(3, at(200, 150), 10_900);
@@ -321,10 +343,17 @@ mod tests {
         l.on_local(at(250, 250));
         l.on_fetch(2, at(250, 250), 11_100);
         assert_eq!(l.high_watermark(), Offset(200));
+        // The table at the same partition epoch says nothing new: the
+        // change stays in flight, counted.
+        assert!(!l.on_partition(vec![1, 2], 1));
+        assert_eq!(l.high_watermark(), Offset(200));
         // A refused change leaves the committed ISR.
         assert!(l.on_isr(None));
         assert_eq!(l.isr(), &[1, 2]);
         assert_eq!(l.high_watermark(), Offset(250));
+        // The controller fenced 2 (partition epoch 2): the leader takes it.
+        assert!(!l.on_partition(vec![1], 2));
+        assert_eq!((l.isr(), l.partition_epoch()), (&[1][..], 2));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! A seeded, deterministic simulation of one partition with three replicas
 //! and a controller, driving the sans-I/O replication rules
 //! ([`LeaderState`], [`answer_fetch`], [`truncation_point`]) through random
-//! produces, fdatasyncs, fetches (some lost), ISR changes, crashes (a crash
+//! produces, fdatasyncs, fetches (some lost, some late), ISR changes (decided
+//! by the controller some steps later, some answers lost), crashes (a crash
 //! loses what was not fdatasync'd), pauses (the controller fences a paused
 //! node; it wakes up believing what it believed) and restarts. Checked after
 //! every step: no committed record is missing from the leader's log, and
@@ -42,6 +43,15 @@ struct Node {
     waiting: Vec<(usize, u64)>,
     /// The leader and leader epoch it last learned from the metadata.
     believes: Option<(NodeId, u32)>,
+}
+
+/// A leader's ISR change on its way to the controller.
+struct IsrProposal {
+    leader: NodeId,
+    epoch: u32,
+    /// The partition epoch of the ISR the leader saw.
+    saw: u32,
+    wanted: Vec<NodeId>,
 }
 
 /// A fetch answer on its way back to the follower.
@@ -100,6 +110,8 @@ struct Controller {
     leader: Option<NodeId>,
     epoch: u32,
     isr: Vec<NodeId>,
+    /// Bumped on every leader or ISR change.
+    partition_epoch: u32,
 }
 
 struct Sim {
@@ -111,6 +123,8 @@ struct Sim {
     /// Committed records: (offset, id).
     committed: Vec<(usize, u64)>,
     in_flight: Vec<InFlight>,
+    /// ISR proposals and the step at which the controller decides them.
+    isr_in_flight: Vec<(u64, IsrProposal)>,
     steps: u64,
     seed: u64,
 }
@@ -125,10 +139,12 @@ impl Sim {
                 leader: None,
                 epoch: 0,
                 isr: REPLICAS.to_vec(),
+                partition_epoch: 0,
             },
             next_id: 1,
             committed: Vec::new(),
             in_flight: Vec::new(),
+            isr_in_flight: Vec::new(),
             steps: 0,
             seed,
         };
@@ -150,7 +166,8 @@ impl Sim {
         self.ctl.leader = candidate;
         let Some(leader) = candidate else { return };
         self.ctl.epoch += 1;
-        let (epoch, now) = (self.ctl.epoch, self.now_ms);
+        self.ctl.partition_epoch += 1;
+        let (epoch, now, pe) = (self.ctl.epoch, self.now_ms, self.ctl.partition_epoch);
         let isr = self.ctl.isr.clone();
         let n = self.node(leader);
         let state = LeaderState::new(
@@ -161,32 +178,41 @@ impl Sim {
             n.position(),
             Offset(n.high_watermark as u64),
             now,
-        );
+        )
+        .at_partition_epoch(pe);
         n.leading = Some((epoch, state));
         n.believes = Some((leader, epoch));
     }
 
     /// `who` learns the controller's leader and epoch (a metadata refresh).
+    /// A leader of the current epoch adopts the ISR in the table (the
+    /// outcome of a proposal whose answer was lost, a fence).
     fn refresh(&mut self, who: NodeId) {
         let believed = self.ctl.leader.map(|l| (l, self.ctl.epoch));
-        self.node(who).believes = believed;
+        let (isr, epoch, pe) = (self.ctl.isr.clone(), self.ctl.epoch, self.ctl.partition_epoch);
+        let n = self.node(who);
+        n.believes = believed;
+        if let Some((e, state)) = &mut n.leading {
+            if *e == epoch {
+                state.on_partition(isr, pe);
+            }
+        }
     }
 
     /// The controller fences `id` (its session ran out): out of the ISR
     /// unless it is the last member, and a new leader if it led.
     fn fence(&mut self, id: NodeId) {
-        if self.ctl.isr.len() > 1 {
+        if self.ctl.isr.len() > 1 && self.ctl.isr.contains(&id) {
             self.ctl.isr.retain(|r| *r != id);
+            self.ctl.partition_epoch += 1;
         }
         if self.ctl.leader == Some(id) {
             self.elect();
         } else if let Some(leader) = self.ctl.leader {
-            // The leader learns the ISR the controller changed.
-            let (isr, epoch) = (self.ctl.isr.clone(), self.ctl.epoch);
-            if let Some((e, state)) = &mut self.node(leader).leading {
-                if *e == epoch {
-                    state.on_partition(isr);
-                }
+            // The leader learns the ISR the controller changed (unless the
+            // news is lost: then at its next refresh).
+            if self.rng.gen_range(0..3) > 0 {
+                self.refresh(leader);
             }
         }
     }
@@ -239,6 +265,7 @@ impl Sim {
             _ => self.restart(who),
         }
         self.deliver();
+        self.decide_isr();
         self.settle_acks();
         self.check();
     }
@@ -388,9 +415,6 @@ impl Sim {
     /// the proposal comes from the leader of the current epoch.
     fn maintain_isr(&mut self, who: NodeId) {
         let now = self.now_ms;
-        let ctl_epoch = self.ctl.epoch;
-        let ctl_isr = self.ctl.isr.clone();
-        let current = self.ctl.leader == Some(who);
         let n = self.node(who);
         if !n.acts() {
             return;
@@ -399,14 +423,50 @@ impl Sim {
         let Some(wanted) = state.wanted_isr(now) else {
             return;
         };
-        // The controller checks the leader epoch and that the leader saw
-        // the ISR as it is (the partition epoch's part).
-        let saw_current = state.isr() == ctl_isr.as_slice();
         state.proposing(wanted.clone());
-        let accepted = current && *epoch == ctl_epoch && saw_current;
-        state.on_isr(accepted.then(|| wanted.clone()));
-        if accepted {
-            self.ctl.isr = wanted;
+        let proposal = IsrProposal {
+            leader: who,
+            epoch: *epoch,
+            saw: state.partition_epoch(),
+            wanted,
+        };
+        let delay = self.rng.gen_range(0..40);
+        self.isr_in_flight.push((self.steps + delay, proposal));
+    }
+
+    /// The controller decides the ISR proposals due by now, as the state
+    /// machine's `AlterIsr` does. One answer in five is lost: that leader
+    /// learns the outcome from its next metadata refresh.
+    fn decide_isr(&mut self) {
+        let steps = self.steps;
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.isr_in_flight)
+            .into_iter()
+            .partition(|(at, _)| *at <= steps);
+        self.isr_in_flight = later;
+        for (_, p) in due {
+            // As the state machine's AlterIsr: the current leader epoch and
+            // partition epoch, and no fenced newcomer.
+            let fenced_newcomer = p
+                .wanted
+                .iter()
+                .any(|r| !self.ctl.isr.contains(r) && !self.nodes[*r as usize].acts());
+            let accepted = self.ctl.leader == Some(p.leader)
+                && self.ctl.epoch == p.epoch
+                && self.ctl.partition_epoch == p.saw
+                && !fenced_newcomer;
+            if accepted {
+                self.ctl.isr = p.wanted.clone();
+                self.ctl.partition_epoch += 1;
+            }
+            let pe = self.ctl.partition_epoch;
+            if self.rng.gen_range(0..5) == 0 {
+                continue;
+            }
+            if let Some((epoch, state)) = &mut self.node(p.leader).leading {
+                if *epoch == p.epoch {
+                    state.on_isr(accepted.then_some((p.wanted, pe)));
+                }
+            }
         }
     }
 
@@ -528,6 +588,10 @@ impl Sim {
                 }
             }
             self.maintain_isr(leader);
+            self.decide_isr();
+            if self.rng.gen_range(0..20) == 0 {
+                self.refresh(leader);
+            }
             self.settle_acks();
             self.check();
         }
