@@ -94,13 +94,6 @@ impl EpochHistory {
         }
     }
 
-    /// Whether a batch of `epoch` may be appended now (see [`observe`]).
-    ///
-    /// [`observe`]: EpochHistory::observe
-    pub fn accepts(&self, epoch: LeaderEpoch) -> bool {
-        self.entries.last().is_none_or(|last| epoch >= last.epoch)
-    }
-
     /// Where epoch `requested` ends in this log whose end is `log_end`:
     /// `(epoch, end)` with `epoch` the largest epoch here not above
     /// `requested` (or `requested` itself when it precedes every epoch
@@ -158,11 +151,9 @@ mod tests {
     #[test]
     fn appends_start_epochs_and_refuse_older_ones() {
         let mut h = EpochHistory::new();
-        assert!(h.accepts(LeaderEpoch(0)));
         assert_eq!(h.observe(LeaderEpoch(0), Offset(0)), Ok(true));
         assert_eq!(h.observe(LeaderEpoch(0), Offset(5)), Ok(false));
         assert_eq!(h.observe(LeaderEpoch(3), Offset(9)), Ok(true));
-        assert!(!h.accepts(LeaderEpoch(2)));
         assert_eq!(
             h.observe(LeaderEpoch(2), Offset(12)),
             Err(StaleEpoch {

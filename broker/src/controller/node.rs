@@ -309,10 +309,7 @@ impl Controller {
                         .await?
                     {
                         Forwarded::Answered(answer) => {
-                            let renewed: Result<(), ControllerError> =
-                                serde_json::from_slice(&answer).map_err(|e| {
-                                    ProposeError::Unavailable(format!("a malformed answer from the leader: {e}"))
-                                })?;
+                            let renewed: Result<(), ControllerError> = leaders_answer(&answer)?;
                             return renewed.map_err(ProposeError::Refused);
                         }
                         Forwarded::AskAgain(why) => last_error = why,
@@ -331,6 +328,10 @@ impl Controller {
     /// (alive) when the lease is new or the table does not show it alive at
     /// that address.
     async fn renew_lease(&self, request: &Heartbeat) -> Result<(), ProposeError> {
+        // Refused before it takes a lease (the state machine refuses it too).
+        if request.id == 0 {
+            return Err(ProposeError::Refused(ControllerError::InvalidBrokerId));
+        }
         let term = self.raft.metrics().borrow().current_term;
         let known = self.sm.with_table(|table| {
             let fresh = self
@@ -559,8 +560,7 @@ impl Controller {
             let payload = forwarded.get_or_insert_with(|| to_json(&command));
             match self.forward(addr, ControllerOp::Propose, payload, deadline).await? {
                 Forwarded::Answered(answer) => {
-                    let applied: Result<u64, ControllerError> = serde_json::from_slice(&answer)
-                        .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from the leader: {e}")))?;
+                    let applied: Result<u64, ControllerError> = leaders_answer(&answer)?;
                     return self
                         .applied_here(applied?, deadline, "a forwarded proposal is applied here")
                         .await;
@@ -660,6 +660,12 @@ impl Controller {
             tracing::warn!("controller shutdown: {e}");
         }
     }
+}
+
+/// The leader's JSON answer to a forwarded request.
+fn leaders_answer<T: serde::de::DeserializeOwned>(answer: &[u8]) -> Result<T, ProposeError> {
+    serde_json::from_slice(answer)
+        .map_err(|e| ProposeError::Unavailable(format!("a malformed answer from the controller leader: {e}")))
 }
 
 #[cfg(test)]

@@ -105,6 +105,8 @@ pub enum ControllerError {
     },
     #[error("invalid ISR: {0}")]
     InvalidIsr(String),
+    #[error("broker ids start at 1")]
+    InvalidBrokerId,
 }
 
 impl ControllerError {
@@ -116,7 +118,9 @@ impl ControllerError {
             ControllerError::UnknownQueue(_) => ErrorCode::UnknownQueue,
             ControllerError::InvalidName(_) => ErrorCode::InvalidQueueName,
             ControllerError::InvalidSettings(_) | ControllerError::NotEnoughBrokers { .. } => ErrorCode::InvalidConfig,
-            ControllerError::BrokerIdInUse { .. } | ControllerError::InvalidIsr(_) => ErrorCode::InvalidRequest,
+            ControllerError::BrokerIdInUse { .. }
+            | ControllerError::InvalidIsr(_)
+            | ControllerError::InvalidBrokerId => ErrorCode::InvalidRequest,
             ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
         }
     }
@@ -150,6 +154,8 @@ impl MetadataStm {
         assert!(index > self.table.applied_index, "commands apply in log order, once");
         self.table.applied_index = index;
         match command {
+            // Id 0 stands for "no leader" in partition records.
+            Command::RegisterBroker { id: 0, .. } => Err(ControllerError::InvalidBrokerId),
             Command::RegisterBroker { id, address, shards } => {
                 self.table.brokers.insert(
                     *id,
@@ -196,7 +202,8 @@ impl MetadataStm {
     /// leadership it holds goes to the first replica that is in the ISR and
     /// alive, or to no one.
     fn move_leaderships_off(&mut self, fenced: NodeId) {
-        let alive: Vec<NodeId> = self.table.brokers.values().filter(|b| b.alive).map(|b| b.id).collect();
+        let brokers = &self.table.brokers;
+        let alive = |id: &NodeId| brokers.get(id).is_some_and(|b| b.alive);
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
             let mut changed = false;
             if p.isr.contains(&fenced) && p.isr.len() > 1 {
@@ -208,7 +215,7 @@ impl MetadataStm {
                     .replicas
                     .iter()
                     .copied()
-                    .find(|r| p.isr.contains(r) && alive.contains(r))
+                    .find(|r| p.isr.contains(r) && alive(r))
                     .unwrap_or(NO_LEADER);
                 p.leader_epoch += 1;
                 changed = true;
@@ -240,7 +247,8 @@ impl MetadataStm {
         partition_epoch: u32,
         isr: &[NodeId],
     ) -> Result<(), ControllerError> {
-        let alive: Vec<NodeId> = self.table.brokers.values().filter(|b| b.alive).map(|b| b.id).collect();
+        let brokers = &self.table.brokers;
+        let alive = |id: &NodeId| brokers.get(id).is_some_and(|b| b.alive);
         let p = self
             .table
             .queues
@@ -267,7 +275,7 @@ impl MetadataStm {
         if let Some(r) = isr.iter().find(|r| !p.replicas.contains(r)) {
             return bad(format!("{r} is not a replica (replicas {:?})", p.replicas));
         }
-        if let Some(r) = isr.iter().find(|r| !p.isr.contains(r) && !alive.contains(r)) {
+        if let Some(r) = isr.iter().find(|r| !p.isr.contains(r) && !alive(r)) {
             return bad(format!("broker {r} is fenced: it cannot join"));
         }
         // In replica order, each once.

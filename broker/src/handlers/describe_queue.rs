@@ -139,21 +139,39 @@ async fn describe_on(
     // The node may not have applied the queue's creation yet: it gets until
     // the deadline to catch up.
     let deadline = std::time::Instant::now() + NODE_TIMEOUT;
-    let frame = loop {
+    let answered = loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let frame = call_node(shard, node, Api::DescribeQueue, fbb.finished_data(), left).await?;
-        let resp = decode(node, &frame)?;
+        let resp = read_body::<DescribeQueueResponse>(&frame.body).map_err(|e| {
+            WireError::new(
+                ErrorCode::Internal,
+                format!("node {node} answered the describe with a malformed response: {e}"),
+            )
+        })?;
         match error_from_table(resp.error()) {
             Some(e) if e.code == ErrorCode::UnknownQueue && std::time::Instant::now() < deadline => {
                 glommio::timer::sleep(Duration::from_millis(50)).await
             }
             Some(e) => return Err(e),
-            None => break frame,
+            None => break stats_of(&resp),
         }
     };
-    let resp = decode(node, &frame)?;
-    let answered: BTreeMap<u32, PartitionStats> = resp
-        .partitions()
+    wanted
+        .iter()
+        .map(|p| {
+            answered.get(p).map(|s| (*p, s.clone())).ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::NotLeader,
+                    format!("node {node} no longer leads partition {p} of {name}; retry"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Each partition's figures in a DescribeQueue answer.
+fn stats_of(resp: &DescribeQueueResponse<'_>) -> BTreeMap<u32, PartitionStats> {
+    resp.partitions()
         .iter()
         .flatten()
         .map(|p| {
@@ -168,26 +186,5 @@ async fn describe_on(
                 },
             )
         })
-        .collect();
-    wanted
-        .iter()
-        .map(|p| {
-            answered.get(p).map(|s| (*p, s.clone())).ok_or_else(|| {
-                WireError::new(
-                    ErrorCode::NotLeader,
-                    format!("node {node} no longer leads partition {p} of {name}; retry"),
-                )
-            })
-        })
         .collect()
-}
-
-/// Node `node`'s DescribeQueue answer.
-fn decode(node: NodeId, frame: &strand_net::Frame) -> Result<DescribeQueueResponse<'_>, WireError> {
-    read_body::<DescribeQueueResponse>(&frame.body).map_err(|e| {
-        WireError::new(
-            ErrorCode::Internal,
-            format!("node {node} answered the describe with a malformed response: {e}"),
-        )
-    })
 }

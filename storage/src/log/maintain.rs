@@ -240,11 +240,8 @@ impl Log {
         self.sync_held().await?;
         self.persist_index_locked(true).await?;
         self.save_epochs_locked().await?;
-        drop(_sync);
-        drop(_permit);
         // The high watermark as it is now (the next open starts from it).
-        self.checkpoint().await?;
-        let _permit = self.lock().await?;
+        self.save_high_watermark().await?;
         self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();
         st.closed = true;

@@ -174,6 +174,9 @@ struct Inner {
     /// Serialises fdatasync. Taken after `io_lock` when both are needed, so
     /// a write of the next group can run while the previous one syncs.
     sync_lock: Semaphore,
+    /// Serialises writes of the high-watermark checkpoint (they share a
+    /// temporary file), apart from the I/O lock appends need.
+    checkpoint_lock: Semaphore,
     /// Woken whenever the I/O or sync lock is released: durability waiters that did
     /// not take the lock wait here instead of queueing on it.
     io_done: Notify,
@@ -352,6 +355,7 @@ impl Log {
                 state: RefCell::new(state),
                 io_lock: Semaphore::new(1),
                 sync_lock: Semaphore::new(1),
+                checkpoint_lock: Semaphore::new(1),
                 io_done: Notify::default(),
             }),
         };

@@ -52,28 +52,42 @@ impl Log {
     /// Writes the high watermark and the epoch history where they changed
     /// since last written. Cheap when nothing changed.
     pub async fn checkpoint(&self) -> Result<()> {
-        let (hw, saved, dirty) = {
+        let dirty = {
             let st = self.inner.state.borrow();
             st.check_usable(&self.inner.dir)?;
-            (st.high_watermark, st.high_watermark_saved, st.epochs_dirty)
+            st.epochs_dirty
         };
         if dirty {
             let _permit = self.lock().await?;
             self.save_epochs_locked().await?;
         }
-        if saved != Some(hw) {
-            checkpoint::write_atomically(
-                &self.inner.dir,
-                HIGH_WATERMARK_FILE,
-                checkpoint::encode_high_watermark(hw),
-                false,
-            )
-            .await?;
-            let mut st = self.inner.state.borrow_mut();
-            if st.high_watermark_saved.is_none_or(|s| s < hw) {
-                st.high_watermark_saved = Some(hw);
+        self.save_high_watermark().await
+    }
+
+    /// Writes the high watermark if it is not the one last written (under
+    /// the checkpoint lock: writers share the temporary file).
+    pub(super) async fn save_high_watermark(&self) -> Result<()> {
+        let _permit = self
+            .inner
+            .checkpoint_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| crate::error::StorageError::Closed)?;
+        let hw = {
+            let st = self.inner.state.borrow();
+            if st.high_watermark_saved == Some(st.high_watermark) {
+                return Ok(());
             }
-        }
+            st.high_watermark
+        };
+        checkpoint::write_atomically(
+            &self.inner.dir,
+            HIGH_WATERMARK_FILE,
+            checkpoint::encode_high_watermark(hw),
+            false,
+        )
+        .await?;
+        self.inner.state.borrow_mut().high_watermark_saved = Some(hw);
         Ok(())
     }
 

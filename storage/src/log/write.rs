@@ -123,16 +123,9 @@ impl Log {
                         unreachable!("the batch is taken only when appended")
                     };
                     let rb = make(bytes, st.log_end())?;
-                    let epoch = rb.header().leader_epoch;
-                    if !st.epochs.accepts(epoch) {
-                        let latest = st.epochs.latest().map_or(epoch, |l| l.epoch);
-                        return Err(StorageError::StaleEpoch(crate::epochs::StaleEpoch {
-                            batch: epoch,
-                            latest,
-                            offset: rb.base_offset(),
-                        }));
-                    }
-                    if st.epochs.observe(epoch, rb.base_offset()) == Ok(true) {
+                    // A new epoch starts here (its checkpoint is written
+                    // before these bytes); an older one is refused.
+                    if st.epochs.observe(rb.header().leader_epoch, rb.base_offset())? {
                         st.epochs_dirty = true;
                     }
                     st.active.push(&rb, config.index_interval_bytes, now);

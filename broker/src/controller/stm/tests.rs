@@ -461,6 +461,9 @@ fn a_fenced_leader_hands_over_to_the_isr_and_isr_changes_are_fenced_by_epochs() 
     assert_eq!((part(&stm, "q").leader, part(&stm, "q").isr.clone()), (a, vec![a, c]));
     apply(&mut stm, Command::FenceBroker { id: a, term: 0 }).unwrap();
     assert_eq!((part(&stm, "q").leader, part(&stm, "q").isr.clone()), (c, vec![c]));
+    // Id 0 means "no leader": no broker may take it.
+    assert_eq!(apply(&mut stm, back(0)), Err(ControllerError::InvalidBrokerId));
+    assert!(!stm.table().brokers.contains_key(&0));
     // A fenced broker cannot be let in.
     let p = part(&stm, "q");
     assert!(matches!(
