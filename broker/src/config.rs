@@ -24,6 +24,8 @@
 //! controller_election_max_ms = 2000    #   at random) stands for election
 //! broker_heartbeat_ms = 500            # a broker renews its lease with the controller leader
 //! broker_session_ms = 3000             # a lease not renewed this long expires: the broker is fenced
+//! replica_lag_time_max_ms = 10000      # a follower not caught up this long leaves the ISR
+//! replica_fetch_wait_ms = 500          # a follower's fetch waits this long for records at most
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -153,6 +155,11 @@ pub struct BrokerConfig {
     pub broker_heartbeat_ms: u64,
     /// How long a lease lasts without renewal before the broker is fenced.
     pub broker_session_ms: u64,
+    /// A follower that has not caught up with its leader for this long
+    /// leaves the partition's ISR.
+    pub replica_lag_time_max_ms: u64,
+    /// The longest a follower's fetch waits at the leader for records.
+    pub replica_fetch_wait_ms: u64,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
@@ -218,6 +225,8 @@ impl Default for BrokerConfig {
             controller_election_max_ms: 2000,
             broker_heartbeat_ms: 500,
             broker_session_ms: 3000,
+            replica_lag_time_max_ms: 10_000,
+            replica_fetch_wait_ms: 500,
         }
     }
 }
@@ -395,6 +404,14 @@ impl BrokerConfig {
             return bad(format!(
                 "broker liveness: heartbeat {heartbeat} ms, session {session} ms: the heartbeat must be > 0 \
                  and the session at least four heartbeats (a renewal may take two) and at most 10 minutes"
+            ));
+        }
+        let (lag, wait) = (self.replica_lag_time_max_ms, self.replica_fetch_wait_ms);
+        if wait == 0 || wait > 30_000 || lag < 2 * wait || lag > 600_000 {
+            return bad(format!(
+                "replication timings: fetch wait {wait} ms, lag limit {lag} ms: the wait must be 1 ms to 30 s, \
+                 the lag limit at least two waits (a follower in step fetches once per wait) and at most 10 \
+                 minutes"
             ));
         }
         if self.cores == Some(0) {

@@ -10,6 +10,8 @@
 //! - [`replica`]: replication's decisions, sans I/O (a leader's view of
 //!   its followers, the ISR, the high watermark, acks=all; fetch answers
 //!   and a diverged follower's truncation), with a seeded simulation.
+//! - [`replication`]: replication's I/O on each shard — followers'
+//!   fetchers, the leaders' ISR upkeep, high-watermark checkpoints.
 //! - [`shard`]: one shard's state — its partitions and their roles, the
 //!   produce path, serving a partition request, the link to the
 //!   controller, the messages between shards.
@@ -34,7 +36,8 @@
 //! Dependencies point one way (no module imports one that imports it):
 //! config, routing, idempotence, controller, metrics, frame_io (leaves;
 //! replica uses only the controller's ids)
-//! ← shard ← router ← groups ← handlers ← server; peer uses frame_io
+//! ← shard (which uses replica) ← router ← replication, groups ← handlers
+//! ← server; peer uses frame_io
 //! alone; cli uses the client library and groups' naming rules.
 
 pub mod cli;
@@ -47,6 +50,7 @@ pub mod idempotence;
 pub mod metrics;
 pub mod peer;
 pub mod replica;
+pub mod replication;
 pub mod router;
 pub mod routing;
 pub mod server;

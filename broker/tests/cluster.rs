@@ -108,13 +108,9 @@ fn three_nodes_elect_a_controller_and_serve_queues_led_by_each() {
     assert_eq!(leaders, vec![1, 2, 3], "partitions are led by every node");
     until_all_see(&c, &[1, 2, 3], "orders", &on_follower.leaders);
 
-    // Replicas beyond the leader do not exist yet: no queue may claim them.
+    // No more replicas than brokers.
     assert_eq!(
-        c.client(follower).create_queue_rf("replicated", 1, 3),
-        ErrorCode::InvalidConfig
-    );
-    assert_eq!(
-        c.client(leader).create_queue_rf("replicated", 1, 2),
+        c.client(follower).create_queue_rf("replicated", 1, 4),
         ErrorCode::InvalidConfig
     );
     assert!(!metadata(&mut c.client(leader), None)

@@ -47,7 +47,9 @@ fn garbage_frames_close_only_their_connections() {
                                 .map(|_| xorshift(&mut rng) as u8)
                                 .collect();
                             frame.extend_from_slice(&((12 + body.len()) as u32).to_le_bytes());
-                            frame.extend_from_slice(&((xorshift(&mut rng) % 12) as u16).to_le_bytes());
+                            frame.extend_from_slice(
+                                &((xorshift(&mut rng) % (strand_wire::Api::ALL.len() as u64 + 1)) as u16).to_le_bytes(),
+                            );
                             frame.extend_from_slice(&((xorshift(&mut rng) % 2) as u16).to_le_bytes());
                             frame.extend_from_slice(&(i as u32).to_le_bytes());
                             frame.extend_from_slice(&(body.len() as u32).to_le_bytes());

@@ -26,11 +26,13 @@ pub enum Api {
     Settle = 19,
     /// Between brokers: the controller's Raft messages and forwarded proposals.
     Controller = 20,
+    /// Between brokers: a follower fetches a partition from its leader.
+    ReplicaFetch = 21,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 21] = [
+    pub const ALL: [Api; 22] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -52,6 +54,7 @@ impl Api {
         Api::Receive,
         Api::Settle,
         Api::Controller,
+        Api::ReplicaFetch,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -93,6 +96,7 @@ impl Api {
             Api::Receive => "Receive",
             Api::Settle => "Settle",
             Api::Controller => "Controller",
+            Api::ReplicaFetch => "ReplicaFetch",
         }
     }
 }

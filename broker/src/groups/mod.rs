@@ -82,6 +82,9 @@ pub const SESSION_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Ack mode: most records between a partition's position and the newest
 /// handed out.
 pub const IN_FLIGHT_WINDOW: u64 = 2000;
+/// How long the coordinator's own acks=all writes (`__groups`, dead
+/// letters) may wait for the in-sync replicas.
+const INTERNAL_WRITE_TIMEOUT_MS: u32 = 30_000;
 /// Ack mode: lock periods a member may ask for.
 pub const LOCK_MIN: Duration = Duration::from_millis(100);
 pub const LOCK_MAX: Duration = Duration::from_secs(3600);
@@ -1196,6 +1199,7 @@ impl Coordinator {
             Box::pin(crate::router::ask(shard, dlq, 0, |reply| PartitionRequest::Produce {
                 records,
                 acks: -1,
+                timeout_ms: INTERNAL_WRITE_TIMEOUT_MS,
                 reply,
             }));
         produced.await?;
@@ -1418,7 +1422,7 @@ async fn append(
 ) -> Result<u64, WireError> {
     let table = shard.table();
     let batch = record::batch(group, changes, now_ms(), |q| table.queue(q).map_or(0, |r| r.id));
-    let produced = shard.produce(part, batch, -1).await?;
+    let produced = shard.produce(part, batch, -1, INTERNAL_WRITE_TIMEOUT_MS).await?;
     Ok(produced.base_offset)
 }
 

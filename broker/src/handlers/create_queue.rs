@@ -18,7 +18,6 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         let req = request::<CreateQueueRequest>(body)?;
         let name = user_queue_name(req.name())?;
         let settings = settings(shard, req.config())?;
-        unreplicated(shard, settings.replication_factor)?;
         Command::CreateQueue { name, settings }
     };
     let result = crate::router::propose(shard, command).await.map_err(propose_error);
@@ -27,26 +26,6 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     let root = CreateQueueResponse::create(&mut fbb, &CreateQueueResponseArgs { error });
     fbb.finish_minimal(root);
     Ok(respond(header, &fbb, TailBuilder::default()))
-}
-
-/// Refuses a replication factor above 1 while the brokers could hold it:
-/// partitions have no followers yet (replication is the next cluster
-/// step), and a queue must not claim copies it does not have. Refused here,
-/// before the controller's log, so that a later build that replicates does
-/// not apply the command differently on replay. With fewer brokers than
-/// the factor the controller refuses it (`NotEnoughBrokers`), as always.
-fn unreplicated(shard: &Shard, replication_factor: u16) -> Result<(), WireError> {
-    let brokers = shard.table().brokers.len();
-    if replication_factor > 1 && usize::from(replication_factor) <= brokers {
-        return Err(WireError::new(
-            ErrorCode::InvalidConfig,
-            format!(
-                "replication factor {replication_factor}: partitions are not replicated yet (each has its leader \
-                 only); create the queue with replication factor 1"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// A new queue's settings: what the request gives, the broker's defaults

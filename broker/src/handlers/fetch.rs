@@ -360,22 +360,17 @@ pub async fn handle(
 }
 
 async fn fetch_all(shard: &Rc<Shard>, wants: &[Want]) -> Vec<Result<Fetched, WireError>> {
-    let mut tasks = Vec::new();
-    for w in wants {
+    let asks = wants.iter().map(|w| {
         let (shard, queue, partition, offset, max_bytes) =
             (shard.clone(), w.queue.clone(), w.partition, w.offset, w.max_bytes);
-        tasks.push(glommio::spawn_local(async move {
+        async move {
             ask(&shard, queue, partition, |reply| PartitionRequest::Fetch {
                 offset,
                 max_bytes,
                 reply,
             })
             .await
-        }));
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await);
-    }
-    out
+        }
+    });
+    super::all_of(asks.collect()).await
 }

@@ -21,6 +21,7 @@ mod groups;
 mod list_offsets;
 mod metadata;
 mod produce;
+mod replica_fetch;
 
 use std::rc::Rc;
 
@@ -62,6 +63,7 @@ pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: Fra
         }
         Api::Fetch => fetch::handle(shard, chains, header, &frame.body).await,
         Api::ListOffsets => list_offsets::handle(shard, header, &frame.body).await,
+        Api::ReplicaFetch => replica_fetch::handle(shard, header, &frame.body).await,
         Api::JoinGroup
         | Api::Heartbeat
         | Api::LeaveGroup
@@ -75,6 +77,24 @@ pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: Fra
         | Api::Settle => groups::handle(shard, api, header, &frame.body).await,
     };
     Some(result.unwrap_or_else(|e| error_response(header, &e)))
+}
+
+/// Runs `futures` at once on this shard and returns their outputs in
+/// order (one runs in place, without a task).
+async fn all_of<T: 'static, F: std::future::Future<Output = T> + 'static>(futures: Vec<F>) -> Vec<T> {
+    if futures.len() == 1 {
+        let mut out = Vec::with_capacity(1);
+        for f in futures {
+            out.push(f.await);
+        }
+        return out;
+    }
+    let tasks: Vec<_> = futures.into_iter().map(glommio::spawn_local).collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await);
+    }
+    out
 }
 
 /// Most (queue, partition) entries one request may name.

@@ -23,9 +23,10 @@ struct Part {
 }
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> Result<Option<OutFrame>, WireError> {
-    let (acks, parts) = {
+    let (acks, timeout_ms, parts) = {
         let req = request::<ProduceRequest>(&frame.body)?;
         let acks = req.acks();
+        let timeout_ms = req.timeout_ms();
         if !(-1..=1).contains(&acks) {
             return Err(WireError::new(
                 ErrorCode::InvalidRequest,
@@ -44,7 +45,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
                 });
             }
         }
-        (acks, parts)
+        (acks, timeout_ms, parts)
     };
     super::check_entries(parts.len())?;
     // Split the tail into each partition's batches, uniquely owned (no copy).
@@ -78,6 +79,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
         ask(&shard, queue, partition, |reply| PartitionRequest::Produce {
             records,
             acks,
+            timeout_ms,
             reply,
         })
         .await

@@ -355,6 +355,7 @@ async fn shard_main(
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     start_timers(&shard);
+    crate::replication::start(&shard);
     if let Some(fd) = lifecycle.metrics_fd {
         // SAFETY: the fd is a bound, listening, non-blocking TCP socket that
         // `run` gave up ownership of (into_raw_fd) for this shard alone.
@@ -495,7 +496,7 @@ fn start_timers(shard: &Rc<Shard>) {
             for part in s.partitions.logs() {
                 if matches!(part.log.config().fsync, strand_storage::FsyncPolicy::Interval { .. }) {
                     let _ = part.log.tick().await;
-                    moved |= part.log.advance_high_watermark(part.log.written_offset());
+                    moved |= part.note_local();
                     left |= part.log.unsettled();
                 }
             }

@@ -26,7 +26,7 @@ use strand_wire::ErrorCode;
 
 use super::partitions::Partition;
 use super::Shard;
-use crate::controller::{Command, MetadataTable, ProposeError};
+use crate::controller::{Command, MetadataTable, NodeId, ProposeError};
 
 /// An error to put in a response: code and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +64,33 @@ pub struct Fetched {
     pub read: ReadBatches,
     pub high_watermark: u64,
     pub log_start: u64,
+}
+
+/// A follower's fetch of one partition from its leader
+/// (`crate::replication`; the wire's `ReplicaFetchPartition`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWant {
+    /// The fetching follower.
+    pub replica: NodeId,
+    /// The leader epoch the follower is in.
+    pub leader_epoch: u32,
+    /// The follower's log end.
+    pub fetch_offset: u64,
+    /// The epoch of its last batch (`None`: its log holds none).
+    pub last_epoch: Option<u32>,
+    /// Its fdatasync'd offset.
+    pub flushed_offset: u64,
+    pub max_bytes: u32,
+}
+
+/// What a leader answers a follower's fetch: records from the fetch offset
+/// (as stored, below the log end), or where the follower's last epoch ends
+/// here if its log diverged (no records then).
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaFetched {
+    pub fetched: Fetched,
+    /// `(epoch, end offset)` on a diverged log.
+    pub diverging: Option<(u32, u64)>,
 }
 
 /// A partition's offsets and size, for DescribeQueue.
@@ -148,7 +175,14 @@ pub enum PartitionRequest {
     Produce {
         records: BytesMut,
         acks: i8,
+        /// How long an acks=all produce may wait for the in-sync replicas.
+        timeout_ms: u32,
         reply: Reply<Produced>,
+    },
+    /// A follower's fetch (served by the leader only).
+    ReplicaFetch {
+        want: ReplicaWant,
+        reply: Reply<ReplicaFetched>,
     },
     Fetch {
         offset: u64,

@@ -213,6 +213,7 @@ pub fn reply_error(request: PartitionRequest, err: WireError) {
     match request {
         PartitionRequest::Produce { reply, .. } => reply.send(Err(err)),
         PartitionRequest::Fetch { reply, .. } => reply.send(Err(err)),
+        PartitionRequest::ReplicaFetch { reply, .. } => reply.send(Err(err)),
         PartitionRequest::ListOffsets { reply, .. } => reply.send(Err(err)),
         PartitionRequest::Describe { reply } => reply.send(Err(err)),
         PartitionRequest::Call(call) => call.fail(err),

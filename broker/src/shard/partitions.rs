@@ -2,7 +2,14 @@
 //! metadata table, plus the shard-wide "new data" signal for long polls.
 //!
 //! Runs on: every shard, for the partitions `routing::shard_for` gives it
-//! (and that this node leads).
+//! and of which this node holds a replica.
+//!
+//! Each open partition has a [`Role`] that follows the table: the leader
+//! appends (stamping its leader epoch) and keeps a
+//! [`crate::replica::leader::LeaderState`] of its followers, from which the
+//! high watermark comes; a follower's log is written only by its fetcher
+//! (`crate::replication`), and its high watermark is the leader's as last
+//! fetched. A leadership change keeps the log open: only the role changes.
 //!
 //! On disk a partition is `<data_dir>/<queue>/<partition>/` with a
 //! `.queue-id` file holding the queue's id: a queue deleted and created
@@ -17,9 +24,37 @@ use std::rc::Rc;
 use strand_storage::notify::Notify;
 use strand_storage::{FsyncPolicy, Log, LogConfig, ShardStorage};
 
-use crate::controller::{FsyncSetting, MetadataTable, QueueSettings};
+use crate::controller::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueSettings, NO_LEADER};
 use crate::idempotence::ProducerTable;
+use crate::replica::leader::{Holds, LeaderSettings, LeaderState, Position};
 use crate::routing::{shard_for, ShardId};
+
+/// What this node is for a partition it holds a replica of.
+pub enum Role {
+    /// It leads in leader epoch `epoch`: appends are stamped with it, and
+    /// `state` follows the replicas for the high watermark and the ISR.
+    Leader { epoch: u32, state: LeaderState },
+    /// It follows `leader` ([`NO_LEADER`]: the partition is offline) in
+    /// leader epoch `epoch`.
+    Follower { leader: NodeId, epoch: u32 },
+}
+
+/// Milliseconds on a monotonic clock (the replication rules' time).
+pub fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
+}
+
+/// acks=all needs this many in-sync replicas: 2 with three replicas or
+/// more (one may be lost without losing an acknowledged record and still
+/// accept writes), else 1.
+pub fn min_insync_replicas(replication_factor: u16) -> usize {
+    if replication_factor >= 3 {
+        2
+    } else {
+        1
+    }
+}
 
 /// An open partition.
 pub struct Partition {
@@ -32,6 +67,115 @@ pub struct Partition {
     /// append can wait (a segment roll, a full write queue), and requests
     /// behind it must neither overtake it nor find it half done. FIFO.
     pub appending: glommio::sync::Semaphore,
+    /// Leader or follower (see [`Role`]).
+    pub role: RefCell<Role>,
+}
+
+impl Partition {
+    /// The leader epoch this replica is in.
+    pub fn leader_epoch(&self) -> u32 {
+        match &*self.role.borrow() {
+            Role::Leader { epoch, .. } | Role::Follower { epoch, .. } => *epoch,
+        }
+    }
+
+    /// The leader epoch, if this replica leads.
+    pub fn leading(&self) -> Option<u32> {
+        match &*self.role.borrow() {
+            Role::Leader { epoch, .. } => Some(*epoch),
+            Role::Follower { .. } => None,
+        }
+    }
+
+    /// The node this replica follows, if it follows one.
+    pub fn following(&self) -> Option<(NodeId, u32)> {
+        match &*self.role.borrow() {
+            Role::Follower { leader, epoch } if *leader != NO_LEADER => Some((*leader, *epoch)),
+            _ => None,
+        }
+    }
+
+    /// The leader's own log moved (written, fdatasync'd): the high
+    /// watermark follows what every ISR member holds. Returns whether it
+    /// moved. Nothing on a follower.
+    pub fn note_local(&self) -> bool {
+        let at = Position {
+            log_end: self.log.written_offset(),
+            flushed: self.log.flushed_offset(),
+        };
+        let hw = match &mut *self.role.borrow_mut() {
+            Role::Leader { state, .. } => {
+                state.on_local(at);
+                state.high_watermark()
+            }
+            Role::Follower { .. } => return false,
+        };
+        self.log.advance_high_watermark(hw)
+    }
+
+    /// Follower `replica` fetched from `at.log_end` in this leader's epoch
+    /// (its log agrees with the leader's): returns whether the high
+    /// watermark moved.
+    pub fn note_fetch(&self, replica: NodeId, at: Position) -> bool {
+        let hw = match &mut *self.role.borrow_mut() {
+            Role::Leader { state, .. } => {
+                state.on_fetch(replica, at, mono_ms());
+                state.high_watermark()
+            }
+            Role::Follower { .. } => return false,
+        };
+        self.log.advance_high_watermark(hw)
+    }
+
+    /// Takes the role the table's `record` gives this node `me`: a new
+    /// leader epoch makes a new role (a leader starts following its
+    /// replicas afresh); the same epoch only brings the ISR up to date.
+    /// Returns whether the high watermark moved.
+    fn adopt(&self, me: NodeId, record: &PartitionRecord, lag_max_ms: u64) -> bool {
+        let epoch = record.leader_epoch;
+        {
+            let mut role = self.role.borrow_mut();
+            match &mut *role {
+                Role::Leader { epoch: e, state } if *e == epoch && record.leader == me => {
+                    state.on_partition(record.isr.clone(), record.partition_epoch);
+                }
+                Role::Follower { leader, epoch: e } if *e == epoch && *leader == record.leader => return false,
+                _ if record.leader == me => {
+                    let settings = LeaderSettings {
+                        holds: match self.settings.fsync {
+                            FsyncSetting::Always => Holds::Flushed,
+                            FsyncSetting::Interval { .. } => Holds::Written,
+                        },
+                        lag_max_ms,
+                        min_insync: min_insync_replicas(self.settings.replication_factor),
+                    };
+                    let local = Position {
+                        log_end: self.log.written_offset(),
+                        flushed: self.log.flushed_offset(),
+                    };
+                    let state = LeaderState::new(
+                        me,
+                        &record.replicas,
+                        record.isr.clone(),
+                        settings,
+                        local,
+                        self.log.high_watermark(),
+                        mono_ms(),
+                    )
+                    .at_partition_epoch(record.partition_epoch);
+                    *role = Role::Leader { epoch, state };
+                }
+                _ => {
+                    *role = Role::Follower {
+                        leader: record.leader,
+                        epoch,
+                    };
+                    return false;
+                }
+            }
+        }
+        self.note_local()
+    }
 }
 
 pub struct Partitions {
@@ -52,6 +196,15 @@ pub struct Partitions {
     /// the shard's interval timer, which sleeps while no such partition
     /// has anything to write or sync.
     pub interval_appends: Notify,
+    /// Notified after every append to a partition this shard leads, and
+    /// whenever a role changes: wakes followers' fetches waiting for
+    /// records, and the fetchers.
+    pub appended: Notify,
+    /// Notified after every table applied (roles may have changed): the
+    /// fetchers look at what this shard follows.
+    pub roles_changed: Notify,
+    /// A follower leaves the ISR after this long without catching up.
+    replica_lag_time_max_ms: u64,
 }
 
 /// The log settings of a queue: its own, over the broker's `base`. A queue
@@ -86,6 +239,9 @@ impl Partitions {
             open: RefCell::new(HashMap::new()),
             new_data: Notify::default(),
             interval_appends: Notify::default(),
+            appended: Notify::default(),
+            roles_changed: Notify::default(),
+            replica_lag_time_max_ms: config.replica_lag_time_max_ms,
         }
     }
 
@@ -131,15 +287,16 @@ impl Partitions {
     }
 
     /// Opens, closes and deletes partitions so that this shard holds exactly
-    /// the ones the table gives it. Errors are logged per partition: one bad
-    /// partition does not keep the others from opening.
+    /// the replicas the table gives it, each in the role the table says.
+    /// Errors are logged per partition: one bad partition does not keep the
+    /// others from opening.
     pub async fn apply(&self, table: &MetadataTable) {
-        let mut wanted: HashMap<(String, u32), (u64, QueueSettings)> = HashMap::new();
+        let mut wanted: HashMap<(String, u32), (u64, QueueSettings, PartitionRecord)> = HashMap::new();
         for q in table.queues.values() {
             for (p, record) in q.partitions.iter().enumerate() {
                 let p = p as u32;
-                if record.leader == self.node_id && shard_for(&q.name, p, self.shards) == self.shard {
-                    wanted.insert((q.name.clone(), p), (q.id, q.settings.clone()));
+                if record.replicas.contains(&self.node_id) && shard_for(&q.name, p, self.shards) == self.shard {
+                    wanted.insert((q.name.clone(), p), (q.id, q.settings.clone(), record.clone()));
                 }
             }
         }
@@ -155,7 +312,9 @@ impl Partitions {
                     ..s.clone()
                 } == part.settings
             };
-            let keep = wanted.get(&key).is_some_and(|(id, s)| *id == part.queue_id && same(s));
+            let keep = wanted
+                .get(&key)
+                .is_some_and(|(id, s, _)| *id == part.queue_id && same(s));
             if keep {
                 continue;
             }
@@ -168,12 +327,15 @@ impl Partitions {
                 self.delete_dir(&key.0, key.1);
             }
         }
-        for ((queue, p), (id, settings)) in wanted {
-            if self.get(&queue, p).is_some() {
+        let mut moved = false;
+        for ((queue, p), (id, settings, record)) in wanted {
+            if let Some(part) = self.get(&queue, p) {
+                moved |= part.adopt(self.node_id, &record, self.replica_lag_time_max_ms);
                 continue;
             }
             match self.open_partition(&queue, p, id, &settings).await {
                 Ok(part) => {
+                    moved |= part.adopt(self.node_id, &record, self.replica_lag_time_max_ms);
                     self.open
                         .borrow_mut()
                         .entry(queue)
@@ -183,6 +345,13 @@ impl Partitions {
                 Err(e) => tracing::error!(queue = %queue, partition = p, "cannot open partition: {e}"),
             }
         }
+        if moved {
+            self.new_data.notify_all();
+        }
+        // Roles may have changed: waiting fetches and acks look again.
+        self.appended.notify_all();
+        self.new_data.notify_all();
+        self.roles_changed.notify_all();
     }
 
     async fn open_partition(
@@ -222,13 +391,19 @@ impl Partitions {
             .open_log(&dir, log_config(settings, &self.log_base))
             .await
             .map_err(|e| e.to_string())?;
-        log.advance_high_watermark(log.flushed_offset());
+        // The high watermark is the checkpoint's until the role is known:
+        // a leader moves it to what its ISR holds, a follower to its
+        // leader's.
         Ok(Partition {
             queue_id: id,
             log,
             settings: settings.clone(),
             producers: RefCell::default(),
             appending: glommio::sync::Semaphore::new(1),
+            role: RefCell::new(Role::Follower {
+                leader: NO_LEADER,
+                epoch: 0,
+            }),
         })
     }
 

@@ -1,31 +1,47 @@
 //! The produce path on the shard that owns the partition: the request's
-//! batches checked, each appended once (idempotent producers: a resent
-//! batch is answered with where it was stored), the durability wait the
-//! acks ask for, and the high watermark moved.
+//! batches checked, each appended once under the leader's epoch
+//! (idempotent producers: a resent batch is answered with where it was
+//! stored), the durability wait the acks ask for, and the high watermark
+//! moved — to what every in-sync replica holds (`crate::replica::leader`);
+//! acks=all waits until it passes the request's last record.
 //!
-//! Runs on: the owning shard.
+//! Runs on: the owning shard, on the partition's leader only.
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use strand_storage::{LeaderEpoch, Offset, StorageError};
 use strand_wire::ErrorCode;
 
 use super::messages::{Produced, WireError};
-use super::partitions::Partition;
+use super::partitions::{min_insync_replicas, Partition, Role};
 use super::{storage_error, Shard};
 use crate::idempotence::{Sequenced, Verdict};
+use crate::replica::leader::Ack;
 
 impl Shard {
     /// Appends the batches in `records` and, for acks ≥ 1, waits until they
-    /// are durable per the queue's policy; then moves the high watermark
-    /// (one replica: what is durable is committed).
+    /// are durable here per the queue's policy, then moves the high
+    /// watermark as far as the in-sync replicas hold; acks=all also waits
+    /// (at most `timeout_ms`) until the high watermark passes the last
+    /// record.
     pub(crate) async fn produce(
         self: &Rc<Self>,
-        part: &Partition,
+        part: &Rc<Partition>,
         mut records: bytes::BytesMut,
         acks: i8,
+        timeout_ms: u32,
     ) -> Result<Produced, WireError> {
         let log = &part.log;
+        let Some(epoch) = part.leading() else {
+            return Err(not_leader(part));
+        };
+        let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+        // Refused before anything is appended while too few replicas are in
+        // sync: nothing stored that cannot be acknowledged.
+        if acks == -1 {
+            check_insync(part)?;
+        }
         let interval = matches!(log.config().fsync, strand_storage::FsyncPolicy::Interval { .. });
         if records.is_empty() {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
@@ -71,8 +87,14 @@ impl Shard {
                     .acquire_permit(1)
                     .await
                     .map_err(|_| WireError::new(ErrorCode::NotLeader, "the partition is closing; retry"))?;
-                append_once(part, batch).await?
+                // Leadership may have moved while this request waited.
+                if part.leading() != Some(epoch) {
+                    return Err(not_leader(part));
+                }
+                append_once(part, batch, LeaderEpoch(epoch)).await?
             };
+            // Followers waiting for records fetch them now.
+            self.partitions.appended.notify_all();
             // Wakes the interval timer (it sleeps while nothing is to be
             // written): per batch, so a later batch's failure cannot leave
             // an earlier one unwritten until the timer's next look.
@@ -87,10 +109,10 @@ impl Shard {
             return Err(WireError::new(ErrorCode::InvalidRequest, "no record batch"));
         };
         let commit = {
-            let (log, shard) = (log.clone(), self.clone());
+            let (part, shard) = (part.clone(), self.clone());
             async move {
-                let result = log.wait_durable(last.last_offset).await;
-                if result.is_ok() && log.advance_high_watermark(last.last_offset.plus(1)) {
+                let result = part.log.wait_durable(last.last_offset).await;
+                if result.is_ok() && part.note_local() {
                     shard.partitions.new_data.notify_all();
                 }
                 result
@@ -112,6 +134,9 @@ impl Shard {
         );
         if wait {
             commit.await.map_err(storage_error)?;
+            if acks == -1 {
+                self.wait_replicated(part, epoch, last.last_offset, deadline).await?;
+            }
         } else {
             glommio::spawn_local(async move {
                 if let Err(e) = commit.await {
@@ -134,20 +159,96 @@ impl Shard {
     }
 }
 
+impl Shard {
+    /// Waits until every in-sync replica holds `last` (the high watermark
+    /// passed it), the ISR is below the queue's minimum (`NotEnoughReplicas`),
+    /// leadership moved (`NotLeader`: the new leader may or may not have the
+    /// records, and an idempotent resend there is answered either way), or
+    /// the deadline passed (`Timeout`).
+    async fn wait_replicated(
+        &self,
+        part: &Partition,
+        epoch: u32,
+        last: Offset,
+        deadline: Instant,
+    ) -> Result<(), WireError> {
+        loop {
+            let seen = self.partitions.new_data.epoch();
+            let ack = match &*part.role.borrow() {
+                Role::Leader { epoch: e, state } if *e == epoch => state.ack(last),
+                _ => return Err(not_leader(part)),
+            };
+            match ack {
+                Ack::Committed => return Ok(()),
+                Ack::NotEnoughReplicas => return Err(check_insync(part).err().unwrap_or_else(|| not_leader(part))),
+                Ack::Waiting => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.stopping.get() {
+                return Err(WireError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "the in-sync replicas did not all confirm offset {} within the request's timeout (the \
+                         records are on the leader and may still be committed)",
+                        last.0
+                    ),
+                ));
+            }
+            let _ = glommio::timer::timeout(left, async {
+                self.partitions.new_data.wait(seen).await;
+                Ok(())
+            })
+            .await;
+        }
+    }
+}
+
+/// `NotEnoughReplicas` while the partition's ISR is smaller than acks=all
+/// needs.
+fn check_insync(part: &Partition) -> Result<(), WireError> {
+    if let Role::Leader { state, .. } = &*part.role.borrow() {
+        let need = min_insync_replicas(part.settings.replication_factor);
+        if state.isr().len() < need {
+            return Err(WireError::new(
+                ErrorCode::NotEnoughReplicas,
+                format!(
+                    "acks=all needs {need} in-sync replicas and the partition has {} ({:?}); retry once a \
+                     replica has caught up",
+                    state.isr().len(),
+                    state.isr()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The answer of a replica that does not lead (any more).
+fn not_leader(part: &Partition) -> WireError {
+    match part.following() {
+        Some((leader, _)) => WireError::new(ErrorCode::NotLeader, format!("broker {leader} leads the partition now")),
+        None => WireError::new(ErrorCode::NotLeader, "this broker does not lead the partition; retry"),
+    }
+}
+
 /// Appends one batch of a produce request, unless its producer's sequence
 /// says otherwise ([`crate::idempotence`]): a duplicate is answered with the
 /// offsets it was stored at; a batch out of order is refused
 /// (`OutOfOrderSequence`, which the producer retries in order).
-async fn append_once(part: &Partition, batch: bytes::BytesMut) -> Result<strand_storage::AppendInfo, WireError> {
+async fn append_once(
+    part: &Partition,
+    batch: bytes::BytesMut,
+    epoch: LeaderEpoch,
+) -> Result<strand_storage::AppendInfo, WireError> {
     let seq = strand_storage::batch::BatchHeader::parse(&batch)
         .and_then(|h| Sequenced::of(h.producer_id, h.base_sequence, h.record_count));
     let Some(seq) = seq else {
-        return part.log.append(batch, LeaderEpoch(0)).await.map_err(storage_error);
+        return part.log.append(batch, epoch).await.map_err(storage_error);
     };
     let verdict = part.producers.borrow().check(seq);
     let (code, why) = match verdict {
         Verdict::Append => {
-            let info = part.log.append(batch, LeaderEpoch(0)).await.map_err(storage_error)?;
+            let info = part.log.append(batch, epoch).await.map_err(storage_error)?;
             let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
             part.producers.borrow_mut().appended(seq, stored);
             return Ok(info);

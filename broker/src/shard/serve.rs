@@ -1,22 +1,26 @@
 //! Serving a request for a partition this shard owns: produce (through
-//! `produce.rs`), fetch, offsets, describe, and calls of the layers above
-//! ([`PartitionCall`]).
+//! `produce.rs`), fetch, offsets, describe, calls of the layers above
+//! ([`PartitionCall`]), and followers' fetches. All of them only on the
+//! partition's leader: a follower's replica answers `NotLeader`.
 //!
 //! Runs on: the owning shard; the router (`crate::router`) brings requests
 //! here from other shards and nodes.
 
 use std::rc::Rc;
 
-use strand_storage::Offset;
+use strand_storage::{LeaderEpoch, Offset};
 use strand_wire::ErrorCode;
 
 use super::messages::*;
+use super::partitions::Partition;
 use super::{reply_error, storage_error, Shard};
+use crate::replica::fetch::{answer_fetch, FetchAnswer};
+use crate::replica::leader::Position;
 
 impl Shard {
     /// Serves a partition request on the owning shard.
     pub async fn serve_partition(self: &Rc<Self>, queue: &str, partition: u32, request: PartitionRequest) {
-        let Some(part) = self.partitions.get(queue, partition) else {
+        let Some(part) = self.partitions.get(queue, partition).filter(|p| p.leading().is_some()) else {
             let table = self.table();
             let err = match table.queue(queue) {
                 None => WireError::new(ErrorCode::UnknownQueue, format!("queue {queue:?} does not exist")),
@@ -53,8 +57,13 @@ impl Shard {
             return;
         };
         match request {
-            PartitionRequest::Produce { records, acks, reply } => {
-                let result = self.produce(&part, records, acks).await;
+            PartitionRequest::Produce {
+                records,
+                acks,
+                timeout_ms,
+                reply,
+            } => {
+                let result = self.produce(&part, records, acks, timeout_ms).await;
                 if result
                     .as_ref()
                     .is_err_and(|e| matches!(e.code, ErrorCode::OutOfOrderSequence | ErrorCode::UnknownProducer))
@@ -89,6 +98,10 @@ impl Shard {
                     .map_err(storage_error);
                 reply.send(result);
             }
+            PartitionRequest::ReplicaFetch { want, reply } => {
+                let result = self.serve_replica_fetch(&part, want, reply.origin()).await;
+                reply.send(result);
+            }
             PartitionRequest::ListOffsets { query, reply } => {
                 let log = &part.log;
                 let result = match query {
@@ -120,6 +133,84 @@ impl Shard {
                     stored_bytes: log.size_bytes(),
                     segments: log.segment_count() as u32,
                 }));
+            }
+        }
+    }
+}
+
+impl Shard {
+    /// A follower's fetch, on the leader: in the same leader epoch, the
+    /// follower's position counts toward the high watermark and its records
+    /// come from its log end; a diverged log learns where its last epoch
+    /// ends here instead (`crate::replica::fetch`).
+    async fn serve_replica_fetch(
+        &self,
+        part: &Partition,
+        want: ReplicaWant,
+        origin: u16,
+    ) -> Result<ReplicaFetched, WireError> {
+        let log = &part.log;
+        let Some(epoch) = part.leading() else {
+            return Err(WireError::new(
+                ErrorCode::NotLeader,
+                "this broker does not lead the partition",
+            ));
+        };
+        let fetch_offset = Offset(want.fetch_offset);
+        let answer = answer_fetch(
+            LeaderEpoch(epoch),
+            LeaderEpoch(want.leader_epoch),
+            &log.epochs(),
+            log.log_end(),
+            fetch_offset,
+            want.last_epoch.map(LeaderEpoch),
+        );
+        let fetched = |read| Fetched {
+            read,
+            high_watermark: log.high_watermark().0,
+            log_start: log.log_start().0,
+        };
+        match answer {
+            FetchAnswer::Fenced { leader_epoch } => Err(WireError::new(
+                ErrorCode::NotLeader,
+                format!(
+                    "leader epoch {} asked, this leader is in epoch {}: refresh the metadata",
+                    want.leader_epoch, leader_epoch.0
+                ),
+            )),
+            FetchAnswer::Diverging { epoch, end_offset } => Ok(ReplicaFetched {
+                fetched: fetched(Default::default()),
+                diverging: Some((epoch.0, end_offset.0)),
+            }),
+            FetchAnswer::Records => {
+                if fetch_offset < log.log_start() {
+                    return Err(WireError::new(
+                        ErrorCode::OffsetOutOfRange,
+                        format!(
+                            "offset {} is below the leader's log start {}",
+                            fetch_offset.0,
+                            log.log_start().0
+                        ),
+                    ));
+                }
+                let at = Position {
+                    log_end: fetch_offset,
+                    flushed: Offset(want.flushed_offset).min(fetch_offset),
+                };
+                if part.note_fetch(want.replica, at) {
+                    self.partitions.new_data.notify_all();
+                }
+                let mut read = log
+                    .read(fetch_offset, want.max_bytes as usize)
+                    .await
+                    .map_err(storage_error)?;
+                if origin != self.id.0 {
+                    read.detach();
+                }
+                Ok(ReplicaFetched {
+                    fetched: fetched(read),
+                    diverging: None,
+                })
             }
         }
     }

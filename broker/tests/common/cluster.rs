@@ -29,8 +29,13 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes and waits until every one is ready.
     pub fn start(n: u8) -> Cluster {
+        Cluster::start_with(n, "")
+    }
+
+    /// [`Cluster::start`] with more settings (TOML lines) for every node.
+    pub fn start_with(n: u8, settings: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("small.toml"), SMALL).unwrap();
+        std::fs::write(dir.path().join("small.toml"), format!("{SMALL}{settings}")).unwrap();
         // Two more addresses free: a learner, and a node that tries to
         // take another's id.
         let port = free_port(n + 2);

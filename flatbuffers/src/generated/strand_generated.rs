@@ -10425,6 +10425,903 @@ impl ::core::fmt::Debug for ControllerResponse<'_> {
       ds.finish()
   }
 }
+pub enum ReplicaFetchPartitionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ReplicaFetchPartition<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFetchPartition<'a> {
+  type Inner = ReplicaFetchPartition<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFetchPartition<'a> {
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 4;
+  pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 6;
+  pub const VT_FETCH_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LAST_EPOCH: ::flatbuffers::VOffsetT = 10;
+  pub const VT_FLUSHED_OFFSET: ::flatbuffers::VOffsetT = 12;
+  pub const VT_HIGH_WATERMARK: ::flatbuffers::VOffsetT = 14;
+  pub const VT_MAX_BYTES: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFetchPartition { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFetchPartitionArgs
+  ) -> ::flatbuffers::WIPOffset<ReplicaFetchPartition<'bldr>> {
+    let mut builder = ReplicaFetchPartitionBuilder::new(_fbb);
+    builder.add_high_watermark(args.high_watermark);
+    builder.add_flushed_offset(args.flushed_offset);
+    builder.add_fetch_offset(args.fetch_offset);
+    builder.add_max_bytes(args.max_bytes);
+    builder.add_last_epoch(args.last_epoch);
+    builder.add_leader_epoch(args.leader_epoch);
+    builder.add_partition(args.partition);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFetchPartition::VT_PARTITION, Some(0)).unwrap()}
+  }
+  /// The leader epoch the follower knows for the partition: a leader in
+  /// another epoch answers `NotLeader` (one of them missed an election).
+  #[inline]
+  pub fn leader_epoch(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFetchPartition::VT_LEADER_EPOCH, Some(0)).unwrap()}
+  }
+  /// The follower's log end: records are wanted from here.
+  #[inline]
+  pub fn fetch_offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchPartition::VT_FETCH_OFFSET, Some(0)).unwrap()}
+  }
+  /// The epoch of the follower's last batch; -1: its log holds none.
+  #[inline]
+  pub fn last_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(ReplicaFetchPartition::VT_LAST_EPOCH, Some(-1)).unwrap()}
+  }
+  /// Every offset below this is fdatasync'd on the follower.
+  #[inline]
+  pub fn flushed_offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchPartition::VT_FLUSHED_OFFSET, Some(0)).unwrap()}
+  }
+  /// The leader's high watermark as the follower last learnt it: the
+  /// answer comes at once when the leader's is higher.
+  #[inline]
+  pub fn high_watermark(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchPartition::VT_HIGH_WATERMARK, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn max_bytes(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFetchPartition::VT_MAX_BYTES, Some(1048576)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFetchPartition<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<u32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
+     .visit_field::<u64>("fetch_offset", Self::VT_FETCH_OFFSET, false)?
+     .visit_field::<i32>("last_epoch", Self::VT_LAST_EPOCH, false)?
+     .visit_field::<u64>("flushed_offset", Self::VT_FLUSHED_OFFSET, false)?
+     .visit_field::<u64>("high_watermark", Self::VT_HIGH_WATERMARK, false)?
+     .visit_field::<u32>("max_bytes", Self::VT_MAX_BYTES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFetchPartitionArgs {
+    pub partition: u32,
+    pub leader_epoch: u32,
+    pub fetch_offset: u64,
+    pub last_epoch: i32,
+    pub flushed_offset: u64,
+    pub high_watermark: u64,
+    pub max_bytes: u32,
+}
+impl<'a> Default for ReplicaFetchPartitionArgs {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFetchPartitionArgs {
+      partition: 0,
+      leader_epoch: 0,
+      fetch_offset: 0,
+      last_epoch: -1,
+      flushed_offset: 0,
+      high_watermark: 0,
+      max_bytes: 1048576,
+    }
+  }
+}
+
+pub struct ReplicaFetchPartitionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFetchPartitionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFetchPartition::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_leader_epoch(&mut self, leader_epoch: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFetchPartition::VT_LEADER_EPOCH, leader_epoch, 0);
+  }
+  #[inline]
+  pub fn add_fetch_offset(&mut self, fetch_offset: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchPartition::VT_FETCH_OFFSET, fetch_offset, 0);
+  }
+  #[inline]
+  pub fn add_last_epoch(&mut self, last_epoch: i32) {
+    self.fbb_.push_slot::<i32>(ReplicaFetchPartition::VT_LAST_EPOCH, last_epoch, -1);
+  }
+  #[inline]
+  pub fn add_flushed_offset(&mut self, flushed_offset: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchPartition::VT_FLUSHED_OFFSET, flushed_offset, 0);
+  }
+  #[inline]
+  pub fn add_high_watermark(&mut self, high_watermark: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchPartition::VT_HIGH_WATERMARK, high_watermark, 0);
+  }
+  #[inline]
+  pub fn add_max_bytes(&mut self, max_bytes: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFetchPartition::VT_MAX_BYTES, max_bytes, 1048576);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFetchPartitionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFetchPartitionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFetchPartition<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFetchPartition<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFetchPartition");
+      ds.field("partition", &self.partition());
+      ds.field("leader_epoch", &self.leader_epoch());
+      ds.field("fetch_offset", &self.fetch_offset());
+      ds.field("last_epoch", &self.last_epoch());
+      ds.field("flushed_offset", &self.flushed_offset());
+      ds.field("high_watermark", &self.high_watermark());
+      ds.field("max_bytes", &self.max_bytes());
+      ds.finish()
+  }
+}
+pub enum ReplicaFetchQueueOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ReplicaFetchQueue<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFetchQueue<'a> {
+  type Inner = ReplicaFetchQueue<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFetchQueue<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFetchQueue { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFetchQueueArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFetchQueue<'bldr>> {
+    let mut builder = ReplicaFetchQueueBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaFetchQueue::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition>>>>(ReplicaFetchQueue::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFetchQueue<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFetchQueueArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition<'a>>>>>,
+}
+impl<'a> Default for ReplicaFetchQueueArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFetchQueueArgs {
+      name: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct ReplicaFetchQueueBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFetchQueueBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFetchQueue::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFetchQueue::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFetchQueueBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFetchQueueBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFetchQueue<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFetchQueue<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFetchQueue");
+      ds.field("name", &self.name());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum ReplicaFetchRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Long poll: answered once a partition has records past its fetch offset,
+/// a newer high watermark or an error, or after `max_wait_ms`.
+pub struct ReplicaFetchRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFetchRequest<'a> {
+  type Inner = ReplicaFetchRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFetchRequest<'a> {
+  pub const VT_REPLICA_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MAX_WAIT_MS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFetchRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFetchRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFetchRequest<'bldr>> {
+    let mut builder = ReplicaFetchRequestBuilder::new(_fbb);
+    builder.add_replica_id(args.replica_id);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    builder.add_max_wait_ms(args.max_wait_ms);
+    builder.finish()
+  }
+
+
+  /// The fetching broker's node id (a replica of every partition named).
+  #[inline]
+  pub fn replica_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchRequest::VT_REPLICA_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn max_wait_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFetchRequest::VT_MAX_WAIT_MS, Some(500)).unwrap()}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueue<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueue>>>>(ReplicaFetchRequest::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFetchRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("replica_id", Self::VT_REPLICA_ID, false)?
+     .visit_field::<u32>("max_wait_ms", Self::VT_MAX_WAIT_MS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueue>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFetchRequestArgs<'a> {
+    pub replica_id: u64,
+    pub max_wait_ms: u32,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueue<'a>>>>>,
+}
+impl<'a> Default for ReplicaFetchRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFetchRequestArgs {
+      replica_id: 0,
+      max_wait_ms: 500,
+      queues: None,
+    }
+  }
+}
+
+pub struct ReplicaFetchRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFetchRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_replica_id(&mut self, replica_id: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchRequest::VT_REPLICA_ID, replica_id, 0);
+  }
+  #[inline]
+  pub fn add_max_wait_ms(&mut self, max_wait_ms: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFetchRequest::VT_MAX_WAIT_MS, max_wait_ms, 500);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReplicaFetchQueue<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFetchRequest::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFetchRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFetchRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFetchRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFetchRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFetchRequest");
+      ds.field("replica_id", &self.replica_id());
+      ds.field("max_wait_ms", &self.max_wait_ms());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+pub enum ReplicaFetchPartitionResultOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Whole record batches from the fetch offset, as the leader stored them:
+/// `records_len` bytes at `records_offset` of the response frame's tail.
+pub struct ReplicaFetchPartitionResult<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFetchPartitionResult<'a> {
+  type Inner = ReplicaFetchPartitionResult<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFetchPartitionResult<'a> {
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 6;
+  pub const VT_HIGH_WATERMARK: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LOG_START: ::flatbuffers::VOffsetT = 10;
+  pub const VT_DIVERGING_EPOCH: ::flatbuffers::VOffsetT = 12;
+  pub const VT_DIVERGING_END_OFFSET: ::flatbuffers::VOffsetT = 14;
+  pub const VT_RECORDS_OFFSET: ::flatbuffers::VOffsetT = 16;
+  pub const VT_RECORDS_LEN: ::flatbuffers::VOffsetT = 18;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFetchPartitionResult { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFetchPartitionResultArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFetchPartitionResult<'bldr>> {
+    let mut builder = ReplicaFetchPartitionResultBuilder::new(_fbb);
+    builder.add_diverging_end_offset(args.diverging_end_offset);
+    builder.add_log_start(args.log_start);
+    builder.add_high_watermark(args.high_watermark);
+    builder.add_records_len(args.records_len);
+    builder.add_records_offset(args.records_offset);
+    builder.add_diverging_epoch(args.diverging_epoch);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.add_partition(args.partition);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFetchPartitionResult::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ReplicaFetchPartitionResult::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn high_watermark(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchPartitionResult::VT_HIGH_WATERMARK, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn log_start(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchPartitionResult::VT_LOG_START, Some(0)).unwrap()}
+  }
+  /// >= 0 when the follower's log diverged from the leader's: on the leader
+  /// epoch `diverging_epoch` ends at `diverging_end_offset` (no records;
+  /// the follower truncates there and fetches again).
+  #[inline]
+  pub fn diverging_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(ReplicaFetchPartitionResult::VT_DIVERGING_EPOCH, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn diverging_end_offset(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchPartitionResult::VT_DIVERGING_END_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn records_offset(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFetchPartitionResult::VT_RECORDS_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn records_len(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReplicaFetchPartitionResult::VT_RECORDS_LEN, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFetchPartitionResult<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<u64>("high_watermark", Self::VT_HIGH_WATERMARK, false)?
+     .visit_field::<u64>("log_start", Self::VT_LOG_START, false)?
+     .visit_field::<i32>("diverging_epoch", Self::VT_DIVERGING_EPOCH, false)?
+     .visit_field::<u64>("diverging_end_offset", Self::VT_DIVERGING_END_OFFSET, false)?
+     .visit_field::<u32>("records_offset", Self::VT_RECORDS_OFFSET, false)?
+     .visit_field::<u32>("records_len", Self::VT_RECORDS_LEN, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFetchPartitionResultArgs<'a> {
+    pub partition: u32,
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub high_watermark: u64,
+    pub log_start: u64,
+    pub diverging_epoch: i32,
+    pub diverging_end_offset: u64,
+    pub records_offset: u32,
+    pub records_len: u32,
+}
+impl<'a> Default for ReplicaFetchPartitionResultArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFetchPartitionResultArgs {
+      partition: 0,
+      error: None,
+      high_watermark: 0,
+      log_start: 0,
+      diverging_epoch: -1,
+      diverging_end_offset: 0,
+      records_offset: 0,
+      records_len: 0,
+    }
+  }
+}
+
+pub struct ReplicaFetchPartitionResultBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFetchPartitionResultBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFetchPartitionResult::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ReplicaFetchPartitionResult::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_high_watermark(&mut self, high_watermark: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchPartitionResult::VT_HIGH_WATERMARK, high_watermark, 0);
+  }
+  #[inline]
+  pub fn add_log_start(&mut self, log_start: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchPartitionResult::VT_LOG_START, log_start, 0);
+  }
+  #[inline]
+  pub fn add_diverging_epoch(&mut self, diverging_epoch: i32) {
+    self.fbb_.push_slot::<i32>(ReplicaFetchPartitionResult::VT_DIVERGING_EPOCH, diverging_epoch, -1);
+  }
+  #[inline]
+  pub fn add_diverging_end_offset(&mut self, diverging_end_offset: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchPartitionResult::VT_DIVERGING_END_OFFSET, diverging_end_offset, 0);
+  }
+  #[inline]
+  pub fn add_records_offset(&mut self, records_offset: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFetchPartitionResult::VT_RECORDS_OFFSET, records_offset, 0);
+  }
+  #[inline]
+  pub fn add_records_len(&mut self, records_len: u32) {
+    self.fbb_.push_slot::<u32>(ReplicaFetchPartitionResult::VT_RECORDS_LEN, records_len, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFetchPartitionResultBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFetchPartitionResultBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFetchPartitionResult<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFetchPartitionResult<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFetchPartitionResult");
+      ds.field("partition", &self.partition());
+      ds.field("error", &self.error());
+      ds.field("high_watermark", &self.high_watermark());
+      ds.field("log_start", &self.log_start());
+      ds.field("diverging_epoch", &self.diverging_epoch());
+      ds.field("diverging_end_offset", &self.diverging_end_offset());
+      ds.field("records_offset", &self.records_offset());
+      ds.field("records_len", &self.records_len());
+      ds.finish()
+  }
+}
+pub enum ReplicaFetchQueueResultOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ReplicaFetchQueueResult<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFetchQueueResult<'a> {
+  type Inner = ReplicaFetchQueueResult<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFetchQueueResult<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFetchQueueResult { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFetchQueueResultArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFetchQueueResult<'bldr>> {
+    let mut builder = ReplicaFetchQueueResultBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReplicaFetchQueueResult::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartitionResult<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartitionResult>>>>(ReplicaFetchQueueResult::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFetchQueueResult<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartitionResult>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFetchQueueResultArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartitionResult<'a>>>>>,
+}
+impl<'a> Default for ReplicaFetchQueueResultArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFetchQueueResultArgs {
+      name: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct ReplicaFetchQueueResultBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFetchQueueResultBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFetchQueueResult::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReplicaFetchPartitionResult<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFetchQueueResult::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFetchQueueResultBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFetchQueueResultBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFetchQueueResult<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFetchQueueResult<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFetchQueueResult");
+      ds.field("name", &self.name());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum ReplicaFetchResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ReplicaFetchResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReplicaFetchResponse<'a> {
+  type Inner = ReplicaFetchResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReplicaFetchResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_QUEUES: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReplicaFetchResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReplicaFetchResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReplicaFetchResponse<'bldr>> {
+    let mut builder = ReplicaFetchResponseBuilder::new(_fbb);
+    if let Some(x) = args.queues { builder.add_queues(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ReplicaFetchResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn queues(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueueResult<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueueResult>>>>(ReplicaFetchResponse::VT_QUEUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReplicaFetchResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueueResult>>>>("queues", Self::VT_QUEUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReplicaFetchResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub queues: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchQueueResult<'a>>>>>,
+}
+impl<'a> Default for ReplicaFetchResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReplicaFetchResponseArgs {
+      error: None,
+      queues: None,
+    }
+  }
+}
+
+pub struct ReplicaFetchResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFetchResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ReplicaFetchResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_queues(&mut self, queues: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReplicaFetchQueueResult<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFetchResponse::VT_QUEUES, queues);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFetchResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReplicaFetchResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReplicaFetchResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReplicaFetchResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReplicaFetchResponse");
+      ds.field("error", &self.error());
+      ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
 }  // pub mod wire
 }  // pub mod strand
 

@@ -1,0 +1,429 @@
+//! Partition replication's I/O on each shard (the rules are
+//! `crate::replica`, sans I/O):
+//!
+//! - **Fetchers** (follower side): one task per leader node this shard
+//!   follows partitions of. Each round it sends one `ReplicaFetch` naming
+//!   all of them (its log end, last epoch, fdatasync'd offset and the high
+//!   watermark it knows) over this shard's peer link, then applies the
+//!   answer: batches appended as the leader stored them
+//!   (`Log::append_replica`), the producer table kept from them (a
+//!   follower that takes over answers a resent batch with where it was
+//!   stored), a diverged log truncated where the leader says
+//!   (`replica::fetch::truncation_point`, never below its high watermark),
+//!   and the high watermark taken from the leader. On an `fsync=always`
+//!   queue the follower fdatasyncs before its next fetch, which tells the
+//!   leader: that fetch is what lets the leader's high watermark, and so
+//!   acks=all, move on. An answer is applied only while the partition
+//!   still follows the same leader in the same epoch from the same log
+//!   end.
+//! - **ISR upkeep** (leader side): every 250 ms, the ISR each led
+//!   partition wants (`LeaderState::wanted_isr`) is proposed to the
+//!   controller as `AlterIsr`, fenced by the partition epoch; a lost answer
+//!   is retried with the same epoch (the controller commits it once or
+//!   refuses it), a refusal drops the proposal.
+//! - **High-watermark checkpoints**: every 5 s, each partition's high
+//!   watermark and epoch history are written if they changed
+//!   (`Log::checkpoint`), so a restarted replica never shows what was not
+//!   committed.
+//!
+//! Runs on: every shard, for the partitions it owns.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use strand_net::Frame;
+use strand_storage::{FsyncPolicy, LeaderEpoch, Offset};
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+use crate::controller::{Command, NodeId, ProposeError};
+use crate::idempotence::Sequenced;
+use crate::replica::fetch::truncation_point;
+use crate::shard::partitions::{mono_ms, Partition, Role};
+use crate::shard::Shard;
+
+/// Bytes a follower asks for per partition and fetch.
+const FETCH_MAX_BYTES: u32 = 1 << 20;
+/// How often leaders look at their partitions' ISR.
+const ISR_EVERY: Duration = Duration::from_millis(250);
+/// How often high watermarks are checkpointed.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+/// The pause after a failed fetch before the next.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// Starts this shard's fetchers, ISR upkeep and checkpoints.
+pub fn start(shard: &Rc<Shard>) {
+    start_fetchers(shard);
+    start_isr_upkeep(shard);
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        while !s.stopping.get() {
+            glommio::timer::sleep(CHECKPOINT_EVERY).await;
+            for ((queue, p), part) in s.partitions.all() {
+                if let Err(e) = part.log.checkpoint().await {
+                    tracing::warn!(queue = %queue, partition = p, "checkpointing the high watermark: {e}");
+                }
+            }
+        }
+    })
+    .detach();
+}
+
+/// A followed partition as one fetch round saw it.
+struct Followed {
+    queue: String,
+    partition: u32,
+    part: Rc<Partition>,
+    epoch: u32,
+    fetch_offset: Offset,
+}
+
+/// Keeps one fetcher running per leader node that this shard follows
+/// partitions of (looked at whenever roles change, and every second).
+fn start_fetchers(shard: &Rc<Shard>) {
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        let running: Rc<RefCell<HashSet<NodeId>>> = Rc::default();
+        while !s.stopping.get() {
+            let seen = s.partitions.roles_changed.epoch();
+            let leaders: HashSet<NodeId> = s
+                .partitions
+                .logs()
+                .iter()
+                .filter_map(|p| p.following().map(|(leader, _)| leader))
+                .filter(|leader| *leader != s.config.node_id)
+                .collect();
+            for leader in leaders {
+                if running.borrow_mut().insert(leader) {
+                    let (s, running) = (s.clone(), running.clone());
+                    glommio::spawn_local(async move {
+                        fetch_from(&s, leader).await;
+                        running.borrow_mut().remove(&leader);
+                        // It may have stopped just as a partition came.
+                        s.partitions.roles_changed.notify_all();
+                    })
+                    .detach();
+                }
+            }
+            let _ = glommio::timer::timeout(Duration::from_secs(1), async {
+                s.partitions.roles_changed.wait(seen).await;
+                Ok(())
+            })
+            .await;
+        }
+    })
+    .detach();
+}
+
+/// Fetches from `leader` until this shard follows nothing of it.
+async fn fetch_from(shard: &Rc<Shard>, leader: NodeId) {
+    let wait = Duration::from_millis(shard.config.replica_fetch_wait_ms);
+    while !shard.stopping.get() {
+        let followed: Vec<Followed> = shard
+            .partitions
+            .all()
+            .into_iter()
+            .filter_map(|((queue, partition), part)| {
+                let (l, epoch) = part.following()?;
+                (l == leader).then(|| Followed {
+                    queue,
+                    partition,
+                    epoch,
+                    fetch_offset: part.log.log_end(),
+                    part,
+                })
+            })
+            .collect();
+        if followed.is_empty() {
+            return;
+        }
+        let body = fetch_request(shard.config.node_id, wait, &followed);
+        // The leader answers within `wait`; the rest is for the trip.
+        let answer =
+            crate::router::call_node(shard, leader, Api::ReplicaFetch, &body, wait + Duration::from_secs(5)).await;
+        let progressed = match answer {
+            Ok(frame) => apply_answer(shard, &followed, frame).await,
+            Err(e) => {
+                tracing::debug!(leader, "replica fetch: {}", e.message);
+                false
+            }
+        };
+        if !progressed {
+            glommio::timer::sleep(RETRY_AFTER).await;
+        }
+    }
+}
+
+/// The `ReplicaFetchRequest` for one round.
+fn fetch_request(me: NodeId, wait: Duration, followed: &[Followed]) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::new();
+    let mut queues = Vec::new();
+    let mut i = 0;
+    while i < followed.len() {
+        let queue = &followed[i].queue;
+        let mut entries = Vec::new();
+        while i < followed.len() && &followed[i].queue == queue {
+            let f = &followed[i];
+            let log = &f.part.log;
+            entries.push(ReplicaFetchPartition::create(
+                &mut fbb,
+                &ReplicaFetchPartitionArgs {
+                    partition: f.partition,
+                    leader_epoch: f.epoch,
+                    fetch_offset: f.fetch_offset.0,
+                    last_epoch: log
+                        .latest_epoch()
+                        .map_or(-1, |e| i32::try_from(e.0).unwrap_or(i32::MAX)),
+                    flushed_offset: log.flushed_offset().0,
+                    high_watermark: log.high_watermark().0,
+                    max_bytes: FETCH_MAX_BYTES,
+                },
+            ));
+            i += 1;
+        }
+        let entries = fbb.create_vector(&entries);
+        let name = fbb.create_string(queue);
+        queues.push(ReplicaFetchQueue::create(
+            &mut fbb,
+            &ReplicaFetchQueueArgs {
+                name: Some(name),
+                partitions: Some(entries),
+            },
+        ));
+    }
+    let queues = fbb.create_vector(&queues);
+    let root = ReplicaFetchRequest::create(
+        &mut fbb,
+        &ReplicaFetchRequestArgs {
+            replica_id: me,
+            max_wait_ms: wait.as_millis().min(u128::from(u32::MAX)) as u32,
+            queues: Some(queues),
+        },
+    );
+    fbb.finish_minimal(root);
+    fbb.finished_data().to_vec()
+}
+
+/// Applies a leader's answer; returns whether any partition was answered
+/// without an error (else the fetcher pauses before the next round).
+async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) -> bool {
+    let resp = match strand_net::message::read_body::<ReplicaFetchResponse>(&frame.body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("replica fetch: an answer that does not parse: {e}");
+            return false;
+        }
+    };
+    if let Some(e) = resp.error().filter(|e| e.code() != ErrorCode::None) {
+        tracing::debug!("replica fetch refused: {}", e.message().unwrap_or_default());
+        return false;
+    }
+    let by_name: HashMap<(&str, u32), &Followed> =
+        followed.iter().map(|f| ((f.queue.as_str(), f.partition), f)).collect();
+    let mut progressed = false;
+    let mut syncs = Vec::new();
+    for q in resp.queues().iter().flatten() {
+        let name = q.name().unwrap_or_default();
+        for r in q.partitions().iter().flatten() {
+            let Some(f) = by_name.get(&(name, r.partition())) else {
+                continue;
+            };
+            // Only while nothing moved since the fetch was made.
+            if f.part.following().map(|(_, e)| e) != Some(f.epoch) || f.part.log.log_end() != f.fetch_offset {
+                continue;
+            }
+            if let Some(e) = r.error().filter(|e| e.code() != ErrorCode::None) {
+                tracing::debug!(
+                    queue = name,
+                    partition = r.partition(),
+                    "replica fetch: {}",
+                    e.message().unwrap_or_default()
+                );
+                continue;
+            }
+            progressed = true;
+            let log = &f.part.log;
+            if let Ok(epoch) = u32::try_from(r.diverging_epoch()) {
+                let to = truncation_point(
+                    &log.epochs(),
+                    log.log_end(),
+                    log.high_watermark(),
+                    LeaderEpoch(epoch),
+                    Offset(r.diverging_end_offset()),
+                );
+                tracing::info!(
+                    queue = name,
+                    partition = r.partition(),
+                    from = log.log_end().0,
+                    to = to.0,
+                    "truncating a diverged log"
+                );
+                if let Err(e) = truncate(&f.part, to).await {
+                    tracing::warn!(queue = name, partition = r.partition(), "truncating: {e}");
+                }
+                continue;
+            }
+            let start = r.records_offset() as usize;
+            let end = start.saturating_add(r.records_len() as usize);
+            let Some(records) = frame.tail.get(start..end) else {
+                tracing::warn!(
+                    queue = name,
+                    partition = r.partition(),
+                    "replica fetch: records outside the frame"
+                );
+                continue;
+            };
+            match append_all(shard, &f.part, records).await {
+                Ok(Some(last)) if matches!(log.config().fsync, FsyncPolicy::Always) => {
+                    let part = f.part.clone();
+                    syncs.push(glommio::spawn_local(async move { part.log.wait_durable(last).await }));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(queue = name, partition = r.partition(), "replica append: {e}"),
+            }
+            let hw = Offset(r.high_watermark()).min(log.log_end());
+            if log.advance_high_watermark(hw) {
+                shard.partitions.new_data.notify_all();
+            }
+        }
+    }
+    for sync in syncs {
+        if let Err(e) = sync.await {
+            tracing::warn!("replica fdatasync: {e}");
+        }
+    }
+    progressed
+}
+
+/// Appends the leader's batches in `records` to a follower's log, in
+/// order, and notes their producers; returns the last offset appended.
+async fn append_all(shard: &Shard, part: &Partition, mut records: &[u8]) -> Result<Option<Offset>, String> {
+    let _turn = part
+        .appending
+        .acquire_permit(1)
+        .await
+        .map_err(|_| "the partition is closing".to_string())?;
+    if part.following().is_none() {
+        return Ok(None);
+    }
+    let mut last = None;
+    while !records.is_empty() {
+        let len = strand_storage::batch::batch_length(records).unwrap_or(0) as usize;
+        if len < strand_storage::batch::HEADER_LEN || len > records.len() {
+            return Err(format!("a batch of {len} bytes in {} bytes of records", records.len()));
+        }
+        let (batch, rest) = records.split_at(len);
+        records = rest;
+        let header = strand_storage::batch::BatchHeader::parse(batch);
+        let info = part
+            .log
+            .append_replica(BytesMut::from(batch))
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(seq) = header.and_then(|h| Sequenced::of(h.producer_id, h.base_sequence, h.record_count)) {
+            let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
+            part.producers.borrow_mut().appended(seq, stored);
+        }
+        last = Some(info.last_offset);
+    }
+    if last.is_some() && matches!(part.log.config().fsync, FsyncPolicy::Interval { .. }) {
+        shard.partitions.interval_appends.notify_all();
+    }
+    Ok(last)
+}
+
+/// Cuts a follower's log at `to` (under the append turn). The producer
+/// table may name batches cut off: it is emptied (a producer then starts
+/// over under a new id: a resend may be stored twice, never out of order).
+async fn truncate(part: &Partition, to: Offset) -> Result<(), String> {
+    let _turn = part
+        .appending
+        .acquire_permit(1)
+        .await
+        .map_err(|_| "the partition is closing".to_string())?;
+    if to >= part.log.log_end() {
+        return Ok(());
+    }
+    part.log.truncate_to(to).await.map_err(|e| e.to_string())?;
+    *part.producers.borrow_mut() = Default::default();
+    Ok(())
+}
+
+/// Every `ISR_EVERY`, proposes the ISR each led partition wants.
+fn start_isr_upkeep(shard: &Rc<Shard>) {
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        while !s.stopping.get() {
+            glommio::timer::sleep(ISR_EVERY).await;
+            let now = mono_ms();
+            for ((queue, partition), part) in s.partitions.all() {
+                let proposal = match &mut *part.role.borrow_mut() {
+                    Role::Leader { epoch, state } => state.wanted_isr(now).map(|isr| {
+                        state.proposing(isr.clone());
+                        Command::AlterIsr {
+                            queue: queue.clone(),
+                            partition,
+                            leader: s.config.node_id,
+                            leader_epoch: *epoch,
+                            partition_epoch: state.partition_epoch(),
+                            isr,
+                        }
+                    }),
+                    Role::Follower { .. } => None,
+                };
+                if let Some(command) = proposal {
+                    let s = s.clone();
+                    glommio::spawn_local(async move { propose_isr(&s, &part, command).await }).detach();
+                }
+            }
+        }
+    })
+    .detach();
+}
+
+/// Commits an ISR change: retried while the answer is lost and the
+/// partition is still where the proposal saw it; a refusal ends it.
+async fn propose_isr(shard: &Rc<Shard>, part: &Partition, command: Command) {
+    let Command::AlterIsr {
+        leader_epoch,
+        partition_epoch,
+        ..
+    } = command
+    else {
+        return;
+    };
+    // The proposal is still the one in flight.
+    let current = || match &*part.role.borrow() {
+        Role::Leader { epoch, state } => *epoch == leader_epoch && state.partition_epoch() == partition_epoch,
+        Role::Follower { .. } => false,
+    };
+    loop {
+        match crate::router::propose(shard, command.clone()).await {
+            // The table applied on return ended the proposal
+            // (`LeaderState::on_partition`).
+            Ok(()) => return,
+            Err(ProposeError::Refused(e)) => {
+                tracing::info!("ISR change refused: {e}");
+                if let Role::Leader { epoch, state } = &mut *part.role.borrow_mut() {
+                    if *epoch == leader_epoch {
+                        state.on_isr(None);
+                    }
+                }
+                if part.note_local() {
+                    shard.partitions.new_data.notify_all();
+                }
+                return;
+            }
+            Err(ProposeError::Unavailable(why)) => {
+                tracing::debug!("ISR change not committed yet ({why}); retrying");
+                glommio::timer::sleep(Duration::from_millis(500)).await;
+                if !current() || shard.stopping.get() {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Partition replication across three `strand serve` processes on
+//! 127.0.0.1–3: followers fetch from the leader, acks=all waits for every
+//! in-sync replica, and a leader killed with kill -9 loses no acknowledged
+//! record. One cluster at a time (two cores).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::cluster::{metadata, Cluster};
+use strand_client::{block_on, Acks, Consumer, ConsumerConfig, Producer, ProducerConfig, Seek};
+
+/// Followers that stop fetching leave the ISR after 2 s (not 10).
+const QUICK_ISR: &str = "replica_lag_time_max_ms = 2000\nreplica_fetch_wait_ms = 200\n";
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Creates `name` with replication factor 3 through node 1 and waits
+/// until every node's metadata shows its leaders; returns them.
+fn create_replicated(c: &Cluster, name: &str, partitions: u32) -> Vec<u32> {
+    let p = partitions.to_string();
+    c.strand(
+        1,
+        &["queue", "create", name, "--partitions", &p, "--replication-factor", "3"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen: Vec<Vec<u32>> = (1..=3)
+            .map(|id| metadata(&mut c.client(id), Some(name)).leaders)
+            .collect();
+        if seen[0].len() == partitions as usize && seen.iter().all(|l| *l == seen[0]) {
+            return seen[0].clone();
+        }
+        assert!(Instant::now() < deadline, "leaders of {name} never agreed: {seen:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The describe JSON of `queue` as node `via` gives it.
+fn describe(c: &Cluster, via: u8, queue: &str) -> serde_json::Value {
+    let out = c.strand(via, &["queue", "describe", queue, "--output", "json"]);
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// The bytes of a partition's segment files on one node, trailing zeros
+/// (the unwritten rest of the last block) cut.
+fn segments(dir: &Path, queue: &str, partition: u32) -> Vec<(String, Vec<u8>)> {
+    let dir = dir.join(queue).join(partition.to_string());
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| {
+            let mut bytes = std::fs::read(&p).unwrap();
+            while bytes.last() == Some(&0) {
+                bytes.pop();
+            }
+            (p.file_name().unwrap().to_string_lossy().into_owned(), bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every record of `queue` read from the partitions' leaders, by partition
+/// and offset, once `want` records are there (or the deadline passed).
+fn read_all(bootstrap: &str, queue: &str, want: usize) -> BTreeMap<(u32, u64), Vec<u8>> {
+    let config = ConsumerConfig {
+        start: Seek::Earliest,
+        max_wait: Duration::from_millis(100),
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::new(bootstrap, config).unwrap();
+    block_on(consumer.assign_all(queue)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = BTreeMap::new();
+    while got.len() < want && Instant::now() < deadline {
+        for r in block_on(consumer.poll()).unwrap_or_default() {
+            got.insert((r.partition, r.offset), r.value.map(|v| v.to_vec()).unwrap_or_default());
+        }
+    }
+    got
+}
+
+#[test]
+fn replicas_hold_byte_identical_segments_once_acks_all_returns() {
+    let _turn = turn();
+    let c = Cluster::start_with(3, QUICK_ISR);
+    create_replicated(&c, "mirrored", 3);
+    let producer = Producer::new(
+        &c.addr(2).to_string(),
+        ProducerConfig {
+            acks: Acks::All,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut acked = BTreeMap::new();
+    for i in 0..300u32 {
+        let (key, value) = (format!("k{}", i % 17), format!("v{i}"));
+        let d = block_on(producer.send("mirrored", Some(key.as_bytes()), value.as_bytes(), &[])).unwrap();
+        acked.insert((d.partition, d.offset.unwrap()), value.into_bytes());
+    }
+    // Acknowledged: every in-sync replica has it on disk, and consumers
+    // see it.
+    assert_eq!(read_all(&c.addr(3).to_string(), "mirrored", acked.len()), acked);
+    for p in 0..3 {
+        let on_each: Vec<_> = (1..=3).map(|id| segments(&c.data_dir(id), "mirrored", p)).collect();
+        assert!(!on_each[0].is_empty() && on_each[0].iter().any(|(_, b)| !b.is_empty()));
+        assert!(
+            on_each.iter().all(|s| *s == on_each[0]),
+            "partition {p}: the replicas' segments differ"
+        );
+        let d = describe(&c, 1, "mirrored");
+        assert_eq!(d["partitions"][p as usize]["isr"].as_array().unwrap().len(), 3, "{d}");
+    }
+}
+
+#[test]
+fn a_killed_leader_loses_no_acknowledged_record_and_rejoins_the_isr() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    let leaders = create_replicated(&c, "ledger", 1);
+    let old = leaders[0] as u8;
+    let via = (1..=3).find(|id| *id != old).unwrap();
+    let producer = Producer::new(
+        &c.addr(via).to_string(),
+        ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout: Duration::from_secs(30),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    // Keyed records with a sequence per key; the leader dies a third of
+    // the way.
+    let mut acked: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut killed_at = None;
+    for i in 0..600u32 {
+        if i == 200 {
+            c.kill9(old);
+            killed_at = Some(Instant::now());
+        }
+        let (key, value) = (format!("k{}", i % 5), format!("k{}:{}", i % 5, i / 5));
+        match block_on(producer.send("ledger", Some(key.as_bytes()), value.as_bytes(), &[])) {
+            Ok(d) => {
+                acked.insert(d.offset.unwrap(), value.into_bytes());
+            }
+            Err(e) => panic!("record {i} failed: {e}"),
+        }
+    }
+    let new = metadata(&mut c.client(via), Some("ledger")).leaders[0] as u8;
+    assert!(new != old && new != 0, "leadership moved off node {old}: {new}");
+    eprintln!(
+        "leader {old} killed; {new} led after {:?}",
+        killed_at.unwrap().elapsed()
+    );
+    // Everything acknowledged is where its acknowledgement said, in order
+    // per key (offsets grow with each key's sequence).
+    let got = read_all(&c.addr(via).to_string(), "ledger", acked.len());
+    for (offset, value) in &acked {
+        assert_eq!(got.get(&(0, *offset)), Some(value), "acknowledged offset {offset} lost");
+    }
+    let mut last: BTreeMap<String, (u64, u32)> = BTreeMap::new();
+    for ((_, offset), value) in &got {
+        let text = String::from_utf8(value.clone()).unwrap();
+        let (key, seq) = text.split_once(':').unwrap();
+        let seq: u32 = seq.parse().unwrap();
+        if let Some((at, before)) = last.get(key) {
+            assert!(seq >= *before, "key {key}: {seq} at {offset} after {before} at {at}");
+        }
+        last.insert(key.to_string(), (*offset, seq));
+    }
+    // The old leader comes back as a follower and rejoins the ISR.
+    c.restart(old);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let d = describe(&c, via, "ledger");
+        let isr = d["partitions"][0]["isr"].as_array().unwrap().len();
+        if isr == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {old} never rejoined the ISR: {d}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn acks_all_fails_while_both_followers_are_paused_and_succeeds_once_they_resume() {
+    let _turn = turn();
+    let c = Cluster::start_with(3, QUICK_ISR);
+    let leader = create_replicated(&c, "paused", 1)[0] as u8;
+    let followers: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
+    let producer = |delivery_timeout| {
+        let config = ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout,
+            request_timeout: Duration::from_secs(2),
+            ..ProducerConfig::default()
+        };
+        Producer::new(&c.addr(leader).to_string(), config).unwrap()
+    };
+    block_on(producer(Duration::from_secs(10)).send("paused", None, b"before", &[])).unwrap();
+    for f in &followers {
+        c.node(*f).signal(libc::SIGSTOP);
+    }
+    let result = std::panic::catch_unwind(|| {
+        // No in-sync replica but the leader answers: never acknowledged
+        // (the ISR cannot shrink either: the controller has lost its
+        // majority).
+        let err = block_on(producer(Duration::from_secs(5)).send("paused", None, b"during", &[])).unwrap_err();
+        assert!(
+            matches!(err, strand_client::ClientError::Timeout(_)),
+            "acks=all with both followers paused: {err}"
+        );
+        eprintln!("while paused: {err}");
+    });
+    for f in &followers {
+        c.node(*f).signal(libc::SIGCONT);
+    }
+    result.unwrap();
+    // Resumed: acknowledged again, and consumers see it.
+    let d = block_on(producer(Duration::from_secs(30)).send("paused", None, b"after", &[])).unwrap();
+    let got = read_all(&c.addr(leader).to_string(), "paused", d.offset.unwrap() as usize + 1);
+    assert_eq!(got.values().next().map(Vec::as_slice), Some(&b"before"[..]));
+    assert_eq!(got.get(&(0, d.offset.unwrap())).map(Vec::as_slice), Some(&b"after"[..]));
+}
