@@ -10,10 +10,11 @@
 //!   follower that takes over answers a resent batch with where it was
 //!   stored), a diverged log truncated where the leader says
 //!   (`replica::fetch::truncation_point`, never below its high watermark),
-//!   and the high watermark taken from the leader. On an `fsync=always`
-//!   queue the follower fdatasyncs before its next fetch, which tells the
-//!   leader: that fetch is what lets the leader's high watermark, and so
-//!   acks=all, move on. An answer is applied only while the partition
+//!   and the high watermark taken from the leader. Before its next fetch,
+//!   which tells the leader, the follower makes what it appended durable as
+//!   the queue's policy says (fdatasync'd on `fsync=always` queues, written
+//!   on `fsync=interval` ones): its fetch offset is what the leader counts
+//!   toward the high watermark, and so toward acks=all. An answer is applied only while the partition
 //!   still follows the same leader in the same epoch from the same log
 //!   end.
 //! - **ISR upkeep** (leader side): every 250 ms, the ISR each led
@@ -207,8 +208,9 @@ fn fetch_request(me: NodeId, wait: Duration, followed: &[Followed]) -> Vec<u8> {
     fbb.finished_data().to_vec()
 }
 
-/// Applies a leader's answer; returns whether any partition was answered
-/// without an error (else the fetcher pauses before the next round).
+/// Applies a leader's answer; returns whether any partition's log end or
+/// high watermark moved (else the fetcher pauses before the next round:
+/// an error, or a divergence it cannot resolve, must not spin).
 async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) -> bool {
     let resp = match strand_net::message::read_body::<ReplicaFetchResponse>(&frame.body) {
         Ok(r) => r,
@@ -244,8 +246,8 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
                 );
                 continue;
             }
-            progressed = true;
             let log = &f.part.log;
+            let before = (log.log_end(), log.high_watermark());
             if let Ok(epoch) = u32::try_from(r.diverging_epoch()) {
                 let to = truncation_point(
                     &log.epochs(),
@@ -254,15 +256,18 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
                     LeaderEpoch(epoch),
                     Offset(r.diverging_end_offset()),
                 );
-                tracing::info!(
-                    queue = name,
-                    partition = r.partition(),
-                    from = log.log_end().0,
-                    to = to.0,
-                    "truncating a diverged log"
-                );
-                if let Err(e) = truncate(&f.part, to).await {
-                    tracing::warn!(queue = name, partition = r.partition(), "truncating: {e}");
+                if to < log.log_end() {
+                    tracing::info!(
+                        queue = name,
+                        partition = r.partition(),
+                        from = log.log_end().0,
+                        to = to.0,
+                        "truncating a diverged log"
+                    );
+                }
+                match truncate(&f.part, to).await {
+                    Ok(()) => progressed |= log.log_end() != f.fetch_offset,
+                    Err(e) => tracing::warn!(queue = name, partition = r.partition(), "truncating: {e}"),
                 }
                 continue;
             }
@@ -277,17 +282,18 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
                 continue;
             };
             match append_all(shard, &f.part, records).await {
-                Ok(Some(last)) if matches!(log.config().fsync, FsyncPolicy::Always) => {
+                Ok(Some(last)) => {
                     let part = f.part.clone();
                     syncs.push(glommio::spawn_local(async move { part.log.wait_durable(last).await }));
                 }
-                Ok(_) => {}
+                Ok(None) => {}
                 Err(e) => tracing::warn!(queue = name, partition = r.partition(), "replica append: {e}"),
             }
             let hw = Offset(r.high_watermark()).min(log.log_end());
             if log.advance_high_watermark(hw) {
                 shard.partitions.new_data.notify_all();
             }
+            progressed |= (log.log_end(), log.high_watermark()) != before;
         }
     }
     for sync in syncs {
@@ -359,19 +365,25 @@ fn start_isr_upkeep(shard: &Rc<Shard>) {
         while !s.stopping.get() {
             glommio::timer::sleep(ISR_EVERY).await;
             let now = mono_ms();
+            let table = s.table();
+            // The controller refuses a fenced broker into an ISR: not asked.
+            let alive = |id: &NodeId| table.brokers.get(id).is_some_and(|b| b.alive);
             for ((queue, partition), part) in s.partitions.all() {
                 let proposal = match &mut *part.role.borrow_mut() {
-                    Role::Leader { epoch, state } => state.wanted_isr(now).map(|isr| {
-                        state.proposing(isr.clone());
-                        Command::AlterIsr {
-                            queue: queue.clone(),
-                            partition,
-                            leader: s.config.node_id,
-                            leader_epoch: *epoch,
-                            partition_epoch: state.partition_epoch(),
-                            isr,
-                        }
-                    }),
+                    Role::Leader { epoch, state } => state
+                        .wanted_isr(now)
+                        .filter(|isr| isr.iter().all(|id| alive(id) || state.isr().contains(id)))
+                        .map(|isr| {
+                            state.proposing(isr.clone());
+                            Command::AlterIsr {
+                                queue: queue.clone(),
+                                partition,
+                                leader: s.config.node_id,
+                                leader_epoch: *epoch,
+                                partition_epoch: state.partition_epoch(),
+                                isr,
+                            }
+                        }),
                     Role::Follower { .. } => None,
                 };
                 if let Some(command) = proposal {
@@ -407,8 +419,9 @@ async fn propose_isr(shard: &Rc<Shard>, part: &Partition, command: Command) {
             Ok(()) => return,
             Err(ProposeError::Refused(e)) => {
                 tracing::info!("ISR change refused: {e}");
+                // Only the proposal this was: a newer one may be in flight.
                 if let Role::Leader { epoch, state } = &mut *part.role.borrow_mut() {
-                    if *epoch == leader_epoch {
+                    if *epoch == leader_epoch && state.partition_epoch() == partition_epoch {
                         state.on_isr(None);
                     }
                 }

@@ -143,6 +143,7 @@ mod tests {
                     address: format!("10.0.0.{id}:9400"),
                     shards: 1,
                     alive: *alive,
+                    incarnation: 1,
                 },
             );
         }

@@ -64,6 +64,9 @@ struct Heartbeat {
     id: u64,
     address: String,
     shards: u16,
+    /// This run of the broker process (`BrokerRecord::incarnation`).
+    #[serde(default)]
+    incarnation: u64,
 }
 
 /// Where the controller leader is, as this member knows it.
@@ -79,6 +82,16 @@ enum Forwarded {
     /// No answer worth keeping (it stopped leading, or did not answer):
     /// find the leader again and retry; the reason, for the final error.
     AskAgain(String),
+}
+
+/// A random id for this run of the broker process (never 0, which
+/// tables written before incarnations existed hold).
+fn new_incarnation() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mixed = (nanos ^ (u64::from(std::process::id()) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    mixed.max(1)
 }
 
 /// How this node's member runs.
@@ -110,6 +123,12 @@ pub struct Controller {
     sm: StateMachineStore,
     /// Every broker's lease, while this member leads.
     leases: RefCell<Leases>,
+    /// Set once this broker shuts down on purpose: it renews its lease no
+    /// more (a renewal would register it alive again after its
+    /// `ShutdownBroker`).
+    leaving: std::cell::Cell<bool>,
+    /// This run of the broker process (random, never 0).
+    incarnation: u64,
 }
 
 impl Controller {
@@ -160,6 +179,8 @@ impl Controller {
             links,
             sm,
             leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
+            leaving: std::cell::Cell::new(false),
+            incarnation: new_incarnation(),
         })
     }
 
@@ -255,6 +276,9 @@ impl Controller {
         loop {
             glommio::timer::sleep(next.saturating_duration_since(Instant::now())).await;
             next = Instant::now() + beat;
+            if self.leaving.get() {
+                continue;
+            }
             match self.heartbeat(&settings, beat * 2).await {
                 Ok(()) => last_failure.clear(),
                 Err(e) => {
@@ -270,6 +294,12 @@ impl Controller {
                 return;
             }
         }
+    }
+
+    /// This broker is shutting down on purpose: it stops renewing its lease
+    /// (see [`crate::controller::Command::ShutdownBroker`]).
+    pub fn leave(&self) {
+        self.leaving.set(true);
     }
 
     /// Where the leader is, from this member's Raft metrics.
@@ -295,6 +325,7 @@ impl Controller {
             id: self.node_id,
             address: settings.advertised.to_string(),
             shards: settings.shards,
+            incarnation: self.incarnation,
         };
         let deadline = Instant::now() + within;
         let mut last_error = String::from("no controller leader");
@@ -340,10 +371,12 @@ impl Controller {
                 .renew(term, table, request.id, &request.address, Instant::now())?;
             Ok::<bool, ControllerError>(
                 !fresh
-                    && table
-                        .brokers
-                        .get(&request.id)
-                        .is_some_and(|b| b.alive && b.address == request.address && b.shards == request.shards),
+                    && table.brokers.get(&request.id).is_some_and(|b| {
+                        b.alive
+                            && b.address == request.address
+                            && b.shards == request.shards
+                            && b.incarnation == request.incarnation
+                    }),
             )
         })?;
         if !known {
@@ -351,6 +384,7 @@ impl Controller {
                 id: request.id,
                 address: request.address.clone(),
                 shards: request.shards,
+                incarnation: request.incarnation,
             })
             .await?;
         }
@@ -747,7 +781,9 @@ mod tests {
             c.shutdown().await;
             let before = seen.borrow().clone();
 
-            // Restart: the log replays into the same table; no new registration.
+            // Restart: the log replays into the same table; the broker
+            // registers its new run (incarnation), which leaves its sole
+            // replicas as they were.
             *seen.borrow_mut() = MetadataTable::default();
             let c = Controller::start(&path, &one_node(7), publish.clone()).await.unwrap();
             c.propose(Command::DeleteQueue { name: "nope".into() })
@@ -755,7 +791,13 @@ mod tests {
                 .unwrap_err();
             let after = seen.borrow().clone();
             assert_eq!(after.queues, before.queues);
-            assert_eq!(after.brokers, before.brokers);
+            assert_ne!(after.brokers[&7].incarnation, before.brokers[&7].incarnation);
+            let same_run = |t: &MetadataTable| {
+                let mut b = t.brokers[&7].clone();
+                b.incarnation = 0;
+                b
+            };
+            assert_eq!(same_run(&after), same_run(&before));
             c.shutdown().await;
         });
     }

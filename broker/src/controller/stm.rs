@@ -30,6 +30,13 @@ pub enum Command {
         /// Its shards (0 in logs written before brokers reported them).
         #[serde(default)]
         shards: u16,
+        /// The broker process's run (`BrokerRecord::incarnation`). A new
+        /// run hands the broker's leaderships to other in-sync replicas
+        /// and takes it out of the ISRs, as a fence does: it may have lost
+        /// records it had written but not fdatasync'd, which its followers
+        /// hold, and must not go on leading in the epoch it wrote them in.
+        #[serde(default)]
+        incarnation: u64,
     },
     /// The controller leader of Raft term `term` saw the broker's lease
     /// expire. Applies only from an entry written in that term: a leader
@@ -38,6 +45,14 @@ pub enum Command {
     FenceBroker {
         id: NodeId,
         term: u64,
+    },
+    /// A broker stopping on purpose (SIGTERM: a controlled shutdown)
+    /// hands over before it goes, as a fence would without waiting for its
+    /// lease to expire: its leaderships move to another alive in-sync
+    /// replica (a new leader epoch), it leaves every ISR it is not the last
+    /// member of, and it takes no new partitions until it registers again.
+    ShutdownBroker {
+        id: NodeId,
     },
     /// A partition's leader changes its ISR. Accepted only from the leader
     /// of `leader_epoch` that saw `partition_epoch` (else
@@ -156,7 +171,16 @@ impl MetadataStm {
         match command {
             // Id 0 stands for "no leader" in partition records.
             Command::RegisterBroker { id: 0, .. } => Err(ControllerError::InvalidBrokerId),
-            Command::RegisterBroker { id, address, shards } => {
+            Command::RegisterBroker {
+                id,
+                address,
+                shards,
+                incarnation,
+            } => {
+                if let Some(b) = self.table.brokers.get_mut(id).filter(|b| b.incarnation != *incarnation) {
+                    b.alive = false;
+                    self.move_leaderships_off_replicated(*id);
+                }
                 self.table.brokers.insert(
                     *id,
                     super::table::BrokerRecord {
@@ -164,6 +188,7 @@ impl MetadataStm {
                         address: address.clone(),
                         shards: *shards,
                         alive: true,
+                        incarnation: *incarnation,
                     },
                 );
                 self.lead_offline_partitions(*id);
@@ -175,6 +200,13 @@ impl MetadataStm {
                         b.alive = false;
                         self.move_leaderships_off(*id);
                     }
+                }
+                Ok(())
+            }
+            Command::ShutdownBroker { id } => {
+                if let Some(b) = self.table.brokers.get_mut(id) {
+                    b.alive = false;
+                    self.move_leaderships_off(*id);
                 }
                 Ok(())
             }
@@ -197,7 +229,7 @@ impl MetadataStm {
         }
     }
 
-    /// A fenced broker leaves every ISR it is in (unless it is the last
+    /// A fenced (or shut down) broker leaves every ISR it is in (unless it is the last
     /// member: the partition then waits for it, offline) and every
     /// leadership it holds goes to the first replica that is in the ISR and
     /// alive, or to no one.
@@ -223,6 +255,31 @@ impl MetadataStm {
             if changed {
                 p.partition_epoch += 1;
             }
+        }
+    }
+
+    /// A broker back from a new run leaves the ISRs it shares with others,
+    /// and its leaderships of them go to another alive ISR member (a new
+    /// leader epoch); partitions whose ISR it alone is keep it as it is
+    /// (it holds all they committed: what it fdatasync'd).
+    fn move_leaderships_off_replicated(&mut self, id: NodeId) {
+        let brokers = &self.table.brokers;
+        let alive = |r: &NodeId| *r != id && brokers.get(r).is_some_and(|b| b.alive);
+        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+            if !p.isr.contains(&id) || p.isr.len() < 2 {
+                continue;
+            }
+            p.isr.retain(|r| *r != id);
+            if p.leader == id {
+                p.leader = p
+                    .replicas
+                    .iter()
+                    .copied()
+                    .find(|r| p.isr.contains(r) && alive(r))
+                    .unwrap_or(NO_LEADER);
+                p.leader_epoch += 1;
+            }
+            p.partition_epoch += 1;
         }
     }
 

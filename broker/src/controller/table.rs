@@ -25,6 +25,11 @@ pub struct BrokerRecord {
     /// Absent in tables written before liveness: alive.
     #[serde(default = "alive")]
     pub alive: bool,
+    /// Which run of the broker process registered (random per start; 0 in
+    /// tables written before it existed). A new one means the broker
+    /// restarted, and may have lost what it had not fdatasync'd.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 fn alive() -> bool {

@@ -61,6 +61,10 @@ struct Lifecycle {
     metrics_fd: Option<std::os::fd::RawFd>,
     /// The controller leader shard 0's member knows of (0: none).
     controller_leader: Arc<AtomicU64>,
+    /// Set by shard 0 once a stopping broker has handed its leaderships
+    /// over (or found nothing to hand over); the other shards serve until
+    /// then.
+    handed_off: Arc<AtomicBool>,
 }
 
 enum Event {
@@ -172,6 +176,7 @@ fn run_locked(
     let drained = Arc::new(AtomicUsize::new(0));
     let metadata_ready = Arc::new(AtomicBool::new(false));
     let controller_leader = Arc::new(AtomicU64::new(0));
+    let handed_off = Arc::new(AtomicBool::new(false));
     let mesh = Mesh::full(usize::from(shards), config.shard_channel_capacity);
     let (events_tx, events) = mpsc::channel();
     let cpus = host::usable_cpu_ids();
@@ -183,6 +188,7 @@ fn run_locked(
             metadata_ready: metadata_ready.clone(),
             metrics_fd: metrics_fd.filter(|_| id == 0),
             controller_leader: controller_leader.clone(),
+            handed_off: handed_off.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
@@ -364,7 +370,7 @@ async fn shard_main(
     }
     shard.serving.set(true);
     let _ = events.send(Event::Ready);
-    wait_for_stop(&shard, &lifecycle.stop).await;
+    wait_for_stop(&shard, &lifecycle).await;
     shutdown(&shard, &lifecycle.drained).await;
     // Tasks left over are dropped after this returns, outside the executor.
     shard::mark_torn_down();
@@ -395,15 +401,68 @@ fn start_accepting(shard: &Rc<Shard>, listener: TcpListener) {
     .detach();
 }
 
-/// Waits until the broker is told to stop, then marks the shard stopping
+/// Waits until the broker is told to stop, hands its leaderships over
+/// (shard 0; the others serve meanwhile), then marks the shard stopping
 /// (the accept loop closes new connections at once from then on).
-async fn wait_for_stop(shard: &Rc<Shard>, stop: &AtomicBool) {
-    while !stop.load(Ordering::SeqCst) {
+async fn wait_for_stop(shard: &Rc<Shard>, lifecycle: &Lifecycle) {
+    while !lifecycle.stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(Duration::from_millis(250)).await;
+    }
+    if shard.id.0 == 0 {
+        hand_off_leaderships(shard).await;
+        lifecycle.handed_off.store(true, Ordering::SeqCst);
+    }
+    let deadline = Instant::now() + HAND_OFF_LIMIT + Duration::from_secs(1);
+    while !lifecycle.handed_off.load(Ordering::SeqCst) && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(10)).await;
     }
     shard.stopping.set(true);
     // Long polls end now instead of at their deadline.
     shard.partitions.new_data.notify_all();
+}
+
+/// The longest a stopping broker waits for its hand-over to commit.
+const HAND_OFF_LIMIT: Duration = Duration::from_secs(10);
+
+/// A controlled shutdown: while other brokers are alive and this one holds
+/// replicas, it stops renewing its lease and commits `ShutdownBroker`, so
+/// its leaderships move to other in-sync replicas and it leaves the ISRs
+/// before it stops serving; producers then find the new leaders at once
+/// rather than after its lease expires. The proposal returns once every
+/// shard here applied the result (this node's replicas follow). A
+/// hand-over that cannot commit within `HAND_OFF_LIMIT` (no controller
+/// quorum) is logged; the lease then expires as after a crash.
+async fn hand_off_leaderships(shard: &Rc<Shard>) {
+    let table = shard.table();
+    let me = shard.config.node_id;
+    let others = table.brokers.values().any(|b| b.id != me && b.alive);
+    let holds = table
+        .queues
+        .values()
+        .any(|q| q.partitions.iter().any(|p| p.replicas.contains(&me)));
+    if !others || !holds || !table.brokers.get(&me).is_some_and(|b| b.alive) {
+        return;
+    }
+    let controller = shard.controller.borrow().clone();
+    if let Some(c) = controller {
+        c.leave();
+    }
+    let started = Instant::now();
+    let command = crate::controller::Command::ShutdownBroker { id: me };
+    match glommio::timer::timeout(HAND_OFF_LIMIT, async {
+        Ok(crate::router::propose(shard, command).await)
+    })
+    .await
+    {
+        Ok(Ok(())) => tracing::info!(
+            "stopping: leaderships handed over to the other in-sync replicas in {:?}",
+            started.elapsed()
+        ),
+        Ok(Err(e)) => tracing::warn!("stopping: the hand-over did not commit ({e}); the lease will expire instead"),
+        Err(_) => tracing::warn!(
+            "stopping: the hand-over did not commit within {HAND_OFF_LIMIT:?}; the lease will expire instead"
+        ),
+    }
 }
 
 /// Retention on every partition every 10 s; interval-fsync ticks every 5 ms

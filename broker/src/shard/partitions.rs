@@ -97,34 +97,30 @@ impl Partition {
 
     /// The leader's own log moved (written, fdatasync'd): the high
     /// watermark follows what every ISR member holds. Returns whether it
-    /// moved. Nothing on a follower.
+    /// moved (the leader's, which acks=all waits on, or the log's, which
+    /// consumers see: a new leader's log may show more than its state
+    /// has confirmed yet). Nothing on a follower.
     pub fn note_local(&self) -> bool {
         let at = Position {
             log_end: self.log.written_offset(),
             flushed: self.log.flushed_offset(),
         };
-        let hw = match &mut *self.role.borrow_mut() {
-            Role::Leader { state, .. } => {
-                state.on_local(at);
-                state.high_watermark()
-            }
+        let (moved, hw) = match &mut *self.role.borrow_mut() {
+            Role::Leader { state, .. } => (state.on_local(at), state.high_watermark()),
             Role::Follower { .. } => return false,
         };
-        self.log.advance_high_watermark(hw)
+        self.log.advance_high_watermark(hw) || moved
     }
 
     /// Follower `replica` fetched from `at.log_end` in this leader's epoch
     /// (its log agrees with the leader's): returns whether the high
-    /// watermark moved.
+    /// watermark moved (as [`Partition::note_local`] counts it).
     pub fn note_fetch(&self, replica: NodeId, at: Position) -> bool {
-        let hw = match &mut *self.role.borrow_mut() {
-            Role::Leader { state, .. } => {
-                state.on_fetch(replica, at, mono_ms());
-                state.high_watermark()
-            }
+        let (moved, hw) = match &mut *self.role.borrow_mut() {
+            Role::Leader { state, .. } => (state.on_fetch(replica, at, mono_ms()), state.high_watermark()),
             Role::Follower { .. } => return false,
         };
-        self.log.advance_high_watermark(hw)
+        self.log.advance_high_watermark(hw) || moved
     }
 
     /// Takes the role the table's `record` gives this node `me`: a new

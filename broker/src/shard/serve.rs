@@ -183,27 +183,34 @@ impl Shard {
                 diverging: Some((epoch.0, end_offset.0)),
             }),
             FetchAnswer::Records => {
-                if fetch_offset < log.log_start() {
+                // Only a position inside this log counts (a fetch from past
+                // its end never holds what it claims).
+                if fetch_offset < log.log_start() || fetch_offset > log.log_end() {
                     return Err(WireError::new(
                         ErrorCode::OffsetOutOfRange,
                         format!(
-                            "offset {} is below the leader's log start {}",
+                            "offset {} is outside the leader's log [{}, {}]",
                             fetch_offset.0,
-                            log.log_start().0
+                            log.log_start().0,
+                            log.log_end().0
                         ),
                     ));
-                }
-                let at = Position {
-                    log_end: fetch_offset,
-                    flushed: Offset(want.flushed_offset).min(fetch_offset),
-                };
-                if part.note_fetch(want.replica, at) {
-                    self.partitions.new_data.notify_all();
                 }
                 let mut read = log
                     .read(fetch_offset, want.max_bytes as usize)
                     .await
                     .map_err(storage_error)?;
+                // Counted once the fetch is known good, and only while this
+                // replica still leads in the epoch it answered for.
+                if part.leading() == Some(epoch) {
+                    let at = Position {
+                        log_end: fetch_offset,
+                        flushed: Offset(want.flushed_offset).min(fetch_offset),
+                    };
+                    if part.note_fetch(want.replica, at) {
+                        self.partitions.new_data.notify_all();
+                    }
+                }
                 if origin != self.id.0 {
                     read.detach();
                 }

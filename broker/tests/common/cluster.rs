@@ -128,6 +128,11 @@ impl Cluster {
         self.nodes.push(Some(node));
     }
 
+    /// SIGTERM to node `id`, waiting for it to exit (a controlled shutdown).
+    pub fn terminate(&mut self, id: u8) -> std::process::ExitStatus {
+        self.nodes[usize::from(id - 1)].take().unwrap().terminate()
+    }
+
     /// kill -9 of node `id`.
     pub fn kill9(&mut self, id: u8) {
         if let Some(node) = self.nodes[usize::from(id - 1)].take() {
@@ -144,10 +149,19 @@ impl Cluster {
     }
 }
 
-/// A port free on 127.0.0.1 to 127.0.0.n.
+/// A port free on 127.0.0.1 to 127.0.0.n, below the kernel's ephemeral
+/// range (32768 and up here): an ephemeral port can be taken at any time
+/// as the source port of a connection (the nodes' own connections to one
+/// another among them, which once took a node's port before it bound it).
 fn free_port(n: u8) -> u16 {
-    for _ in 0..100 {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+    for _ in 0..1000 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let port = 20_000 + (seed >> 33) as u16 % 12_000;
         let free = (1..=n).all(|id| TcpListener::bind(SocketAddr::from(([127, 0, 0, id], port))).is_ok());
         if free {
             return port;

@@ -20,6 +20,7 @@ fn one_node() -> (MetadataStm, u64) {
             id: 1,
             address: "127.0.0.1:9400".into(),
             shards: 2,
+            incarnation: 1,
         },
     )
     .unwrap();
@@ -149,6 +150,7 @@ fn snapshot_restore_and_replay_agree() {
             id,
             address: format!("10.0.0.{id}:9400"),
             shards: 4,
+            incarnation: 1,
         });
     }
     for q in 0..20u32 {
@@ -227,6 +229,7 @@ fn brokers(n: u64) -> (MetadataStm, u64) {
                 id,
                 address: format!("10.0.0.{id}:9400"),
                 shards: 2,
+                incarnation: 1,
             },
         )
         .unwrap();
@@ -240,6 +243,7 @@ fn back(id: NodeId) -> Command {
         id,
         address: format!("10.0.0.{id}:9400"),
         shards: 2,
+        incarnation: 1,
     }
 }
 
@@ -366,6 +370,7 @@ fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
             id: 2,
             address: "10.0.0.2:9400".into(),
             shards: 2,
+            incarnation: 1,
         },
     )
     .unwrap();
@@ -487,4 +492,121 @@ fn a_fenced_leader_hands_over_to_the_isr_and_isr_changes_are_fenced_by_epochs() 
     assert_eq!((s.leader, s.isr.clone()), (NO_LEADER, vec![b]));
     apply(&mut stm, back(b)).unwrap();
     assert_eq!(part(&stm, "single").leader, b);
+}
+
+#[test]
+fn a_broker_shutting_down_hands_its_leaderships_to_the_isr_and_is_back_once_it_registers() {
+    let (mut stm, mut index) = brokers(3);
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    for (name, rf) in [("q", 3), ("single", 1)] {
+        let settings = settings(3, rf);
+        apply(
+            &mut stm,
+            Command::CreateQueue {
+                name: name.into(),
+                settings,
+            },
+        )
+        .unwrap();
+    }
+    let leads = |stm: &MetadataStm, id: NodeId| stm.table().led_by(id).count();
+    let going = 1;
+    assert!(leads(&stm, going) > 0);
+    let before = stm.table().queues.clone();
+    apply(&mut stm, Command::ShutdownBroker { id: going }).unwrap();
+    assert!(!stm.table().brokers[&going].alive);
+    for (name, q) in &stm.table().queues {
+        for (p, (now, was)) in q.partitions.iter().zip(&before[name].partitions).enumerate() {
+            if was.isr.len() > 1 {
+                // Replicated: led by another in-sync replica, in a new
+                // epoch if the leader changed; out of the ISR.
+                assert_ne!(now.leader, going, "{name}/{p}");
+                assert!(
+                    now.isr.contains(&now.leader) && !now.isr.contains(&going),
+                    "{name}/{p}: {now:?}"
+                );
+                assert_eq!(now.leader_epoch, was.leader_epoch + u32::from(was.leader == going));
+            } else if was.leader == going {
+                // Its only replica: offline until it is back.
+                assert_eq!(now.leader, NO_LEADER, "{name}/{p}");
+            } else {
+                assert_eq!(now, was, "{name}/{p}");
+            }
+        }
+    }
+    // No new partition goes to it; registered again, it leads its offline
+    // partitions and is placed on again.
+    apply(
+        &mut stm,
+        Command::CreateQueue {
+            name: "later".into(),
+            settings: settings(3, 2),
+        },
+    )
+    .unwrap();
+    assert!(stm.table().queues["later"]
+        .partitions
+        .iter()
+        .all(|p| !p.replicas.contains(&going)));
+    apply(&mut stm, back(going)).unwrap();
+    assert!(stm.table().brokers[&going].alive);
+    assert!(stm.table().queues["single"]
+        .partitions
+        .iter()
+        .all(|p| p.leader != NO_LEADER));
+    // A broker the table does not know changes nothing.
+    let table = stm.table().clone();
+    apply(&mut stm, Command::ShutdownBroker { id: 9 }).unwrap();
+    assert_eq!(stm.table().queues, table.queues);
+}
+
+#[test]
+fn a_broker_registering_from_a_new_run_hands_its_leaderships_over_first() {
+    let (mut stm, mut index) = brokers(3);
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    for (name, rf) in [("q", 3), ("single", 1)] {
+        let settings = settings(3, rf);
+        apply(
+            &mut stm,
+            Command::CreateQueue {
+                name: name.into(),
+                settings,
+            },
+        )
+        .unwrap();
+    }
+    let restarted = 2;
+    let before = stm.table().queues.clone();
+    // The same run renewing: nothing moves.
+    apply(&mut stm, back(restarted)).unwrap();
+    assert_eq!(stm.table().queues, before);
+    // A new run (kill -9 and back within its lease): it may have lost what
+    // it had not fdatasync'd, so it leads no replicated partition in its
+    // old epoch and is out of their ISRs until it catches up.
+    let new_run = Command::RegisterBroker {
+        id: restarted,
+        address: format!("10.0.0.{restarted}:9400"),
+        shards: 2,
+        incarnation: 2,
+    };
+    apply(&mut stm, new_run).unwrap();
+    assert!(stm.table().brokers[&restarted].alive);
+    assert_eq!(stm.table().brokers[&restarted].incarnation, 2);
+    for (name, q) in &stm.table().queues {
+        for (p, (now, was)) in q.partitions.iter().zip(&before[name].partitions).enumerate() {
+            if was.replicas.len() > 1 {
+                assert!(!now.isr.contains(&restarted), "{name}/{p}: {now:?}");
+                assert_ne!(now.leader, restarted, "{name}/{p}");
+            } else {
+                // Its only replica holds all that was committed: as it was.
+                assert_eq!(now, was, "{name}/{p}");
+            }
+        }
+    }
 }
