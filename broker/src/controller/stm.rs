@@ -229,33 +229,12 @@ impl MetadataStm {
         }
     }
 
-    /// A fenced (or shut down) broker leaves every ISR it is in (unless it is the last
-    /// member: the partition then waits for it, offline) and every
-    /// leadership it holds goes to the first replica that is in the ISR and
-    /// alive, or to no one.
+    /// A fenced (or shut down) broker leaves every ISR it is in (unless it
+    /// is the last member: the partition then waits for it, offline) and
+    /// every leadership it holds goes to the first replica that is in the
+    /// ISR and alive, or to no one.
     fn move_leaderships_off(&mut self, fenced: NodeId) {
-        let brokers = &self.table.brokers;
-        let alive = |id: &NodeId| brokers.get(id).is_some_and(|b| b.alive);
-        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-            let mut changed = false;
-            if p.isr.contains(&fenced) && p.isr.len() > 1 {
-                p.isr.retain(|r| *r != fenced);
-                changed = true;
-            }
-            if p.leader == fenced {
-                p.leader = p
-                    .replicas
-                    .iter()
-                    .copied()
-                    .find(|r| p.isr.contains(r) && alive(r))
-                    .unwrap_or(NO_LEADER);
-                p.leader_epoch += 1;
-                changed = true;
-            }
-            if changed {
-                p.partition_epoch += 1;
-            }
-        }
+        self.leave_isrs(fenced, true);
     }
 
     /// A broker back from a new run leaves the ISRs it shares with others,
@@ -263,13 +242,22 @@ impl MetadataStm {
     /// leader epoch); partitions whose ISR it alone is keep it as it is
     /// (it holds all they committed: what it fdatasync'd).
     fn move_leaderships_off_replicated(&mut self, id: NodeId) {
+        self.leave_isrs(id, false);
+    }
+
+    /// Broker `id` leaves every ISR it shares, and its leaderships go to the
+    /// first other alive ISR member (or to no one), each change bumping the
+    /// epochs; partitions whose ISR it alone is lose their leader too when
+    /// `sole_too` (a fence: offline until it is back), else stay as they are.
+    fn leave_isrs(&mut self, id: NodeId, sole_too: bool) {
         let brokers = &self.table.brokers;
         let alive = |r: &NodeId| *r != id && brokers.get(r).is_some_and(|b| b.alive);
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-            if !p.isr.contains(&id) || p.isr.len() < 2 {
+            let sole = p.isr == [id];
+            if !p.isr.contains(&id) && p.leader != id || sole && !sole_too {
                 continue;
             }
-            p.isr.retain(|r| *r != id);
+            p.isr.retain(|r| *r != id || sole);
             if p.leader == id {
                 p.leader = p
                     .replicas

@@ -494,24 +494,28 @@ fn a_fenced_leader_hands_over_to_the_isr_and_isr_changes_are_fenced_by_epochs() 
     assert_eq!(part(&stm, "single").leader, b);
 }
 
+/// Three brokers, and queues `q` (3 partitions, 3 replicas) and `single`
+/// (3 partitions, 1 replica); the last log index used.
+fn three_brokers_two_queues() -> (MetadataStm, u64) {
+    let (mut stm, mut index) = brokers(3);
+    for (name, rf) in [("q", 3), ("single", 1)] {
+        let create = Command::CreateQueue {
+            name: name.into(),
+            settings: settings(3, rf),
+        };
+        stm.apply(index, &create).unwrap();
+        index += 1;
+    }
+    (stm, index - 1)
+}
+
 #[test]
 fn a_broker_shutting_down_hands_its_leaderships_to_the_isr_and_is_back_once_it_registers() {
-    let (mut stm, mut index) = brokers(3);
+    let (mut stm, mut index) = three_brokers_two_queues();
     let mut apply = |stm: &mut MetadataStm, c: Command| {
         index += 1;
         stm.apply(index, &c)
     };
-    for (name, rf) in [("q", 3), ("single", 1)] {
-        let settings = settings(3, rf);
-        apply(
-            &mut stm,
-            Command::CreateQueue {
-                name: name.into(),
-                settings,
-            },
-        )
-        .unwrap();
-    }
     let leads = |stm: &MetadataStm, id: NodeId| stm.table().led_by(id).count();
     let going = 1;
     assert!(leads(&stm, going) > 0);
@@ -565,22 +569,11 @@ fn a_broker_shutting_down_hands_its_leaderships_to_the_isr_and_is_back_once_it_r
 
 #[test]
 fn a_broker_registering_from_a_new_run_hands_its_leaderships_over_first() {
-    let (mut stm, mut index) = brokers(3);
+    let (mut stm, mut index) = three_brokers_two_queues();
     let mut apply = |stm: &mut MetadataStm, c: Command| {
         index += 1;
         stm.apply(index, &c)
     };
-    for (name, rf) in [("q", 3), ("single", 1)] {
-        let settings = settings(3, rf);
-        apply(
-            &mut stm,
-            Command::CreateQueue {
-                name: name.into(),
-                settings,
-            },
-        )
-        .unwrap();
-    }
     let restarted = 2;
     let before = stm.table().queues.clone();
     // The same run renewing: nothing moves.
