@@ -127,8 +127,7 @@ fn alert_rules_and_dashboard_use_what_the_broker_exports() {
         .collect();
     assert!(exprs.len() >= 10);
     exprs.push(std::fs::read_to_string(&rules).unwrap());
-    // Every strand_ metric they name is one the broker describes (the
-    // under-replication series comes with replication).
+    // Every strand_ metric they name is one the broker describes.
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::start(dir.path());
     let scrape = get(broker.metrics, "/metrics").unwrap();
@@ -140,9 +139,6 @@ fn alert_rules_and_dashboard_use_what_the_broker_exports() {
             let family = ["_bucket", "_total"]
                 .iter()
                 .fold(name.to_string(), |n, suffix| n.trim_end_matches(suffix).to_string());
-            if family == "partition_under_replicated" {
-                continue;
-            }
             assert!(
                 scrape.contains(&format!("# TYPE strand_{family} ")),
                 "strand_{name} (in {text}) is not exported"

@@ -178,6 +178,24 @@ fn a_killed_leader_loses_no_acknowledged_record_and_rejoins_the_isr() {
         }
         last.insert(key.to_string(), (*offset, seq));
     }
+    // The new leader says the partition is under-replicated.
+    let series = |name: &str| format!("{name}{{queue=\"ledger\",partition=\"0\"}}");
+    let gauges = |c: &Cluster| {
+        let text = common::scrape(c.node(new));
+        let get = |name: &str| common::value(&text, &series(name));
+        (
+            get("strand_partition_isr_size"),
+            get("strand_partition_under_replicated"),
+        )
+    };
+    assert_eq!(gauges(&c), (Some(2.0), Some(1.0)));
+    let status: serde_json::Value =
+        serde_json::from_str(c.strand(via, &["cluster", "status", "--output", "json"]).trim()).unwrap();
+    assert_eq!(
+        status["brokers"][usize::from(new - 1)]["under_replicated"],
+        1,
+        "{status}"
+    );
     // The old leader comes back as a follower and rejoins the ISR.
     c.restart(old);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -190,6 +208,7 @@ fn a_killed_leader_loses_no_acknowledged_record_and_rejoins_the_isr() {
         assert!(Instant::now() < deadline, "node {old} never rejoined the ISR: {d}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert_eq!(gauges(&c), (Some(3.0), Some(0.0)));
 }
 
 #[test]

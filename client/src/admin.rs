@@ -99,6 +99,8 @@ pub struct BrokerDescription {
     pub leaders: usize,
     /// Partition replicas it holds (led or followed), of every queue.
     pub replicas: usize,
+    /// Partitions it leads with fewer in-sync replicas than replicas.
+    pub under_replicated: usize,
 }
 
 /// The cluster: its controller leader and every broker.
@@ -108,6 +110,8 @@ pub struct ClusterDescription {
     pub controller: u32,
     /// By id.
     pub brokers: Vec<BrokerDescription>,
+    /// Partitions without a leader (every in-sync replica fenced).
+    pub offline: usize,
 }
 
 /// The admin client.
@@ -318,23 +322,29 @@ impl Admin {
                 alive: !b.fenced(),
                 leaders: 0,
                 replicas: 0,
+                under_replicated: 0,
             })
             .collect();
         brokers.sort_by_key(|b| b.id);
+        let mut offline = 0;
         for p in resp
             .queues()
             .iter()
             .flatten()
             .flat_map(|q| q.partitions().into_iter().flatten())
         {
+            let (replicas, isr) = (p.replicas().map_or(0, |r| r.len()), p.isr().map_or(0, |r| r.len()));
+            offline += usize::from(p.leader() == 0);
             for b in brokers.iter_mut() {
                 b.leaders += usize::from(p.leader() == b.id);
                 b.replicas += usize::from(p.replicas().is_some_and(|r| r.iter().any(|id| id == b.id)));
+                b.under_replicated += usize::from(p.leader() == b.id && isr < replicas);
             }
         }
         Ok(ClusterDescription {
             controller: resp.controller(),
             brokers,
+            offline,
         })
     }
 

@@ -3,9 +3,12 @@
 //! knows them.
 //!
 //! JSON (`--output json`), a contract:
-//! `{"controller": ID, "brokers": [{"id": 1, "address": "HOST:PORT",
-//! "alive": true, "leaders": N, "replicas": N}]}` (`controller` 0: the
-//! node knows no leader now).
+//! `{"controller": ID, "offline_partitions": N, "brokers": [{"id": 1,
+//! "address": "HOST:PORT", "alive": true, "leaders": N, "replicas": N,
+//! "under_replicated": N}]}` (`controller` 0: the node knows no leader
+//! now; `under_replicated`: partitions the broker leads with fewer in-sync
+//! replicas than replicas; `offline_partitions`: partitions with no
+//! leader).
 
 use clap::Subcommand;
 use strand_client::{block_on, ClusterDescription};
@@ -13,7 +16,7 @@ use strand_client::{block_on, ClusterDescription};
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
     /// The controller leader and each broker: address, alive or fenced,
-    /// partitions led, replicas held.
+    /// partitions led, replicas held, led partitions under-replicated.
     Status,
 }
 
@@ -31,6 +34,9 @@ pub fn run(command: ClusterCommand, brokers: &str, json: bool) -> Result<(), Str
                     id => id.to_string(),
                 };
                 out!("controller leader: {controller}");
+                if cluster.offline > 0 {
+                    out!("offline partitions (no leader): {}", cluster.offline);
+                }
                 let width = cluster
                     .brokers
                     .iter()
@@ -39,22 +45,24 @@ pub fn run(command: ClusterCommand, brokers: &str, json: bool) -> Result<(), Str
                     .unwrap_or(7)
                     .max(7);
                 out!(
-                    "{:>4}  {:<width$}  {:<6}  {:>7}  {:>8}",
+                    "{:>4}  {:<width$}  {:<6}  {:>7}  {:>8}  {:>16}",
                     "ID",
                     "ADDRESS",
                     "STATE",
                     "LEADERS",
-                    "REPLICAS"
+                    "REPLICAS",
+                    "UNDER-REPLICATED"
                 );
                 for b in &cluster.brokers {
                     let state = if b.alive { "alive" } else { "fenced" };
                     out!(
-                        "{:>4}  {:<width$}  {:<6}  {:>7}  {:>8}",
+                        "{:>4}  {:<width$}  {:<6}  {:>7}  {:>8}  {:>16}",
                         b.id,
                         b.address,
                         state,
                         b.leaders,
-                        b.replicas
+                        b.replicas,
+                        b.under_replicated
                     );
                 }
             }
@@ -71,11 +79,13 @@ pub fn status_json(cluster: &ClusterDescription) -> serde_json::Value {
         .map(|b| {
             serde_json::json!({
                 "id": b.id, "address": b.address, "alive": b.alive,
-                "leaders": b.leaders, "replicas": b.replicas,
+                "leaders": b.leaders, "replicas": b.replicas, "under_replicated": b.under_replicated,
             })
         })
         .collect();
-    serde_json::json!({ "controller": cluster.controller, "brokers": brokers })
+    serde_json::json!({
+        "controller": cluster.controller, "offline_partitions": cluster.offline, "brokers": brokers,
+    })
 }
 
 #[cfg(test)]
@@ -93,12 +103,15 @@ mod tests {
                 alive: false,
                 leaders: 3,
                 replicas: 5,
+                under_replicated: 1,
             }],
+            offline: 4,
         };
         assert_eq!(
             status_json(&cluster),
-            serde_json::json!({"controller": 2, "brokers": [
-                {"id": 1, "address": "10.0.0.1:9400", "alive": false, "leaders": 3, "replicas": 5}
+            serde_json::json!({"controller": 2, "offline_partitions": 4, "brokers": [
+                {"id": 1, "address": "10.0.0.1:9400", "alive": false, "leaders": 3, "replicas": 5,
+                 "under_replicated": 1}
             ]})
         );
     }

@@ -15,6 +15,16 @@
 //! - `strand_partition_log_end_offset`, `strand_partition_high_watermark`,
 //!   `strand_partition_log_start_offset`, `strand_partition_stored_bytes`
 //!   {queue, partition}
+//! - `strand_partition_leader_epoch`, `strand_partition_leader` (1 on the
+//!   leader, 0 on a follower) {queue, partition}, on every replica
+//! - on a partition's leader only: `strand_partition_isr_size`,
+//!   `strand_partition_under_replicated` (ISR smaller than the replicas),
+//!   `strand_partition_under_min_isr` (ISR smaller than acks=all needs)
+//!   {queue, partition}, and `strand_partition_follower_lag_records`
+//!   {queue, partition, follower} (records behind the leader's log end at
+//!   the follower's last fetch)
+//! - `strand_offline_partitions` {queue}: partitions without a leader, as
+//!   this broker's metadata says (every broker says the same)
 //! - `strand_group_lag` {group, queue, partition} (high watermark − committed
 //!   position, for partitions with one)
 //! - `strand_group_rebalances_total` {group}, `strand_dlq_records_total`
@@ -312,12 +322,29 @@ pub struct PartitionGauges {
     pub log_end: u64,
     pub high_watermark: u64,
     pub stored_bytes: u64,
+    pub leader_epoch: u32,
+    /// Set on the partition's leader.
+    pub led: Option<LeaderGauges>,
+}
+
+/// What a partition's leader knows of its replicas.
+#[derive(Debug, Clone, Default)]
+pub struct LeaderGauges {
+    pub replicas: u32,
+    pub isr: u32,
+    /// acks=all needs this many in-sync replicas.
+    pub min_insync: u32,
+    /// (follower, records behind the leader's log end).
+    pub follower_lags: Vec<(u64, u64)>,
 }
 
 /// What one shard reports at a scrape.
 #[derive(Debug, Clone, Default)]
 pub struct ShardSnapshot {
     pub shard: u16,
+    /// Shard 0 only (from the table, the same on every node): per queue,
+    /// its partitions without a leader (every in-sync replica fenced).
+    pub offline: Vec<(String, u64)>,
     pub queues: Vec<(String, QueueCounters)>,
     pub latency: Vec<(u16, LatencyHistogram)>,
     pub connections: i64,
@@ -468,21 +495,22 @@ impl Collector for Scrape {
                     .encode_histogram::<prometheus_client::encoding::NoLabelSet>(h.sum_secs, h.count, &buckets, None)?;
             }
         }
-        let partitions = |f: fn(&PartitionGauges) -> u64| -> Vec<(Labels, i64)> {
+        // One series per partition for which `f` has a value.
+        let some_partitions = |f: &dyn Fn(&PartitionGauges) -> Option<u64>| -> Vec<(Labels, i64)> {
             let mut all: Vec<(Labels, i64)> = self
                 .snapshots
                 .iter()
                 .flat_map(|s| s.partitions.iter())
-                .map(|p| {
-                    (
-                        vec![("queue", p.queue.clone()), ("partition", p.partition.to_string())],
-                        as_i64(f(p)),
-                    )
+                .filter_map(|p| {
+                    let labels = vec![("queue", p.queue.clone()), ("partition", p.partition.to_string())];
+                    f(p).map(|v| (labels, as_i64(v)))
                 })
                 .collect();
             all.sort();
             all
         };
+        let partitions = |f: fn(&PartitionGauges) -> u64| some_partitions(&|p| Some(f(p)));
+        let led = |f: fn(&LeaderGauges) -> u64| some_partitions(&|p| p.led.as_ref().map(f));
         gauge(
             &mut encoder,
             "strand_partition_log_end_offset",
@@ -506,6 +534,67 @@ impl Collector for Scrape {
             "strand_partition_stored_bytes",
             "Bytes the partition's segments hold.",
             partitions(|p| p.stored_bytes),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_leader_epoch",
+            "The leader epoch this replica of the partition is in.",
+            partitions(|p| u64::from(p.leader_epoch)),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_leader",
+            "1 where this broker leads the partition, 0 where it follows.",
+            partitions(|p| u64::from(p.led.is_some())),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_isr_size",
+            "In-sync replicas of a partition this broker leads (the leader among them).",
+            led(|l| u64::from(l.isr)),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_under_replicated",
+            "1 where a partition this broker leads has fewer in-sync replicas than replicas.",
+            led(|l| u64::from(l.isr < l.replicas)),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_partition_under_min_isr",
+            "1 where a partition this broker leads has fewer in-sync replicas than acks=all needs (it refuses acks=all with NotEnoughReplicas).",
+            led(|l| u64::from(l.isr < l.min_insync)),
+        )?;
+        let mut lags: Vec<(Labels, i64)> = Vec::new();
+        for p in self.snapshots.iter().flat_map(|s| s.partitions.iter()) {
+            for (follower, behind) in p.led.iter().flat_map(|l| l.follower_lags.iter()) {
+                let labels = vec![
+                    ("queue", p.queue.clone()),
+                    ("partition", p.partition.to_string()),
+                    ("follower", follower.to_string()),
+                ];
+                lags.push((labels, as_i64(*behind)));
+            }
+        }
+        lags.sort();
+        gauge(
+            &mut encoder,
+            "strand_partition_follower_lag_records",
+            "Records a follower of a partition this broker leads is behind the leader's log end, at its last fetch.",
+            lags,
+        )?;
+        let mut offline: Vec<(Labels, i64)> = self
+            .snapshots
+            .iter()
+            .flat_map(|s| s.offline.iter())
+            .map(|(q, n)| (vec![("queue", q.clone())], as_i64(*n)))
+            .collect();
+        offline.sort();
+        gauge(
+            &mut encoder,
+            "strand_offline_partitions",
+            "Partitions of a queue without a leader (every in-sync replica fenced), as this broker's metadata says.",
+            offline,
         )?;
         let mut lag: Vec<(Labels, i64)> = Vec::new();
         for s in &self.snapshots {
@@ -708,7 +797,15 @@ mod tests {
                 log_end: 42,
                 high_watermark: 40,
                 stored_bytes: 4096,
+                leader_epoch: 3,
+                led: Some(LeaderGauges {
+                    replicas: 3,
+                    isr: 1,
+                    min_insync: 2,
+                    follower_lags: vec![(2, 0), (3, 17)],
+                }),
             }],
+            offline: vec![("orders".into(), 0), ("ledger".into(), 2)],
             positions: vec![("billing".into(), "orders".into(), 0, 30)],
             rebalances: vec![("billing".into(), 2)],
             ..ShardSnapshot::default()
@@ -719,6 +816,13 @@ mod tests {
             "strand_produce_requests_total{queue=\"orders\"} 2",
             "strand_produce_bytes_total{queue=\"orders\"} 1500",
             "strand_partition_log_end_offset{queue=\"orders\",partition=\"0\"} 42",
+            "strand_partition_leader_epoch{queue=\"orders\",partition=\"0\"} 3",
+            "strand_partition_leader{queue=\"orders\",partition=\"0\"} 1",
+            "strand_partition_isr_size{queue=\"orders\",partition=\"0\"} 1",
+            "strand_partition_under_replicated{queue=\"orders\",partition=\"0\"} 1",
+            "strand_partition_under_min_isr{queue=\"orders\",partition=\"0\"} 1",
+            "strand_partition_follower_lag_records{queue=\"orders\",partition=\"0\",follower=\"3\"} 17",
+            "strand_offline_partitions{queue=\"ledger\"} 2",
             "strand_group_lag{group=\"billing\",queue=\"orders\",partition=\"0\"} 10",
             "strand_group_rebalances_total{group=\"billing\"} 2",
             "strand_request_latency_seconds_count{api=\"Produce\"} 2",

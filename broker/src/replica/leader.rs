@@ -138,6 +138,21 @@ impl LeaderState {
         &self.isr
     }
 
+    /// How many replicas the partition has (the leader among them).
+    pub fn replica_count(&self) -> usize {
+        self.followers.len() + 1
+    }
+
+    /// Each follower and how many records it is behind the leader's log end
+    /// (at its last fetch), in id order.
+    pub fn follower_lags(&self) -> Vec<(NodeId, u64)> {
+        let end = self.local.log_end.0;
+        self.followers
+            .iter()
+            .map(|(id, f)| (*id, end.saturating_sub(f.at.log_end.0)))
+            .collect()
+    }
+
     /// The leader's own log moved (an append, a write, an fdatasync).
     /// Returns whether the high watermark moved.
     pub fn on_local(&mut self, at: Position) -> bool {

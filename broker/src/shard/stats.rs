@@ -5,7 +5,9 @@
 //! others over the mesh).
 
 use super::messages::{Answer, ShardMessage};
+use super::partitions::{min_insync_replicas, Role};
 use super::Shard;
+use crate::controller::NO_LEADER;
 
 impl Shard {
     /// This shard's counters and partitions, for a scrape (the group
@@ -19,6 +21,15 @@ impl Shard {
         // One pass over the partitions: their gauges and fdatasync stats.
         for ((queue, partition), part) in self.partitions.all() {
             let log = &part.log;
+            let led = match &*part.role.borrow() {
+                Role::Leader { state, .. } => Some(crate::metrics::LeaderGauges {
+                    replicas: state.replica_count() as u32,
+                    isr: state.isr().len() as u32,
+                    min_insync: min_insync_replicas(part.settings.replication_factor) as u32,
+                    follower_lags: state.follower_lags(),
+                }),
+                Role::Follower { .. } => None,
+            };
             snap.partitions.push(crate::metrics::PartitionGauges {
                 queue,
                 partition,
@@ -26,6 +37,8 @@ impl Shard {
                 log_end: log.log_end().0,
                 high_watermark: log.high_watermark().0,
                 stored_bytes: log.size_bytes(),
+                leader_epoch: part.leader_epoch(),
+                led,
             });
             let stats = log.stats();
             for (b, n) in snap.fsync_buckets.iter_mut().zip(stats.sync_buckets) {
@@ -35,6 +48,17 @@ impl Shard {
             snap.fsync_count += stats.syncs;
             snap.rolls += stats.rolls;
             snap.recycled += stats.recycled;
+        }
+        if self.id.0 == 0 {
+            let table = self.table();
+            snap.offline = table
+                .queues
+                .values()
+                .map(|q| {
+                    let offline = q.partitions.iter().filter(|p| p.leader == NO_LEADER).count();
+                    (q.name.clone(), offline as u64)
+                })
+                .collect();
         }
         let storage = self.partitions.storage();
         snap.tail_cache_bytes = storage.tail_cache_bytes() as u64;
