@@ -10,6 +10,7 @@
 //!   follower that takes over answers a resent batch with where it was
 //!   stored), a diverged log truncated where the leader says
 //!   (`replica::fetch::truncation_point`, never below its high watermark),
+//!   a log that ends before the leader's log start started over there,
 //!   and the high watermark taken from the leader. Before its next fetch,
 //!   which tells the leader, the follower makes what it appended durable as
 //!   the queue's policy says (fdatasync'd on `fsync=always` queues, written
@@ -265,9 +266,24 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
                         "truncating a diverged log"
                     );
                 }
-                match truncate(&f.part, to).await {
+                match cut(&f.part, Cut::At(to)).await {
                     Ok(()) => progressed |= log.log_end() != f.fetch_offset,
                     Err(e) => tracing::warn!(queue = name, partition = r.partition(), "truncating: {e}"),
+                }
+                continue;
+            }
+            if r.records_len() == 0 && Offset(r.log_start()) > f.fetch_offset {
+                let start = Offset(r.log_start());
+                tracing::info!(
+                    queue = name,
+                    partition = r.partition(),
+                    from = f.fetch_offset.0,
+                    to = start.0,
+                    "behind the leader's log start: starting over there"
+                );
+                match cut(&f.part, Cut::StartOverAt(start)).await {
+                    Ok(()) => progressed = true,
+                    Err(e) => tracing::warn!(queue = name, partition = r.partition(), "starting over: {e}"),
                 }
                 continue;
             }
@@ -341,19 +357,29 @@ async fn append_all(shard: &Shard, part: &Partition, mut records: &[u8]) -> Resu
     Ok(last)
 }
 
-/// Cuts a follower's log at `to` (under the append turn). The producer
-/// table may name batches cut off: it is emptied (a producer then starts
-/// over under a new id: a resend may be stored twice, never out of order).
-async fn truncate(part: &Partition, to: Offset) -> Result<(), String> {
+/// How a follower's log goes back into step with its leader's.
+enum Cut {
+    /// Truncated at this offset (a diverged tail).
+    At(Offset),
+    /// Emptied to go on from the leader's log start.
+    StartOverAt(Offset),
+}
+
+/// Cuts a follower's log (under the append turn). The producer table may
+/// name batches cut off: it is emptied (a producer then starts over under
+/// a new id: a resend may be stored twice, never out of order).
+async fn cut(part: &Partition, cut: Cut) -> Result<(), String> {
     let _turn = part
         .appending
         .acquire_permit(1)
         .await
         .map_err(|_| "the partition is closing".to_string())?;
-    if to >= part.log.log_end() {
-        return Ok(());
-    }
-    part.log.truncate_to(to).await.map_err(|e| e.to_string())?;
+    let done = match cut {
+        Cut::At(to) if to >= part.log.log_end() => return Ok(()),
+        Cut::At(to) => part.log.truncate_to(to).await.map(|_| ()),
+        Cut::StartOverAt(at) => part.log.start_over_at(at).await,
+    };
+    done.map_err(|e| e.to_string())?;
     *part.producers.borrow_mut() = Default::default();
     Ok(())
 }

@@ -44,6 +44,7 @@ fn queue_commands_end_to_end() {
     assert!(o.status.success(), "{}", stderr(&o));
     let d: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(d["retention_ms"], 12 * 3600 * 1000);
+    assert_eq!(d["min_insync_replicas"], 1, "one replica: acks=all needs the leader");
     assert_eq!(d["partitions"][1]["log_end"], 4);
     assert_eq!(
         (&d["partitions"][1]["replicas"], &d["partitions"][1]["isr"]),
@@ -59,8 +60,8 @@ fn queue_commands_end_to_end() {
     let status: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(
         status,
-        serde_json::json!({"controller": 1, "brokers": [
-            {"id": 1, "address": addr, "alive": true, "leaders": 3, "replicas": 3}
+        serde_json::json!({"controller": 1, "offline_partitions": 0, "brokers": [
+            {"id": 1, "address": addr, "alive": true, "leaders": 3, "replicas": 3, "under_replicated": 0}
         ]})
     );
     let o = strand(&["cluster", "status"], &addr);
@@ -83,6 +84,14 @@ fn queue_commands_end_to_end() {
         (vec!["queue", "describe", "missing"], "does not exist"),
         (vec!["queue", "alter", "orders", "--partitions", "2"], "only grow"),
         (vec!["queue", "create", "x", "--retention", "3 weeks"], "duration"),
+        (
+            vec!["queue", "create", "x", "--min-insync-replicas", "2"],
+            "above the replication factor",
+        ),
+        (
+            vec!["queue", "alter", "orders", "--min-insync-replicas", "3"],
+            "above the replication factor",
+        ),
     ] {
         let o = strand(&args, &addr);
         assert!(!o.status.success(), "{args:?} should fail");

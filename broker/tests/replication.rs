@@ -333,3 +333,41 @@ fn a_rolling_restart_with_sigterm_fails_no_acks_all_produce() {
         assert_eq!(got.get(at), Some(value), "acknowledged record at {at:?} lost");
     }
 }
+
+#[test]
+fn acks_all_needs_the_queues_min_insync_replicas() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    let leader = create_replicated(&c, "strict", 1)[0] as u8;
+    c.strand(1, &["queue", "alter", "strict", "--min-insync-replicas", "3"]);
+    assert_eq!(describe(&c, 1, "strict")["min_insync_replicas"], 3);
+    let send = |c: &Cluster, value: &[u8]| {
+        let config = ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout: Duration::from_secs(4),
+            ..ProducerConfig::default()
+        };
+        let producer = Producer::new(&c.addr(leader).to_string(), config).unwrap();
+        block_on(producer.send("strict", None, value, &[]))
+    };
+    send(&c, b"three in sync").unwrap();
+    // A follower dies: once it is fenced and out of the ISR, two in sync
+    // are too few.
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    c.kill9(follower);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while describe(&c, leader, "strict")["partitions"][0]["isr"]
+        .as_array()
+        .unwrap()
+        .len()
+        != 2
+    {
+        assert!(Instant::now() < deadline, "the ISR never shrank");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = send(&c, b"two in sync").unwrap_err();
+    assert!(err.to_string().contains("NotEnoughReplicas"), "{err}");
+    // Two are enough once the queue says so.
+    c.strand(leader, &["queue", "alter", "strict", "--min-insync-replicas", "2"]);
+    send(&c, b"two are enough").unwrap();
+}

@@ -53,6 +53,9 @@ pub struct QueueSpec {
     pub max_message_bytes: Option<u32>,
     /// Ack-mode deliveries of a record before it goes to `<queue>.dlq`.
     pub max_delivery_attempts: Option<u32>,
+    /// In-sync replicas an acks=all produce needs (1 to the replication
+    /// factor; at create, absent: 2 from three replicas, else 1).
+    pub min_insync_replicas: Option<u16>,
 }
 
 /// One partition of a described queue.
@@ -85,6 +88,8 @@ pub struct QueueDescription {
     pub fsync: FsyncSpec,
     pub max_message_bytes: u32,
     pub max_delivery_attempts: u32,
+    /// In-sync replicas an acks=all produce needs (0: not reported).
+    pub min_insync_replicas: u16,
 }
 
 /// One broker of the cluster, as the metadata shows it.
@@ -195,6 +200,7 @@ impl Admin {
                 fsync_interval_bytes,
                 max_message_bytes: spec.max_message_bytes,
                 max_delivery_attempts: spec.max_delivery_attempts,
+                min_insync_replicas: spec.min_insync_replicas,
             },
         );
         let root = CreateQueueRequest::create(
@@ -238,6 +244,7 @@ impl Admin {
                 fsync_interval_bytes,
                 max_message_bytes: spec.max_message_bytes,
                 max_delivery_attempts: spec.max_delivery_attempts,
+                min_insync_replicas: spec.min_insync_replicas,
             },
         );
         fbb.finish_minimal(root);
@@ -294,6 +301,7 @@ impl Admin {
             },
             max_message_bytes: config.max_message_bytes().unwrap_or(0),
             max_delivery_attempts: config.max_delivery_attempts().unwrap_or(0),
+            min_insync_replicas: config.min_insync_replicas().unwrap_or(0),
         })
     }
 

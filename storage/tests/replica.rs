@@ -254,3 +254,51 @@ fn a_reopened_log_starts_from_its_checkpointed_high_watermark_not_its_end() {
         }
     });
 }
+
+#[test]
+fn a_follower_behind_its_leaders_log_start_starts_over_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (shard, leader) = open(&path, small_segments()).await;
+        let follower = shard.open_log(path.join("p1"), small_segments()).await.unwrap();
+        for tag in 0..3 {
+            append_in(&follower, 1, tag, 2).await;
+        }
+        follower.wait_durable(Offset(5)).await.unwrap();
+        // The leader went on to 400 and then dropped everything below 300.
+        for tag in 0..200 {
+            append_in(&leader, 2, tag, 2).await;
+        }
+        let start = Offset(300);
+        follower.start_over_at(start).await.unwrap();
+        assert_eq!((follower.log_start(), follower.log_end()), (start, start));
+        assert_eq!(
+            follower.high_watermark(),
+            start,
+            "what the leader retained was committed"
+        );
+        assert_eq!(follower.epochs(), EpochHistory::new());
+        assert!(read_batches(&follower).await.is_empty());
+        // It takes the leader's batches from there, and keeps them.
+        let from_leader: Vec<_> = read_batches(&leader)
+            .await
+            .into_iter()
+            .filter(|b| BatchHeader::parse(b).unwrap().base_offset >= start)
+            .collect();
+        for b in &from_leader {
+            follower.append_replica(BytesMut::from(&b[..])).await.unwrap();
+        }
+        follower.wait_durable(Offset(399)).await.unwrap();
+        follower.close().await.unwrap();
+        drop(follower);
+        let follower = shard.open_log(path.join("p1"), small_segments()).await.unwrap();
+        assert_eq!((follower.log_start(), follower.log_end()), (start, Offset(400)));
+        assert_eq!(read_batches(&follower).await, from_leader);
+        assert_eq!(follower.epochs(), history(&[(2, 300)]));
+        // A log start at or below its end works the same way.
+        follower.start_over_at(Offset(350)).await.unwrap();
+        assert_eq!((follower.log_start(), follower.log_end()), (Offset(350), Offset(350)));
+        assert_eq!(append_in(&follower, 3, 9, 1).await, Offset(350));
+    });
+}

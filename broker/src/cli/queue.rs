@@ -29,6 +29,11 @@ pub struct Settings {
     /// queue QUEUE.dlq [create's default: 5].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_delivery_attempts: Option<u32>,
+    /// In-sync replicas an acks=all produce needs, 1 to the replication
+    /// factor (fewer: refused with NotEnoughReplicas) [create's default: 2
+    /// with three replicas or more, else 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    min_insync_replicas: Option<u16>,
 }
 
 impl Settings {
@@ -48,6 +53,7 @@ impl Settings {
                 })
                 .transpose()?,
             max_delivery_attempts: self.max_delivery_attempts,
+            min_insync_replicas: self.min_insync_replicas,
             ..QueueSpec::default()
         })
     }
@@ -82,7 +88,8 @@ pub enum QueueCommand {
         name: String,
     },
     /// Change a queue: add partitions, or change its retention, fsync
-    /// policy, message limit or delivery attempts (at least one flag).
+    /// policy, message limit, delivery attempts or minimum ISR (at least
+    /// one flag).
     Alter {
         /// The queue to change.
         name: String,
@@ -173,7 +180,8 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                         "name": d.name, "replication_factor": d.replication_factor,
                         "retention_ms": d.retention_ms, "retention_bytes": d.retention_bytes,
                         "fsync": fsync, "max_message_bytes": d.max_message_bytes,
-                        "max_delivery_attempts": d.max_delivery_attempts, "partitions": parts,
+                        "max_delivery_attempts": d.max_delivery_attempts,
+                        "min_insync_replicas": d.min_insync_replicas, "partitions": parts,
                     })
                 );
             } else {
@@ -192,6 +200,7 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                     ("fsync", fsync),
                     ("max message bytes", parse::show_bytes(u64::from(d.max_message_bytes))),
                     ("max delivery attempts", d.max_delivery_attempts.to_string()),
+                    ("min insync replicas", d.min_insync_replicas.to_string()),
                 ];
                 for (k, v) in rows {
                     out!("{k:<22} {v}");
@@ -247,7 +256,8 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
             if spec == QueueSpec::default() {
                 return Err(format!(
                     "nothing to change on {name}: give at least one of --partitions, --retention, \
-                     --retention-bytes, --fsync, --max-message-bytes, --max-delivery-attempts"
+                     --retention-bytes, --fsync, --max-message-bytes, --max-delivery-attempts, \
+                     --min-insync-replicas"
                 ));
             }
             block_on(admin.alter_queue(&name, &spec)).map_err(e)?;

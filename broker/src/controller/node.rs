@@ -719,6 +719,7 @@ mod tests {
             fsync: FsyncSetting::Always,
             max_message_bytes: 1 << 20,
             max_delivery_attempts: 5,
+            min_insync_replicas: 0,
         }
     }
 

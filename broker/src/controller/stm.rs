@@ -91,6 +91,8 @@ pub struct QueueChanges {
     pub fsync: Option<FsyncSetting>,
     pub max_message_bytes: Option<u32>,
     pub max_delivery_attempts: Option<u32>,
+    #[serde(default)]
+    pub min_insync_replicas: Option<u16>,
 }
 
 /// Why a command was refused. Refusing changes nothing.
@@ -388,6 +390,9 @@ impl MetadataStm {
         if let Some(m) = changes.max_message_bytes {
             settings.max_message_bytes = m;
         }
+        if let Some(m) = changes.min_insync_replicas {
+            settings.min_insync_replicas = m;
+        }
         if let Some(m) = changes.max_delivery_attempts {
             settings.max_delivery_attempts = m;
         }
@@ -443,6 +448,12 @@ fn validate_settings(s: &QueueSettings) -> Result<(), ControllerError> {
         if ms == 0 && bytes == 0 {
             return bad("an fsync interval needs ms or bytes".into());
         }
+    }
+    if s.min_insync_replicas > s.replication_factor {
+        return bad(format!(
+            "min insync replicas {} is above the replication factor {}: no acks=all produce could succeed",
+            s.min_insync_replicas, s.replication_factor
+        ));
     }
     if !(1..=1000).contains(&s.max_delivery_attempts) {
         return bad(format!(

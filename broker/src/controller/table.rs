@@ -58,6 +58,31 @@ pub struct QueueSettings {
     /// in tables written before the setting existed: the default).
     #[serde(default = "default_max_delivery_attempts")]
     pub max_delivery_attempts: u32,
+    /// In-sync replicas an acks=all produce needs (0 in tables written
+    /// before the setting: [`default_min_insync_replicas`]).
+    #[serde(default)]
+    pub min_insync_replicas: u16,
+}
+
+impl QueueSettings {
+    /// In-sync replicas an acks=all produce needs.
+    pub fn min_insync(&self) -> usize {
+        match self.min_insync_replicas {
+            0 => default_min_insync_replicas(self.replication_factor),
+            n => usize::from(n),
+        }
+    }
+}
+
+/// acks=all needs this many in-sync replicas unless a queue says: 2 with
+/// three replicas or more (one may be lost without losing an acknowledged
+/// record and still accept writes), else 1.
+pub fn default_min_insync_replicas(replication_factor: u16) -> usize {
+    if replication_factor >= 3 {
+        2
+    } else {
+        1
+    }
 }
 
 /// The default of [`QueueSettings::max_delivery_attempts`].

@@ -368,6 +368,7 @@ pub async fn groups_partitions(shard: &Rc<Shard>) -> Result<u32, WireError> {
         fsync: FsyncSetting::Always,
         max_message_bytes: shard.config.max_message_bytes,
         max_delivery_attempts: crate::controller::DEFAULT_MAX_DELIVERY_ATTEMPTS,
+        min_insync_replicas: 1,
     };
     let command = Command::CreateQueue {
         name: GROUPS_QUEUE.to_string(),

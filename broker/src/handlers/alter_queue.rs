@@ -46,6 +46,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             },
             max_message_bytes: super::create_queue::message_limit(shard, req.max_message_bytes())?,
             max_delivery_attempts: req.max_delivery_attempts(),
+            min_insync_replicas: req.min_insync_replicas(),
         };
         Command::AlterQueue { name, changes }
     };

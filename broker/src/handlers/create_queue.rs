@@ -9,7 +9,9 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use super::{error_table, propose_error, request, respond, retention, user_queue_name};
-use crate::controller::{Command, FsyncSetting, QueueSettings, DEFAULT_MAX_DELIVERY_ATTEMPTS};
+use crate::controller::{
+    default_min_insync_replicas, Command, FsyncSetting, QueueSettings, DEFAULT_MAX_DELIVERY_ATTEMPTS,
+};
 use crate::shard::messages::WireError;
 use crate::shard::Shard;
 
@@ -42,6 +44,7 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
             fsync: FsyncSetting::Always,
             max_message_bytes: defaults.max_message_bytes,
             max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
+            min_insync_replicas: default_min_insync_replicas(1) as u16,
         });
     };
     Ok(QueueSettings {
@@ -56,6 +59,9 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
         fsync: fsync(c.fsync(), c.fsync_interval_ms(), c.fsync_interval_bytes())?,
         max_message_bytes: message_limit(shard, c.max_message_bytes())?.unwrap_or(defaults.max_message_bytes),
         max_delivery_attempts: c.max_delivery_attempts().unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS),
+        min_insync_replicas: c
+            .min_insync_replicas()
+            .unwrap_or(default_min_insync_replicas(c.replication_factor()) as u16),
     })
 }
 

@@ -217,6 +217,7 @@ fn config_table<'b>(
             fsync_interval_bytes,
             max_message_bytes: Some(s.max_message_bytes),
             max_delivery_attempts: Some(s.max_delivery_attempts),
+            min_insync_replicas: Some(s.min_insync() as u16),
         },
     )
 }

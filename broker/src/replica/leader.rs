@@ -133,6 +133,11 @@ impl LeaderState {
         self.partition_epoch
     }
 
+    /// acks=all now needs `n` in-sync replicas (the queue's setting changed).
+    pub fn set_min_insync(&mut self, n: usize) {
+        self.settings.min_insync = n;
+    }
+
     /// The ISR as the controller committed it.
     pub fn isr(&self) -> &[NodeId] {
         &self.isr

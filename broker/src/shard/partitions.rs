@@ -45,17 +45,6 @@ pub fn mono_ms() -> u64 {
     START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
 }
 
-/// acks=all needs this many in-sync replicas: 2 with three replicas or
-/// more (one may be lost without losing an acknowledged record and still
-/// accept writes), else 1.
-pub fn min_insync_replicas(replication_factor: u16) -> usize {
-    if replication_factor >= 3 {
-        2
-    } else {
-        1
-    }
-}
-
 /// An open partition.
 pub struct Partition {
     pub queue_id: u64,
@@ -69,6 +58,9 @@ pub struct Partition {
     pub appending: glommio::sync::Semaphore,
     /// Leader or follower (see [`Role`]).
     pub role: RefCell<Role>,
+    /// In-sync replicas acks=all needs (the queue's setting, kept up to
+    /// date: changing it does not reopen the log).
+    pub min_insync: std::cell::Cell<usize>,
 }
 
 impl Partition {
@@ -127,12 +119,14 @@ impl Partition {
     /// leader epoch makes a new role (a leader starts following its
     /// replicas afresh); the same epoch only brings the ISR up to date.
     /// Returns whether the high watermark moved.
-    fn adopt(&self, me: NodeId, record: &PartitionRecord, lag_max_ms: u64) -> bool {
+    fn adopt(&self, me: NodeId, record: &PartitionRecord, settings: &QueueSettings, lag_max_ms: u64) -> bool {
         let epoch = record.leader_epoch;
+        self.min_insync.set(settings.min_insync());
         {
             let mut role = self.role.borrow_mut();
             match &mut *role {
                 Role::Leader { epoch: e, state } if *e == epoch && record.leader == me => {
+                    state.set_min_insync(settings.min_insync());
                     state.on_partition(record.isr.clone(), record.partition_epoch);
                 }
                 Role::Follower { leader, epoch: e } if *e == epoch && *leader == record.leader => return false,
@@ -143,7 +137,7 @@ impl Partition {
                             FsyncSetting::Interval { .. } => Holds::Written,
                         },
                         lag_max_ms,
-                        min_insync: min_insync_replicas(self.settings.replication_factor),
+                        min_insync: settings.min_insync(),
                     };
                     let local = Position {
                         log_end: self.log.written_offset(),
@@ -305,6 +299,7 @@ impl Partitions {
                 QueueSettings {
                     partitions: part.settings.partitions,
                     max_delivery_attempts: part.settings.max_delivery_attempts,
+                    min_insync_replicas: part.settings.min_insync_replicas,
                     ..s.clone()
                 } == part.settings
             };
@@ -326,12 +321,12 @@ impl Partitions {
         let mut moved = false;
         for ((queue, p), (id, settings, record)) in wanted {
             if let Some(part) = self.get(&queue, p) {
-                moved |= part.adopt(self.node_id, &record, self.replica_lag_time_max_ms);
+                moved |= part.adopt(self.node_id, &record, &settings, self.replica_lag_time_max_ms);
                 continue;
             }
             match self.open_partition(&queue, p, id, &settings).await {
                 Ok(part) => {
-                    moved |= part.adopt(self.node_id, &record, self.replica_lag_time_max_ms);
+                    moved |= part.adopt(self.node_id, &record, &settings, self.replica_lag_time_max_ms);
                     self.open
                         .borrow_mut()
                         .entry(queue)
@@ -400,6 +395,7 @@ impl Partitions {
                 leader: NO_LEADER,
                 epoch: 0,
             }),
+            min_insync: std::cell::Cell::new(settings.min_insync()),
         })
     }
 

@@ -14,7 +14,7 @@ use strand_storage::{LeaderEpoch, Offset, StorageError};
 use strand_wire::ErrorCode;
 
 use super::messages::{Produced, WireError};
-use super::partitions::{min_insync_replicas, Partition, Role};
+use super::partitions::{Partition, Role};
 use super::{storage_error, Shard};
 use crate::idempotence::{Sequenced, Verdict};
 use crate::replica::leader::Ack;
@@ -207,7 +207,7 @@ impl Shard {
 /// needs.
 fn check_insync(part: &Partition) -> Result<(), WireError> {
     if let Role::Leader { state, .. } = &*part.role.borrow() {
-        let need = min_insync_replicas(part.settings.replication_factor);
+        let need = part.min_insync.get();
         if state.isr().len() < need {
             return Err(WireError::new(
                 ErrorCode::NotEnoughReplicas,

@@ -178,6 +178,14 @@ impl Shard {
                     want.leader_epoch, leader_epoch.0
                 ),
             )),
+            // Below the log start (retention removed what the follower
+            // would fetch, epochs included): no records, and the log start
+            // tells it where to start over. Not counted: it holds none of
+            // this log.
+            _ if fetch_offset < log.log_start() => Ok(ReplicaFetched {
+                fetched: fetched(Default::default()),
+                diverging: None,
+            }),
             FetchAnswer::Diverging { epoch, end_offset } => Ok(ReplicaFetched {
                 fetched: fetched(Default::default()),
                 diverging: Some((epoch.0, end_offset.0)),
@@ -185,7 +193,7 @@ impl Shard {
             FetchAnswer::Records => {
                 // Only a position inside this log counts (a fetch from past
                 // its end never holds what it claims).
-                if fetch_offset < log.log_start() || fetch_offset > log.log_end() {
+                if fetch_offset > log.log_end() {
                     return Err(WireError::new(
                         ErrorCode::OffsetOutOfRange,
                         format!(

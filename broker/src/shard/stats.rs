@@ -5,7 +5,7 @@
 //! others over the mesh).
 
 use super::messages::{Answer, ShardMessage};
-use super::partitions::{min_insync_replicas, Role};
+use super::partitions::Role;
 use super::Shard;
 use crate::controller::NO_LEADER;
 
@@ -25,7 +25,7 @@ impl Shard {
                 Role::Leader { state, .. } => Some(crate::metrics::LeaderGauges {
                     replicas: state.replica_count() as u32,
                     isr: state.isr().len() as u32,
-                    min_insync: min_insync_replicas(part.settings.replication_factor) as u32,
+                    min_insync: part.min_insync.get() as u32,
                     follower_lags: state.follower_lags(),
                 }),
                 Role::Follower { .. } => None,

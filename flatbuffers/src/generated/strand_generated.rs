@@ -1120,6 +1120,7 @@ impl<'a> QueueConfig<'a> {
   pub const VT_FSYNC_INTERVAL_BYTES: ::flatbuffers::VOffsetT = 16;
   pub const VT_MAX_MESSAGE_BYTES: ::flatbuffers::VOffsetT = 18;
   pub const VT_MAX_DELIVERY_ATTEMPTS: ::flatbuffers::VOffsetT = 20;
+  pub const VT_MIN_INSYNC_REPLICAS: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1138,6 +1139,7 @@ impl<'a> QueueConfig<'a> {
     if let Some(x) = args.max_message_bytes { builder.add_max_message_bytes(x); }
     builder.add_fsync_interval_ms(args.fsync_interval_ms);
     builder.add_partitions(args.partitions);
+    if let Some(x) = args.min_insync_replicas { builder.add_min_insync_replicas(x); }
     builder.add_replication_factor(args.replication_factor);
     builder.add_fsync(args.fsync);
     builder.finish()
@@ -1208,6 +1210,15 @@ impl<'a> QueueConfig<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(QueueConfig::VT_MAX_DELIVERY_ATTEMPTS, None)}
   }
+  /// In-sync replicas an acks=all produce needs (1 to the replication
+  /// factor; absent at create: 2 from three replicas, else 1).
+  #[inline]
+  pub fn min_insync_replicas(&self) -> Option<u16> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u16>(QueueConfig::VT_MIN_INSYNC_REPLICAS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for QueueConfig<'_> {
@@ -1225,6 +1236,7 @@ impl ::flatbuffers::Verifiable for QueueConfig<'_> {
      .visit_field::<u64>("fsync_interval_bytes", Self::VT_FSYNC_INTERVAL_BYTES, false)?
      .visit_field::<u32>("max_message_bytes", Self::VT_MAX_MESSAGE_BYTES, false)?
      .visit_field::<u32>("max_delivery_attempts", Self::VT_MAX_DELIVERY_ATTEMPTS, false)?
+     .visit_field::<u16>("min_insync_replicas", Self::VT_MIN_INSYNC_REPLICAS, false)?
      .finish();
     Ok(())
   }
@@ -1239,6 +1251,7 @@ pub struct QueueConfigArgs {
     pub fsync_interval_bytes: u64,
     pub max_message_bytes: Option<u32>,
     pub max_delivery_attempts: Option<u32>,
+    pub min_insync_replicas: Option<u16>,
 }
 impl<'a> Default for QueueConfigArgs {
   #[inline]
@@ -1253,6 +1266,7 @@ impl<'a> Default for QueueConfigArgs {
       fsync_interval_bytes: 0,
       max_message_bytes: None,
       max_delivery_attempts: None,
+      min_insync_replicas: None,
     }
   }
 }
@@ -1299,6 +1313,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueConfigBuilder<'a, 'b, A>
     self.fbb_.push_slot_always::<u32>(QueueConfig::VT_MAX_DELIVERY_ATTEMPTS, max_delivery_attempts);
   }
   #[inline]
+  pub fn add_min_insync_replicas(&mut self, min_insync_replicas: u16) {
+    self.fbb_.push_slot_always::<u16>(QueueConfig::VT_MIN_INSYNC_REPLICAS, min_insync_replicas);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueConfigBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     QueueConfigBuilder {
@@ -1325,6 +1343,7 @@ impl ::core::fmt::Debug for QueueConfig<'_> {
       ds.field("fsync_interval_bytes", &self.fsync_interval_bytes());
       ds.field("max_message_bytes", &self.max_message_bytes());
       ds.field("max_delivery_attempts", &self.max_delivery_attempts());
+      ds.field("min_insync_replicas", &self.min_insync_replicas());
       ds.finish()
   }
 }
@@ -2830,6 +2849,7 @@ impl<'a> AlterQueueRequest<'a> {
   pub const VT_FSYNC_INTERVAL_BYTES: ::flatbuffers::VOffsetT = 16;
   pub const VT_MAX_MESSAGE_BYTES: ::flatbuffers::VOffsetT = 18;
   pub const VT_MAX_DELIVERY_ATTEMPTS: ::flatbuffers::VOffsetT = 20;
+  pub const VT_MIN_INSYNC_REPLICAS: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2849,6 +2869,7 @@ impl<'a> AlterQueueRequest<'a> {
     if let Some(x) = args.fsync_interval_ms { builder.add_fsync_interval_ms(x); }
     if let Some(x) = args.partitions { builder.add_partitions(x); }
     if let Some(x) = args.name { builder.add_name(x); }
+    if let Some(x) = args.min_insync_replicas { builder.add_min_insync_replicas(x); }
     if let Some(x) = args.fsync { builder.add_fsync(x); }
     builder.finish()
   }
@@ -2918,6 +2939,13 @@ impl<'a> AlterQueueRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(AlterQueueRequest::VT_MAX_DELIVERY_ATTEMPTS, None)}
   }
+  #[inline]
+  pub fn min_insync_replicas(&self) -> Option<u16> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u16>(AlterQueueRequest::VT_MIN_INSYNC_REPLICAS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for AlterQueueRequest<'_> {
@@ -2935,6 +2963,7 @@ impl ::flatbuffers::Verifiable for AlterQueueRequest<'_> {
      .visit_field::<u64>("fsync_interval_bytes", Self::VT_FSYNC_INTERVAL_BYTES, false)?
      .visit_field::<u32>("max_message_bytes", Self::VT_MAX_MESSAGE_BYTES, false)?
      .visit_field::<u32>("max_delivery_attempts", Self::VT_MAX_DELIVERY_ATTEMPTS, false)?
+     .visit_field::<u16>("min_insync_replicas", Self::VT_MIN_INSYNC_REPLICAS, false)?
      .finish();
     Ok(())
   }
@@ -2949,6 +2978,7 @@ pub struct AlterQueueRequestArgs<'a> {
     pub fsync_interval_bytes: Option<u64>,
     pub max_message_bytes: Option<u32>,
     pub max_delivery_attempts: Option<u32>,
+    pub min_insync_replicas: Option<u16>,
 }
 impl<'a> Default for AlterQueueRequestArgs<'a> {
   #[inline]
@@ -2963,6 +2993,7 @@ impl<'a> Default for AlterQueueRequestArgs<'a> {
       fsync_interval_bytes: None,
       max_message_bytes: None,
       max_delivery_attempts: None,
+      min_insync_replicas: None,
     }
   }
 }
@@ -3009,6 +3040,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AlterQueueRequestBuilder<'a, 
     self.fbb_.push_slot_always::<u32>(AlterQueueRequest::VT_MAX_DELIVERY_ATTEMPTS, max_delivery_attempts);
   }
   #[inline]
+  pub fn add_min_insync_replicas(&mut self, min_insync_replicas: u16) {
+    self.fbb_.push_slot_always::<u16>(AlterQueueRequest::VT_MIN_INSYNC_REPLICAS, min_insync_replicas);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AlterQueueRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     AlterQueueRequestBuilder {
@@ -3035,6 +3070,7 @@ impl ::core::fmt::Debug for AlterQueueRequest<'_> {
       ds.field("fsync_interval_bytes", &self.fsync_interval_bytes());
       ds.field("max_message_bytes", &self.max_message_bytes());
       ds.field("max_delivery_attempts", &self.max_delivery_attempts());
+      ds.field("min_insync_replicas", &self.min_insync_replicas());
       ds.finish()
   }
 }

@@ -16,14 +16,27 @@ impl Log {
     /// end. Truncating at or below the log start empties the log and starts
     /// it again at `offset` (a follower far behind its leader's retention).
     pub async fn truncate_to(&self, offset: Offset) -> Result<Offset> {
+        self.reshape(offset, false).await
+    }
+
+    /// Empties the log and starts it again at `offset`, wherever its end
+    /// is: a follower whose log ends before its leader's log start (the
+    /// leader's retention removed what it would fetch) goes on from there.
+    /// Everything before `offset` counts as committed (the leader retained
+    /// only committed records past it): the high watermark starts there.
+    pub async fn start_over_at(&self, offset: Offset) -> Result<()> {
+        self.reshape(offset, true).await.map(|_| ())
+    }
+
+    async fn reshape(&self, offset: Offset, start_over: bool) -> Result<Offset> {
         let _permit = self.lock().await?;
         self.inner.state.borrow_mut().reshaping = true;
-        let result = self.truncate_inner(offset).await;
+        let result = self.truncate_inner(offset, start_over).await;
         self.inner.state.borrow_mut().reshaping = false;
         result
     }
 
-    async fn truncate_inner(&self, offset: Offset) -> Result<Offset> {
+    async fn truncate_inner(&self, offset: Offset, start_over: bool) -> Result<Offset> {
         let _sync = self.lock_sync().await?;
         self.write_locked().await?;
         self.finish_zeroing().await;
@@ -34,11 +47,11 @@ impl Log {
             let st = self.inner.state.borrow();
             (st.log_start, st.log_end(), st.active.base)
         };
-        if offset >= log_end {
+        if offset >= log_end && !start_over {
             return Ok(log_end);
         }
         let config = &self.inner.config;
-        let (keep_base, cut_pos, doomed) = if offset <= log_start {
+        let (keep_base, cut_pos, doomed) = if offset <= log_start || start_over {
             // Start over at `offset` in a fresh segment.
             let mut doomed = paths(self.take_sealed(|_| true));
             doomed.push(self.inner.state.borrow().active.path.clone());
@@ -82,10 +95,18 @@ impl Log {
             if cut_pos.is_none() {
                 st.log_start = keep_base;
             }
-            st.cache.truncate(end);
+            if start_over {
+                st.cache.clear();
+            } else {
+                st.cache.truncate(end);
+            }
             st.flushed = end;
-            st.high_watermark = st.high_watermark.min(end);
-            if st.epochs.truncate_end(end) {
+            st.high_watermark = if start_over { end } else { st.high_watermark.min(end) };
+            if start_over {
+                // None of the epochs the log held has a batch any more.
+                st.epochs = crate::epochs::EpochHistory::new();
+                st.epochs_dirty = true;
+            } else if st.epochs.truncate_end(end) {
                 st.epochs_dirty = true;
             }
             let start = st.log_start;

@@ -9,6 +9,7 @@ fn settings(partitions: u32, rf: u16) -> QueueSettings {
         fsync: FsyncSetting::Always,
         max_message_bytes: 1 << 20,
         max_delivery_attempts: 5,
+        min_insync_replicas: 0,
     }
 }
 
