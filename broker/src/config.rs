@@ -26,6 +26,7 @@
 //! broker_session_ms = 3000             # a lease not renewed this long expires: the broker is fenced
 //! replica_lag_time_max_ms = 10000      # a follower not caught up this long leaves the ISR
 //! replica_fetch_wait_ms = 500          # a follower's fetch waits this long for records at most
+//! leader_balance_interval_ms = 10000   # leaderships go back to preferred replicas (0: never)
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -160,6 +161,10 @@ pub struct BrokerConfig {
     pub replica_lag_time_max_ms: u64,
     /// The longest a follower's fetch waits at the leader for records.
     pub replica_fetch_wait_ms: u64,
+    /// How often the controller leader gives leaderships back to the
+    /// preferred replicas (each partition's first) that are alive and in
+    /// sync; 0 turns automatic leader balancing off.
+    pub leader_balance_interval_ms: u64,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
@@ -227,6 +232,7 @@ impl Default for BrokerConfig {
             broker_session_ms: 3000,
             replica_lag_time_max_ms: 10_000,
             replica_fetch_wait_ms: 500,
+            leader_balance_interval_ms: 10_000,
         }
     }
 }

@@ -14,7 +14,10 @@ use common::cluster::{metadata, Cluster};
 use strand_client::{block_on, Acks, Consumer, ConsumerConfig, Producer, ProducerConfig, Seek};
 
 /// Followers that stop fetching leave the ISR after 2 s (not 10).
-const QUICK_ISR: &str = "replica_lag_time_max_ms = 2000\nreplica_fetch_wait_ms = 200\n";
+const QUICK: &str = "replica_lag_time_max_ms = 2000\nreplica_fetch_wait_ms = 200\n";
+/// [`QUICK`], and leaderships stay where failover put them (no automatic
+/// balancing to move them while a test looks).
+const QUICK_ISR: &str = "replica_lag_time_max_ms = 2000\nreplica_fetch_wait_ms = 200\nleader_balance_interval_ms = 0\n";
 
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -370,4 +373,39 @@ fn acks_all_needs_the_queues_min_insync_replicas() {
     // Two are enough once the queue says so.
     c.strand(leader, &["queue", "alter", "strict", "--min-insync-replicas", "2"]);
     send(&c, b"two are enough").unwrap();
+}
+
+#[test]
+fn leadership_goes_back_to_the_preferred_replica_once_it_is_in_sync_again() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, &format!("{QUICK}leader_balance_interval_ms = 500\n"));
+    let preferred = create_replicated(&c, "balanced", 1)[0] as u8;
+    let other = (1..=3).find(|id| *id != preferred).unwrap();
+    let leader_seen = |c: &Cluster| metadata(&mut c.client(other), Some("balanced")).leaders[0] as u8;
+    let until = |c: &Cluster, what: &str, done: &dyn Fn(u8) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let leader = leader_seen(c);
+            if done(leader) {
+                return leader;
+            }
+            assert!(Instant::now() < deadline, "{what}: leader still {leader}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    c.kill9(preferred);
+    until(&c, "failover", &|l| l != preferred && l != 0);
+    c.restart(preferred);
+    let back = Instant::now();
+    until(&c, "back to the preferred replica", &|l| l == preferred);
+    eprintln!("node {preferred} led again {:?} after its restart", back.elapsed());
+    let producer = Producer::new(
+        &c.addr(other).to_string(),
+        ProducerConfig {
+            acks: Acks::All,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    block_on(producer.send("balanced", None, b"on the preferred leader", &[])).unwrap();
 }

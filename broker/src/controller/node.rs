@@ -29,7 +29,7 @@ use strand_wire::{ControllerOp, ErrorCode};
 use super::leases::Leases;
 use super::network::{to_json, Links, Refusal, PROPOSE_TIMEOUT};
 use super::runtime::GlommioRuntime;
-use super::stm::{Command, ControllerError};
+use super::stm::{Command, ControllerError, MetadataStm};
 use super::store::{LogStore, Publish, StateMachineStore, TypeConfig};
 
 /// Why a proposal did not apply.
@@ -111,6 +111,9 @@ pub struct Settings {
     pub broker_heartbeat_ms: u64,
     /// How long a lease lasts unrenewed before the leader fences the broker.
     pub broker_session_ms: u64,
+    /// How often the leader gives leaderships back to preferred replicas
+    /// (0: never).
+    pub leader_balance_interval_ms: u64,
     /// The largest frame a peer's answer may be.
     pub max_frame_bytes: u32,
 }
@@ -265,10 +268,16 @@ impl Controller {
     pub async fn keep_alive(self: Rc<Self>, settings: Settings) {
         let beat = Duration::from_millis(settings.broker_heartbeat_ms);
         let fencer = self.clone();
+        let balance_every = Duration::from_millis(settings.leader_balance_interval_ms);
         let fencing = glommio::spawn_local(async move {
+            let mut balanced = Instant::now();
             loop {
                 glommio::timer::sleep(beat).await;
                 fencer.fence_expired(beat * 2).await;
+                if !balance_every.is_zero() && balanced.elapsed() >= balance_every {
+                    balanced = Instant::now();
+                    fencer.balance_leaders(beat * 2).await;
+                }
             }
         });
         let mut last_failure = String::new();
@@ -424,6 +433,27 @@ impl Controller {
                     return;
                 }
             }
+        }
+    }
+
+    /// While this member leads: hands leaderships back to the preferred
+    /// replicas that are alive and in sync, if any partition needs it
+    /// (committed here within `within`, or tried again next time).
+    async fn balance_leaders(&self, within: Duration) {
+        let leader = self.raft.metrics().borrow().current_leader;
+        if leader != Some(self.node_id) {
+            return;
+        }
+        let unbalanced = self.sm.with_table(MetadataStm::unbalanced_leaders);
+        if unbalanced == 0 {
+            return;
+        }
+        tracing::info!("giving {unbalanced} leaderships back to their preferred replicas");
+        let write = self.raft.client_write(Command::BalanceLeaders);
+        match GlommioRuntime::timeout(within, write).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!("balancing leaders: {e}"),
+            Err(_) => tracing::warn!("balancing leaders: not committed within {within:?}"),
         }
     }
 
@@ -738,6 +768,7 @@ mod tests {
             election_max_ms: 3000,
             broker_heartbeat_ms: 500,
             broker_session_ms: 3000,
+            leader_balance_interval_ms: 0,
             max_frame_bytes: 1 << 20,
         }
     }

@@ -17,6 +17,17 @@ pub const PARTITIONS_MAX: u32 = 10_000;
 /// Largest `max_message_bytes` a queue may set.
 pub const MESSAGE_BYTES_MAX: u32 = 64 << 20;
 
+/// The partition's preferred replica (its first), if it should lead and
+/// does not: alive and in the ISR.
+fn preferred_leader(
+    p: &PartitionRecord,
+    brokers: &std::collections::BTreeMap<NodeId, super::table::BrokerRecord>,
+) -> Option<NodeId> {
+    let preferred = *p.replicas.first()?;
+    let alive = brokers.get(&preferred).is_some_and(|b| b.alive);
+    (p.leader != preferred && alive && p.isr.contains(&preferred)).then_some(preferred)
+}
+
 /// A change to the metadata, as proposed to the Raft group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -54,6 +65,13 @@ pub enum Command {
     ShutdownBroker {
         id: NodeId,
     },
+    /// Every partition whose preferred replica (its first) is alive and in
+    /// the ISR but does not lead is led by it again, in a new leader epoch
+    /// (automatic leader balancing: after a failover, leaderships go back
+    /// where placement spread them). Any ISR member holds everything
+    /// committed, so the move loses nothing; the controller leader proposes
+    /// it when [`MetadataStm::unbalanced_leaders`] finds some.
+    BalanceLeaders,
     /// A partition's leader changes its ISR. Accepted only from the leader
     /// of `leader_epoch` that saw `partition_epoch` (else
     /// `StaleIsrChange`); the ISR must hold the leader, only replicas, and
@@ -212,6 +230,17 @@ impl MetadataStm {
                 }
                 Ok(())
             }
+            Command::BalanceLeaders => {
+                let brokers = &self.table.brokers;
+                for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+                    if let Some(preferred) = preferred_leader(p, brokers) {
+                        p.leader = preferred;
+                        p.leader_epoch += 1;
+                        p.partition_epoch += 1;
+                    }
+                }
+                Ok(())
+            }
             Command::AlterIsr {
                 queue,
                 partition,
@@ -229,6 +258,14 @@ impl MetadataStm {
                 .ok_or_else(|| ControllerError::UnknownQueue(name.clone())),
             Command::AlterQueue { name, changes } => self.alter_queue(name, changes),
         }
+    }
+
+    /// Partitions that [`Command::BalanceLeaders`] would move.
+    pub fn unbalanced_leaders(table: &MetadataTable) -> usize {
+        let partitions = table.queues.values().flat_map(|q| q.partitions.iter());
+        partitions
+            .filter(|p| preferred_leader(p, &table.brokers).is_some())
+            .count()
     }
 
     /// A fenced (or shut down) broker leaves every ISR it is in (unless it

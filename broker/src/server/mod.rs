@@ -329,6 +329,7 @@ async fn shard_main(
             election_max_ms: config.controller_election_max_ms,
             broker_heartbeat_ms: config.broker_heartbeat_ms,
             broker_session_ms: config.broker_session_ms,
+            leader_balance_interval_ms: config.leader_balance_interval_ms,
             max_frame_bytes: config.max_frame_bytes,
         };
         let controller = Controller::open(&config.data_dir.join("__controller"), &settings, publish)

@@ -604,3 +604,51 @@ fn a_broker_registering_from_a_new_run_hands_its_leaderships_over_first() {
         }
     }
 }
+
+#[test]
+fn leaderships_go_back_to_preferred_replicas_that_are_alive_and_in_sync() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    assert_eq!(
+        MetadataStm::unbalanced_leaders(stm.table()),
+        0,
+        "placement leads with the first replica"
+    );
+    apply(&mut stm, Command::FenceBroker { id: 1, term: 0 }).unwrap();
+    let moved: Vec<_> = stm.table().queues["q"]
+        .partitions
+        .iter()
+        .filter(|p| p.replicas[0] == 1)
+        .cloned()
+        .collect();
+    assert!(!moved.is_empty() && moved.iter().all(|p| p.leader != 1));
+    // Back alive but not in sync: nothing to balance yet.
+    apply(&mut stm, back(1)).unwrap();
+    assert_eq!(MetadataStm::unbalanced_leaders(stm.table()), 0);
+    // In sync again (its leader let it in): it leads again, a new epoch.
+    let at = stm.table().queues["q"]
+        .partitions
+        .iter()
+        .position(|p| p.replicas[0] == 1)
+        .unwrap();
+    let p = stm.table().queues["q"].partitions[at].clone();
+    let mut isr = p.isr.clone();
+    isr.push(1);
+    let alter = Command::AlterIsr {
+        queue: "q".into(),
+        partition: at as u32,
+        leader: p.leader,
+        leader_epoch: p.leader_epoch,
+        partition_epoch: p.partition_epoch,
+        isr,
+    };
+    apply(&mut stm, alter).unwrap();
+    assert_eq!(MetadataStm::unbalanced_leaders(stm.table()), 1);
+    apply(&mut stm, Command::BalanceLeaders).unwrap();
+    let now = &stm.table().queues["q"].partitions[at];
+    assert_eq!((now.leader, now.leader_epoch), (1, p.leader_epoch + 1));
+    assert_eq!(MetadataStm::unbalanced_leaders(stm.table()), 0);
+}
