@@ -392,13 +392,24 @@ fn start_isr_upkeep(shard: &Rc<Shard>) {
             glommio::timer::sleep(ISR_EVERY).await;
             let now = mono_ms();
             let table = s.table();
-            // The controller refuses a fenced broker into an ISR: not asked.
+            // The controller refuses a fenced broker into an ISR: not asked
+            // for.
             let alive = |id: &NodeId| table.brokers.get(id).is_some_and(|b| b.alive);
             for ((queue, partition), part) in s.partitions.all() {
                 let proposal = match &mut *part.role.borrow_mut() {
                     Role::Leader { epoch, state } => state
                         .wanted_isr(now)
-                        .filter(|isr| isr.iter().all(|id| alive(id) || state.isr().contains(id)))
+                        // Fenced joiners left out; the rest of the change
+                        // (a lagging member's removal) still goes.
+                        .map(|mut isr| {
+                            isr.retain(|id| alive(id) || state.isr().contains(id));
+                            isr
+                        })
+                        .filter(|isr| {
+                            let mut now = state.isr().to_vec();
+                            now.sort_unstable();
+                            *isr != now
+                        })
                         .map(|isr| {
                             state.proposing(isr.clone());
                             Command::AlterIsr {

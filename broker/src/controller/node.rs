@@ -132,6 +132,8 @@ pub struct Controller {
     leaving: std::cell::Cell<bool>,
     /// This run of the broker process (random, never 0).
     incarnation: u64,
+    /// A lease renewal of this broker's is on its way.
+    beating: std::cell::Cell<bool>,
 }
 
 impl Controller {
@@ -184,6 +186,7 @@ impl Controller {
             leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
             leaving: std::cell::Cell::new(false),
             incarnation: new_incarnation(),
+            beating: std::cell::Cell::new(false),
         })
     }
 
@@ -288,7 +291,10 @@ impl Controller {
             if self.leaving.get() {
                 continue;
             }
-            match self.heartbeat(&settings, beat * 2).await {
+            self.beating.set(true);
+            let renewed = self.heartbeat(&settings, beat * 2).await;
+            self.beating.set(false);
+            match renewed {
                 Ok(()) => last_failure.clear(),
                 Err(e) => {
                     let why = e.to_string();
@@ -306,9 +312,17 @@ impl Controller {
     }
 
     /// This broker is shutting down on purpose: it stops renewing its lease
-    /// (see [`crate::controller::Command::ShutdownBroker`]).
-    pub fn leave(&self) {
+    /// (see [`crate::controller::Command::ShutdownBroker`]), and returns once
+    /// no renewal is on its way (one could otherwise register the broker
+    /// alive again after its `ShutdownBroker`); at most `within`. Returns
+    /// this run's incarnation, for the `ShutdownBroker`.
+    pub async fn leave(&self, within: Duration) -> u64 {
         self.leaving.set(true);
+        let deadline = Instant::now() + within;
+        while self.beating.get() && Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        self.incarnation
     }
 
     /// Where the leader is, from this member's Raft metrics.
@@ -822,7 +836,20 @@ mod tests {
                 .await
                 .unwrap_err();
             let after = seen.borrow().clone();
-            assert_eq!(after.queues, before.queues);
+            // Its only replicas lead on, each in a new leader epoch.
+            let epochs = |t: &MetadataTable| -> Vec<(u32, u32)> {
+                let parts = t.queues.values().flat_map(|q| q.partitions.iter());
+                parts.map(|p| (p.leader_epoch, p.partition_epoch)).collect()
+            };
+            let bumped: Vec<(u32, u32)> = epochs(&before).iter().map(|(l, p)| (l + 1, p + 1)).collect();
+            assert_eq!(epochs(&after), bumped);
+            let mut same = after.queues.clone();
+            for (q, b) in same.values_mut().zip(before.queues.values()) {
+                for (p, was) in q.partitions.iter_mut().zip(&b.partitions) {
+                    (p.leader_epoch, p.partition_epoch) = (was.leader_epoch, was.partition_epoch);
+                }
+            }
+            assert_eq!(same, before.queues);
             assert_ne!(after.brokers[&7].incarnation, before.brokers[&7].incarnation);
             let same_run = |t: &MetadataTable| {
                 let mut b = t.brokers[&7].clone();

@@ -64,6 +64,10 @@ pub enum Command {
     /// member of, and it takes no new partitions until it registers again.
     ShutdownBroker {
         id: NodeId,
+        /// The run that asked (`BrokerRecord::incarnation`): a late entry
+        /// from an earlier run does not touch the broker's next one.
+        #[serde(default)]
+        incarnation: u64,
     },
     /// Every partition whose preferred replica (its first) is alive and in
     /// the ISR but does not lead is led by it again, in a new leader epoch
@@ -223,8 +227,8 @@ impl MetadataStm {
                 }
                 Ok(())
             }
-            Command::ShutdownBroker { id } => {
-                if let Some(b) = self.table.brokers.get_mut(id) {
+            Command::ShutdownBroker { id, incarnation } => {
+                if let Some(b) = self.table.brokers.get_mut(id).filter(|b| b.incarnation == *incarnation) {
                     b.alive = false;
                     self.move_leaderships_off(*id);
                 }
@@ -278,8 +282,10 @@ impl MetadataStm {
 
     /// A broker back from a new run leaves the ISRs it shares with others,
     /// and its leaderships of them go to another alive ISR member (a new
-    /// leader epoch); partitions whose ISR it alone is keep it as it is
-    /// (it holds all they committed: what it fdatasync'd).
+    /// leader epoch); partitions whose ISR it alone is keep it as leader
+    /// (it holds all they committed: what it fdatasync'd), in a new leader
+    /// epoch: followers outside the ISR may hold records this run lost, and
+    /// must find their log diverged, not in step.
     fn move_leaderships_off_replicated(&mut self, id: NodeId) {
         self.leave_isrs(id, false);
     }
@@ -293,7 +299,14 @@ impl MetadataStm {
         let alive = |r: &NodeId| *r != id && brokers.get(r).is_some_and(|b| b.alive);
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
             let sole = p.isr == [id];
-            if !p.isr.contains(&id) && p.leader != id || sole && !sole_too {
+            if !p.isr.contains(&id) && p.leader != id {
+                continue;
+            }
+            if sole && !sole_too {
+                if p.leader == id {
+                    p.leader_epoch += 1;
+                    p.partition_epoch += 1;
+                }
                 continue;
             }
             p.isr.retain(|r| *r != id || sole);

@@ -445,11 +445,13 @@ async fn hand_off_leaderships(shard: &Rc<Shard>) {
         return;
     }
     let controller = shard.controller.borrow().clone();
-    if let Some(c) = controller {
-        c.leave();
-    }
+    let Some(controller) = controller else { return };
+    // A renewal takes at most two beats.
+    let incarnation = controller
+        .leave(Duration::from_millis(2 * shard.config.broker_heartbeat_ms))
+        .await;
     let started = Instant::now();
-    let command = crate::controller::Command::ShutdownBroker { id: me };
+    let command = crate::controller::Command::ShutdownBroker { id: me, incarnation };
     match glommio::timer::timeout(HAND_OFF_LIMIT, async {
         Ok(crate::router::propose(shard, command).await)
     })

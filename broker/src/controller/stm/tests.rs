@@ -521,7 +521,31 @@ fn a_broker_shutting_down_hands_its_leaderships_to_the_isr_and_is_back_once_it_r
     let going = 1;
     assert!(leads(&stm, going) > 0);
     let before = stm.table().queues.clone();
-    apply(&mut stm, Command::ShutdownBroker { id: going }).unwrap();
+    // A late entry from an earlier run changes nothing.
+    let table = stm.table().clone();
+    apply(
+        &mut stm,
+        Command::ShutdownBroker {
+            id: going,
+            incarnation: 7,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        *stm.table(),
+        MetadataTable {
+            applied_index: stm.table().applied_index,
+            ..table
+        }
+    );
+    apply(
+        &mut stm,
+        Command::ShutdownBroker {
+            id: going,
+            incarnation: 1,
+        },
+    )
+    .unwrap();
     assert!(!stm.table().brokers[&going].alive);
     for (name, q) in &stm.table().queues {
         for (p, (now, was)) in q.partitions.iter().zip(&before[name].partitions).enumerate() {
@@ -564,7 +588,7 @@ fn a_broker_shutting_down_hands_its_leaderships_to_the_isr_and_is_back_once_it_r
         .all(|p| p.leader != NO_LEADER));
     // A broker the table does not know changes nothing.
     let table = stm.table().clone();
-    apply(&mut stm, Command::ShutdownBroker { id: 9 }).unwrap();
+    apply(&mut stm, Command::ShutdownBroker { id: 9, incarnation: 1 }).unwrap();
     assert_eq!(stm.table().queues, table.queues);
 }
 
@@ -597,8 +621,16 @@ fn a_broker_registering_from_a_new_run_hands_its_leaderships_over_first() {
             if was.replicas.len() > 1 {
                 assert!(!now.isr.contains(&restarted), "{name}/{p}: {now:?}");
                 assert_ne!(now.leader, restarted, "{name}/{p}");
+            } else if was.leader == restarted {
+                // Its only replica holds all that was committed: it leads
+                // on, in a new epoch.
+                assert_eq!(
+                    (now.leader, now.isr.clone()),
+                    (restarted, was.isr.clone()),
+                    "{name}/{p}"
+                );
+                assert_eq!(now.leader_epoch, was.leader_epoch + 1, "{name}/{p}");
             } else {
-                // Its only replica holds all that was committed: as it was.
                 assert_eq!(now, was, "{name}/{p}");
             }
         }
