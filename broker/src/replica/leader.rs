@@ -138,6 +138,11 @@ impl LeaderState {
         self.settings.min_insync = n;
     }
 
+    /// In-sync replicas acks=all needs.
+    pub fn min_insync(&self) -> usize {
+        self.settings.min_insync
+    }
+
     /// The ISR as the controller committed it.
     pub fn isr(&self) -> &[NodeId] {
         &self.isr

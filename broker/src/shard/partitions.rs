@@ -56,11 +56,10 @@ pub struct Partition {
     /// append can wait (a segment roll, a full write queue), and requests
     /// behind it must neither overtake it nor find it half done. FIFO.
     pub appending: glommio::sync::Semaphore,
-    /// Leader or follower (see [`Role`]).
+    /// Leader or follower (see [`Role`]). A leader's state holds the
+    /// queue's `min_insync_replicas`, kept up to date (changing it does not
+    /// reopen the log).
     pub role: RefCell<Role>,
-    /// In-sync replicas acks=all needs (the queue's setting, kept up to
-    /// date: changing it does not reopen the log).
-    pub min_insync: std::cell::Cell<usize>,
 }
 
 impl Partition {
@@ -121,7 +120,6 @@ impl Partition {
     /// Returns whether the high watermark moved.
     fn adopt(&self, me: NodeId, record: &PartitionRecord, settings: &QueueSettings, lag_max_ms: u64) -> bool {
         let epoch = record.leader_epoch;
-        self.min_insync.set(settings.min_insync());
         {
             let mut role = self.role.borrow_mut();
             match &mut *role {
@@ -395,7 +393,6 @@ impl Partitions {
                 leader: NO_LEADER,
                 epoch: 0,
             }),
-            min_insync: std::cell::Cell::new(settings.min_insync()),
         })
     }
 

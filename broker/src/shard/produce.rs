@@ -207,7 +207,7 @@ impl Shard {
 /// needs.
 fn check_insync(part: &Partition) -> Result<(), WireError> {
     if let Role::Leader { state, .. } = &*part.role.borrow() {
-        let need = part.min_insync.get();
+        let need = state.min_insync();
         if state.isr().len() < need {
             return Err(WireError::new(
                 ErrorCode::NotEnoughReplicas,

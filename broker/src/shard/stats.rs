@@ -25,7 +25,7 @@ impl Shard {
                 Role::Leader { state, .. } => Some(crate::metrics::LeaderGauges {
                     replicas: state.replica_count() as u32,
                     isr: state.isr().len() as u32,
-                    min_insync: part.min_insync.get() as u32,
+                    min_insync: state.min_insync() as u32,
                     follower_lags: state.follower_lags(),
                 }),
                 Role::Follower { .. } => None,
