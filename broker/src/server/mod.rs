@@ -418,8 +418,11 @@ async fn wait_for_stop(shard: &Rc<Shard>, lifecycle: &Lifecycle) {
         glommio::timer::sleep(Duration::from_millis(10)).await;
     }
     shard.stopping.set(true);
-    // Long polls end now instead of at their deadline.
+    // Long polls and acks=all waits end now instead of at their deadline.
     shard.partitions.new_data.notify_all();
+    for part in shard.partitions.logs() {
+        part.acks.notify_all();
+    }
 }
 
 /// The longest a stopping broker waits for its hand-over to commit.

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use strand_storage::notify::Notify;
-use strand_storage::{FsyncPolicy, Log, LogConfig, ShardStorage};
+use strand_storage::{FsyncPolicy, Log, LogConfig, Offset, ShardStorage};
 
 use crate::controller::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueSettings, NO_LEADER};
 use crate::idempotence::ProducerTable;
@@ -60,6 +60,11 @@ pub struct Partition {
     /// queue's `min_insync_replicas`, kept up to date (changing it does not
     /// reopen the log).
     pub role: RefCell<Role>,
+    /// Notified whenever what an acks=all produce of this partition waits
+    /// for may have changed: its high watermark, its ISR, its role. (Not
+    /// the shard-wide `Partitions::new_data`: a high watermark moving on
+    /// one partition must not wake every waiter of the shard.)
+    pub acks: Notify,
 }
 
 impl Partition {
@@ -100,7 +105,17 @@ impl Partition {
             Role::Leader { state, .. } => (state.on_local(at), state.high_watermark()),
             Role::Follower { .. } => return false,
         };
-        self.log.advance_high_watermark(hw) || moved
+        self.moved(hw, moved)
+    }
+
+    /// Moves the log's high watermark to the leader's `hw`; wakes acks=all
+    /// waiters if either moved (`state_moved`: the leader's own).
+    fn moved(&self, hw: Offset, state_moved: bool) -> bool {
+        let moved = self.log.advance_high_watermark(hw) || state_moved;
+        if moved {
+            self.acks.notify_all();
+        }
+        moved
     }
 
     /// Follower `replica` fetched from `at.log_end` in this leader's epoch
@@ -111,7 +126,7 @@ impl Partition {
             Role::Leader { state, .. } => (state.on_fetch(replica, at, mono_ms()), state.high_watermark()),
             Role::Follower { .. } => return false,
         };
-        self.log.advance_high_watermark(hw) || moved
+        self.moved(hw, moved)
     }
 
     /// Takes the role the table's `record` gives this node `me`: a new
@@ -120,6 +135,8 @@ impl Partition {
     /// Returns whether the high watermark moved.
     fn adopt(&self, me: NodeId, record: &PartitionRecord, settings: &QueueSettings, lag_max_ms: u64) -> bool {
         let epoch = record.leader_epoch;
+        // The ISR, the minimum or the role may change: waiters look again.
+        self.acks.notify_all();
         {
             let mut role = self.role.borrow_mut();
             match &mut *role {
@@ -393,6 +410,7 @@ impl Partitions {
                 leader: NO_LEADER,
                 epoch: 0,
             }),
+            acks: Notify::default(),
         })
     }
 

@@ -173,7 +173,7 @@ impl Shard {
         deadline: Instant,
     ) -> Result<(), WireError> {
         loop {
-            let seen = self.partitions.new_data.epoch();
+            let seen = part.acks.epoch();
             let ack = match &*part.role.borrow() {
                 Role::Leader { epoch: e, state } if *e == epoch => state.ack(last),
                 _ => return Err(not_leader(part)),
@@ -195,7 +195,7 @@ impl Shard {
                 ));
             }
             let _ = glommio::timer::timeout(left, async {
-                self.partitions.new_data.wait(seen).await;
+                part.acks.wait(seen).await;
                 Ok(())
             })
             .await;
