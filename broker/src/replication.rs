@@ -35,7 +35,7 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::Bytes;
 use strand_net::Frame;
 use strand_storage::{FsyncPolicy, LeaderEpoch, Offset};
 use strand_wire::flatbuffers::FlatBufferBuilder;
@@ -289,15 +289,15 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
             }
             let start = r.records_offset() as usize;
             let end = start.saturating_add(r.records_len() as usize);
-            let Some(records) = frame.tail.get(start..end) else {
+            if end > frame.tail.len() {
                 tracing::warn!(
                     queue = name,
                     partition = r.partition(),
                     "replica fetch: records outside the frame"
                 );
                 continue;
-            };
-            match append_all(shard, &f.part, records).await {
+            }
+            match append_all(shard, &f.part, frame.tail.slice(start..end)).await {
                 Ok(Some(last)) => {
                     let part = f.part.clone();
                     syncs.push(glommio::spawn_local(async move { part.log.wait_durable(last).await }));
@@ -322,7 +322,7 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
 
 /// Appends the leader's batches in `records` to a follower's log, in
 /// order, and notes their producers; returns the last offset appended.
-async fn append_all(shard: &Shard, part: &Partition, mut records: &[u8]) -> Result<Option<Offset>, String> {
+async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> Result<Option<Offset>, String> {
     let _turn = part
         .appending
         .acquire_permit(1)
@@ -333,18 +333,14 @@ async fn append_all(shard: &Shard, part: &Partition, mut records: &[u8]) -> Resu
     }
     let mut last = None;
     while !records.is_empty() {
-        let len = strand_storage::batch::batch_length(records).unwrap_or(0) as usize;
+        let len = strand_storage::batch::batch_length(&records).unwrap_or(0) as usize;
         if len < strand_storage::batch::HEADER_LEN || len > records.len() {
             return Err(format!("a batch of {len} bytes in {} bytes of records", records.len()));
         }
-        let (batch, rest) = records.split_at(len);
-        records = rest;
-        let header = strand_storage::batch::BatchHeader::parse(batch);
-        let info = part
-            .log
-            .append_replica(BytesMut::from(batch))
-            .await
-            .map_err(|e| e.to_string())?;
+        // A slice of the answer's frame, not a copy.
+        let batch = records.split_to(len);
+        let header = strand_storage::batch::BatchHeader::parse(&batch);
+        let info = part.log.append_replica(batch).await.map_err(|e| e.to_string())?;
         if let Some(seq) = header.and_then(|h| Sequenced::of(h.producer_id, h.base_sequence, h.record_count)) {
             let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
             part.producers.borrow_mut().appended(seq, stored);

@@ -50,7 +50,7 @@ fn a_follower_append_keeps_the_leaders_offsets_epochs_and_timestamps() {
         }
         let stored = read_batches(&leader).await;
         for b in &stored {
-            let info = follower.append_replica(BytesMut::from(&b[..])).await.unwrap();
+            let info = follower.append_replica(b.clone()).await.unwrap();
             assert_eq!(info.base_offset, BatchHeader::parse(b).unwrap().base_offset);
         }
         follower.wait_durable(Offset(11)).await.unwrap();
@@ -60,7 +60,7 @@ fn a_follower_append_keeps_the_leaders_offsets_epochs_and_timestamps() {
         assert_eq!(follower.latest_epoch(), Some(LeaderEpoch(4)));
 
         // A batch that does not start at the log end changes nothing.
-        let again = follower.append_replica(BytesMut::from(&stored[4][..])).await;
+        let again = follower.append_replica(stored[4].clone()).await;
         assert!(
             matches!(
                 again,
@@ -82,7 +82,7 @@ fn a_follower_append_keeps_the_leaders_offsets_epochs_and_timestamps() {
             },
         )
         .unwrap();
-        let stale = follower.append_replica(BytesMut::from(&old.bytes()[..])).await;
+        let stale = follower.append_replica(old.bytes().clone()).await;
         assert!(matches!(stale, Err(StorageError::StaleEpoch(_))), "{stale:?}");
         let stale = leader.append(testkit::batch(9, 1, 10, TS), LeaderEpoch(2)).await;
         assert!(matches!(stale, Err(StorageError::StaleEpoch(_))), "{stale:?}");
@@ -90,7 +90,7 @@ fn a_follower_append_keeps_the_leaders_offsets_epochs_and_timestamps() {
         let mut torn = BytesMut::from(&old.bytes()[..]);
         let last = torn.len() - 1;
         torn[last] ^= 1;
-        assert!(follower.append_replica(torn).await.is_err());
+        assert!(follower.append_replica(torn.freeze()).await.is_err());
         assert_eq!((follower.log_end(), leader.log_end()), (Offset(12), Offset(12)));
         assert_eq!(follower.epochs(), history(&[(1, 0), (4, 6)]));
         leader.close().await.unwrap();
@@ -287,7 +287,7 @@ fn a_follower_behind_its_leaders_log_start_starts_over_there() {
             .filter(|b| BatchHeader::parse(b).unwrap().base_offset >= start)
             .collect();
         for b in &from_leader {
-            follower.append_replica(BytesMut::from(&b[..])).await.unwrap();
+            follower.append_replica(b.clone()).await.unwrap();
         }
         follower.wait_durable(Offset(399)).await.unwrap();
         follower.close().await.unwrap();

@@ -31,7 +31,7 @@
 use std::path::Path;
 use std::rc::Rc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use glommio::io::{DmaFile, OpenOptions};
 use tracing::warn;
 
@@ -80,11 +80,12 @@ impl Log {
     /// leader's (a follower's append). Refused, changing nothing, when it
     /// does not start at this log's end (`NotAtLogEnd`), or its epoch is
     /// older than this log's latest (`StaleEpoch`). Durability as for
-    /// [`Log::append`].
-    pub async fn append_replica(&self, batch: BytesMut) -> Result<AppendInfo> {
+    /// [`Log::append`]. The bytes are kept as given (no copy: a slice of
+    /// the fetch answer's frame).
+    pub async fn append_replica(&self, batch: Bytes) -> Result<AppendInfo> {
         let max = self.inner.config.batch_bytes_max;
         self.queue(batch, |bytes, log_end| {
-            let rb = RecordBatch::new(bytes.freeze(), max)?;
+            let rb = RecordBatch::new(bytes, max)?;
             if rb.base_offset() != log_end {
                 return Err(StorageError::NotAtLogEnd {
                     log_end,
@@ -99,10 +100,10 @@ impl Log {
     /// Queues the batch `make` builds from the bytes and the log end, once
     /// the log can take it (rolling the segment or writing queued batches
     /// first if need be); the batch's epoch must not be older than the log's.
-    async fn queue(
+    async fn queue<B: std::ops::Deref<Target = [u8]>>(
         &self,
-        batch: BytesMut,
-        make: impl Fn(BytesMut, Offset) -> Result<RecordBatch>,
+        batch: B,
+        make: impl Fn(B, Offset) -> Result<RecordBatch>,
     ) -> Result<AppendInfo> {
         let config = &self.inner.config;
         let len = batch.len();
