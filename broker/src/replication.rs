@@ -163,12 +163,9 @@ async fn fetch_from(shard: &Rc<Shard>, leader: NodeId) {
 fn fetch_request(me: NodeId, wait: Duration, followed: &[Followed]) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::new();
     let mut queues = Vec::new();
-    let mut i = 0;
-    while i < followed.len() {
-        let queue = &followed[i].queue;
-        let mut entries = Vec::new();
-        while i < followed.len() && &followed[i].queue == queue {
-            let f = &followed[i];
+    for run in followed.chunk_by(|a, b| a.queue == b.queue) {
+        let mut entries = Vec::with_capacity(run.len());
+        for f in run {
             let log = &f.part.log;
             entries.push(ReplicaFetchPartition::create(
                 &mut fbb,
@@ -184,10 +181,9 @@ fn fetch_request(me: NodeId, wait: Duration, followed: &[Followed]) -> Vec<u8> {
                     max_bytes: FETCH_MAX_BYTES,
                 },
             ));
-            i += 1;
         }
         let entries = fbb.create_vector(&entries);
-        let name = fbb.create_string(queue);
+        let name = fbb.create_string(&run[0].queue);
         queues.push(ReplicaFetchQueue::create(
             &mut fbb,
             &ReplicaFetchQueueArgs {

@@ -117,12 +117,10 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     let mut fbb = FlatBufferBuilder::new();
     let mut tail = TailBuilder::default();
     let mut queues = Vec::new();
-    let mut i = 0;
-    while i < wants.len() {
-        let queue = &wants[i].queue;
-        let mut entries = Vec::new();
-        while i < wants.len() && &wants[i].queue == queue {
-            let r = &results[i];
+    let answered: Vec<(&Want, &Result<ReplicaFetched, WireError>)> = wants.iter().zip(&results).collect();
+    for run in answered.chunk_by(|a, b| a.0.queue == b.0.queue) {
+        let mut entries = Vec::with_capacity(run.len());
+        for (want, r) in run {
             let error = error_table(&mut fbb, r.as_ref().err());
             let ok = r.as_ref().ok();
             let start = tail.len() as u32;
@@ -135,7 +133,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             entries.push(ReplicaFetchPartitionResult::create(
                 &mut fbb,
                 &ReplicaFetchPartitionResultArgs {
-                    partition: wants[i].partition,
+                    partition: want.partition,
                     error,
                     high_watermark: ok.map_or(0, |f| f.fetched.high_watermark),
                     log_start: ok.map_or(0, |f| f.fetched.log_start),
@@ -145,10 +143,9 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
                     records_len: tail.len() as u32 - start,
                 },
             ));
-            i += 1;
         }
         let entries = fbb.create_vector(&entries);
-        let name = fbb.create_string(queue);
+        let name = fbb.create_string(&run[0].0.queue);
         queues.push(ReplicaFetchQueueResult::create(
             &mut fbb,
             &ReplicaFetchQueueResultArgs {
