@@ -17,8 +17,6 @@
 //!   controller, the messages between shards.
 //! - [`routing`]: which shard of a node owns a partition (pure function,
 //!   known to every shard).
-//! - [`idempotence`]: per partition, the last batches of each idempotent
-//!   producer (pipelined and retried batches stored once, in order).
 //! - [`controller`]: the cluster metadata kept by openraft — commands, the
 //!   table they build, the Raft storage, the glommio runtime shim.
 //! - [`groups`]: consumer groups — the coordinator on the shard that owns
@@ -34,7 +32,7 @@
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 //!
 //! Dependencies point one way (no module imports one that imports it):
-//! config, routing, idempotence, controller, metrics, frame_io (leaves;
+//! config, routing, controller, metrics, frame_io (leaves;
 //! replica uses only the controller's ids)
 //! ← shard (which uses replica) ← router ← replication, groups ← handlers
 //! ← server; peer uses frame_io
@@ -46,7 +44,6 @@ pub mod controller;
 mod frame_io;
 pub mod groups;
 mod handlers;
-pub mod idempotence;
 pub mod metrics;
 pub mod peer;
 pub mod replica;

@@ -42,7 +42,6 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use crate::controller::{Command, NodeId, ProposeError};
-use crate::idempotence::Sequenced;
 use crate::replica::fetch::truncation_point;
 use crate::shard::partitions::{mono_ms, Partition, Role};
 use crate::shard::Shard;
@@ -66,7 +65,7 @@ pub fn start(shard: &Rc<Shard>) {
             glommio::timer::sleep(CHECKPOINT_EVERY).await;
             for ((queue, p), part) in s.partitions.all() {
                 if let Err(e) = part.log.checkpoint().await {
-                    tracing::warn!(queue = %queue, partition = p, "checkpointing the high watermark: {e}");
+                    tracing::warn!(queue = %queue, partition = p, "checkpointing the high watermark and producers: {e}");
                 }
             }
         }
@@ -317,7 +316,7 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
 }
 
 /// Appends the leader's batches in `records` to a follower's log, in
-/// order, and notes their producers; returns the last offset appended.
+/// order (the log notes their producers); returns the last offset appended.
 async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> Result<Option<Offset>, String> {
     let _turn = part
         .appending
@@ -335,12 +334,7 @@ async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> Resu
         }
         // A slice of the answer's frame, not a copy.
         let batch = records.split_to(len);
-        let header = strand_storage::batch::BatchHeader::parse(&batch);
         let info = part.log.append_replica(batch).await.map_err(|e| e.to_string())?;
-        if let Some(seq) = header.and_then(|h| Sequenced::of(h.producer_id, h.base_sequence, h.record_count)) {
-            let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
-            part.producers.borrow_mut().appended(seq, stored);
-        }
         last = Some(info.last_offset);
     }
     if last.is_some() && matches!(part.log.config().fsync, FsyncPolicy::Interval { .. }) {
@@ -357,9 +351,8 @@ enum Cut {
     StartOverAt(Offset),
 }
 
-/// Cuts a follower's log (under the append turn). The producer table may
-/// name batches cut off: it is emptied (a producer then starts over under
-/// a new id: a resend may be stored twice, never out of order).
+/// Cuts a follower's log (under the append turn; the log rebuilds its
+/// producer table without the batches cut off).
 async fn cut(part: &Partition, cut: Cut) -> Result<(), String> {
     let _turn = part
         .appending
@@ -371,9 +364,7 @@ async fn cut(part: &Partition, cut: Cut) -> Result<(), String> {
         Cut::At(to) => part.log.truncate_to(to).await.map(|_| ()),
         Cut::StartOverAt(at) => part.log.start_over_at(at).await,
     };
-    done.map_err(|e| e.to_string())?;
-    *part.producers.borrow_mut() = Default::default();
-    Ok(())
+    done.map_err(|e| e.to_string())
 }
 
 /// Every `ISR_EVERY`, proposes the ISR each led partition wants.

@@ -1,7 +1,7 @@
 //! Partition replication across three `strand serve` processes on
 //! 127.0.0.1–3: followers fetch from the leader, acks=all waits for every
 //! in-sync replica, and a leader killed with kill -9 loses no acknowledged
-//! record. One cluster at a time (two cores).
+//! record and stores no resent one twice. One cluster at a time (two cores).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -170,6 +170,16 @@ fn a_killed_leader_loses_no_acknowledged_record_and_rejoins_the_isr() {
     let got = read_all(&c.addr(via).to_string(), "ledger", acked.len());
     for (offset, value) in &acked {
         assert_eq!(got.get(&(0, *offset)), Some(value), "acknowledged offset {offset} lost");
+    }
+    // And stored once: a record resent to the new leader after the kill
+    // is known there (its producer table came with the replicated batches).
+    let mut seen = std::collections::BTreeSet::new();
+    for ((_, offset), value) in &got {
+        assert!(
+            seen.insert(value),
+            "{} stored twice (again at {offset})",
+            String::from_utf8_lossy(value)
+        );
     }
     let mut last: BTreeMap<String, (u64, u32)> = BTreeMap::new();
     for ((_, offset), value) in &got {

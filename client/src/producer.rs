@@ -33,7 +33,7 @@
 //!    until `delivery_timeout` from the oldest record's enqueue.
 //! 5. **Idempotence** (on by default). Each partition's batches go out under
 //!    a random producer id with consecutive sequences (stamped when first
-//!    sent; see the broker's `idempotence` module). The leader stores a
+//!    sent; see `strand_storage::producers`). The leader stores a
 //!    batch only if it follows the last one it holds from the producer (or
 //!    is sequence 0 of a producer it does not know), answers a resend of one
 //!    of the last five with the offsets it got the first time, and refuses
@@ -156,7 +156,7 @@ pub struct ProducerConfig {
     pub max_in_flight_per_partition: usize,
     /// Stamp batches with a producer id and per-partition sequences, so the
     /// partition's leader stores each batch once and in order whatever is
-    /// retried or pipelined (see the broker's `idempotence` module; not
+    /// retried or pipelined (see `strand_storage::producers`; not
     /// with `Acks::None`, which gets no answers to retry on).
     pub idempotence: bool,
     pub retry_backoff: Duration,

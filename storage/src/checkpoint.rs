@@ -20,6 +20,24 @@
 //! 16 bytes: magic `SHW1` (0..4), the high watermark (u64, 4..12), CRC-32
 //! of bytes 0..12 (12..16).
 //!
+//! # `<offset>.producers` (a [`ProducerTable`] snapshot)
+//! The name is the log end the table stood at, 20 decimal digits (like a
+//! segment's). All integers little-endian:
+//!
+//! | bytes      | field                                                      |
+//! |------------|------------------------------------------------------------|
+//! | 0..4       | magic `SPT1`                                               |
+//! | 4..12      | the log end the snapshot was taken at (u64)                |
+//! | 12..16     | P, the producer count (u32, ≤ `MAX_PRODUCERS`)             |
+//! | then P ×   | a producer: its id (i64, ≥ 0), B its batch count (u8,     |
+//! |            | 1..=`WINDOW`), then B × 32 bytes, oldest batch first:      |
+//! |            | first sequence (i32), last sequence (i32), base offset     |
+//! |            | (u64), last offset (u64), max timestamp (i64)              |
+//! | last 4     | CRC-32 of every byte before it                             |
+//!
+//! Producers appear least recently used first, each once; sequences are
+//! non-negative, and every batch lies below the snapshot's offset.
+//!
 //! # Writing
 //! Whole, to `NAME.tmp`, then renamed over `NAME`. The epoch history is
 //! written durably (the temporary file fdatasync'd before the rename, the
@@ -35,6 +53,7 @@ use std::path::Path;
 
 use crate::epochs::{EpochHistory, EpochStart};
 use crate::error::{Result, StorageError};
+use crate::producers::{ProducerBatches, ProducerTable, MAX_PRODUCERS, WINDOW};
 use crate::segment::io::{read_small_file, sync_dir};
 use crate::{LeaderEpoch, Offset};
 
@@ -45,6 +64,17 @@ pub const HIGH_WATERMARK_FILE: &str = "high-watermark";
 
 const EPOCHS_MAGIC: &[u8; 4] = b"SLE1";
 const HIGH_WATERMARK_MAGIC: &[u8; 4] = b"SHW1";
+const PRODUCERS_MAGIC: &[u8; 4] = b"SPT1";
+
+/// The file name of the producer snapshot taken at log end `offset`.
+pub fn producers_file_name(offset: Offset) -> String {
+    format!("{:020}.producers", offset.0)
+}
+
+/// The offset a producer snapshot's file name carries.
+pub fn parse_producers_file_name(name: &str) -> Option<Offset> {
+    crate::segment::parse_offset_file_name(name, ".producers")
+}
 
 /// The `leader-epochs` file's bytes.
 pub fn encode_epochs(history: &EpochHistory) -> Vec<u8> {
@@ -97,6 +127,82 @@ pub fn decode_high_watermark(bytes: &[u8]) -> Result<Offset, String> {
         return Err(format!("{} bytes, not 16", bytes.len()));
     }
     Ok(Offset(u64::from_le_bytes(long(body, 4))))
+}
+
+/// A producer snapshot's bytes: `table` as it stood at log end `offset`.
+pub fn encode_producers(offset: Offset, table: &ProducerTable) -> Vec<u8> {
+    let entries = table.entries();
+    let mut out = Vec::with_capacity(20 + entries.len() * (9 + 32 * WINDOW));
+    out.extend_from_slice(PRODUCERS_MAGIC);
+    out.extend_from_slice(&offset.0.to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for p in &entries {
+        out.extend_from_slice(&p.producer_id.to_le_bytes());
+        out.push(p.batches.len() as u8);
+        for (first, last, (base, last_offset, max_timestamp)) in &p.batches {
+            out.extend_from_slice(&first.to_le_bytes());
+            out.extend_from_slice(&last.to_le_bytes());
+            out.extend_from_slice(&base.to_le_bytes());
+            out.extend_from_slice(&last_offset.to_le_bytes());
+            out.extend_from_slice(&max_timestamp.to_le_bytes());
+        }
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Reads a producer snapshot's bytes: (the log end it was taken at, the
+/// table), or says why they are not one.
+pub fn decode_producers(bytes: &[u8]) -> Result<(Offset, ProducerTable), String> {
+    let body = checked_body(bytes, PRODUCERS_MAGIC, 20)?;
+    let offset = u64::from_le_bytes(long(body, 4));
+    let count = u32::from_le_bytes(word(body, 12)) as usize;
+    if count > MAX_PRODUCERS {
+        return Err(format!("{count} producers, more than {MAX_PRODUCERS}"));
+    }
+    let mut at = 16;
+    let mut seen = std::collections::HashSet::with_capacity(count);
+    let mut entries = Vec::with_capacity(count);
+    for i in 0..count {
+        let head = body
+            .get(at..at + 9)
+            .ok_or_else(|| format!("cut in producer {i} of {count}"))?;
+        let producer_id = i64::from_le_bytes(long(head, 0));
+        let n = usize::from(head[8]);
+        if producer_id < 0 || !seen.insert(producer_id) {
+            return Err(format!("producer id {producer_id}: negative or repeated"));
+        }
+        if n == 0 || n > WINDOW {
+            return Err(format!("producer {producer_id}: {n} batches (1..={WINDOW})"));
+        }
+        at += 9;
+        let rows = body
+            .get(at..at + 32 * n)
+            .ok_or_else(|| format!("cut in producer {producer_id}'s batches"))?;
+        at += 32 * n;
+        let batches = rows
+            .chunks_exact(32)
+            .map(|r| {
+                let first = i32::from_le_bytes(word(r, 0));
+                let last = i32::from_le_bytes(word(r, 4));
+                let (base, last_offset) = (u64::from_le_bytes(long(r, 8)), u64::from_le_bytes(long(r, 16)));
+                let max_timestamp = i64::from_le_bytes(long(r, 24));
+                if first < 0 || last < 0 || base > last_offset || last_offset >= offset {
+                    return Err(format!(
+                        "producer {producer_id}: batch {first}..={last} at {base}..={last_offset} is not a \
+                         stored batch below {offset}"
+                    ));
+                }
+                Ok((first, last, (base, last_offset, max_timestamp)))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        entries.push(ProducerBatches { producer_id, batches });
+    }
+    if at != body.len() {
+        return Err(format!("{} bytes after the last producer", body.len() - at));
+    }
+    Ok((Offset(offset), ProducerTable::from_entries(entries)))
 }
 
 /// The bytes before the CRC, once the length, magic and CRC check out.
@@ -221,6 +327,69 @@ mod tests {
         let crc = crc32fast::hash(&disordered);
         disordered.extend_from_slice(&crc.to_le_bytes());
         assert!(decode_epochs(&disordered).unwrap_err().contains("out of order"));
+    }
+
+    /// (first sequence, last sequence, base offset, last offset).
+    type Row = (i32, i32, u64, u64);
+
+    fn table(producers: &[(i64, &[Row])]) -> ProducerTable {
+        ProducerTable::from_entries(
+            producers
+                .iter()
+                .map(|(id, batches)| ProducerBatches {
+                    producer_id: *id,
+                    batches: batches.iter().map(|&(f, l, b, e)| (f, l, (b, e, -5))).collect(),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn producer_snapshots_round_trip_and_every_corruption_is_caught() {
+        let t = table(&[(3, &[(0, 4, 0, 4), (5, 5, 9, 9)]), (i64::MAX, &[(i32::MAX, 2, 10, 13)])]);
+        let bytes = encode_producers(Offset(14), &t);
+        assert_eq!(bytes.len(), 16 + (9 + 64) + (9 + 32) + 4);
+        assert_eq!(&bytes[..4], b"SPT1");
+        let (offset, back) = decode_producers(&bytes).unwrap();
+        assert_eq!(offset, Offset(14));
+        assert_eq!(
+            back.entries(),
+            t.entries(),
+            "least recently used first, batches oldest first"
+        );
+        assert_eq!(encode_producers(offset, &back), bytes);
+        let empty = encode_producers(Offset(0), &ProducerTable::default());
+        assert_eq!(decode_producers(&empty).map(|(o, t)| (o, t.len())), Ok((Offset(0), 0)));
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut bad = bytes.clone();
+                bad[i] ^= 1 << bit;
+                assert!(decode_producers(&bad).is_err(), "byte {i} bit {bit}");
+            }
+        }
+        for len in 0..bytes.len() {
+            assert!(decode_producers(&bytes[..len]).is_err(), "cut at {len}");
+        }
+        // Well-formed but impossible contents are refused too.
+        let resealed = |mut b: Vec<u8>| {
+            b.truncate(b.len() - 4);
+            let crc = crc32fast::hash(&b);
+            b.extend_from_slice(&crc.to_le_bytes());
+            b
+        };
+        let mut below = bytes.clone();
+        below[4..12].copy_from_slice(&13u64.to_le_bytes());
+        assert!(decode_producers(&resealed(below)).unwrap_err().contains("below 13"));
+        let mut negative = bytes.clone();
+        negative[16..24].copy_from_slice(&(-1i64).to_le_bytes());
+        assert!(decode_producers(&resealed(negative)).unwrap_err().contains("negative"));
+        let mut none = bytes.clone();
+        none[24] = 0;
+        assert!(decode_producers(&resealed(none)).is_err());
+        let mut twice = bytes.clone();
+        twice[16 + 73..16 + 73 + 8].copy_from_slice(&3i64.to_le_bytes());
+        assert!(decode_producers(&resealed(twice)).unwrap_err().contains("repeated"));
+        assert!(decode_producers(&encode_high_watermark(Offset(1))).is_err());
     }
 
     #[test]

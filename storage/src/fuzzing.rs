@@ -60,6 +60,9 @@ pub fn checkpoints(data: &[u8]) {
     if let Ok(hw) = decode_high_watermark(data) {
         assert_eq!(encode_high_watermark(hw), data);
     }
+    if let Ok((offset, table)) = crate::checkpoint::decode_producers(data) {
+        assert_eq!(crate::checkpoint::encode_producers(offset, &table), data);
+    }
 }
 
 #[cfg(test)]
@@ -122,9 +125,15 @@ mod tests {
                     .collect(),
             )
             .unwrap();
+            let mut producers = crate::producers::ProducerTable::default();
+            for (i, (id, _)) in sorted.iter().enumerate() {
+                let seq = crate::producers::Sequenced::of(i64::from(*id), 0, 3).unwrap();
+                producers.appended(seq, (i as u64 * 3, i as u64 * 3 + 2, 0));
+            }
             for mut file in [
                 crate::checkpoint::encode_epochs(&history),
                 crate::checkpoint::encode_high_watermark(Offset(hw)),
+                crate::checkpoint::encode_producers(Offset(sorted.len() as u64 * 3), &producers),
             ] {
                 checkpoints(&file);
                 for (at, v) in &edits {

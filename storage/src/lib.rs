@@ -18,6 +18,8 @@
 //!   durability (group commit), recovery on open, retention, and segment
 //!   recycling (a roll writes into the file of a segment retention frees:
 //!   `log::write`, "Recycling").
+//! - [`producers`]: the pure idempotent-producer table (which batch is a
+//!   duplicate, which is out of order); the log keeps one, snapshotted.
 //! - [`retention`]: the pure retention policy (segments, now → cut offset).
 //! - [`epochs`]: the pure leader-epoch history (epoch → first offset, where
 //!   an epoch ends); [`checkpoint`]: its file and the high watermark's,
@@ -35,6 +37,7 @@ pub mod fuzzing;
 pub mod index;
 pub mod log;
 pub mod notify;
+pub mod producers;
 pub mod retention;
 pub mod scan;
 pub mod segment;

@@ -9,15 +9,6 @@ use strand_storage::config::{FsyncPolicy, LogConfig};
 use strand_storage::retention::RetentionPolicy;
 use strand_storage::{LeaderEpoch, Offset, StorageError};
 
-fn small_segments() -> LogConfig {
-    LogConfig {
-        segment_bytes_max: 64 << 10,
-        index_interval_bytes: 4096,
-        batch_bytes_max: 32 << 10,
-        ..no_time_retention()
-    }
-}
-
 #[test]
 fn append_read_and_reopen() {
     let dir = tempfile::tempdir().unwrap();

@@ -345,15 +345,6 @@ fn garbage_and_zero_tails() {
 // Logs of several segments: damaged indexes, corrupt sealed segments.
 // ---------------------------------------------------------------------------
 
-fn small_segments() -> LogConfig {
-    LogConfig {
-        segment_bytes_max: 64 << 10,
-        index_interval_bytes: 4096,
-        batch_bytes_max: 32 << 10,
-        ..no_time_retention()
-    }
-}
-
 /// Batches in the multi-segment logs; batch `tag` holds 5 records stamped
 /// `TS + tag * 10`, so its first offset is `tag * 5`.
 const BATCHES: u64 = 200;

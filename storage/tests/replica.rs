@@ -9,19 +9,9 @@ use bytes::BytesMut;
 use common::*;
 use strand_storage::batch::{BatchHeader, RecordBatch, Stamp};
 use strand_storage::checkpoint::{EPOCHS_FILE, HIGH_WATERMARK_FILE};
-use strand_storage::config::LogConfig;
 use strand_storage::epochs::EpochHistory;
 use strand_storage::retention::RetentionPolicy;
 use strand_storage::{testkit, LeaderEpoch, Log, Offset, StorageError};
-
-fn small_segments() -> LogConfig {
-    LogConfig {
-        segment_bytes_max: 64 << 10,
-        index_interval_bytes: 4096,
-        batch_bytes_max: 32 << 10,
-        ..no_time_retention()
-    }
-}
 
 /// Appends batch `tag` (`records` records of 500 bytes) in `epoch`.
 async fn append_in(log: &Log, epoch: u32, tag: u64, records: u32) -> Offset {

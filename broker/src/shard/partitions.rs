@@ -25,7 +25,6 @@ use strand_storage::notify::Notify;
 use strand_storage::{FsyncPolicy, Log, LogConfig, Offset, ShardStorage};
 
 use crate::controller::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueSettings, NO_LEADER};
-use crate::idempotence::ProducerTable;
 use crate::replica::leader::{Holds, LeaderSettings, LeaderState, Position};
 use crate::routing::{shard_for, ShardId};
 
@@ -50,8 +49,6 @@ pub struct Partition {
     pub queue_id: u64,
     pub log: Log,
     pub settings: QueueSettings,
-    /// Idempotent producers' last batches (in memory; see `idempotence`).
-    pub producers: RefCell<ProducerTable>,
     /// Held by a produce request while it checks and appends a batch: an
     /// append can wait (a segment roll, a full write queue), and requests
     /// behind it must neither overtake it nor find it half done. FIFO.
@@ -404,7 +401,6 @@ impl Partitions {
             queue_id: id,
             log,
             settings: settings.clone(),
-            producers: RefCell::default(),
             appending: glommio::sync::Semaphore::new(1),
             role: RefCell::new(Role::Follower {
                 leader: NO_LEADER,

@@ -16,8 +16,8 @@ use strand_wire::ErrorCode;
 use super::messages::{Produced, WireError};
 use super::partitions::{Partition, Role};
 use super::{storage_error, Shard};
-use crate::idempotence::{Sequenced, Verdict};
 use crate::replica::leader::Ack;
+use strand_storage::producers::{Sequenced, Verdict};
 
 impl Shard {
     /// Appends the batches in `records` and, for acks ≥ 1, waits until they
@@ -232,7 +232,8 @@ fn not_leader(part: &Partition) -> WireError {
 }
 
 /// Appends one batch of a produce request, unless its producer's sequence
-/// says otherwise ([`crate::idempotence`]): a duplicate is answered with the
+/// says otherwise ([`strand_storage::producers`]; the log notes the
+/// batches it appends): a duplicate is answered with the
 /// offsets it was stored at; a batch out of order is refused
 /// (`OutOfOrderSequence`, which the producer retries in order).
 async fn append_once(
@@ -245,13 +246,10 @@ async fn append_once(
     let Some(seq) = seq else {
         return part.log.append(batch, epoch).await.map_err(storage_error);
     };
-    let verdict = part.producers.borrow().check(seq);
+    let verdict = part.log.check_producer(seq);
     let (code, why) = match verdict {
         Verdict::Append => {
-            let info = part.log.append(batch, epoch).await.map_err(storage_error)?;
-            let stored = (info.base_offset.0, info.last_offset.0, info.max_timestamp);
-            part.producers.borrow_mut().appended(seq, stored);
-            return Ok(info);
+            return part.log.append(batch, epoch).await.map_err(storage_error);
         }
         Verdict::Duplicate((base, last, max_timestamp)) => {
             return Ok(strand_storage::AppendInfo {

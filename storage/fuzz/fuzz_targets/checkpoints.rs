@@ -1,4 +1,4 @@
-//! The leader-epoch and high-watermark checkpoint files: decoding never
+//! The leader-epoch, high-watermark and producer-snapshot files: decoding never
 //! panics, and what decodes encodes back to the same bytes.
 #![no_main]
 

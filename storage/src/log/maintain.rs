@@ -117,6 +117,8 @@ impl Log {
         };
         // The history must not name epochs the log no longer has.
         self.save_epochs_locked().await?;
+        // Nor the producer table batches it no longer has.
+        self.rebuild_producers(start_over).await?;
         Ok(end)
     }
 
@@ -263,6 +265,8 @@ impl Log {
         self.save_epochs_locked().await?;
         // The high watermark as it is now (the next open starts from it).
         self.save_high_watermark().await?;
+        // The next open then has no batch to note.
+        self.save_producers(true).await?;
         self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();
         st.closed = true;

@@ -64,6 +64,7 @@
 //! framing and offsets, and consumers check each batch's CRC.
 
 mod maintain;
+mod producers;
 mod read;
 mod readahead;
 pub use readahead::foreign_drops;
@@ -207,6 +208,10 @@ struct State {
     epochs: crate::epochs::EpochHistory,
     /// The epoch checkpoint lags `epochs`.
     epochs_dirty: bool,
+    /// Idempotent producers' last batches (`producers.rs`).
+    producers: crate::producers::ProducerTable,
+    /// The log end at the last snapshot this open wrote.
+    producers_saved_at: Option<Offset>,
     cache: TailCache,
     unsynced_bytes: u64,
     last_sync_ms: u64,
@@ -337,6 +342,8 @@ impl Log {
             high_watermark_saved: None,
             epochs: crate::epochs::EpochHistory::new(),
             epochs_dirty: false,
+            producers: Default::default(),
+            producers_saved_at: None,
             cache: TailCache::new(config.tail_cache_bytes_max, shard.cache_budget()),
             unsynced_bytes: 0,
             last_sync_ms: mono_ms(),
@@ -360,6 +367,7 @@ impl Log {
             }),
         };
         log.load_replication_state().await?;
+        log.rebuild_producers(false).await?;
         Ok(log)
     }
 

@@ -28,7 +28,7 @@ use crate::error::Result;
 use crate::{LeaderEpoch, Offset};
 
 /// Bytes read at a time while walking a segment for its epochs.
-const WALK_BYTES: usize = 1 << 20;
+pub(super) const WALK_BYTES: usize = 1 << 20;
 
 impl Log {
     /// The leader-epoch history (epoch → first offset), oldest first.
@@ -49,8 +49,8 @@ impl Log {
         st.epochs.end_offset_for(epoch, st.log_end())
     }
 
-    /// Writes the high watermark and the epoch history where they changed
-    /// since last written. Cheap when nothing changed.
+    /// Writes the high watermark, the epoch history and a producer snapshot
+    /// where they changed since last written. Cheap when nothing changed.
     pub async fn checkpoint(&self) -> Result<()> {
         let dirty = {
             let st = self.inner.state.borrow();
@@ -61,18 +61,14 @@ impl Log {
             let _permit = self.lock().await?;
             self.save_epochs_locked().await?;
         }
-        self.save_high_watermark().await
+        self.save_high_watermark().await?;
+        self.save_producers(false).await
     }
 
     /// Writes the high watermark if it is not the one last written (under
     /// the checkpoint lock: writers share the temporary file).
     pub(super) async fn save_high_watermark(&self) -> Result<()> {
-        let _permit = self
-            .inner
-            .checkpoint_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| crate::error::StorageError::Closed)?;
+        let _permit = self.checkpoint_turn().await?;
         let hw = {
             let st = self.inner.state.borrow();
             if st.high_watermark_saved == Some(st.high_watermark) {
@@ -89,6 +85,17 @@ impl Log {
         .await?;
         self.inner.state.borrow_mut().high_watermark_saved = Some(hw);
         Ok(())
+    }
+
+    /// The checkpoint lock: writers of the high watermark share its
+    /// temporary file, and producer snapshots are written and removed under
+    /// it (`producers.rs`).
+    pub(super) async fn checkpoint_turn(&self) -> Result<glommio::sync::Permit<'_>> {
+        self.inner
+            .checkpoint_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| crate::error::StorageError::Closed)
     }
 
     /// Writes the epoch history if it changed. Holds: the I/O lock (so
@@ -176,27 +183,13 @@ impl Log {
             note(&mut history, first.leader_epoch, first.base_offset);
             if next_epoch != Some(first.leader_epoch) {
                 let end = bases.get(i + 1).copied().unwrap_or(log_end);
-                self.walk_epochs(&mut history, first.base_offset, end).await?;
+                self.walk_headers(first.base_offset, end, |h| {
+                    note(&mut history, h.leader_epoch, h.base_offset)
+                })
+                .await?;
             }
         }
         Ok(history)
-    }
-
-    /// Notes the epoch of every batch from `from` to `end`.
-    async fn walk_epochs(&self, history: &mut EpochHistory, mut from: Offset, end: Offset) -> Result<()> {
-        while from < end {
-            let read = self.read(from, WALK_BYTES).await?;
-            if read.batches.is_empty() || read.next_offset <= from {
-                break;
-            }
-            for b in &read.batches {
-                if let Some(h) = BatchHeader::parse(b) {
-                    note(history, h.leader_epoch, h.base_offset);
-                }
-            }
-            from = read.next_offset;
-        }
-        Ok(())
     }
 
     /// The header of the batch holding `offset`, if there is one.

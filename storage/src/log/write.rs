@@ -129,6 +129,7 @@ impl Log {
                     if st.epochs.observe(rb.header().leader_epoch, rb.base_offset())? {
                         st.epochs_dirty = true;
                     }
+                    st.producers.note_stored(rb.header());
                     st.active.push(&rb, config.index_interval_bytes, now);
                     let written = st.active.written_offset();
                     st.cache.push(&rb, written);
@@ -422,28 +423,32 @@ impl Log {
         let (new_file, file_len) = created
             .await
             .map_err(|e| self.fail(format!("rolling to {}: {e}", new_path.display())))?;
-        let mut st = self.inner.state.borrow_mut();
-        let fresh = ActiveSegment::new(
-            new_path,
-            new_base,
-            Rc::new(new_file),
-            Recovered {
-                next_offset: new_base,
-                size: 0,
-                tail_block: Vec::new(),
-                index: SegmentIndex::new(),
-                file_len,
-            },
-        );
-        let old = std::mem::replace(&mut st.active, fresh);
-        let (meta, file, index) = old.seal();
-        self.inner
-            .shard
-            .insert_open(meta.path.clone(), Rc::new(OpenSegment { file, index }));
-        st.sealed.insert(meta.base, meta);
-        st.stats.rolls += 1;
-        st.stats.recycled += u64::from(file_len > 0);
-        Ok(())
+        {
+            let mut st = self.inner.state.borrow_mut();
+            let fresh = ActiveSegment::new(
+                new_path,
+                new_base,
+                Rc::new(new_file),
+                Recovered {
+                    next_offset: new_base,
+                    size: 0,
+                    tail_block: Vec::new(),
+                    index: SegmentIndex::new(),
+                    file_len,
+                },
+            );
+            let old = std::mem::replace(&mut st.active, fresh);
+            let (meta, file, index) = old.seal();
+            self.inner
+                .shard
+                .insert_open(meta.path.clone(), Rc::new(OpenSegment { file, index }));
+            st.sealed.insert(meta.base, meta);
+            st.stats.rolls += 1;
+            st.stats.recycled += u64::from(file_len > 0);
+        }
+        // A reopened log notes the batches after its newest snapshot: with
+        // one at every roll, at most the active segment's.
+        self.save_producers(true).await
     }
 
     /// The file of a new segment at `path`, and the bytes it already holds:

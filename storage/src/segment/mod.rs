@@ -43,7 +43,12 @@ pub fn time_index_path(log_path: &Path) -> PathBuf {
 
 /// The base offset named by a `.log` file name, if it is one.
 pub fn parse_log_file_name(name: &str) -> Option<Offset> {
-    let digits = name.strip_suffix(".log")?;
+    parse_offset_file_name(name, ".log")
+}
+
+/// The offset in a file name of 20 decimal digits and then `suffix`.
+pub fn parse_offset_file_name(name: &str, suffix: &str) -> Option<Offset> {
+    let digits = name.strip_suffix(suffix)?;
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

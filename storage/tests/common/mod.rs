@@ -30,6 +30,18 @@ pub fn no_time_retention() -> LogConfig {
 }
 
 /// A log in `dir/p0` on a fresh shard storage rooted at `dir`.
+/// 64 KiB segments (a roll every few dozen small batches), 4 KiB index
+/// steps, batches up to 32 KiB.
+#[allow(dead_code)]
+pub fn small_segments() -> LogConfig {
+    LogConfig {
+        segment_bytes_max: 64 << 10,
+        index_interval_bytes: 4096,
+        batch_bytes_max: 32 << 10,
+        ..no_time_retention()
+    }
+}
+
 pub async fn open(dir: &Path, config: LogConfig) -> (ShardStorage, Log) {
     let shard = ShardStorage::open(dir, ShardStorageConfig::default()).await.unwrap();
     let log = shard.open_log(dir.join("p0"), config).await.unwrap();

@@ -1,9 +1,13 @@
-//! Idempotent producers: what a partition's leader remembers of each
-//! producer so that pipelined and retried batches are appended once each, in
-//! the order the producer made them.
+//! Idempotent producers: what a partition's log remembers of each producer
+//! so that pipelined and retried batches are appended once each, in the
+//! order the producer made them — also across restarts and failovers.
 //!
-//! Runs on: the shard that owns the partition, inside its produce path (one
-//! [`ProducerTable`] per open partition, in memory).
+//! Runs on: the shard that owns the partition. One [`ProducerTable`] per
+//! open [`Log`](crate::Log), kept by the log itself in step with its
+//! batches: every batch appended (by a leader's produce or a follower's
+//! replication) that carries a producer id is noted; a truncation rebuilds
+//! the table; opening the log rebuilds it from the latest snapshot and the
+//! batches after it (see "Snapshots").
 //!
 //! A producer that wants this stamps its batches with a producer id (any
 //! non-negative `i64` — `strand-client` picks a random one per producer)
@@ -26,14 +30,26 @@
 //!
 //! A producer the table does not know starts at sequence 0; any other batch
 //! of it is refused as **unknown** (`UnknownProducer`): the producer goes on
-//! under a new id from 0, resending its unacknowledged batches in order. The
-//! table is not persisted: after the leader restarts, or leadership moves,
-//! every producer is unknown — so a batch stored just before that moment
-//! and resent after it is stored twice (at least once, as without
-//! idempotence), but order always holds. A table keeps at most
+//! under a new id from 0, resending its unacknowledged batches in order
+//! (stored at least once, never out of order). A table keeps at most
 //! [`MAX_PRODUCERS`] producers, forgetting the least recently used.
+//!
+//! # Snapshots
+//! The table as it stood at some log end is written to
+//! `<offset, 20 digits>.producers` (layout: `crate::checkpoint`) when a
+//! segment rolls, by the log's periodic checkpoint when the log moved, and
+//! at close; the two newest are kept, and a truncation removes those
+//! past its cut. Opening (or truncating) loads the newest snapshot at or
+//! below the log end and notes every batch after it: so a leader that
+//! restarts, and a follower that becomes leader (its table came from the
+//! replicated batches), answers a batch resent across that event with its
+//! first offsets instead of storing it twice. Without any snapshot (a log
+//! from a broker before this, or all of them damaged) the batches of the
+//! active segment are noted; a producer last seen before it is unknown.
 
 use std::collections::{HashMap, VecDeque};
+
+use crate::batch::BatchHeader;
 
 /// Batches remembered per producer: the most requests a producer may have
 /// in flight per partition and still be deduplicated.
@@ -85,6 +101,14 @@ pub enum Verdict {
     OutOfOrder { expected: i32 },
     /// A producer the table does not know, not at sequence 0.
     Unknown,
+}
+
+/// One producer's remembered batches, oldest first: (first sequence, last
+/// sequence, where it was stored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerBatches {
+    pub producer_id: i64,
+    pub batches: Vec<(i32, i32, Stored)>,
 }
 
 #[derive(Debug)]
@@ -154,6 +178,49 @@ impl ProducerTable {
         while p.batches.len() > WINDOW {
             p.batches.pop_front();
         }
+    }
+
+    /// Notes a batch the log holds, from its header: remembered if it
+    /// carries a producer id (the log stores it whatever a check would have
+    /// said: a follower's batch, or one found again while rebuilding).
+    /// Returns whether the table changed.
+    pub fn note_stored(&mut self, header: &BatchHeader) -> bool {
+        let Some(seq) = Sequenced::of(header.producer_id, header.base_sequence, header.record_count) else {
+            return false;
+        };
+        let stored = (header.base_offset.0, header.last_offset().0, header.max_timestamp);
+        self.appended(seq, stored);
+        true
+    }
+
+    /// Every producer's remembered batches, least recently used first
+    /// (what a snapshot stores).
+    pub fn entries(&self) -> Vec<ProducerBatches> {
+        let mut all: Vec<(&i64, &ProducerState)> = self.producers.iter().collect();
+        all.sort_by_key(|(_, p)| p.used);
+        all.into_iter()
+            .map(|(id, p)| ProducerBatches {
+                producer_id: *id,
+                batches: p.batches.iter().map(|e| (e.first, e.last, e.stored)).collect(),
+            })
+            .collect()
+    }
+
+    /// A table holding `entries` (as [`entries`](Self::entries) gave
+    /// them: least recently used first).
+    pub fn from_entries(entries: Vec<ProducerBatches>) -> ProducerTable {
+        let mut table = ProducerTable::default();
+        for p in entries {
+            for (first, last, stored) in p.batches {
+                let seq = Sequenced {
+                    producer_id: p.producer_id,
+                    first,
+                    last,
+                };
+                table.appended(seq, stored);
+            }
+        }
+        table
     }
 
     /// Producers remembered.

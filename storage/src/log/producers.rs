@@ -1,0 +1,155 @@
+//! The log's idempotent-producer table (`crate::producers`): checked by the
+//! produce path, noted by every append, snapshotted beside the segments and
+//! rebuilt at open and after a truncation.
+//!
+//! Runs on: the shard that owns the log. Snapshot layout:
+//! `crate::checkpoint`; when they are written and how the table is rebuilt:
+//! `crate::producers`, "Snapshots".
+//!
+//! Snapshot files are written and removed under the checkpoint lock, so a
+//! snapshot being written when a truncation runs cannot land after the
+//! truncation removed those past its cut (it would describe batches the log
+//! no longer has). Lock order: the I/O lock, then the checkpoint lock.
+
+use std::path::PathBuf;
+
+use super::Log;
+use crate::batch::BatchHeader;
+use crate::checkpoint::{self, decode_producers, encode_producers, parse_producers_file_name, producers_file_name};
+use crate::error::{Result, StorageError};
+use crate::producers::{ProducerTable, Sequenced, Verdict};
+use crate::segment::io::{remove_file, sync_dir};
+use crate::Offset;
+
+/// Snapshots kept: the newest and the one before (should the newest be
+/// damaged).
+const SNAPSHOTS_KEPT: usize = 2;
+
+impl Log {
+    /// What to do with a producer's batch (see `crate::producers`). The
+    /// caller appends one batch at a time per partition from this check to
+    /// the append, which notes the batch.
+    pub fn check_producer(&self, batch: Sequenced) -> Verdict {
+        self.inner.state.borrow().producers.check(batch)
+    }
+
+    /// Producers the table remembers.
+    pub fn producer_count(&self) -> usize {
+        self.inner.state.borrow().producers.len()
+    }
+
+    /// Writes a snapshot of the producer table at the log end: always when
+    /// `always`, else only if the log moved since the last one (so the
+    /// batches a reopen must note are at most those of one checkpoint
+    /// period, idempotent or not). Then removes all but the newest
+    /// [`SNAPSHOTS_KEPT`].
+    pub(super) async fn save_producers(&self, always: bool) -> Result<()> {
+        let _permit = self.checkpoint_turn().await?;
+        let (end, bytes) = {
+            let mut st = self.inner.state.borrow_mut();
+            let end = st.log_end();
+            if !always && st.producers_saved_at == Some(end) {
+                return Ok(());
+            }
+            st.producers_saved_at = Some(end);
+            (end, encode_producers(end, &st.producers))
+        };
+        let name = producers_file_name(end);
+        if let Err(e) = checkpoint::write_atomically(&self.inner.dir, &name, bytes, false).await {
+            self.inner.state.borrow_mut().producers_saved_at = None;
+            return Err(e);
+        }
+        let mut all = self.producer_snapshots()?;
+        all.truncate(all.len().saturating_sub(SNAPSHOTS_KEPT));
+        for (_, path) in all {
+            remove_file(&path).await?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the table from the newest readable snapshot at or below the
+    /// log end and the batches after it (see `crate::producers`); snapshots
+    /// past the log end (taken before a crash lost the tail, or before a
+    /// truncation) are removed first, durably. `empty`: start from an empty
+    /// table and remove every snapshot (a log started over). At open, and
+    /// by a truncation under the I/O lock.
+    pub(super) async fn rebuild_producers(&self, empty: bool) -> Result<()> {
+        let _permit = self.checkpoint_turn().await?;
+        let (log_start, log_end, active_base) = {
+            let st = self.inner.state.borrow();
+            (st.log_start, st.log_end(), st.active.base)
+        };
+        let mut snapshots = self.producer_snapshots()?;
+        let mut removed = false;
+        while let Some((offset, path)) = snapshots.last() {
+            if !empty && *offset <= log_end {
+                break;
+            }
+            remove_file(path).await?;
+            snapshots.pop();
+            removed = true;
+        }
+        if removed {
+            sync_dir(&self.inner.dir).await?;
+        }
+        let mut base = None;
+        for (_, path) in snapshots.iter().rev() {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if let Some(found) = checkpoint::read(&self.inner.dir, name, decode_producers).await? {
+                base = Some(found);
+                break;
+            }
+        }
+        let (from, mut table) = match base {
+            Some((offset, table)) => (offset.max(log_start), table),
+            None => (active_base.max(log_start), ProducerTable::default()),
+        };
+        self.walk_headers(from, log_end, |h| {
+            if h.base_offset >= from {
+                table.note_stored(h);
+            }
+        })
+        .await?;
+        self.inner.state.borrow_mut().producers = table;
+        Ok(())
+    }
+
+    /// The producer snapshot files in the log's directory, oldest first.
+    fn producer_snapshots(&self) -> Result<Vec<(Offset, PathBuf)>> {
+        let dir = &self.inner.dir;
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| StorageError::io("listing", dir, e))? {
+            let entry = entry.map_err(|e| StorageError::io("listing", dir, e))?;
+            if let Some(offset) = entry.file_name().to_str().and_then(parse_producers_file_name) {
+                found.push((offset, entry.path()));
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// Calls `each` with the header of every batch from the one holding
+    /// `from` up to `end`.
+    pub(super) async fn walk_headers(
+        &self,
+        mut from: Offset,
+        end: Offset,
+        mut each: impl FnMut(&BatchHeader),
+    ) -> Result<()> {
+        while from < end {
+            let read = self.read(from, super::replica::WALK_BYTES).await?;
+            if read.batches.is_empty() || read.next_offset <= from {
+                break;
+            }
+            for b in &read.batches {
+                if let Some(h) = BatchHeader::parse(b) {
+                    each(&h);
+                }
+            }
+            from = read.next_offset;
+        }
+        Ok(())
+    }
+}
