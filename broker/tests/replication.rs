@@ -419,3 +419,100 @@ fn leadership_goes_back_to_the_preferred_replica_once_it_is_in_sync_again() {
     .unwrap();
     block_on(producer.send("balanced", None, b"on the preferred leader", &[])).unwrap();
 }
+
+/// A leader paused (SIGSTOP) until the controller fences it, holding
+/// records only it has (acks=1 while its followers were paused too): a new
+/// leader is elected from the ISR and takes acks=all produces; the old one,
+/// resumed, learns it no longer leads, truncates the tail nobody else has,
+/// and every replica ends up with the same log.
+#[test]
+fn a_paused_leader_steps_down_and_truncates_its_divergent_tail_once_resumed() {
+    let _turn = turn();
+    let c = Cluster::start_with(3, QUICK_ISR);
+    let old = create_replicated(&c, "deposed", 1)[0] as u8;
+    let followers: Vec<u8> = (1..=3).filter(|id| *id != old).collect();
+    let acks_all = |via: u8| {
+        let config = ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout: Duration::from_secs(30),
+            ..ProducerConfig::default()
+        };
+        Producer::new(&c.addr(via).to_string(), config).unwrap()
+    };
+    block_on(acks_all(old).send("deposed", None, b"committed", &[])).unwrap();
+    let signal = |ids: &[u8], sig| ids.iter().for_each(|id| c.node(*id).signal(sig));
+    signal(&followers, libc::SIGSTOP);
+    let outcome = std::panic::catch_unwind(|| {
+        // acks=1 answers once the leader has a batch. The first may still
+        // reach the followers: the answer to a fetch they sent before they
+        // stopped lands in their sockets. Once that fetch is answered
+        // (data, or empty after `replica_fetch_wait_ms`) none is left: the
+        // second stays on the leader alone.
+        let ts = 1_700_000_000_000;
+        let mut client = c.client(old);
+        assert_eq!(
+            client.produce("deposed", 0, common::batch("maybe", 3, ts), 1),
+            Ok((1, 3))
+        );
+        std::thread::sleep(Duration::from_millis(400));
+        let tail = common::batch("only-on-the-old-leader", 3, ts);
+        assert_eq!(client.produce("deposed", 0, tail, 1), Ok((4, 6)));
+    });
+    signal(&[old], libc::SIGSTOP);
+    signal(&followers, libc::SIGCONT);
+    let outcome = outcome.and_then(|()| {
+        std::panic::catch_unwind(|| {
+            let paused = Instant::now();
+            let deadline = paused + Duration::from_secs(30);
+            let new = loop {
+                let leader = metadata(&mut c.client(followers[0]), Some("deposed")).leaders[0] as u8;
+                if leader != old && leader != 0 {
+                    break leader;
+                }
+                assert!(Instant::now() < deadline, "node {old} paused and still leads");
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            eprintln!("node {old} paused; node {new} led after {:?}", paused.elapsed());
+            let producer = acks_all(new);
+            for i in 0..5 {
+                block_on(producer.send("deposed", None, format!("after-{i}").as_bytes(), &[])).unwrap();
+            }
+            new
+        })
+    });
+    signal(&[old], libc::SIGCONT);
+    let new = outcome.unwrap();
+    // Resumed: a follower of `new`, its own tail gone, in the ISR again,
+    // and every replica's log byte for byte the same.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let on_each: Vec<_> = (1..=3).map(|id| segments(&c.data_dir(id), "deposed", 0)).collect();
+        let isr = describe(&c, new, "deposed")["partitions"][0]["isr"]
+            .as_array()
+            .unwrap()
+            .len();
+        if isr == 3 && on_each.iter().all(|s| *s == on_each[0]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {old} never caught up: ISR {isr}, segments the same: {:?}",
+            on_each.iter().map(|s| *s == on_each[0]).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(metadata(&mut c.client(old), Some("deposed")).leaders[0] as u8, new);
+    let got: Vec<String> = read_all(&c.addr(old).to_string(), "deposed", 6)
+        .into_values()
+        .map(|v| String::from_utf8(v).unwrap())
+        .collect();
+    let maybe: Vec<String> = (0..3).map(|i| format!("maybe-{i}")).collect();
+    let reached = got.get(1..4) == Some(&maybe[..]);
+    let want: Vec<String> = ["committed".to_string()]
+        .into_iter()
+        .chain(maybe.iter().filter(|_| reached).cloned())
+        .chain((0..5).map(|i| format!("after-{i}")))
+        .collect();
+    assert_eq!(got, want, "the old leader's unreplicated tail is gone everywhere");
+    eprintln!("the first acks=1 batch reached the followers: {reached}");
+}
