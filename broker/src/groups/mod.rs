@@ -20,9 +20,14 @@
 //!
 //! # Durability and replay
 //! Every durable change is appended to the group's `__groups` partition
-//! (fsync=always) and is durable before it is applied and answered. The
-//! first request that reaches a `__groups` partition after it was opened
-//! replays it from its start: later records win, `Deleted` removes a group.
+//! (fsync=always, replicated like data: RF = min(3, live brokers) when the
+//! queue is created, the default minimum ISR, acks=all) and is committed
+//! before it is applied and answered. The first request that reaches a
+//! `__groups` partition's leader in a leader epoch (after a start, or after
+//! leadership came to this replica) replays it from its start to its log
+//! end, once the high watermark has reached that end (`replay`): later
+//! records win, `Deleted` removes a group. A replica that stops leading
+//! drops its groups.
 //! Membership is not stored: after a restart members get `UnknownMember` at
 //! their next heartbeat and join again (with the group's positions intact).
 //! Generations start past the wall clock (ms) at each replay, so they do
@@ -85,6 +90,9 @@ pub const IN_FLIGHT_WINDOW: u64 = 2000;
 /// How long the coordinator's own acks=all writes (`__groups`, dead
 /// letters) may wait for the in-sync replicas.
 const INTERNAL_WRITE_TIMEOUT_MS: u32 = 30_000;
+/// How long a new coordinator waits for its `__groups` partition's high
+/// watermark to reach the log end before it answers `Timeout` (retried).
+const LOAD_WAIT: Duration = Duration::from_secs(5);
 /// Ack mode: lock periods a member may ask for.
 pub const LOCK_MIN: Duration = Duration::from_millis(100);
 pub const LOCK_MAX: Duration = Duration::from_secs(3600);
@@ -294,6 +302,9 @@ pub enum GroupReply {
 struct Loaded {
     /// The `__groups` queue's id when replayed (a new queue is replayed anew).
     queue_id: u64,
+    /// The leader epoch it was replayed in: a replica that leads again
+    /// after another did replays anew (that leader appended meanwhile).
+    epoch: u32,
     groups: BTreeMap<String, Group>,
 }
 
@@ -359,16 +370,19 @@ pub async fn groups_partitions(shard: &Rc<Shard>) -> Result<u32, WireError> {
     if let Some(q) = shard.table().queue(GROUPS_QUEUE) {
         return Ok(q.partitions.len() as u32);
     }
+    // Replicated like data: three copies where there are three brokers.
+    let alive = shard.table().brokers.values().filter(|b| b.alive).count();
     let settings = QueueSettings {
         partitions: GROUPS_PARTITIONS,
-        replication_factor: 1,
+        replication_factor: alive.clamp(1, 3) as u16,
         // A committed position must not expire (see the module doc).
         retention_ms: None,
         retention_bytes: None,
         fsync: FsyncSetting::Always,
         max_message_bytes: shard.config.max_message_bytes,
         max_delivery_attempts: crate::controller::DEFAULT_MAX_DELIVERY_ATTEMPTS,
-        min_insync_replicas: 1,
+        // The default: 2 with three replicas.
+        min_insync_replicas: 0,
     };
     let command = Command::CreateQueue {
         name: GROUPS_QUEUE.to_string(),
@@ -404,7 +418,12 @@ pub async fn coordinator_partition(shard: &Rc<Shard>, group: &str) -> Result<u32
 pub fn start(shard: &Rc<Shard>) {
     let coordinator = shard.ext.get_or_default::<Coordinator>();
     shard.on_table_applied(Box::new(move |shard, table| {
-        coordinator.retain(|p| shard.partitions.get(GROUPS_QUEUE, p).is_some());
+        coordinator.retain(|p| {
+            shard
+                .partitions
+                .get(GROUPS_QUEUE, p)
+                .is_some_and(|part| part.leading().is_some())
+        });
         coordinator.forget_deleted_queues(table);
     }));
     let s = shard.clone();
@@ -1323,9 +1342,14 @@ impl Coordinator {
     }
 
     /// Replays `__groups` partition `p` unless it already was (for this
-    /// incarnation of the queue).
+    /// incarnation of the queue, in this leader epoch).
     async fn ensure_loaded(&self, shard: &Shard, p: u32, part: &Rc<Partition>) -> Result<(), WireError> {
-        let ready = |c: &Self| c.loaded.borrow().get(&p).is_some_and(|l| l.queue_id == part.queue_id);
+        let ready = |c: &Self| {
+            let loaded = c.loaded.borrow();
+            loaded
+                .get(&p)
+                .is_some_and(|l| l.queue_id == part.queue_id && Some(l.epoch) == part.leading())
+        };
         if ready(self) {
             return Ok(());
         }
@@ -1335,7 +1359,13 @@ impl Coordinator {
         if ready(self) {
             return Ok(());
         }
-        let mut groups = replay(part, &shard.table()).await?;
+        let Some(epoch) = part.leading() else {
+            return Err(WireError::new(
+                ErrorCode::NotLeader,
+                "this broker no longer coordinates the group's __groups partition; find the coordinator again",
+            ));
+        };
+        let mut groups = replay(shard, part, epoch, &shard.table()).await?;
         let grace = Instant::now() + RESTART_GRACE;
         for g in groups.values_mut() {
             g.grace_until = Some(grace);
@@ -1345,6 +1375,7 @@ impl Coordinator {
             p,
             Loaded {
                 queue_id: part.queue_id,
+                epoch,
                 groups,
             },
         );
@@ -1399,7 +1430,7 @@ impl Coordinator {
         (positions, rebalances)
     }
 
-    /// Forgets the groups of partitions this shard no longer holds.
+    /// Forgets the groups of partitions this shard no longer leads.
     pub fn retain(&self, open: impl Fn(u32) -> bool) {
         self.loaded.borrow_mut().retain(|p, _| open(*p));
     }
@@ -1493,10 +1524,38 @@ async fn ensure_dlq(shard: &Rc<Shard>, queue: &str) -> Result<String, WireError>
     }
 }
 
-/// Rebuilds the groups of a `__groups` partition from its records.
-async fn replay(part: &Partition, table: &MetadataTable) -> Result<BTreeMap<String, Group>, WireError> {
+/// Rebuilds the groups of a `__groups` partition its replica leads (in
+/// `epoch`) from its records: all of them, to the log end, once the high
+/// watermark is there. A new leader's log may end past its high watermark
+/// with records of the previous leader, committed or about to be; the
+/// groups must hold them before anything is appended after them (a commit
+/// lost from memory would move a position back). Waits at most
+/// [`LOAD_WAIT`] for the followers.
+async fn replay(
+    shard: &Shard,
+    part: &Partition,
+    epoch: u32,
+    table: &MetadataTable,
+) -> Result<BTreeMap<String, Group>, WireError> {
     let log = &part.log;
-    let end = log.high_watermark();
+    let end = log.log_end();
+    if end > log.log_start() && log.high_watermark() < end {
+        let deadline = Instant::now() + LOAD_WAIT;
+        shard
+            .wait_replicated(part, epoch, Offset(end.0 - 1), deadline)
+            .await
+            .map_err(|e| match e.code {
+                ErrorCode::Timeout => WireError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "the coordinator is loading: its __groups partition's followers have not confirmed \
+                         offset {} yet; retry",
+                        end.0 - 1
+                    ),
+                ),
+                _ => e,
+            })?;
+    }
     let seed = generation_seed(log.log_end().0);
     let max = log.config().batch_bytes_max;
     let mut groups: BTreeMap<String, Group> = BTreeMap::new();

@@ -165,7 +165,7 @@ impl Shard {
     /// leadership moved (`NotLeader`: the new leader may or may not have the
     /// records, and an idempotent resend there is answered either way), or
     /// the deadline passed (`Timeout`).
-    async fn wait_replicated(
+    pub(crate) async fn wait_replicated(
         &self,
         part: &Partition,
         epoch: u32,
