@@ -212,6 +212,10 @@ struct State {
     producers: crate::producers::ProducerTable,
     /// The log end at the last snapshot this open wrote.
     producers_saved_at: Option<Offset>,
+    /// The snapshot files in the directory, oldest first (listed when the
+    /// table is rebuilt, kept up to date by the saves: no directory listing
+    /// per save).
+    producer_snapshots: Vec<Offset>,
     cache: TailCache,
     unsynced_bytes: u64,
     last_sync_ms: u64,
@@ -344,6 +348,7 @@ impl Log {
             epochs_dirty: false,
             producers: Default::default(),
             producers_saved_at: None,
+            producer_snapshots: Vec::new(),
             cache: TailCache::new(config.tail_cache_bytes_max, shard.cache_budget()),
             unsynced_bytes: 0,
             last_sync_ms: mono_ms(),

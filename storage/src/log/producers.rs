@@ -59,10 +59,16 @@ impl Log {
             self.inner.state.borrow_mut().producers_saved_at = None;
             return Err(e);
         }
-        let mut all = self.producer_snapshots()?;
-        all.truncate(all.len().saturating_sub(SNAPSHOTS_KEPT));
-        for (_, path) in all {
-            remove_file(&path).await?;
+        let doomed: Vec<Offset> = {
+            let mut st = self.inner.state.borrow_mut();
+            if st.producer_snapshots.last() != Some(&end) {
+                st.producer_snapshots.push(end);
+            }
+            let extra = st.producer_snapshots.len().saturating_sub(SNAPSHOTS_KEPT);
+            st.producer_snapshots.drain(..extra).collect()
+        };
+        for offset in doomed {
+            remove_file(&self.inner.dir.join(producers_file_name(offset))).await?;
         }
         Ok(())
     }
@@ -92,6 +98,7 @@ impl Log {
         if removed {
             sync_dir(&self.inner.dir).await?;
         }
+        self.inner.state.borrow_mut().producer_snapshots = snapshots.iter().map(|(o, _)| *o).collect();
         let mut base = None;
         for (_, path) in snapshots.iter().rev() {
             let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
