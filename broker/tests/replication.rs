@@ -542,3 +542,108 @@ fn the_groups_queue_gets_three_replicas_on_three_brokers() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A producer and a consumer that know only node 1 keep working after
+/// node 1 is killed: metadata comes from the brokers an earlier answer
+/// named, the partition node 1 led fails over, the consumer follows every
+/// leader without returning an error, and nothing acknowledged is missing.
+/// A produce sent to a follower is answered `NotLeader` naming the leader
+/// and its epoch (the hint clients follow without asking for metadata).
+#[test]
+fn clients_that_know_only_a_killed_broker_keep_producing_and_consuming() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    let leaders = create_replicated(&c, "roaming", 3);
+    assert!(leaders.contains(&1), "node 1 leads a partition: {leaders:?}");
+
+    // The hint, on the wire: partition 0 produced to through a follower.
+    let seen = metadata(&mut c.client(1), Some("roaming"));
+    let (leader, epoch) = (seen.leaders[0], seen.leader_epochs[0]);
+    let follower = (1..=3u8).find(|id| u32::from(*id) != leader).unwrap();
+    let conn = strand_client::Connection::connect(&c.addr(follower).to_string()).unwrap();
+    let mut batch = strand_wire::batch::BatchBuilder::new();
+    batch.push(None, Some(b"astray"), &[], 0);
+    let (body, tail) = strand_client::requests::produce("roaming", 0, -1, batch.build().freeze());
+    let err = block_on(conn.request(strand_wire::Api::Produce, &body, tail))
+        .and_then(|f| strand_client::requests::produced(&f))
+        .unwrap_err();
+    assert_eq!(err.code(), Some(strand_wire::ErrorCode::NotLeader), "{err}");
+    assert_eq!(
+        err.leader_hint(),
+        Some(strand_client::LeaderHint {
+            node: leader,
+            leader_epoch: epoch
+        }),
+        "{err}"
+    );
+
+    let only_node_1 = c.addr(1).to_string();
+    let producer = Producer::new(
+        &only_node_1,
+        ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(5),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut consumer = Consumer::new(
+        &only_node_1,
+        ConsumerConfig {
+            start: Seek::Earliest,
+            max_wait: Duration::from_millis(200),
+            retry_timeout: Duration::from_secs(30),
+            ..ConsumerConfig::default()
+        },
+    )
+    .unwrap();
+    block_on(consumer.assign_all("roaming")).unwrap();
+    // The consumer reads all along, on a thread of its own; any error
+    // `poll` returns fails the test.
+    type Got = std::sync::Arc<std::sync::Mutex<BTreeMap<(u32, u64), Vec<u8>>>>;
+    let got: Got = Default::default();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reading = {
+        let (got, stop) = (got.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                for r in block_on(consumer.poll()).expect("poll returned an error") {
+                    let value = r.value.map(|v| v.to_vec()).unwrap_or_default();
+                    got.lock().unwrap().insert((r.partition, r.offset), value);
+                }
+            }
+        })
+    };
+    let mut acked = BTreeMap::new();
+    let mut killed_at = None;
+    for i in 0..300u32 {
+        if i == 100 {
+            c.kill9(1);
+            killed_at = Some(Instant::now());
+        }
+        let (key, value) = (format!("k{}", i % 7), format!("v{i}"));
+        let d = block_on(producer.send("roaming", Some(key.as_bytes()), value.as_bytes(), &[]))
+            .unwrap_or_else(|e| panic!("record {i} failed: {e}"));
+        acked.insert((d.partition, d.offset.unwrap()), value.into_bytes());
+    }
+    eprintln!(
+        "node 1 killed; 200 records acknowledged after {:?}",
+        killed_at.unwrap().elapsed()
+    );
+    let led = metadata(&mut c.client(2), Some("roaming")).leaders;
+    assert!(!led.contains(&1), "node 1 still leads: {led:?}");
+    // The consumer catches up with everything acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let missing = |got: &Got| {
+        let got = got.lock().unwrap();
+        acked.iter().filter(|(at, v)| got.get(*at) != Some(*v)).count()
+    };
+    while missing(&got) > 0 && !reading.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    reading.join().expect("the consumer failed");
+    assert_eq!(missing(&got), 0, "acknowledged records not consumed");
+}

@@ -10,6 +10,16 @@
 //! requests go on its shard's connection and never cross between the
 //! broker's cores. Brokers that report no shards get plain connections.
 //!
+//! Metadata across a changing cluster: metadata is asked of any broker the
+//! client knows (the bootstrap list, then every broker an answer named), so
+//! losing the bootstrap brokers loses nothing once one answer came. An
+//! answer never replaces newer knowledge ([`QueueInfo::newer_of`]): a
+//! broker that is behind the controller (cut off, or just restarted)
+//! answers with an older applied index, and a partition's leader with an
+//! older leader epoch than the one held is not taken. A `NotLeader` answer
+//! that names the leader moves the partition there at once
+//! ([`Cluster::follow_hint`]), without a metadata round trip.
+//!
 //! Runs on: the caller's threads and the producer's sender thread; the state
 //! sits behind one mutex held only for map lookups, never across I/O.
 
@@ -23,25 +33,58 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use crate::connection::Connection;
-use crate::error::ClientError;
+use crate::error::{ClientError, LeaderHint};
 
 /// How long queue metadata is trusted without asking again (so a producer
 /// notices partitions added by someone else).
 pub const METADATA_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// A queue's partitions and settings, as the client last heard them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueInfo {
     pub name: String,
+    /// Unique for the cluster's lifetime: a queue deleted and created again
+    /// under the same name has another (0 from brokers that do not say).
+    pub id: u64,
     /// The leader's node id, per partition.
     pub leaders: Vec<u32>,
+    /// Each partition's leader epoch (bumped at every leader change), as
+    /// `leaders`.
+    pub leader_epochs: Vec<u32>,
     /// The largest record batch the queue accepts.
     pub max_message_bytes: u32,
+    /// The controller log index the answering broker's metadata reflected.
+    pub applied_index: u64,
 }
 
 impl QueueInfo {
     pub fn partitions(&self) -> u32 {
         self.leaders.len() as u32
+    }
+
+    /// What to keep of `self` (held) and `answer` (a new metadata answer
+    /// for the same name). Of another queue (another id: deleted and
+    /// created again), the one from the later controller state. Of the
+    /// same queue, the later state's settings and partitions, and for each
+    /// partition the leader of the higher leader epoch from either (a
+    /// `NotLeader` hint may have put the held one ahead of every table).
+    pub fn newer_of(&self, answer: QueueInfo) -> QueueInfo {
+        let answer_is_later = answer.applied_index >= self.applied_index;
+        if self.id != answer.id {
+            return if answer_is_later { answer } else { self.clone() };
+        }
+        let (mut base, other) = if answer_is_later {
+            (answer, self)
+        } else {
+            (self.clone(), &answer)
+        };
+        for (p, (&leader, &epoch)) in other.leaders.iter().zip(&other.leader_epochs).enumerate() {
+            if base.leader_epochs.get(p).is_some_and(|&e| e < epoch) {
+                base.leaders[p] = leader;
+                base.leader_epochs[p] = epoch;
+            }
+        }
+        base
     }
 }
 
@@ -74,10 +117,12 @@ struct State {
     brokers: HashMap<u32, (String, u16)>,
     /// (`host:port`, route) → open connection.
     connections: HashMap<(String, Route), Connection>,
-    /// Queue metadata and when it was asked for.
-    queues: HashMap<String, (Arc<QueueInfo>, Instant)>,
-    /// Where the next bootstrap attempt starts (rotates on failure).
-    next_bootstrap: usize,
+    /// Queue metadata, and when it was asked for (`None`: to be asked
+    /// again before use; kept until then to weigh the answer against).
+    queues: HashMap<String, (Arc<QueueInfo>, Option<Instant>)>,
+    /// Where the next metadata attempt starts among the known brokers
+    /// (moves on when one fails or answers with stale metadata).
+    next_broker: usize,
 }
 
 /// Parses `HOST:PORT[,HOST:PORT...]`.
@@ -163,22 +208,46 @@ impl Cluster {
         Ok(c)
     }
 
-    /// A connection to any broker: the bootstrap list in turn, starting
-    /// after the last one that failed.
+    /// Every broker address the client knows: the bootstrap list, then
+    /// the brokers metadata answers named (in node id order).
+    fn known_brokers(&self) -> Vec<String> {
+        let mut all = self.bootstrap.clone();
+        let st = self.state();
+        let mut named: Vec<(&u32, &(String, u16))> = st.brokers.iter().collect();
+        named.sort_unstable_by_key(|(id, _)| **id);
+        for (_, (addr, _)) in named {
+            if !all.contains(addr) {
+                all.push(addr.clone());
+            }
+        }
+        all
+    }
+
+    /// A connection to any broker: the known ones in turn
+    /// ([`Cluster::known_brokers`]), starting after the last one that
+    /// failed.
     pub fn any_connection(&self) -> Result<Connection, ClientError> {
-        let start = self.state().next_bootstrap;
+        let known = self.known_brokers();
+        let start = self.state().next_broker;
         let mut last = None;
-        for i in 0..self.bootstrap.len() {
-            let addr = &self.bootstrap[(start + i) % self.bootstrap.len()];
+        for i in 0..known.len() {
+            let addr = &known[(start + i) % known.len()];
             match self.connection_to(addr) {
                 Ok(c) => return Ok(c),
                 Err(e) => {
-                    self.state().next_bootstrap = (start + i + 1) % self.bootstrap.len();
+                    self.state().next_broker = start + i + 1;
                     last = Some(e);
                 }
             }
         }
         Err(last.unwrap_or_else(|| ClientError::Invalid("no broker address given".into())))
+    }
+
+    /// The next metadata request goes to another broker (this one failed
+    /// or was behind).
+    fn skip_broker(&self) {
+        let mut st = self.state();
+        st.next_broker = st.next_broker.wrapping_add(1);
     }
 
     /// The connection to the leader of `partition`.
@@ -221,7 +290,10 @@ impl Cluster {
             Some((addr, shards)) => {
                 let placed =
                     (shards > 1).then(|| (strand_wire::shard_for_partition(&queue.name, partition, shards), shards));
+                // A leader that cannot be reached may have been replaced:
+                // the queue's metadata is asked for again before next use.
                 self.route_to(&addr, route(placed))
+                    .inspect_err(|_| self.forget_queue(&queue.name))
             }
             None => self.any_connection(),
         }
@@ -239,16 +311,89 @@ impl Cluster {
     /// The queue's cached metadata, if fresh enough.
     pub fn cached(&self, name: &str) -> Option<Arc<QueueInfo>> {
         match self.state().queues.get(name) {
-            Some((q, at)) if at.elapsed() < METADATA_MAX_AGE => Some(q.clone()),
+            Some((q, Some(at))) if at.elapsed() < METADATA_MAX_AGE => Some(q.clone()),
             _ => None,
         }
     }
 
+    /// After a `NotLeader` answer that named the leader: moves the
+    /// partition to it if the hint is newer than what the client holds and
+    /// the client knows that broker's address; returns the queue's
+    /// metadata then (`None`: ask for metadata instead).
+    pub fn follow_hint(&self, name: &str, partition: u32, hint: LeaderHint) -> Option<Arc<QueueInfo>> {
+        let mut st = self.state();
+        if !st.brokers.contains_key(&hint.node) {
+            return None;
+        }
+        let (held, at) = st.queues.get_mut(name)?;
+        let p = partition as usize;
+        if held.leader_epochs.get(p).is_none_or(|&e| e >= hint.leader_epoch) {
+            return None;
+        }
+        let moved = Arc::make_mut(held);
+        moved.leaders[p] = hint.node;
+        moved.leader_epochs[p] = hint.leader_epoch;
+        at.get_or_insert_with(Instant::now);
+        Some(held.clone())
+    }
+
+    /// After an error: if it says the partition's leader moved, goes to
+    /// the leader it named ([`Cluster::follow_hint`]) or else has the
+    /// queue's metadata asked for again before its next use. Returns the
+    /// metadata when a hint was followed.
+    pub fn leader_moved(&self, name: &str, partition: u32, e: &ClientError) -> Option<Arc<QueueInfo>> {
+        if !e.leader_moved() {
+            return None;
+        }
+        let followed = e.leader_hint().and_then(|h| self.follow_hint(name, partition, h));
+        if followed.is_none() {
+            self.forget_queue(name);
+        }
+        followed
+    }
+
     /// Asks a broker for the queue's metadata now (after NOT_LEADER, an
-    /// unknown partition or a lost connection).
+    /// unknown partition or a lost connection). An answer older than what
+    /// the client holds does not replace it ([`QueueInfo::newer_of`]), and
+    /// the next request goes to another broker.
     pub async fn refresh(&self, name: &str) -> Result<Arc<QueueInfo>, ClientError> {
         validate_queue_name(name).map_err(|e| ClientError::broker(ErrorCode::InvalidQueueName, e))?;
         let conn = self.any_connection()?;
+        let answer = self.ask_metadata(&conn, name).await;
+        if answer.as_ref().is_err_and(|e| e.is_io()) {
+            self.skip_broker();
+        }
+        let (answer, brokers) = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                if e.code() == Some(ErrorCode::UnknownQueue) {
+                    self.state().queues.remove(name);
+                }
+                return Err(e);
+            }
+        };
+        let mut s = self.state();
+        s.brokers.extend(brokers);
+        let held = s.queues.get(name).map(|(held, _)| held.clone());
+        if held.as_ref().is_some_and(|h| h.applied_index > answer.applied_index) {
+            s.next_broker = s.next_broker.wrapping_add(1);
+        }
+        let info = match held {
+            Some(held) => held.newer_of(answer),
+            None => answer,
+        };
+        let info = Arc::new(info);
+        s.queues.insert(name.to_string(), (info.clone(), Some(Instant::now())));
+        Ok(info)
+    }
+
+    /// One Metadata request for `name` on `conn`: the queue's metadata and
+    /// the brokers the answer named.
+    async fn ask_metadata(
+        &self,
+        conn: &Connection,
+        name: &str,
+    ) -> Result<(QueueInfo, HashMap<u32, (String, u16)>), ClientError> {
         let mut fbb = FlatBufferBuilder::new();
         let n = fbb.create_string(name);
         let list = fbb.create_vector(&[n]);
@@ -275,23 +420,27 @@ impl Cluster {
             .find(|q| q.name() == Some(name))
             .ok_or_else(|| ClientError::Protocol(format!("metadata without queue {name:?}")))?;
         ClientError::check(q.error())?;
-        let info = Arc::new(QueueInfo {
+        let partitions = q.partitions().unwrap_or_default();
+        let info = QueueInfo {
             name: name.to_string(),
-            leaders: q.partitions().iter().flatten().map(|p| p.leader()).collect(),
+            id: q.id(),
+            leaders: partitions.iter().map(|p| p.leader()).collect(),
+            leader_epochs: partitions.iter().map(|p| p.leader_epoch()).collect(),
             max_message_bytes: q.config().and_then(|c| c.max_message_bytes()).unwrap_or(u32::MAX),
-        });
+            applied_index: resp.applied_index(),
+        };
         if info.leaders.is_empty() {
             return Err(ClientError::Protocol(format!("queue {name:?} has no partitions")));
         }
-        let mut s = self.state();
-        s.brokers.extend(brokers);
-        s.queues.insert(name.to_string(), (info.clone(), Instant::now()));
-        Ok(info)
+        Ok((info, brokers))
     }
 
-    /// Forgets the queue's metadata (it is asked for again on next use).
+    /// Has the queue's metadata asked for again on next use (what is held
+    /// stays, to weigh the answer against).
     pub fn forget_queue(&self, name: &str) {
-        self.state().queues.remove(name);
+        if let Some((_, at)) = self.state().queues.get_mut(name) {
+            *at = None;
+        }
     }
 }
 
@@ -309,5 +458,89 @@ mod tests {
         assert!(parse_brokers("host").is_err());
         assert!(parse_brokers("host:port").is_err());
         assert!(parse_brokers(":9400").is_err());
+    }
+
+    fn info(id: u64, applied_index: u64, leaders: &[(u32, u32)]) -> QueueInfo {
+        QueueInfo {
+            name: "q".into(),
+            id,
+            leaders: leaders.iter().map(|l| l.0).collect(),
+            leader_epochs: leaders.iter().map(|l| l.1).collect(),
+            max_message_bytes: 1 << 20,
+            applied_index,
+        }
+    }
+
+    #[test]
+    fn an_answer_from_a_broker_behind_never_moves_a_leader_back() {
+        let held = info(7, 50, &[(1, 3), (2, 1)]);
+        // Later state: taken, and its leaders where their epochs are newer.
+        let later = info(7, 60, &[(3, 4), (2, 1)]);
+        assert_eq!(held.newer_of(later.clone()), later);
+        // A broker behind (lower applied index) keeps what is held.
+        let behind = info(7, 40, &[(1, 2), (1, 0)]);
+        assert_eq!(held.newer_of(behind), held);
+        // Later state, but a partition's leader an older epoch than a hint
+        // gave the held copy: that partition keeps the held leader.
+        let hinted = info(7, 50, &[(3, 9), (2, 1)]);
+        let merged = hinted.newer_of(info(7, 55, &[(1, 3), (2, 2)]));
+        assert_eq!((merged.leaders, merged.leader_epochs), (vec![3, 2], vec![9, 2]));
+        assert_eq!(merged.applied_index, 55);
+        // A partition added later is taken as it comes.
+        let grown = info(7, 70, &[(1, 3), (2, 1), (3, 0)]);
+        assert_eq!(held.newer_of(grown.clone()), grown);
+    }
+
+    #[test]
+    fn a_queue_created_again_is_judged_by_the_controller_state_alone() {
+        let old = info(7, 50, &[(1, 9)]);
+        // Deleted and created again: epochs start over under a new id.
+        let recreated = info(8, 80, &[(2, 0)]);
+        assert_eq!(old.newer_of(recreated.clone()), recreated);
+        // The old queue from a broker behind does not replace the new one.
+        assert_eq!(recreated.newer_of(old.clone()), recreated);
+    }
+
+    #[test]
+    fn a_hint_moves_a_partition_only_forward_and_only_to_a_known_broker() {
+        let cluster = Cluster::new("127.0.0.1:1").unwrap();
+        let held = Arc::new(info(7, 50, &[(1, 3), (2, 1)]));
+        {
+            let mut st = cluster.state();
+            st.brokers.insert(1, ("127.0.0.1:1".into(), 0));
+            st.brokers.insert(3, ("127.0.0.1:3".into(), 0));
+            st.queues.insert("q".into(), (held.clone(), None));
+        }
+        let hint = |node, leader_epoch| LeaderHint { node, leader_epoch };
+        // An older or the same epoch: ignored.
+        assert!(cluster.follow_hint("q", 0, hint(3, 3)).is_none());
+        // A broker the client has no address for: ask for metadata instead.
+        assert!(cluster.follow_hint("q", 0, hint(9, 4)).is_none());
+        // No such partition, no such queue.
+        assert!(cluster.follow_hint("q", 5, hint(3, 4)).is_none());
+        assert!(cluster.follow_hint("other", 0, hint(3, 4)).is_none());
+        assert!(cluster.cached("q").is_none(), "marked for a refresh");
+        // Newer, known: the partition moves, and the metadata is usable.
+        let moved = cluster.follow_hint("q", 0, hint(3, 4)).unwrap();
+        assert_eq!(
+            (moved.leaders.clone(), moved.leader_epochs.clone()),
+            (vec![3, 2], vec![4, 1])
+        );
+        assert_eq!(cluster.cached("q"), Some(moved));
+        assert_eq!(held.leaders, vec![1, 2], "callers' copies are not changed under them");
+    }
+
+    #[test]
+    fn metadata_is_asked_of_every_known_broker_not_only_the_bootstrap_list() {
+        let cluster = Cluster::new("127.0.0.1:9400,127.0.0.2:9400").unwrap();
+        cluster.state().brokers.extend([
+            (3, ("127.0.0.3:9400".to_string(), 2)),
+            (1, ("127.0.0.1:9400".to_string(), 2)),
+            (2, ("127.0.0.9:9400".to_string(), 2)),
+        ]);
+        assert_eq!(
+            cluster.known_brokers(),
+            ["127.0.0.1:9400", "127.0.0.2:9400", "127.0.0.9:9400", "127.0.0.3:9400"]
+        );
     }
 }

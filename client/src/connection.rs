@@ -48,10 +48,17 @@ use crate::error::ClientError;
 
 type Pending = Arc<Mutex<PendingState>>;
 
-/// A request unanswered this long fails its connection (and so every
-/// request on it, which producers then retry on a new one). Above the
-/// broker's longest long poll (30 s) and its produce timeout (30 s).
+/// A request unanswered past its deadline fails its connection (and so
+/// every request on it, which producers then retry on a new one): a broker
+/// that does not answer one request in time (paused, cut off, overloaded)
+/// answers none. The deadline is the request's own timeout (a produce's
+/// `timeout_ms`, a fetch's `max_wait_ms`) plus [`RESPONSE_GRACE`]
+/// ([`Connection::request_within`]); this for requests that carry none.
+/// Above the broker's longest long poll (30 s) and its produce timeout (30 s).
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// What a request's deadline adds to the timeout the request gives the
+/// broker: the broker's answer at its timeout must still arrive.
+pub const RESPONSE_GRACE: Duration = Duration::from_secs(5);
 /// The largest response frame accepted: a corrupt length fails the
 /// connection instead of growing its buffer to 4 GiB. (Brokers cap fetch
 /// responses at their frame limit, 16 MiB by default.)
@@ -125,7 +132,7 @@ pub type OnResponse = Box<dyn FnOnce(Result<Frame, ClientError>) + Send>;
 
 #[derive(Default)]
 struct PendingState {
-    /// Requests awaiting a response: when each was sent, and its handler.
+    /// Requests awaiting a response: by when it is due, and its handler.
     waiting: HashMap<u32, (Instant, OnResponse)>,
     /// Set when the reader stops: every later request fails at once.
     closed: Option<ClientError>,
@@ -228,21 +235,34 @@ impl Connection {
     }
 
     /// Sends a request (a finished flatbuffer body and its tail) and returns
-    /// the future of its response frame.
+    /// the future of its response frame; due within [`RESPONSE_TIMEOUT`].
     pub fn request(
         &self,
         api: Api,
         body: &[u8],
         tail: TailBuilder,
     ) -> impl std::future::Future<Output = Result<Frame, ClientError>> + Send + 'static {
+        self.request_within(api, body, tail, RESPONSE_TIMEOUT)
+    }
+
+    /// [`Connection::request`] for a request due within `due` (its own
+    /// timeout plus [`RESPONSE_GRACE`]).
+    pub fn request_within(
+        &self,
+        api: Api,
+        body: &[u8],
+        tail: TailBuilder,
+        due: Duration,
+    ) -> impl std::future::Future<Output = Result<Frame, ClientError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
-        let sent = self.send(
+        let sent = self.send_within(
             api,
             body,
             tail,
             Some(Box::new(move |r| {
                 let _ = tx.send(r);
             })),
+            due,
         );
         async move {
             sent?;
@@ -257,12 +277,26 @@ impl Connection {
     /// Sends a request; `on_response` runs on the reader thread with its
     /// response, or with the error that ended the connection. `None`: no
     /// response is expected (a produce with acks=0), and `Ok` means written.
+    /// Due within [`RESPONSE_TIMEOUT`].
     pub fn send(
         &self,
         api: Api,
         body: &[u8],
         tail: TailBuilder,
         on_response: Option<OnResponse>,
+    ) -> Result<(), ClientError> {
+        self.send_within(api, body, tail, on_response, RESPONSE_TIMEOUT)
+    }
+
+    /// [`Connection::send`] for a request due within `due`: unanswered by
+    /// then, it fails the connection.
+    pub fn send_within(
+        &self,
+        api: Api,
+        body: &[u8],
+        tail: TailBuilder,
+        on_response: Option<OnResponse>,
+        due: Duration,
     ) -> Result<(), ClientError> {
         let mut w = self
             .inner
@@ -283,7 +317,7 @@ impl Connection {
             }
             if let Some(f) = on_response {
                 expects_response = true;
-                p.waiting.insert(id, (Instant::now(), f));
+                p.waiting.insert(id, (Instant::now() + due, f));
             }
         }
         let out = OutFrame::request(api, id, body, tail);
@@ -356,12 +390,30 @@ fn recv_into(stream: &TcpStream, buf: &mut BytesMut, flags: libc::c_int) -> Opti
     }
 }
 
+/// Why the connection fails, if a request is past its deadline.
+fn overdue(pending: &Pending) -> Option<String> {
+    let now = Instant::now();
+    let p = pending.lock().ok()?;
+    let late = p.waiting.values().filter(|(due, _)| *due < now).count();
+    (late > 0)
+        .then(|| format!("{late} request(s) unanswered past their deadline (the broker may be paused or cut off)"))
+}
+
 fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Duration) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let limits = FrameLimits {
         max_frame_bytes: MAX_RESPONSE_BYTES,
     };
+    let mut next_overdue_check = Instant::now() + OVERDUE_CHECK;
     let failure = loop {
+        // Also while other responses keep arriving: one request may be
+        // stuck behind a broker that answers the rest.
+        if Instant::now() >= next_overdue_check {
+            if let Some(late) = overdue(&pending) {
+                break late;
+            }
+            next_overdue_check = Instant::now() + OVERDUE_CHECK;
+        }
         match frame::decode(&mut buf, limits) {
             Ok(Some(f)) => {
                 let waiter = pending
@@ -402,14 +454,8 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
         match got.or_else(|| recv_into(&stream, &mut buf, 0)) {
             Some(Ok(0)) => break "the broker closed the connection".to_string(),
             Some(Ok(_)) => {}
-            Some(Err(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                let overdue = pending
-                    .lock()
-                    .is_ok_and(|p| p.waiting.values().any(|(sent, _)| sent.elapsed() > RESPONSE_TIMEOUT));
-                if overdue {
-                    break format!("no response within {RESPONSE_TIMEOUT:?}");
-                }
-            }
+            // Quiet for `OVERDUE_CHECK`: the check above runs next.
+            Some(Err(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Some(Err(e)) => break e.to_string(),
             None => {}
         }
@@ -427,5 +473,37 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
     // Outside the lock: a callback may send on a new connection.
     for w in waiting {
         w(Err(err.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request's own deadline fails the connection when the broker keeps
+    /// quiet (paused, cut off), long before [`RESPONSE_TIMEOUT`]; a request
+    /// sent with the default deadline on the same connection fails with it.
+    #[test]
+    fn a_request_unanswered_past_its_deadline_fails_the_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        // Accepts and reads, never answers; ends when the client closes.
+        let silent = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+        });
+        let conn = Connection::connect(&addr).unwrap();
+        let patient = conn.request(Api::Metadata, b"", TailBuilder::default());
+        let started = Instant::now();
+        let hasty = conn.request_within(Api::Metadata, b"", TailBuilder::default(), Duration::from_millis(200));
+        let err = crate::block_on(hasty).unwrap_err();
+        assert!(err.is_io(), "{err}");
+        assert!(err.to_string().contains("past their deadline"), "{err}");
+        assert!(started.elapsed() < RESPONSE_TIMEOUT / 2, "{:?}", started.elapsed());
+        assert!(crate::block_on(patient).unwrap_err().is_io());
+        assert!(conn.is_closed());
+        drop(conn);
+        silent.join().unwrap();
     }
 }

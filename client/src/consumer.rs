@@ -24,6 +24,13 @@
 //! Every batch is checked (CRC and record framing) before its records are
 //! handed out; records below the position (a fetch returns whole batches,
 //! so the first may start earlier) are skipped.
+//!
+//! While leaders move or brokers are unreachable, `poll` retries: a
+//! partition whose leader moved goes to the leader the `NotLeader` answer
+//! named, or its queue's metadata is asked for again; a poll that got
+//! nothing for that reason waits a doubling backoff ([`crate::retry`]) and
+//! returns no records. Only a failure that lasts
+//! [`ConsumerConfig::retry_timeout`] is returned.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -39,8 +46,9 @@ use strand_wire::flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, WIPOf
 use strand_wire::*;
 
 use crate::cluster::Cluster;
-use crate::connection::Connection;
+use crate::connection::{Connection, RESPONSE_GRACE};
 use crate::error::ClientError;
+use crate::retry::{retriable, sleep, Failing};
 
 /// Where to read a partition from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +85,10 @@ pub struct ConsumerConfig {
     /// the module doc): the broker's answers follow each other without a
     /// round trip in between. Off: one fetch in flight.
     pub pipeline_fetches: bool,
+    /// How long `poll` keeps retrying a retriable failure (a leader moving,
+    /// a broker unreachable; see [`crate::retry::retriable`]) before it
+    /// returns the error.
+    pub retry_timeout: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -90,6 +102,7 @@ impl Default for ConsumerConfig {
             reset_out_of_range: None,
             busy_poll: Duration::ZERO,
             pipeline_fetches: true,
+            retry_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -149,6 +162,11 @@ pub struct Consumer {
     deferred_error: Option<ClientError>,
     /// Positions moved by `reset_out_of_range`, not yet taken.
     resets: Vec<OutOfRangeReset>,
+    /// A partition's leader moved in the last poll (and no hint said
+    /// where): if the poll got nothing, it backs off.
+    moved: Option<ClientError>,
+    /// The retriable failures since the last poll that went through.
+    failing: Failing,
 }
 
 /// A position that was outside its partition's log (retention removed the
@@ -183,6 +201,8 @@ impl Consumer {
             in_flight: VecDeque::new(),
             deferred_error: None,
             resets: Vec::new(),
+            moved: None,
+            failing: Failing::default(),
         }
     }
 
@@ -254,8 +274,40 @@ impl Consumer {
     }
 
     /// The next records of the assigned partitions, in offset order per
-    /// partition; empty if none came within `max_wait`.
+    /// partition; empty if none came within `max_wait`, or while a
+    /// retriable failure lasts (see the module doc).
     pub async fn poll(&mut self) -> Result<Vec<ConsumedRecord>, ClientError> {
+        let polled = self.poll_once().await;
+        let moved = self.moved.take();
+        let failure = match polled {
+            Ok(records) if !records.is_empty() => {
+                self.failing.succeeded();
+                return Ok(records);
+            }
+            Ok(records) => match moved {
+                None => {
+                    self.failing.succeeded();
+                    return Ok(records);
+                }
+                Some(e) => e,
+            },
+            Err(e) if retriable(&e) => e,
+            Err(e) => return Err(e),
+        };
+        match self.failing.failed(self.config.retry_timeout) {
+            Some(wait) => {
+                sleep(wait).await;
+                Ok(Vec::new())
+            }
+            None => {
+                self.failing.succeeded();
+                Err(failure)
+            }
+        }
+    }
+
+    /// One round of [`Consumer::poll`], without its retries.
+    async fn poll_once(&mut self) -> Result<Vec<ConsumedRecord>, ClientError> {
         if let Some(e) = self.deferred_error.take() {
             return Err(e);
         }
@@ -377,12 +429,11 @@ impl Consumer {
     }
 
     /// After NOT_LEADER, an unknown partition or a lost connection, the
-    /// leaders are asked for again on the next poll.
+    /// partitions go to the leader the answer named, or their leaders are
+    /// asked for again on the next poll.
     fn forget_if_moved<T>(&self, e: &ClientError, keys: &[(Key, T)]) {
-        if e.leader_moved() {
-            for ((queue, _), _) in keys {
-                self.cluster.forget_queue(queue);
-            }
+        for ((queue, partition), _) in keys {
+            self.cluster.leader_moved(queue, *partition, e);
         }
     }
 
@@ -403,9 +454,16 @@ impl Consumer {
             asked.push((key.clone(), offset));
         }
         let mut responses: Vec<FrameFuture> = Vec::new();
+        // A chained fetch waits behind the one before it: two long polls.
+        let due = self.config.max_wait * 2 + RESPONSE_GRACE;
         for (_, (conn, wants)) in by_conn {
             let body = fetch_request(&self.config, &wants, chained);
-            responses.push(Box::pin(conn.request(Api::Fetch, &body, TailBuilder::default())));
+            responses.push(Box::pin(conn.request_within(
+                Api::Fetch,
+                &body,
+                TailBuilder::default(),
+                due,
+            )));
         }
         Ok(InFlight {
             asked,
@@ -450,7 +508,9 @@ impl Consumer {
                 if let Err(e) = ClientError::check(p.error()) {
                     match e.code() {
                         _ if e.leader_moved() => {
-                            self.cluster.forget_queue(name);
+                            if self.cluster.leader_moved(name, p.partition(), &e).is_none() {
+                                self.moved = Some(e);
+                            }
                             continue;
                         }
                         Some(ErrorCode::OffsetOutOfRange) => {

@@ -4,9 +4,14 @@ use strand_wire::ErrorCode;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
-    /// The broker answered with an error.
+    /// The broker answered with an error; with `NotLeader`, maybe the
+    /// partition's leader as that broker knows it.
     #[error("{message} ({code:?})")]
-    Broker { code: ErrorCodeName, message: String },
+    Broker {
+        code: ErrorCodeName,
+        message: String,
+        leader: Option<LeaderHint>,
+    },
     #[error("connection to {addr}: {message}")]
     Io { addr: String, message: String },
     /// The broker's answer could not be read.
@@ -28,6 +33,13 @@ pub enum ClientError {
     Closed,
 }
 
+/// A partition's leader as a broker named it in a `NotLeader` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaderHint {
+    pub node: u32,
+    pub leader_epoch: u32,
+}
+
 /// An error code with its name, for messages.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ErrorCodeName(pub ErrorCode);
@@ -43,6 +55,15 @@ impl ClientError {
         ClientError::Broker {
             code: ErrorCodeName(code),
             message: message.into(),
+            leader: None,
+        }
+    }
+
+    /// The leader a `NotLeader` answer named, if it named one.
+    pub fn leader_hint(&self) -> Option<LeaderHint> {
+        match self {
+            ClientError::Broker { leader, .. } => *leader,
+            _ => None,
         }
     }
 
@@ -72,9 +93,14 @@ impl ClientError {
     /// Turns an `Error` table from a response into a result.
     pub fn check(error: Option<strand_wire::Error<'_>>) -> Result<(), ClientError> {
         match error {
-            Some(e) if e.code() != ErrorCode::None => {
-                Err(ClientError::broker(e.code(), e.message().unwrap_or_default()))
-            }
+            Some(e) if e.code() != ErrorCode::None => Err(ClientError::Broker {
+                code: ErrorCodeName(e.code()),
+                message: e.message().unwrap_or_default().to_string(),
+                leader: e
+                    .leader()
+                    .zip(e.leader_epoch())
+                    .map(|(node, leader_epoch)| LeaderHint { node, leader_epoch }),
+            }),
             _ => Ok(()),
         }
     }

@@ -38,6 +38,7 @@ use strand_wire::*;
 use crate::cluster::Cluster;
 use crate::consumer::{ConsumedRecord, Consumer, ConsumerConfig, OutOfRangeReset, Seek};
 use crate::error::ClientError;
+use crate::retry::{retriable, sleep, Failing};
 
 /// The broker's internal queue of group state; its partition leaders are
 /// the coordinators.
@@ -109,50 +110,68 @@ impl Default for GroupConfig {
     }
 }
 
+/// How long an operator's group call (list, describe, reset, delete)
+/// retries while the coordinator moves.
+const ADMIN_CALL_RETRY: Duration = Duration::from_secs(30);
+
 /// Sends group requests to the group's coordinator.
 #[derive(Clone)]
 pub(crate) struct GroupCalls {
     cluster: Arc<Cluster>,
     group: String,
+    /// How long a call retries while the coordinator moves or is
+    /// unreachable (see [`crate::retry`]).
+    retry_for: Duration,
 }
 
 impl GroupCalls {
-    pub(crate) fn new(cluster: Arc<Cluster>, group: &str) -> Result<GroupCalls, ClientError> {
+    pub(crate) fn new(cluster: Arc<Cluster>, group: &str, retry_for: Duration) -> Result<GroupCalls, ClientError> {
         validate_queue_name(group).map_err(|m| ClientError::Invalid(format!("group name: {m}")))?;
         Ok(GroupCalls {
             cluster,
             group: group.to_string(),
+            retry_for,
         })
     }
 
     /// Sends a request to the coordinator (found through `__groups`'
     /// metadata; any broker before `__groups` exists) and checks the
-    /// response's error: once more after NOT_LEADER or a lost connection.
+    /// response's error. A retriable failure ([`crate::retry::retriable`]:
+    /// the coordinator moved, is loading, or its broker is unreachable) is
+    /// retried after a backoff, with the coordinator found again, until
+    /// `retry_for` has passed.
     pub(crate) async fn call(
         &self,
         api: Api,
         fbb: &FlatBufferBuilder<'_>,
         check: impl Fn(&Frame) -> Result<(), ClientError>,
     ) -> Result<Frame, ClientError> {
-        let mut attempt = 0;
+        let mut failing = Failing::default();
         loop {
-            let conn = match self.cluster.queue(GROUPS_QUEUE).await {
+            let (conn, partition) = match self.cluster.queue(GROUPS_QUEUE).await {
                 Ok(info) => {
                     let p = partition_for_key(self.group.as_bytes(), info.partitions());
-                    self.cluster.leader_connection(&info, p)?
+                    (self.cluster.leader_connection(&info, p), Some(p))
                 }
-                Err(_) => self.cluster.any_connection()?,
+                Err(_) => (self.cluster.any_connection(), None),
             };
-            let result = conn
-                .request(api, fbb.finished_data(), TailBuilder::default())
-                .await
-                .and_then(|frame| check(&frame).map(|()| frame));
-            match result {
-                Err(e) if e.leader_moved() && attempt == 0 => {
-                    self.cluster.forget_queue(GROUPS_QUEUE);
-                    attempt += 1;
-                }
+            let result = match conn {
+                Ok(conn) => conn
+                    .request(api, fbb.finished_data(), TailBuilder::default())
+                    .await
+                    .and_then(|frame| check(&frame).map(|()| frame)),
+                Err(e) => Err(e),
+            };
+            let e = match result {
+                Err(e) if retriable(&e) => e,
                 other => return other,
+            };
+            let hinted = partition.and_then(|p| self.cluster.leader_moved(GROUPS_QUEUE, p, &e));
+            match failing.failed(self.retry_for) {
+                // Straight to the leader an answer named.
+                Some(_) if hinted.is_some() => {}
+                Some(wait) => sleep(wait).await,
+                None => return Err(e),
             }
         }
     }
@@ -482,7 +501,7 @@ impl GroupConsumer {
             return Err(ClientError::Invalid("subscribe to at least one queue".into()));
         }
         let cluster = Cluster::with_busy_poll(brokers, config.consumer.busy_poll)?;
-        let calls = GroupCalls::new(cluster.clone(), group)?;
+        let calls = GroupCalls::new(cluster.clone(), group, config.session_timeout)?;
         // Positions come from the group; one outside the log (retention
         // removed records nobody read) is reset per the group's start
         // policy — earliest: what is left; latest: the end — and reported
@@ -1084,7 +1103,7 @@ pub(crate) async fn list_groups(cluster: &Arc<Cluster>) -> Result<Vec<GroupListi
 }
 
 pub(crate) async fn describe_group(cluster: &Arc<Cluster>, group: &str) -> Result<GroupDescription, ClientError> {
-    let calls = GroupCalls::new(cluster.clone(), group)?;
+    let calls = GroupCalls::new(cluster.clone(), group, ADMIN_CALL_RETRY)?;
     let mut fbb = FlatBufferBuilder::new();
     let g = fbb.create_string(group);
     let root = DescribeGroupRequest::create(&mut fbb, &DescribeGroupRequestArgs { group: Some(g) });
@@ -1145,7 +1164,7 @@ pub(crate) async fn reset_group(
     partitions: &[u32],
     to: ResetTarget,
 ) -> Result<Vec<(u32, u64)>, ClientError> {
-    let calls = GroupCalls::new(cluster.clone(), group)?;
+    let calls = GroupCalls::new(cluster.clone(), group, ADMIN_CALL_RETRY)?;
     let mut fbb = FlatBufferBuilder::new();
     let g = fbb.create_string(group);
     let q = fbb.create_string(queue);
@@ -1180,7 +1199,7 @@ pub(crate) async fn reset_group(
 }
 
 pub(crate) async fn delete_group(cluster: &Arc<Cluster>, group: &str) -> Result<(), ClientError> {
-    let calls = GroupCalls::new(cluster.clone(), group)?;
+    let calls = GroupCalls::new(cluster.clone(), group, ADMIN_CALL_RETRY)?;
     let mut fbb = FlatBufferBuilder::new();
     let g = fbb.create_string(group);
     let root = DeleteGroupRequest::create(&mut fbb, &DeleteGroupRequestArgs { group: Some(g) });

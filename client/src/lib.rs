@@ -17,6 +17,7 @@
 //! - [`Connection`]: one broker connection, pipelined requests matched to
 //!   responses by correlation id.
 //! - [`requests`]: request bodies and response readers for the data APIs.
+//! - [`retry`]: which errors are retried, backoff, an executor-free sleep.
 //!
 //! Errors are one enum, [`ClientError`], carrying the broker's error codes
 //! and messages. `examples/` shows use from a plain thread, tokio and
@@ -30,6 +31,7 @@ mod error;
 mod group;
 mod producer;
 pub mod requests;
+pub mod retry;
 
 pub use admin::{
     Admin, BrokerDescription, ClusterDescription, FsyncSpec, PartitionDescription, QueueDescription, QueueSpec,
@@ -37,7 +39,7 @@ pub use admin::{
 pub use cluster::{parse_brokers, Cluster, QueueInfo, METADATA_MAX_AGE};
 pub use connection::Connection;
 pub use consumer::{ConsumedRecord, Consumer, ConsumerConfig, OutOfRangeReset, Seek};
-pub use error::{ClientError, ErrorCodeName};
+pub use error::{ClientError, ErrorCodeName, LeaderHint};
 pub use group::{
     is_fenced, GroupConfig, GroupConsumer, GroupDescription, GroupListing, GroupMemberInfo, GroupPartitionInfo,
     GroupStart, QueuePartition, Received, ResetTarget, Strategy,

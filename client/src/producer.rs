@@ -1049,7 +1049,8 @@ impl Shared {
                 me.complete(out, r.and_then(|f| requests::produced(&f)).map(Some));
             }
         });
-        if let Err(e) = conn.send(Api::Produce, &body, tail, Some(on_response)) {
+        let due = self.config.request_timeout + crate::connection::RESPONSE_GRACE;
+        if let Err(e) = conn.send_within(Api::Produce, &body, tail, Some(on_response), due) {
             let out = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(out) = out {
                 self.complete(out, Err(e));
@@ -1076,7 +1077,12 @@ impl Shared {
         let finished = match result {
             Err(e) if retriable(&e) && now < b.deadline && known && !st.closed => {
                 if e.leader_moved() {
-                    st.stale.insert(out.info.name.clone());
+                    match self.cluster.leader_moved(&out.info.name, out.partition, &e) {
+                        Some(info) => self.install(&mut st, &info),
+                        None => {
+                            st.stale.insert(out.info.name.clone());
+                        }
+                    }
                 }
                 // The leader forgot this producer id: go on under a new one
                 // (unless that happened already), from sequence 0.
@@ -1092,13 +1098,8 @@ impl Shared {
                     }
                 }
                 b.attempts += 1;
-                let shift = b.attempts.min(16);
-                let backoff = self
-                    .config
-                    .retry_backoff
-                    .saturating_mul(1 << (shift - 1))
-                    .min(self.config.retry_backoff_max);
-                b.not_before = now + backoff;
+                b.not_before =
+                    now + crate::retry::backoff(b.attempts, self.config.retry_backoff, self.config.retry_backoff_max);
                 if let Some(part) = st
                     .queues
                     .get_mut(&out.info.name)
@@ -1187,28 +1188,18 @@ impl Shared {
     }
 }
 
-/// Whether sending again may succeed.
+/// Whether sending again may succeed: what [`crate::retry::retriable`]
+/// says, and the produce answers an idempotent producer mends by sending
+/// again (out-of-order sequence, unknown producer). UnknownQueue too: the
+/// queue existed at enqueue, so a broker that does not know it is
+/// restarting or behind (as Kafka treats UNKNOWN_TOPIC_OR_PARTITION); a
+/// deleted queue fails at the timeout.
 fn retriable(e: &ClientError) -> bool {
-    match e {
-        ClientError::Io { .. } => true,
-        // UnknownQueue too: the queue existed at enqueue, so a broker that
-        // does not know it is restarting or behind (as Kafka treats
-        // UNKNOWN_TOPIC_OR_PARTITION); a deleted queue fails at the timeout.
-        ClientError::Broker { code, .. } => matches!(
-            code.0,
-            ErrorCode::NotLeader
-                | ErrorCode::UnknownQueue
-                | ErrorCode::UnknownPartition
-                | ErrorCode::Overloaded
-                | ErrorCode::Timeout
-                | ErrorCode::NotEnoughReplicas
-                | ErrorCode::ControllerUnavailable
-                | ErrorCode::OutOfOrderSequence
-                | ErrorCode::UnknownProducer
-                | ErrorCode::BrokerUnavailable
-        ),
-        _ => false,
-    }
+    crate::retry::retriable(e)
+        || matches!(
+            e.code(),
+            Some(ErrorCode::UnknownQueue | ErrorCode::OutOfOrderSequence | ErrorCode::UnknownProducer)
+        )
 }
 
 /// The sender thread: sends what lingered long enough, retries after their
@@ -1326,6 +1317,7 @@ mod tests {
             name: "q".into(),
             leaders: vec![1],
             max_message_bytes: u32::MAX,
+            ..QueueInfo::default()
         });
         let mut part = PartState::default();
         part.ready.extend(batches);
@@ -1369,6 +1361,7 @@ mod tests {
             name: "q".into(),
             leaders: vec![1; 64],
             max_message_bytes: u32::MAX,
+            ..QueueInfo::default()
         });
         let mut st = State::default();
         s.install(&mut st, &info);

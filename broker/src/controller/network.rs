@@ -78,6 +78,7 @@ pub fn encode_response(answer: &Result<Vec<u8>, Refusal>) -> Vec<u8> {
                 &ErrorArgs {
                     code: r.code,
                     message: Some(message),
+                    ..Default::default()
                 },
             );
             (Some(error), r.leader, None)

@@ -55,6 +55,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                     error,
                     partitions: None,
                     config: None,
+                    id: 0,
                 },
             ));
             continue;
@@ -89,6 +90,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                 error: None,
                 partitions: Some(parts),
                 config: Some(config),
+                id: q.id,
             },
         ));
     }

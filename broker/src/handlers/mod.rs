@@ -31,7 +31,7 @@ use strand_net::{FrameMut, OutFrame};
 use strand_wire::flatbuffers::{FlatBufferBuilder, WIPOffset};
 use strand_wire::{Api, ApiVersionsResponse, ApiVersionsResponseArgs, Error, ErrorArgs, ErrorCode};
 
-use crate::controller::{ControllerError, ProposeError};
+use crate::controller::{ControllerError, NodeId, ProposeError};
 use crate::shard::messages::WireError;
 use crate::shard::Shard;
 
@@ -129,6 +129,8 @@ fn error_table<'b>(fbb: &mut FlatBufferBuilder<'b>, err: Option<&WireError>) -> 
         &ErrorArgs {
             code: err.code,
             message: Some(message),
+            leader: err.leader.map(|(node, _)| node as u32),
+            leader_epoch: err.leader.map(|(_, epoch)| epoch),
         },
     ))
 }
@@ -136,7 +138,10 @@ fn error_table<'b>(fbb: &mut FlatBufferBuilder<'b>, err: Option<&WireError>) -> 
 /// The error an `Error` table carries (another node's answer), if any.
 fn error_from_table(err: Option<Error<'_>>) -> Option<WireError> {
     let err = err.filter(|e| e.code() != ErrorCode::None)?;
-    Some(WireError::new(err.code(), err.message().unwrap_or_default()))
+    Some(WireError {
+        leader: err.leader().zip(err.leader_epoch()).map(|(n, e)| (NodeId::from(n), e)),
+        ..WireError::new(err.code(), err.message().unwrap_or_default())
+    })
 }
 
 /// A response carrying only an error (see the module doc).

@@ -33,6 +33,10 @@ use crate::controller::{Command, MetadataTable, NodeId, ProposeError};
 pub struct WireError {
     pub code: ErrorCode,
     pub message: String,
+    /// With `NotLeader`: the partition's leader as this broker knows it
+    /// (node, leader epoch), so the client can go there without asking
+    /// for metadata first.
+    pub leader: Option<(NodeId, u32)>,
 }
 
 impl WireError {
@@ -40,6 +44,16 @@ impl WireError {
         WireError {
             code,
             message: message.into(),
+            leader: None,
+        }
+    }
+
+    /// `NotLeader`, naming the leader `node` of `leader_epoch` (unless it
+    /// is [`crate::controller::NO_LEADER`]).
+    pub fn not_leader(message: impl Into<String>, node: NodeId, leader_epoch: u32) -> WireError {
+        WireError {
+            leader: (node != crate::controller::NO_LEADER).then_some((node, leader_epoch)),
+            ..WireError::new(ErrorCode::NotLeader, message)
         }
     }
 }

@@ -226,7 +226,9 @@ fn check_insync(part: &Partition) -> Result<(), WireError> {
 /// The answer of a replica that does not lead (any more).
 fn not_leader(part: &Partition) -> WireError {
     match part.following() {
-        Some((leader, _)) => WireError::new(ErrorCode::NotLeader, format!("broker {leader} leads the partition now")),
+        Some((leader, epoch)) => {
+            WireError::not_leader(format!("broker {leader} leads the partition now"), leader, epoch)
+        }
         None => WireError::new(ErrorCode::NotLeader, "this broker does not lead the partition; retry"),
     }
 }

@@ -45,13 +45,14 @@ impl Shard {
                         q.partitions[partition as usize].isr
                     ),
                 ),
-                Some(q) => WireError::new(
-                    ErrorCode::NotLeader,
-                    format!(
-                        "broker {} leads {queue}/{partition}",
-                        q.partitions[partition as usize].leader
-                    ),
-                ),
+                Some(q) => {
+                    let p = &q.partitions[partition as usize];
+                    WireError::not_leader(
+                        format!("broker {} leads {queue}/{partition}", p.leader),
+                        p.leader,
+                        p.leader_epoch,
+                    )
+                }
             };
             reply_error(request, err);
             return;

@@ -180,6 +180,8 @@ pub struct Seen {
     /// The controller log index the node's metadata reflects.
     pub applied_index: u64,
     pub leaders: Vec<u32>,
+    /// Each partition's leader epoch, as `leaders`.
+    pub leader_epochs: Vec<u32>,
     pub queues: Vec<String>,
 }
 
@@ -207,19 +209,16 @@ pub fn metadata(c: &mut Client, queue: Option<&str>) -> Seen {
         .map(|b| b.node_id())
         .collect();
     let queues: Vec<_> = resp.queues().unwrap().iter().collect();
-    let leaders = match queue {
-        Some(_) => queues[0]
-            .partitions()
-            .map(|ps| ps.iter().map(|p| p.leader()).collect())
-            .unwrap_or_default(),
-        None => Vec::new(),
-    };
+    let partitions = queue.and_then(|_| queues[0].partitions());
+    let leaders = partitions.iter().flatten().map(|p| p.leader()).collect();
+    let leader_epochs = partitions.iter().flatten().map(|p| p.leader_epoch()).collect();
     Seen {
         controller: resp.controller(),
         brokers,
         fenced,
         applied_index: resp.applied_index(),
         leaders,
+        leader_epochs,
         queues: queues
             .iter()
             .filter(|q| q.error().is_none())

@@ -999,6 +999,8 @@ impl<'a> ::flatbuffers::Follow<'a> for Error<'a> {
 impl<'a> Error<'a> {
   pub const VT_CODE: ::flatbuffers::VOffsetT = 4;
   pub const VT_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_LEADER: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1010,6 +1012,8 @@ impl<'a> Error<'a> {
     args: &'args ErrorArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Error<'bldr>> {
     let mut builder = ErrorBuilder::new(_fbb);
+    if let Some(x) = args.leader_epoch { builder.add_leader_epoch(x); }
+    if let Some(x) = args.leader { builder.add_leader(x); }
     if let Some(x) = args.message { builder.add_message(x); }
     builder.add_code(args.code);
     builder.finish()
@@ -1030,6 +1034,24 @@ impl<'a> Error<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Error::VT_MESSAGE, None)}
   }
+  /// With NotLeader: the node that leads the partition as far as the
+  /// answering broker knows, and in which leader epoch (absent: unknown).
+  /// A client that knows that node's address and holds an older epoch for
+  /// the partition goes there without asking for metadata again.
+  #[inline]
+  pub fn leader(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Error::VT_LEADER, None)}
+  }
+  #[inline]
+  pub fn leader_epoch(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Error::VT_LEADER_EPOCH, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Error<'_> {
@@ -1040,6 +1062,8 @@ impl ::flatbuffers::Verifiable for Error<'_> {
     v.visit_table(pos)?
      .visit_field::<ErrorCode>("code", Self::VT_CODE, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("message", Self::VT_MESSAGE, false)?
+     .visit_field::<u32>("leader", Self::VT_LEADER, false)?
+     .visit_field::<u32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
      .finish();
     Ok(())
   }
@@ -1047,6 +1071,8 @@ impl ::flatbuffers::Verifiable for Error<'_> {
 pub struct ErrorArgs<'a> {
     pub code: ErrorCode,
     pub message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub leader: Option<u32>,
+    pub leader_epoch: Option<u32>,
 }
 impl<'a> Default for ErrorArgs<'a> {
   #[inline]
@@ -1054,6 +1080,8 @@ impl<'a> Default for ErrorArgs<'a> {
     ErrorArgs {
       code: ErrorCode::None,
       message: None,
+      leader: None,
+      leader_epoch: None,
     }
   }
 }
@@ -1070,6 +1098,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ErrorBuilder<'a, 'b, A> {
   #[inline]
   pub fn add_message(&mut self, message: ::flatbuffers::WIPOffset<&'b  str>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Error::VT_MESSAGE, message);
+  }
+  #[inline]
+  pub fn add_leader(&mut self, leader: u32) {
+    self.fbb_.push_slot_always::<u32>(Error::VT_LEADER, leader);
+  }
+  #[inline]
+  pub fn add_leader_epoch(&mut self, leader_epoch: u32) {
+    self.fbb_.push_slot_always::<u32>(Error::VT_LEADER_EPOCH, leader_epoch);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ErrorBuilder<'a, 'b, A> {
@@ -1091,6 +1127,8 @@ impl ::core::fmt::Debug for Error<'_> {
     let mut ds = f.debug_struct("Error");
       ds.field("code", &self.code());
       ds.field("message", &self.message());
+      ds.field("leader", &self.leader());
+      ds.field("leader_epoch", &self.leader_epoch());
       ds.finish()
   }
 }
@@ -2131,6 +2169,7 @@ impl<'a> QueueMetadata<'a> {
   pub const VT_ERROR: ::flatbuffers::VOffsetT = 6;
   pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 8;
   pub const VT_CONFIG: ::flatbuffers::VOffsetT = 10;
+  pub const VT_ID: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2142,6 +2181,7 @@ impl<'a> QueueMetadata<'a> {
     args: &'args QueueMetadataArgs<'args>
   ) -> ::flatbuffers::WIPOffset<QueueMetadata<'bldr>> {
     let mut builder = QueueMetadataBuilder::new(_fbb);
+    builder.add_id(args.id);
     if let Some(x) = args.config { builder.add_config(x); }
     if let Some(x) = args.partitions { builder.add_partitions(x); }
     if let Some(x) = args.error { builder.add_error(x); }
@@ -2178,6 +2218,13 @@ impl<'a> QueueMetadata<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<QueueConfig>>(QueueMetadata::VT_CONFIG, None)}
   }
+  #[inline]
+  pub fn id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(QueueMetadata::VT_ID, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for QueueMetadata<'_> {
@@ -2190,6 +2237,7 @@ impl ::flatbuffers::Verifiable for QueueMetadata<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<PartitionInfo>>>>("partitions", Self::VT_PARTITIONS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<QueueConfig>>("config", Self::VT_CONFIG, false)?
+     .visit_field::<u64>("id", Self::VT_ID, false)?
      .finish();
     Ok(())
   }
@@ -2199,6 +2247,7 @@ pub struct QueueMetadataArgs<'a> {
     pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
     pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<PartitionInfo<'a>>>>>,
     pub config: Option<::flatbuffers::WIPOffset<QueueConfig<'a>>>,
+    pub id: u64,
 }
 impl<'a> Default for QueueMetadataArgs<'a> {
   #[inline]
@@ -2208,6 +2257,7 @@ impl<'a> Default for QueueMetadataArgs<'a> {
       error: None,
       partitions: None,
       config: None,
+      id: 0,
     }
   }
 }
@@ -2234,6 +2284,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> QueueMetadataBuilder<'a, 'b, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<QueueConfig>>(QueueMetadata::VT_CONFIG, config);
   }
   #[inline]
+  pub fn add_id(&mut self, id: u64) {
+    self.fbb_.push_slot::<u64>(QueueMetadata::VT_ID, id, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> QueueMetadataBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     QueueMetadataBuilder {
@@ -2255,6 +2309,7 @@ impl ::core::fmt::Debug for QueueMetadata<'_> {
       ds.field("error", &self.error());
       ds.field("partitions", &self.partitions());
       ds.field("config", &self.config());
+      ds.field("id", &self.id());
       ds.finish()
   }
 }
