@@ -16,6 +16,11 @@
 //!   whose lease expired or that has none, is granted (the lease moves to
 //!   that address). One from another address while the lease runs is
 //!   refused: two brokers must not run with the same id.
+//! - Whether a broker renewed lately ([`Leases::renewed_within`]) is what
+//!   leader balancing asks before it gives a broker leaderships: a broker
+//!   that crashed keeps its lease for up to a session, and leaderships
+//!   given to it then would be offline until it is fenced. A lease granted
+//!   by a new term's first look is no renewal.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -28,6 +33,9 @@ use super::table::{MetadataTable, NodeId};
 struct Lease {
     address: String,
     until: Instant,
+    /// When the broker last renewed it (`None`: granted by a new term's
+    /// first look, not renewed since).
+    renewed: Option<Instant>,
 }
 
 /// Every broker's lease, for one leader term.
@@ -60,6 +68,7 @@ impl Leases {
             self.held.entry(b.id).or_insert_with(|| Lease {
                 address: b.address.clone(),
                 until: now + self.session,
+                renewed: None,
             });
         }
     }
@@ -81,6 +90,7 @@ impl Leases {
         let lease = Lease {
             address: address.to_string(),
             until: now + self.session,
+            renewed: Some(now),
         };
         let fresh = match self.held.insert(id, lease) {
             Some(old) => old.address != address || old.until <= now,
@@ -92,6 +102,15 @@ impl Leases {
     /// Whether broker `id`'s lease ran out by `now` (also if it has none).
     pub fn has_expired(&self, id: NodeId, now: Instant) -> bool {
         self.held.get(&id).is_none_or(|l| l.until <= now)
+    }
+
+    /// Whether broker `id` renewed its lease within `window` before `now`
+    /// (in this term).
+    pub fn renewed_within(&self, id: NodeId, window: Duration, now: Instant) -> bool {
+        self.held
+            .get(&id)
+            .and_then(|l| l.renewed)
+            .is_some_and(|at| now.saturating_duration_since(at) <= window)
     }
 
     /// Whether a broker at `address` may take id `id` now: refused while
@@ -173,6 +192,26 @@ mod tests {
         // A fenced broker is not reported again.
         let fenced = table(&[(1, false), (2, false)]);
         assert!(leases.expired(5, &fenced, start + Duration::from_secs(9)).is_empty());
+    }
+
+    #[test]
+    fn only_a_renewal_in_the_window_counts_as_recent() {
+        let t = table(&[(1, true), (2, true)]);
+        let mut leases = Leases::new(SESSION);
+        let start = Instant::now();
+        let window = Duration::from_secs(1);
+        leases.renew(3, &t, 1, "10.0.0.1:9400", start).unwrap();
+        assert!(leases.renewed_within(1, window, start + window));
+        // Still leased (a session is 3 s), but quiet for more than the window.
+        let quiet = start + Duration::from_millis(1001);
+        assert!(!leases.has_expired(1, quiet) && !leases.renewed_within(1, window, quiet));
+        // Broker 2 holds a lease from the term's first look only.
+        assert!(!leases.has_expired(2, start) && !leases.renewed_within(2, window, start));
+        assert!(!leases.renewed_within(9, window, start), "unknown");
+        // A new term forgets the renewals of the last.
+        leases.renew(3, &t, 2, "10.0.0.2:9400", start).unwrap();
+        assert!(leases.expired(4, &t, start).is_empty());
+        assert!(!leases.renewed_within(2, window, start));
     }
 
     #[test]

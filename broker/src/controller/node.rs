@@ -279,7 +279,7 @@ impl Controller {
                 fencer.fence_expired(beat * 2).await;
                 if !balance_every.is_zero() && balanced.elapsed() >= balance_every {
                     balanced = Instant::now();
-                    fencer.balance_leaders(beat * 2).await;
+                    fencer.balance_leaders(beat * 2, beat * 2).await;
                 }
             }
         });
@@ -452,16 +452,33 @@ impl Controller {
 
     /// While this member leads: hands leaderships back to the preferred
     /// replicas that are alive and in sync, if any partition needs it
-    /// (committed here within `within`, or tried again next time).
-    async fn balance_leaders(&self, within: Duration) {
+    /// (committed here within `within`, or tried again next time). Not
+    /// while one of those replicas has not renewed its lease within
+    /// `recent` (it may have crashed, its lease not yet run out: its new
+    /// leaderships would be offline until it is fenced); the next round
+    /// looks again.
+    async fn balance_leaders(&self, within: Duration, recent: Duration) {
         let leader = self.raft.metrics().borrow().current_leader;
         if leader != Some(self.node_id) {
             return;
         }
-        let unbalanced = self.sm.with_table(MetadataStm::unbalanced_leaders);
-        if unbalanced == 0 {
+        let to = self.sm.with_table(MetadataStm::unbalanced_leaders);
+        if to.is_empty() {
             return;
         }
+        let now = Instant::now();
+        let quiet: Vec<super::table::NodeId> = {
+            let leases = self.leases.borrow();
+            to.keys()
+                .copied()
+                .filter(|id| !leases.renewed_within(*id, recent, now))
+                .collect()
+        };
+        if !quiet.is_empty() {
+            tracing::info!("leader balancing waits: brokers {quiet:?} have not renewed their leases lately");
+            return;
+        }
+        let unbalanced: usize = to.values().sum();
         tracing::info!("giving {unbalanced} leaderships back to their preferred replicas");
         let write = self.raft.client_write(Command::BalanceLeaders);
         match GlommioRuntime::timeout(within, write).await {

@@ -8,6 +8,8 @@
 //! JSON keeps them readable with `jq` when an operator must look. The
 //! framing around them on disk (length, CRC) is the Raft store's.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::table::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings, NO_LEADER};
@@ -264,12 +266,16 @@ impl MetadataStm {
         }
     }
 
-    /// Partitions that [`Command::BalanceLeaders`] would move.
-    pub fn unbalanced_leaders(table: &MetadataTable) -> usize {
-        let partitions = table.queues.values().flat_map(|q| q.partitions.iter());
-        partitions
-            .filter(|p| preferred_leader(p, &table.brokers).is_some())
-            .count()
+    /// The brokers [`Command::BalanceLeaders`] would give leaderships to,
+    /// each with how many.
+    pub fn unbalanced_leaders(table: &MetadataTable) -> BTreeMap<NodeId, usize> {
+        let mut to = BTreeMap::new();
+        for p in table.queues.values().flat_map(|q| q.partitions.iter()) {
+            if let Some(preferred) = preferred_leader(p, &table.brokers) {
+                *to.entry(preferred).or_default() += 1;
+            }
+        }
+        to
     }
 
     /// A fenced (or shut down) broker leaves every ISR it is in (unless it
