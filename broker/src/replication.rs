@@ -188,6 +188,7 @@ fn fetch_request(me: NodeId, wait: Duration, followed: &[Followed]) -> Vec<u8> {
             &ReplicaFetchQueueArgs {
                 name: Some(name),
                 partitions: Some(entries),
+                id: run[0].part.queue_id,
             },
         ));
     }

@@ -647,3 +647,57 @@ fn clients_that_know_only_a_killed_broker_keep_producing_and_consuming() {
     reading.join().expect("the consumer failed");
     assert_eq!(missing(&got), 0, "acknowledged records not consumed");
 }
+
+/// A follower's fetch names the queue's id: a leader whose queue of that
+/// name has another id (deleted and created again while one of the two had
+/// not heard) answers `UnknownQueue` and counts nothing of it.
+#[test]
+fn a_replica_fetch_for_another_incarnation_of_the_queue_is_refused() {
+    use strand_net::message::body;
+    use strand_wire::flatbuffers::FlatBufferBuilder;
+    use strand_wire::*;
+    let _turn = turn();
+    let c = Cluster::start_with(3, QUICK_ISR);
+    let leader = create_replicated(&c, "reborn", 1)[0] as u8;
+    let seen = metadata(&mut c.client(leader), Some("reborn"));
+    let follower = (1..=3u8).find(|id| *id != leader).unwrap();
+    let fetch = |queue_id: u64| {
+        let mut fbb = FlatBufferBuilder::new();
+        let p = ReplicaFetchPartition::create(
+            &mut fbb,
+            &ReplicaFetchPartitionArgs {
+                partition: 0,
+                leader_epoch: seen.leader_epochs[0],
+                ..Default::default()
+            },
+        );
+        let partitions = fbb.create_vector(&[p]);
+        let name = fbb.create_string("reborn");
+        let q = ReplicaFetchQueue::create(
+            &mut fbb,
+            &ReplicaFetchQueueArgs {
+                name: Some(name),
+                partitions: Some(partitions),
+                id: queue_id,
+            },
+        );
+        let queues = fbb.create_vector(&[q]);
+        let root = ReplicaFetchRequest::create(
+            &mut fbb,
+            &ReplicaFetchRequestArgs {
+                replica_id: u64::from(follower),
+                max_wait_ms: 0,
+                queues: Some(queues),
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = c.client(leader).call(Api::ReplicaFetch, &fbb, Default::default());
+        let resp = body::<ReplicaFetchResponse>(&f).unwrap();
+        assert!(resp.error().is_none_or(|e| e.code() == ErrorCode::None));
+        let r = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
+        r.error().map_or(ErrorCode::None, |e| e.code())
+    };
+    assert_eq!(fetch(seen.queue_id + 1), ErrorCode::UnknownQueue);
+    assert_eq!(fetch(seen.queue_id), ErrorCode::None);
+    assert_eq!(fetch(0), ErrorCode::None, "an older follower that does not say");
+}

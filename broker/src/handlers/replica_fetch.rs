@@ -50,6 +50,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
                     queue: queue.clone(),
                     partition: p.partition(),
                     want: ReplicaWant {
+                        queue_id: q.id(),
                         replica,
                         leader_epoch: p.leader_epoch(),
                         fetch_offset: p.fetch_offset(),

@@ -84,6 +84,8 @@ pub struct Fetched {
 /// (`crate::replication`; the wire's `ReplicaFetchPartition`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaWant {
+    /// The queue's id as the follower knows it (0: not said).
+    pub queue_id: u64,
     /// The fetching follower.
     pub replica: NodeId,
     /// The leader epoch the follower is in.

@@ -157,6 +157,18 @@ impl Shard {
                 "this broker does not lead the partition",
             ));
         };
+        // Another queue of the same name (deleted and created again): the
+        // follower's log is not this one's and must not count toward it.
+        if want.queue_id != 0 && want.queue_id != part.queue_id {
+            return Err(WireError::new(
+                ErrorCode::UnknownQueue,
+                format!(
+                    "the follower fetches queue id {}, this leader's queue of that name has id {}: one of them \
+                     has not applied the queue's deletion and re-creation yet",
+                    want.queue_id, part.queue_id
+                ),
+            ));
+        }
         let fetch_offset = Offset(want.fetch_offset);
         let answer = answer_fetch(
             LeaderEpoch(epoch),

@@ -182,6 +182,8 @@ pub struct Seen {
     pub leaders: Vec<u32>,
     /// Each partition's leader epoch, as `leaders`.
     pub leader_epochs: Vec<u32>,
+    /// The queue's id (0 without a queue).
+    pub queue_id: u64,
     pub queues: Vec<String>,
 }
 
@@ -219,6 +221,7 @@ pub fn metadata(c: &mut Client, queue: Option<&str>) -> Seen {
         applied_index: resp.applied_index(),
         leaders,
         leader_epochs,
+        queue_id: queue.map_or(0, |_| queues[0].id()),
         queues: queues
             .iter()
             .filter(|q| q.error().is_none())

@@ -10739,6 +10739,7 @@ impl<'a> ::flatbuffers::Follow<'a> for ReplicaFetchQueue<'a> {
 impl<'a> ReplicaFetchQueue<'a> {
   pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
   pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ID: ::flatbuffers::VOffsetT = 8;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -10750,6 +10751,7 @@ impl<'a> ReplicaFetchQueue<'a> {
     args: &'args ReplicaFetchQueueArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ReplicaFetchQueue<'bldr>> {
     let mut builder = ReplicaFetchQueueBuilder::new(_fbb);
+    builder.add_id(args.id);
     if let Some(x) = args.partitions { builder.add_partitions(x); }
     if let Some(x) = args.name { builder.add_name(x); }
     builder.finish()
@@ -10770,6 +10772,17 @@ impl<'a> ReplicaFetchQueue<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition>>>>(ReplicaFetchQueue::VT_PARTITIONS, None)}
   }
+  /// The queue's id as the follower knows it (0: not said, not checked):
+  /// a leader whose queue of that name has another id (deleted and created
+  /// again, and one of the two has not heard yet) answers UnknownQueue and
+  /// counts nothing of the follower's log toward its high watermark.
+  #[inline]
+  pub fn id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ReplicaFetchQueue::VT_ID, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ReplicaFetchQueue<'_> {
@@ -10780,6 +10793,7 @@ impl ::flatbuffers::Verifiable for ReplicaFetchQueue<'_> {
     v.visit_table(pos)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .visit_field::<u64>("id", Self::VT_ID, false)?
      .finish();
     Ok(())
   }
@@ -10787,6 +10801,7 @@ impl ::flatbuffers::Verifiable for ReplicaFetchQueue<'_> {
 pub struct ReplicaFetchQueueArgs<'a> {
     pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition<'a>>>>>,
+    pub id: u64,
 }
 impl<'a> Default for ReplicaFetchQueueArgs<'a> {
   #[inline]
@@ -10794,6 +10809,7 @@ impl<'a> Default for ReplicaFetchQueueArgs<'a> {
     ReplicaFetchQueueArgs {
       name: None,
       partitions: None,
+      id: 0,
     }
   }
 }
@@ -10810,6 +10826,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplicaFetchQueueBuilder<'a, 
   #[inline]
   pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ReplicaFetchPartition<'b >>>>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReplicaFetchQueue::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn add_id(&mut self, id: u64) {
+    self.fbb_.push_slot::<u64>(ReplicaFetchQueue::VT_ID, id, 0);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplicaFetchQueueBuilder<'a, 'b, A> {
@@ -10831,6 +10851,7 @@ impl ::core::fmt::Debug for ReplicaFetchQueue<'_> {
     let mut ds = f.debug_struct("ReplicaFetchQueue");
       ds.field("name", &self.name());
       ds.field("partitions", &self.partitions());
+      ds.field("id", &self.id());
       ds.finish()
   }
 }
