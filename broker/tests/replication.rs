@@ -701,3 +701,110 @@ fn a_replica_fetch_for_another_incarnation_of_the_queue_is_refused() {
     assert_eq!(fetch(seen.queue_id), ErrorCode::None);
     assert_eq!(fetch(0), ErrorCode::None, "an older follower that does not say");
 }
+
+/// The offsets a node's partition directory holds segments from (their
+/// file names), oldest first.
+fn segment_bases(dir: &Path, queue: &str, partition: u32) -> Vec<u64> {
+    let mut bases: Vec<u64> = segments(dir, queue, partition)
+        .iter()
+        .filter_map(|(name, _)| name.strip_suffix(".log")?.parse().ok())
+        .collect();
+    bases.sort_unstable();
+    bases
+}
+
+/// A follower that was down while retention removed, on the leader, every
+/// record it would fetch next starts over at the leader's log start,
+/// catches up and rejoins the ISR; the segments it then holds are the
+/// leader's, byte for byte.
+#[test]
+fn a_follower_behind_the_leaders_log_start_starts_over_there_and_rejoins() {
+    let _turn = turn();
+    // Segments not recycled: a reused file keeps an older segment's bytes
+    // past its end, which the byte comparison below would count.
+    let small = format!("{QUICK_ISR}segment_bytes = 65536\nmax_message_bytes = 65536\nrecycle_segments = false\n");
+    let mut c = Cluster::start_with(3, &small);
+    let p = "1";
+    c.strand(
+        1,
+        &[
+            "queue",
+            "create",
+            "trimmed",
+            "--partitions",
+            p,
+            "--replication-factor",
+            "3",
+            "--retention-bytes",
+            "196608",
+        ],
+    );
+    let leader = loop {
+        let l = metadata(&mut c.client(1), Some("trimmed")).leaders;
+        if l.first().is_some_and(|l| *l != 0) {
+            break l[0] as u8;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let away = (1..=3u8).find(|id| *id != leader).unwrap();
+    let producer = Producer::new(
+        &c.addr(leader).to_string(),
+        ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout: Duration::from_secs(30),
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let value = vec![b'x'; 4000];
+    let send = |n: usize| {
+        for _ in 0..n {
+            block_on(producer.send("trimmed", None, &value, &[])).unwrap();
+        }
+    };
+    send(10);
+    let away_end = segment_bases(&c.data_dir(away), "trimmed", 0);
+    c.kill9(away);
+    // About 1.2 MB: some twenty 64 KiB segments, of which retention keeps
+    // about three (it looks every 10 s).
+    send(300);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let log_start = loop {
+        let start = describe(&c, leader, "trimmed")["partitions"][0]["log_start"]
+            .as_u64()
+            .unwrap();
+        if start > 100 {
+            break start;
+        }
+        assert!(Instant::now() < deadline, "retention never moved the log start");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("node {away} held segments {away_end:?}; the leader's log starts at {log_start}");
+    c.restart(away);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let d = describe(&c, leader, "trimmed");
+        if d["partitions"][0]["isr"].as_array().unwrap().len() == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {away} never rejoined the ISR: {d}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    send(1);
+    let bases = segment_bases(&c.data_dir(away), "trimmed", 0);
+    assert!(
+        bases.first().is_some_and(|b| *b >= log_start),
+        "node {away} starts at {bases:?}, the leader's log at {log_start}"
+    );
+    // Every segment both hold is the same (retention may since have
+    // removed older ones on one of them).
+    let on_leader: BTreeMap<String, Vec<u8>> = segments(&c.data_dir(leader), "trimmed", 0).into_iter().collect();
+    let mut compared = 0;
+    for (name, bytes) in segments(&c.data_dir(away), "trimmed", 0) {
+        if let Some(theirs) = on_leader.get(&name) {
+            assert!(*theirs == bytes, "segment {name} differs");
+            compared += 1;
+        }
+    }
+    assert!(compared > 0, "no segment in common");
+}
