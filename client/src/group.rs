@@ -148,12 +148,12 @@ impl GroupCalls {
     ) -> Result<Frame, ClientError> {
         let mut failing = Failing::default();
         loop {
-            let (conn, partition) = match self.cluster.queue(GROUPS_QUEUE).await {
+            let conn = match self.cluster.queue(GROUPS_QUEUE).await {
                 Ok(info) => {
                     let p = partition_for_key(self.group.as_bytes(), info.partitions());
-                    (self.cluster.leader_connection(&info, p), Some(p))
+                    self.cluster.leader_connection(&info, p)
                 }
-                Err(_) => (self.cluster.any_connection(), None),
+                Err(_) => self.cluster.any_connection(),
             };
             let result = match conn {
                 Ok(conn) => conn
@@ -166,10 +166,13 @@ impl GroupCalls {
                 Err(e) if retriable(&e) => e,
                 other => return other,
             };
-            let hinted = partition.and_then(|p| self.cluster.leader_moved(GROUPS_QUEUE, p, &e));
+            // Not `Cluster::leader_moved`: a `NotLeader` here may be about
+            // a data partition the coordinator asked for (its hint names
+            // that partition's leader, not the coordinator's).
+            if e.leader_moved() {
+                self.cluster.forget_queue(GROUPS_QUEUE);
+            }
             match failing.failed(self.retry_for) {
-                // Straight to the leader an answer named.
-                Some(_) if hinted.is_some() => {}
                 Some(wait) => sleep(wait).await,
                 None => return Err(e),
             }
