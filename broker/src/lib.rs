@@ -7,6 +7,9 @@
 //! - `handlers`: one file per API.
 //! - [`router`]: reaching the owner of a partition (this shard, another
 //!   shard of this node, another node) or the controller.
+//! - `leaders`: a partition's offsets, batches or an append, from its
+//!   leader wherever it runs (the group coordinator's reads and dead
+//!   letters).
 //! - [`replica`]: replication's decisions, sans I/O (a leader's view of
 //!   its followers, the ISR, the high watermark, acks=all; fetch answers
 //!   and a diverged follower's truncation), with a seeded simulation.
@@ -34,7 +37,8 @@
 //! Dependencies point one way (no module imports one that imports it):
 //! config, routing, controller, metrics, frame_io (leaves;
 //! replica uses only the controller's ids)
-//! ← shard (which uses replica) ← router ← replication, groups ← handlers
+//! ← shard (which uses replica) ← router ← leaders, replication ← groups
+//! ← handlers
 //! ← server; peer uses frame_io
 //! alone; cli uses the client library and groups' naming rules.
 
@@ -44,6 +48,7 @@ pub mod controller;
 mod frame_io;
 pub mod groups;
 mod handlers;
+mod leaders;
 pub mod metrics;
 pub mod peer;
 pub mod replica;

@@ -36,6 +36,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use strand_net::message::TailBuilder;
 use strand_net::Frame;
 use strand_storage::{FsyncPolicy, LeaderEpoch, Offset};
 use strand_wire::flatbuffers::FlatBufferBuilder;
@@ -143,8 +144,15 @@ async fn fetch_from(shard: &Rc<Shard>, leader: NodeId) {
         }
         let body = fetch_request(shard.config.node_id, wait, &followed);
         // The leader answers within `wait`; the rest is for the trip.
-        let answer =
-            crate::router::call_node(shard, leader, Api::ReplicaFetch, &body, wait + Duration::from_secs(5)).await;
+        let answer = crate::router::call_node(
+            shard,
+            leader,
+            Api::ReplicaFetch,
+            &body,
+            TailBuilder::default(),
+            wait + Duration::from_secs(5),
+        )
+        .await;
         let progressed = match answer {
             Ok(frame) => apply_answer(shard, &followed, frame).await,
             Err(e) => {

@@ -10,9 +10,11 @@
 //!   (`crate::shard::messages`);
 //! - another node: a request about a partition another node leads is sent
 //!   there on this shard's peer link ([`call_node`]: the node's address from
-//!   the table, the same frames, a deadline). Today the queue's describe
-//!   gathers its partitions' state this way; produce and fetch are answered
-//!   `NotLeader` by the owning shard, and the client goes to the leader.
+//!   the table, the same frames, a deadline). The queue's describe gathers
+//!   its partitions' state this way, and the group coordinator reads and
+//!   writes data partitions through `crate::leaders`; a client's produce
+//!   and fetch are answered `NotLeader` by the owning shard, and the client
+//!   goes to the leader.
 //!
 //! Controller proposals go to shard 0, where the controller member runs
 //! (it forwards them to the controller leader on another node if need be),
@@ -136,14 +138,15 @@ pub async fn controller_rpc(
     ask_shard_0(shard, make, unavailable).await
 }
 
-/// Sends a request (`api`, a finished flatbuffer `body`) to node `node` on
-/// this shard's peer link and waits for its answer, at most `timeout`. The
-/// node's address is the one it registered in the table.
+/// Sends a request (`api`, a finished flatbuffer `body` and its `tail`) to
+/// node `node` on this shard's peer link and waits for its answer, at most
+/// `timeout`. The node's address is the one it registered in the table.
 pub async fn call_node(
     shard: &Shard,
     node: NodeId,
     api: Api,
     body: &[u8],
+    tail: TailBuilder,
     timeout: Duration,
 ) -> Result<Frame, WireError> {
     let address = shard.table().brokers.get(&node).map(|b| b.address.clone());
@@ -156,16 +159,11 @@ pub async fn call_node(
                 format!("node {node} has no address in the metadata; retry"),
             )
         })?;
-    shard
-        .nodes
-        .get(addr)
-        .call(api, body, TailBuilder::default(), timeout)
-        .await
-        .map_err(|e| {
-            let code = match e {
-                crate::peer::PeerError::Timeout { .. } => ErrorCode::Timeout,
-                crate::peer::PeerError::Unreachable { .. } => ErrorCode::BrokerUnavailable,
-            };
-            WireError::new(code, format!("node {node}: {e}; retry"))
-        })
+    shard.nodes.get(addr).call(api, body, tail, timeout).await.map_err(|e| {
+        let code = match e {
+            crate::peer::PeerError::Timeout { .. } => ErrorCode::Timeout,
+            crate::peer::PeerError::Unreachable { .. } => ErrorCode::BrokerUnavailable,
+        };
+        WireError::new(code, format!("node {node}: {e}; retry"))
+    })
 }

@@ -25,27 +25,6 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Creates `name` with replication factor 3 through node 1 and waits
-/// until every node's metadata shows its leaders; returns them.
-fn create_replicated(c: &Cluster, name: &str, partitions: u32) -> Vec<u32> {
-    let p = partitions.to_string();
-    c.strand(
-        1,
-        &["queue", "create", name, "--partitions", &p, "--replication-factor", "3"],
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen: Vec<Vec<u32>> = (1..=3)
-            .map(|id| metadata(&mut c.client(id), Some(name)).leaders)
-            .collect();
-        if seen[0].len() == partitions as usize && seen.iter().all(|l| *l == seen[0]) {
-            return seen[0].clone();
-        }
-        assert!(Instant::now() < deadline, "leaders of {name} never agreed: {seen:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The describe JSON of `queue` as node `via` gives it.
 fn describe(c: &Cluster, via: u8, queue: &str) -> serde_json::Value {
     let out = c.strand(via, &["queue", "describe", queue, "--output", "json"]);
@@ -96,7 +75,7 @@ fn read_all(bootstrap: &str, queue: &str, want: usize) -> BTreeMap<(u32, u64), V
 fn replicas_hold_byte_identical_segments_once_acks_all_returns() {
     let _turn = turn();
     let c = Cluster::start_with(3, QUICK_ISR);
-    create_replicated(&c, "mirrored", 3);
+    c.create_replicated("mirrored", 3);
     let producer = Producer::new(
         &c.addr(2).to_string(),
         ProducerConfig {
@@ -130,7 +109,7 @@ fn replicas_hold_byte_identical_segments_once_acks_all_returns() {
 fn a_killed_leader_loses_no_acknowledged_record_and_rejoins_the_isr() {
     let _turn = turn();
     let mut c = Cluster::start_with(3, QUICK_ISR);
-    let leaders = create_replicated(&c, "ledger", 1);
+    let leaders = c.create_replicated("ledger", 1);
     let old = leaders[0] as u8;
     let via = (1..=3).find(|id| *id != old).unwrap();
     let producer = Producer::new(
@@ -228,7 +207,7 @@ fn a_killed_leader_loses_no_acknowledged_record_and_rejoins_the_isr() {
 fn acks_all_fails_while_both_followers_are_paused_and_succeeds_once_they_resume() {
     let _turn = turn();
     let c = Cluster::start_with(3, QUICK_ISR);
-    let leader = create_replicated(&c, "paused", 1)[0] as u8;
+    let leader = c.create_replicated("paused", 1)[0] as u8;
     let followers: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
     let producer = |delivery_timeout| {
         let config = ProducerConfig {
@@ -274,7 +253,7 @@ fn a_rolling_restart_with_sigterm_fails_no_acks_all_produce() {
     // them over itself before it goes (with the hand-over left out of
     // `wait_for_stop`, 2 of 217 records failed here).
     let mut c = Cluster::start_with(3, &format!("{QUICK_ISR}broker_session_ms = 60000\n"));
-    create_replicated(&c, "rolling", 3);
+    c.create_replicated("rolling", 3);
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let bootstrap: Vec<String> = (1..=3).map(|id| c.addr(id).to_string()).collect();
     let producing = {
@@ -351,7 +330,7 @@ fn a_rolling_restart_with_sigterm_fails_no_acks_all_produce() {
 fn acks_all_needs_the_queues_min_insync_replicas() {
     let _turn = turn();
     let mut c = Cluster::start_with(3, QUICK_ISR);
-    let leader = create_replicated(&c, "strict", 1)[0] as u8;
+    let leader = c.create_replicated("strict", 1)[0] as u8;
     c.strand(1, &["queue", "alter", "strict", "--min-insync-replicas", "3"]);
     assert_eq!(describe(&c, 1, "strict")["min_insync_replicas"], 3);
     let send = |c: &Cluster, value: &[u8]| {
@@ -389,7 +368,7 @@ fn acks_all_needs_the_queues_min_insync_replicas() {
 fn leadership_goes_back_to_the_preferred_replica_once_it_is_in_sync_again() {
     let _turn = turn();
     let mut c = Cluster::start_with(3, &format!("{QUICK}leader_balance_interval_ms = 500\n"));
-    let preferred = create_replicated(&c, "balanced", 1)[0] as u8;
+    let preferred = c.create_replicated("balanced", 1)[0] as u8;
     let other = (1..=3).find(|id| *id != preferred).unwrap();
     let leader_seen = |c: &Cluster| metadata(&mut c.client(other), Some("balanced")).leaders[0] as u8;
     let until = |c: &Cluster, what: &str, done: &dyn Fn(u8) -> bool| {
@@ -429,7 +408,7 @@ fn leadership_goes_back_to_the_preferred_replica_once_it_is_in_sync_again() {
 fn a_paused_leader_steps_down_and_truncates_its_divergent_tail_once_resumed() {
     let _turn = turn();
     let c = Cluster::start_with(3, QUICK_ISR);
-    let old = create_replicated(&c, "deposed", 1)[0] as u8;
+    let old = c.create_replicated("deposed", 1)[0] as u8;
     let followers: Vec<u8> = (1..=3).filter(|id| *id != old).collect();
     let acks_all = |via: u8| {
         let config = ProducerConfig {
@@ -553,7 +532,7 @@ fn the_groups_queue_gets_three_replicas_on_three_brokers() {
 fn clients_that_know_only_a_killed_broker_keep_producing_and_consuming() {
     let _turn = turn();
     let mut c = Cluster::start_with(3, QUICK_ISR);
-    let leaders = create_replicated(&c, "roaming", 3);
+    let leaders = c.create_replicated("roaming", 3);
     assert!(leaders.contains(&1), "node 1 leads a partition: {leaders:?}");
 
     // The hint, on the wire: partition 0 produced to through a follower.
@@ -658,7 +637,7 @@ fn a_replica_fetch_for_another_incarnation_of_the_queue_is_refused() {
     use strand_wire::*;
     let _turn = turn();
     let c = Cluster::start_with(3, QUICK_ISR);
-    let leader = create_replicated(&c, "reborn", 1)[0] as u8;
+    let leader = c.create_replicated("reborn", 1)[0] as u8;
     let seen = metadata(&mut c.client(leader), Some("reborn"));
     let follower = (1..=3u8).find(|id| *id != leader).unwrap();
     let fetch = |queue_id: u64| {

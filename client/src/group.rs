@@ -1086,7 +1086,7 @@ fn opt(v: i64) -> Option<u64> {
 
 pub(crate) async fn list_groups(cluster: &Arc<Cluster>) -> Result<Vec<GroupListing>, ClientError> {
     let mut fbb = FlatBufferBuilder::new();
-    let root = ListGroupsRequest::create(&mut fbb, &ListGroupsRequestArgs {});
+    let root = ListGroupsRequest::create(&mut fbb, &ListGroupsRequestArgs::default());
     fbb.finish_minimal(root);
     let conn = cluster.any_connection()?;
     let frame = conn

@@ -82,6 +82,44 @@ fn first_partition<'a, Q: Follow<'a> + 'a, P: Follow<'a> + 'a>(
         .ok_or_else(|| ClientError::Protocol(format!("{api} response without a partition")))
 }
 
+/// A ListOffsets request for one partition: `spec`, and for
+/// [`OffsetSpec::Timestamp`] the time (ms since the Unix epoch).
+pub fn list_offset(queue: &str, partition: u32, spec: OffsetSpec, timestamp_ms: i64) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::new();
+    let part = ListOffsetsPartition::create(
+        &mut fbb,
+        &ListOffsetsPartitionArgs {
+            partition,
+            spec,
+            timestamp_ms,
+        },
+    );
+    let parts = fbb.create_vector(&[part]);
+    let name = fbb.create_string(queue);
+    let q = ListOffsetsQueue::create(
+        &mut fbb,
+        &ListOffsetsQueueArgs {
+            name: Some(name),
+            partitions: Some(parts),
+        },
+    );
+    let queues = fbb.create_vector(&[q]);
+    let root = ListOffsetsRequest::create(&mut fbb, &ListOffsetsRequestArgs { queues: Some(queues) });
+    fbb.finish_minimal(root);
+    fbb.finished_data().to_vec()
+}
+
+/// The offset of the first partition in a ListOffsets response and
+/// whether it was found (for a timestamp newer than every record: the log
+/// end, not found), or its error.
+pub fn listed(frame: &Frame) -> Result<(u64, bool), ClientError> {
+    let resp = read_body::<ListOffsetsResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    ClientError::check(resp.error())?;
+    let part = first_partition(resp.queues(), |q| q.partitions(), "list offsets")?;
+    ClientError::check(part.error())?;
+    Ok((part.offset(), part.found()))
+}
+
 /// A Fetch request for one partition from `offset`, at most `max_bytes`,
 /// answered at once (no long poll).
 pub fn fetch(queue: &str, partition: u32, offset: u64, max_bytes: u32) -> Vec<u8> {

@@ -50,11 +50,10 @@ pub mod record;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use strand_storage::Offset;
 use strand_wire::batch::RecordBatch;
 use strand_wire::ErrorCode;
@@ -65,7 +64,7 @@ use self::group::{Group, GroupError, Member, Start};
 use self::record::{GroupChange, Settled};
 use crate::controller::{Command, ControllerError, FsyncSetting, MetadataTable, ProposeError, QueueSettings};
 use crate::shard::messages::{
-    Fetched, LocalTask, OffsetQuery, OpenPartition, PartitionCall, PartitionRequest, Produced, Reply, WireError,
+    LocalTask, OffsetQuery, OpenPartition, PartitionCall, PartitionRequest, Reply, WireError,
 };
 use crate::shard::partitions::Partition;
 use crate::shard::Shard;
@@ -1012,7 +1011,7 @@ impl Coordinator {
             }
             match fetch(shard, tp, offset, 1).await {
                 Ok(got) => {
-                    if let Some(b) = got.read.batches.into_iter().next() {
+                    if let Some(b) = got.into_iter().next() {
                         held = strand_wire::batch::BatchHeader::parse(&b).map(|h| h.base_offset.0..=h.last_offset().0);
                         batches.push(b);
                         offsets.push(offset);
@@ -1035,7 +1034,7 @@ impl Coordinator {
                 other => other?,
             };
             let mut taken = 0;
-            for b in got.read.batches {
+            for b in got {
                 let batch = RecordBatch::new(b.clone(), usize::MAX)
                     .map_err(|e| WireError::new(ErrorCode::CorruptBatch, e.to_string()))?;
                 let mut used = false;
@@ -1171,8 +1170,6 @@ impl Coordinator {
             other => other?,
         };
         let record = got
-            .read
-            .batches
             .into_iter()
             .filter_map(|b| RecordBatch::new(b, usize::MAX).ok())
             .flat_map(|b| b.records().collect::<Vec<_>>())
@@ -1207,6 +1204,7 @@ impl Coordinator {
         }
         let header_refs: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
         let mut b = strand_wire::batch::BatchBuilder::new();
+        b.producer(dead_letter_producer(group, tp, offset, attempts), 0, 0);
         b.push(
             record.key.as_deref(),
             record.value.as_deref(),
@@ -1214,15 +1212,7 @@ impl Coordinator {
             record.timestamp,
         );
         let dlq = ensure_dlq(shard, &tp.0).await?;
-        let records = b.build();
-        let produced: Boxed<'_, Result<Produced, WireError>> =
-            Box::pin(crate::router::ask(shard, dlq, 0, |reply| PartitionRequest::Produce {
-                records,
-                acks: -1,
-                timeout_ms: INTERNAL_WRITE_TIMEOUT_MS,
-                reply,
-            }));
-        produced.await?;
+        crate::leaders::produce(shard, &dlq, 0, b.build(), -1, INTERNAL_WRITE_TIMEOUT_MS).await?;
         let settled = GroupChange::Settled {
             queue: tp.0.clone(),
             partition: tp.1,
@@ -1458,36 +1448,32 @@ async fn append(
     Ok(produced.base_offset)
 }
 
-type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
-
-/// One offset of a data partition, asked of the shard that owns it.
-/// (Boxed: serving a partition request may serve a group request, which
-/// may ask this.)
+/// One offset of a data partition, asked of its leader (on this node or
+/// another: `crate::leaders`).
 async fn list_offset(shard: &Rc<Shard>, tp: &Tp, query: OffsetQuery) -> Result<Offset, WireError> {
-    let asked: Boxed<'_, Result<(u64, bool), WireError>> =
-        Box::pin(crate::router::ask(shard, tp.0.clone(), tp.1, |reply| {
-            PartitionRequest::ListOffsets { query, reply }
-        }));
-    let (offset, _found) = asked.await?;
+    let (offset, _found) = crate::leaders::list_offset(shard, &tp.0, tp.1, query).await?;
     Ok(Offset(offset))
 }
 
 /// Whole batches of a data partition from `offset` (at least the one
-/// holding it), asked of the shard that owns it. Detached (see
-/// `ReadBatches::detach`): the records it hands out travel in replies to
-/// other shards.
-async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Result<Fetched, WireError> {
-    let asked: Boxed<'_, Result<Fetched, WireError>> =
-        Box::pin(crate::router::ask(shard, tp.0.clone(), tp.1, |reply| {
-            PartitionRequest::Fetch {
-                offset,
-                max_bytes,
-                reply,
-            }
-        }));
-    let mut fetched = asked.await?;
-    fetched.read.detach();
-    Ok(fetched)
+/// holding it), asked of its leader (on this node or another), safe to
+/// hand to other shards.
+async fn fetch(shard: &Rc<Shard>, tp: &Tp, offset: u64, max_bytes: u32) -> Result<Vec<Bytes>, WireError> {
+    crate::leaders::fetch(shard, &tp.0, tp.1, offset, max_bytes).await
+}
+
+/// The producer id a dead letter is written under (sequence 0): the same
+/// for every try at moving the same delivery aside, so the dead-letter
+/// queue's leader stores a retried one once — a try whose answer was lost,
+/// or refused after the append (`NotEnoughReplicas` while waiting for the
+/// replicas) — and answers the retry with the first offsets, also after
+/// a failover (the producer table is replicated with the log). From the
+/// group, the record and its delivery count: a record dead-lettered again
+/// later (after a reset) at the same count is stored once too.
+fn dead_letter_producer(group: &str, tp: &Tp, offset: u64, attempts: u32) -> i64 {
+    let key = format!("{group}\0{}\0{}\0{offset}\0{attempts}", tp.0, tp.1);
+    // Non-negative: a negative id means "no producer".
+    (strand_wire::fnv1a64(key.as_bytes()) >> 1) as i64
 }
 
 /// `<queue>.dlq`, created (one partition, the source's retention) if
@@ -1508,9 +1494,26 @@ async fn ensure_dlq(shard: &Rc<Shard>, queue: &str) -> Result<String, WireError>
         .saturating_add(64 << 10)
         .min(shard.config.max_frame_bytes.saturating_sub(64 << 10))
         .max(source.max_message_bytes);
+    // As many replicas as the source has where the live brokers allow: a
+    // dead-letter queue first needed while a broker is down gets fewer
+    // rather than none (its records would wait for the broker otherwise).
+    let alive = shard.table().brokers.values().filter(|b| b.alive).count();
+    let replication_factor = source
+        .replication_factor
+        .min(u16::try_from(alive).unwrap_or(u16::MAX).max(1));
+    if replication_factor < source.replication_factor {
+        tracing::warn!(
+            queue = %name,
+            replication_factor,
+            source = source.replication_factor,
+            "creating a dead-letter queue with fewer replicas than its source: only {alive} brokers are alive"
+        );
+    }
     let settings = QueueSettings {
         partitions: 1,
         max_message_bytes,
+        replication_factor,
+        min_insync_replicas: source.min_insync_replicas.min(replication_factor),
         ..source
     };
     let command = Command::CreateQueue {

@@ -141,7 +141,15 @@ async fn describe_on(
     let deadline = std::time::Instant::now() + NODE_TIMEOUT;
     let answered = loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let frame = call_node(shard, node, Api::DescribeQueue, fbb.finished_data(), left).await?;
+        let frame = call_node(
+            shard,
+            node,
+            Api::DescribeQueue,
+            fbb.finished_data(),
+            TailBuilder::default(),
+            left,
+        )
+        .await?;
         let resp = read_body::<DescribeQueueResponse>(&frame.body).map_err(|e| {
             WireError::new(
                 ErrorCode::Internal,

@@ -6,39 +6,39 @@
 //! a [`GroupOp`], sent to the shard that owns the group's `__groups`
 //! partition (where `crate::groups::Coordinator` serves it), and the answer
 //! is written back as the API's response table. ListGroups asks every
-//! `__groups` partition.
+//! `__groups` partition: those led here on their shards, those led by
+//! other nodes with one ListGroups (`only_led_here`) per node on the peer
+//! links.
 
 use std::rc::Rc;
 use std::time::Duration;
 
 use strand_net::frame::FrameHeader;
-use strand_net::message::TailBuilder;
+use strand_net::message::{read_body, TailBuilder};
 use strand_net::OutFrame;
 use strand_wire::flatbuffers::{FlatBufferBuilder, ForwardsUOffset, Vector, WIPOffset};
 use strand_wire::*;
 
 use super::{check_entries, error_table, request, respond};
+use crate::controller::{NodeId, NO_LEADER};
 use crate::groups::ack::Outcome;
 use crate::groups::assign::Tp;
 use crate::groups::record::{start_from_wire, start_to_wire, strategy_from_wire, strategy_to_wire};
 use crate::groups::{self as g, GroupOp, GroupReply, GROUPS_QUEUE};
-use crate::router::ask;
+use crate::router::{ask, call_node};
 use crate::shard::messages::WireError;
 use crate::shard::Shard;
+
+/// How long another node may take to list its groups.
+const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let mut fbb = FlatBufferBuilder::new();
     let mut tail = TailBuilder::default();
     match api {
         Api::ListGroups => {
-            request::<ListGroupsRequest>(body)?;
-            let n = g::groups_partitions(shard).await?;
-            let mut all = Vec::new();
-            for p in 0..n {
-                if let GroupReply::List(list) = coordinator(shard, p, GroupOp::List).await? {
-                    all.extend(list);
-                }
-            }
+            let only_led_here = request::<ListGroupsRequest>(body)?.only_led_here();
+            let mut all = list_groups(shard, only_led_here).await?;
             all.sort_by(|a, b| a.name.cmp(&b.name));
             let groups: Vec<_> = all
                 .iter()
@@ -72,6 +72,70 @@ pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8
         }
     }
     Ok(respond(header, &fbb, tail))
+}
+
+/// Every group of the `__groups` partitions led here, and unless
+/// `only_led_here`, of those other nodes lead (asked of each node once).
+async fn list_groups(shard: &Rc<Shard>, only_led_here: bool) -> Result<Vec<g::GroupSummary>, WireError> {
+    let n = g::groups_partitions(shard).await?;
+    let me = shard.config.node_id;
+    let leaders: Vec<NodeId> = {
+        let table = shard.table();
+        let q = table.queue(GROUPS_QUEUE);
+        (0..n)
+            .map(|p| q.and_then(|q| q.partitions.get(p as usize)).map_or(me, |r| r.leader))
+            .collect()
+    };
+    let mut all = Vec::new();
+    let mut elsewhere = std::collections::BTreeSet::new();
+    for (p, leader) in (0..n).zip(leaders) {
+        if leader != me && leader != NO_LEADER {
+            elsewhere.insert(leader);
+            continue;
+        }
+        // Led here, offline, or not open yet: the shard says which.
+        if let GroupReply::List(list) = coordinator(shard, p, GroupOp::List).await? {
+            all.extend(list);
+        }
+    }
+    if only_led_here {
+        return Ok(all);
+    }
+    for node in elsewhere {
+        all.extend(list_groups_on(shard, node).await?);
+    }
+    Ok(all)
+}
+
+/// The groups of the `__groups` partitions node `node` leads.
+async fn list_groups_on(shard: &Rc<Shard>, node: NodeId) -> Result<Vec<g::GroupSummary>, WireError> {
+    let mut fbb = FlatBufferBuilder::new();
+    let root = ListGroupsRequest::create(&mut fbb, &ListGroupsRequestArgs { only_led_here: true });
+    fbb.finish_minimal(root);
+    let frame = call_node(
+        shard,
+        node,
+        Api::ListGroups,
+        fbb.finished_data(),
+        TailBuilder::default(),
+        NODE_TIMEOUT,
+    )
+    .await?;
+    let resp = read_body::<ListGroupsResponse>(&frame.body)
+        .map_err(|e| WireError::new(ErrorCode::Internal, format!("node {node}'s group list: {e}")))?;
+    if let Some(e) = super::error_from_table(resp.error()) {
+        return Err(e);
+    }
+    Ok(resp
+        .groups()
+        .iter()
+        .flatten()
+        .map(|s| g::GroupSummary {
+            name: s.name().unwrap_or_default().to_string(),
+            members: s.members(),
+            generation: s.generation(),
+        })
+        .collect())
 }
 
 /// Sends `op` to the shard owning `__groups` partition `p`.

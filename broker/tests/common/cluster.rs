@@ -112,6 +112,32 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Creates `name` with replication factor 3 through node 1 and waits
+    /// until every node's metadata shows the same leaders, each partition
+    /// led; returns them.
+    pub fn create_replicated(&self, name: &str, partitions: u32) -> Vec<u32> {
+        let p = partitions.to_string();
+        self.strand(
+            1,
+            &["queue", "create", name, "--partitions", &p, "--replication-factor", "3"],
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let seen: Vec<Vec<u32>> = (1..=3)
+                .map(|id| metadata(&mut self.client(id), Some(name)).leaders)
+                .collect();
+            let led = seen[0].len() == partitions as usize && !seen[0].contains(&0);
+            if led && seen.iter().all(|l| *l == seen[0]) {
+                return seen[0].clone();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "leaders of {name} never agreed: {seen:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Starts node `id` again (after [`Cluster::kill9`]) and waits for it.
     pub fn restart(&mut self, id: u8) {
         let n = self.size();

@@ -376,32 +376,9 @@ impl Client {
     }
 
     pub fn list_offset(&mut self, queue: &str, partition: u32, spec: OffsetSpec, timestamp_ms: i64) -> (u64, bool) {
-        let mut fbb = FlatBufferBuilder::new();
-        let part = ListOffsetsPartition::create(
-            &mut fbb,
-            &ListOffsetsPartitionArgs {
-                partition,
-                spec,
-                timestamp_ms,
-            },
-        );
-        let parts = fbb.create_vector(&[part]);
-        let name = fbb.create_string(queue);
-        let q = ListOffsetsQueue::create(
-            &mut fbb,
-            &ListOffsetsQueueArgs {
-                name: Some(name),
-                partitions: Some(parts),
-            },
-        );
-        let queues = fbb.create_vector(&[q]);
-        let root = ListOffsetsRequest::create(&mut fbb, &ListOffsetsRequestArgs { queues: Some(queues) });
-        fbb.finish_minimal(root);
-        let f = self.call(Api::ListOffsets, &fbb, TailBuilder::default());
-        let resp = body::<ListOffsetsResponse>(&f).unwrap();
-        let p = resp.queues().unwrap().get(0).partitions().unwrap().get(0);
-        assert!(p.error().is_none(), "{:?}", p.error().map(|e| e.message()));
-        (p.offset(), p.found())
+        let request = strand_client::requests::list_offset(queue, partition, spec, timestamp_ms);
+        let f = self.call_body(Api::ListOffsets, &request, TailBuilder::default());
+        strand_client::requests::listed(&f).unwrap()
     }
 }
 

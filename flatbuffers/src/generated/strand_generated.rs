@@ -7736,6 +7736,7 @@ impl<'a> ::flatbuffers::Follow<'a> for ListGroupsRequest<'a> {
 }
 
 impl<'a> ListGroupsRequest<'a> {
+  pub const VT_ONLY_LED_HERE: ::flatbuffers::VOffsetT = 4;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -7744,12 +7745,24 @@ impl<'a> ListGroupsRequest<'a> {
   #[allow(unused_mut)]
   pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
     _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-    _args: &'args ListGroupsRequestArgs
+    args: &'args ListGroupsRequestArgs
   ) -> ::flatbuffers::WIPOffset<ListGroupsRequest<'bldr>> {
     let mut builder = ListGroupsRequestBuilder::new(_fbb);
+    builder.add_only_led_here(args.only_led_here);
     builder.finish()
   }
 
+
+  /// Only the groups of the `__groups` partitions the answering broker
+  /// leads (a broker asking the others for theirs). Absent: every group,
+  /// the answering broker asking the other leaders.
+  #[inline]
+  pub fn only_led_here(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ListGroupsRequest::VT_ONLY_LED_HERE, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ListGroupsRequest<'_> {
@@ -7758,16 +7771,19 @@ impl ::flatbuffers::Verifiable for ListGroupsRequest<'_> {
     v: &mut ::flatbuffers::Verifier, pos: usize
   ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
     v.visit_table(pos)?
+     .visit_field::<bool>("only_led_here", Self::VT_ONLY_LED_HERE, false)?
      .finish();
     Ok(())
   }
 }
 pub struct ListGroupsRequestArgs {
+    pub only_led_here: bool,
 }
 impl<'a> Default for ListGroupsRequestArgs {
   #[inline]
   fn default() -> Self {
     ListGroupsRequestArgs {
+      only_led_here: false,
     }
   }
 }
@@ -7777,6 +7793,10 @@ pub struct ListGroupsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a
   start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
 }
 impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListGroupsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_only_led_here(&mut self, only_led_here: bool) {
+    self.fbb_.push_slot::<bool>(ListGroupsRequest::VT_ONLY_LED_HERE, only_led_here, false);
+  }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListGroupsRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
@@ -7795,6 +7815,7 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListGroupsRequestBuilder<'a, 
 impl ::core::fmt::Debug for ListGroupsRequest<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("ListGroupsRequest");
+      ds.field("only_led_here", &self.only_led_here());
       ds.finish()
   }
 }
