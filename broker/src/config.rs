@@ -27,6 +27,8 @@
 //! replica_lag_time_max_ms = 10000      # a follower not caught up this long leaves the ISR
 //! replica_fetch_wait_ms = 500          # a follower's fetch waits this long for records at most
 //! leader_balance_interval_ms = 10000   # leaderships go back to preferred replicas (0: never)
+//! min_free_bytes = 1073741824          # produce refused (StorageFull) below this much free space
+//!                                      #   (default: 1 GiB or 5 % of the file system, the smaller; 0: never)
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -165,6 +167,10 @@ pub struct BrokerConfig {
     /// preferred replicas (each partition's first) that are alive and in
     /// sync; 0 turns automatic leader balancing off.
     pub leader_balance_interval_ms: u64,
+    /// Below this much free space in the data directory's file system,
+    /// produce is refused with `StorageFull` (`None`: the smaller of 1 GiB
+    /// and 5 % of the file system; 0: never). See `shard::disk`.
+    pub min_free_bytes: Option<u64>,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
@@ -233,6 +239,7 @@ impl Default for BrokerConfig {
             replica_lag_time_max_ms: 10_000,
             replica_fetch_wait_ms: 500,
             leader_balance_interval_ms: 10_000,
+            min_free_bytes: None,
         }
     }
 }

@@ -25,6 +25,9 @@
 //!   the follower's last fetch)
 //! - `strand_offline_partitions` {queue}: partitions without a leader, as
 //!   this broker's metadata says (every broker says the same)
+//! - `strand_disk_free_bytes`, `strand_disk_free_threshold_bytes`: the data
+//!   directory's free space and the threshold below which produce is
+//!   refused (`StorageFull`)
 //! - `strand_group_lag` {group, queue, partition} (high watermark − committed
 //!   position, for partitions with one)
 //! - `strand_group_rebalances_total` {group}, `strand_dlq_records_total`
@@ -345,6 +348,9 @@ pub struct ShardSnapshot {
     /// Shard 0 only (from the table, the same on every node): per queue,
     /// its partitions without a leader (every in-sync replica fenced).
     pub offline: Vec<(String, u64)>,
+    /// Shard 0 only: the data directory's free bytes and the threshold
+    /// below which produce is refused.
+    pub disk: Option<(u64, u64)>,
     pub queues: Vec<(String, QueueCounters)>,
     pub latency: Vec<(u16, LatencyHistogram)>,
     pub connections: i64,
@@ -595,6 +601,19 @@ impl Collector for Scrape {
             "strand_offline_partitions",
             "Partitions of a queue without a leader (every in-sync replica fenced), as this broker's metadata says.",
             offline,
+        )?;
+        let disk = self.snapshots.iter().find_map(|s| s.disk);
+        gauge(
+            &mut encoder,
+            "strand_disk_free_bytes",
+            "Free bytes in the data directory's file system (for unprivileged writers).",
+            disk.map(|(free, _)| (Vec::new(), as_i64(free))).into_iter().collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_disk_free_threshold_bytes",
+            "Below this much free space produce is refused with StorageFull (min_free_bytes).",
+            disk.map(|(_, threshold)| (Vec::new(), as_i64(threshold))).into_iter().collect(),
         )?;
         let mut lag: Vec<(Labels, i64)> = Vec::new();
         for s in &self.snapshots {

@@ -525,6 +525,14 @@ fn start_timers(shard: &Rc<Shard>) {
     let s = shard.clone();
     glommio::spawn_local(async move {
         while !s.stopping.get() {
+            s.disk.refresh(&s.config.data_dir, s.config.min_free_bytes);
+            glommio::timer::sleep(crate::shard::disk::CHECK_EVERY).await;
+        }
+    })
+    .detach();
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        while !s.stopping.get() {
             glommio::timer::sleep(Duration::from_secs(10)).await;
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

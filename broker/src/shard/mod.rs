@@ -21,6 +21,7 @@
 //! (`crate::router`); this module serves what reaches it and knows nothing
 //! of the layers above (groups, handlers, server).
 
+pub mod disk;
 pub mod messages;
 mod metadata;
 pub mod partitions;
@@ -87,6 +88,8 @@ pub struct Shard {
     pub ext: Extensions,
     /// This shard's counters (see `crate::metrics`).
     pub metrics: crate::metrics::ShardMetrics,
+    /// The data directory's free space, looked at every second.
+    pub disk: disk::DiskSpace,
 }
 
 impl Shard {
@@ -119,7 +122,14 @@ impl Shard {
             serving: Cell::new(false),
             ext: Extensions::default(),
             metrics: crate::metrics::ShardMetrics::default(),
+            disk: disk::DiskSpace::default(),
         }
+    }
+
+    /// `StorageFull` while the data directory's free space is below its
+    /// threshold (see [`disk`]).
+    pub fn disk_refusal(&self) -> Option<WireError> {
+        self.disk.refusal(self.config.node_id, &self.config.data_dir)
     }
 
     pub fn table(&self) -> Arc<MetadataTable> {

@@ -64,6 +64,10 @@ impl Shard {
                 timeout_ms,
                 reply,
             } => {
+                if let Some(full) = self.disk_refusal() {
+                    reply.send(Err(full));
+                    return;
+                }
                 let result = self.produce(&part, records, acks, timeout_ms).await;
                 if result
                     .as_ref()

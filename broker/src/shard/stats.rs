@@ -50,6 +50,7 @@ impl Shard {
             snap.recycled += stats.recycled;
         }
         if self.id.0 == 0 {
+            snap.disk = self.disk.space().map(|s| (s.free, s.threshold));
             let table = self.table();
             snap.offline = table
                 .queues
