@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::Broker;
-use strand_client::{block_on, Acks, Consumer, ConsumerConfig, Producer, ProducerConfig, Seek};
+use strand_client::{block_on, Acks, ClientError, Consumer, ConsumerConfig, Producer, ProducerConfig, Seek};
 use strand_wire::ErrorCode;
 
 /// An ext4 file system of `mib` MiB in an image file, mounted on a
@@ -30,7 +30,11 @@ impl SmallFs {
         std::fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
         let run = |cmd: &mut Command| {
             let out = cmd.output().unwrap();
-            assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         };
         run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
         let mount = dir.path().join("mnt");
@@ -46,7 +50,10 @@ impl SmallFs {
 
 impl Drop for SmallFs {
     fn drop(&mut self) {
-        let unmounted = Command::new("umount").arg(&self.mount).status().is_ok_and(|s| s.success());
+        let unmounted = Command::new("umount")
+            .arg(&self.mount)
+            .status()
+            .is_ok_and(|s| s.success());
         if !unmounted {
             // Still busy (a process being reaped): detach it lazily.
             let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
@@ -55,86 +62,108 @@ impl Drop for SmallFs {
     }
 }
 
+/// Settings that fit a 64 MiB file system: 1 MiB segments, small memory
+/// budgets, and `min_free_bytes` as given.
+fn small_settings(fs: &SmallFs, min_free_bytes: u64) -> PathBuf {
+    let path = fs.dir.path().join(format!("small-{min_free_bytes}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "segment_bytes = 1048576\nmax_message_bytes = 262144\nmin_free_bytes = {min_free_bytes}\n\
+             io_memory_bytes = 33554432\nreadahead_budget_bytes = 8388608\ntail_cache_budget_bytes = 8388608\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Runs `strand ARGS --brokers ADDR`, asserting it succeeded.
+fn strand(addr: &str, args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(args)
+        .args(["--brokers", addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn acks_all_producer(addr: &str) -> Producer {
+    let config = ProducerConfig {
+        acks: Acks::All,
+        delivery_timeout: Duration::from_secs(10),
+        ..ProducerConfig::default()
+    };
+    Producer::new(addr, config).unwrap()
+}
+
+/// Sends `value` to `queue` until a send fails (pausing `pause` between
+/// sends); returns how many were acknowledged and the failure.
+fn send_until_refused(producer: &Producer, queue: &str, value: &[u8], pause: Duration) -> (u64, ClientError) {
+    let mut acked = 0u64;
+    loop {
+        assert!(acked < 1000, "64 MiB written and never refused");
+        match block_on(producer.send(queue, None, value, &[])) {
+            Ok(_) => acked += 1,
+            Err(e) => return (acked, e),
+        }
+        std::thread::sleep(pause);
+    }
+}
+
+/// The offsets of `fill`/0 read from its log start (each record's value
+/// checked against `value`).
+fn read_offsets(addr: &str, value: &[u8]) -> Vec<u64> {
+    let config = ConsumerConfig {
+        start: Seek::Earliest,
+        max_wait: Duration::from_millis(100),
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::new(addr, config).unwrap();
+    consumer.assign("fill", &[0]);
+    let mut offsets = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let records = block_on(consumer.poll()).unwrap();
+        if records.is_empty() && !offsets.is_empty() {
+            break;
+        }
+        for r in records {
+            assert_eq!(r.value.as_deref(), Some(value));
+            offsets.push(r.offset);
+        }
+    }
+    offsets
+}
+
 #[test]
 fn a_full_disk_refuses_produce_keeps_reads_and_resumes_once_space_is_freed() {
     let fs = SmallFs::mount(64);
-    let settings = fs.dir.path().join("small.toml");
-    std::fs::write(
-        &settings,
-        "segment_bytes = 1048576\nmax_message_bytes = 262144\nmin_free_bytes = 16777216\n\
-         io_memory_bytes = 33554432\nreadahead_budget_bytes = 8388608\ntail_cache_budget_bytes = 8388608\n",
-    )
-    .unwrap();
+    let settings = small_settings(&fs, 16 << 20);
     let data = fs.path().join("data");
     let broker = Broker::start_with(&data, &["--config", settings.to_str().unwrap(), "--cores", "1"]);
     let addr = broker.addr.to_string();
-    let strand = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_strand"))
-            .args(args)
-            .args(["--brokers", &addr])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    strand(&["queue", "create", "fill", "--partitions", "1"]);
-    let producer = Producer::new(
-        &addr,
-        ProducerConfig {
-            acks: Acks::All,
-            delivery_timeout: Duration::from_secs(10),
-            ..ProducerConfig::default()
-        },
-    )
-    .unwrap();
+    strand(&addr, &["queue", "create", "fill", "--partitions", "1"]);
+    let producer = acks_all_producer(&addr);
     let value = vec![7u8; 64 << 10];
     // Some 51 MiB are free; below 16 MiB produce stops. At most 25 MiB/s,
     // so the broker's looks (every 100 ms) see the threshold coming.
-    let mut acked = 0u64;
-    let refusal = loop {
-        assert!(acked < 1000, "64 MiB written and never refused");
-        match block_on(producer.send("fill", None, &value, &[])) {
-            Ok(_) => acked += 1,
-            Err(e) => break e,
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let (acked, refusal) = send_until_refused(&producer, "fill", &value, Duration::from_millis(2));
     eprintln!("refused after {acked} records of 64 KiB: {refusal}");
     assert_eq!(refusal.code(), Some(ErrorCode::StorageFull), "{refusal}");
     assert!(refusal.to_string().contains("node 1"), "names the node: {refusal}");
     assert!(acked > 300, "refused early: after {acked} records");
-
-    // Everything acknowledged is read back.
-    let read_all = || {
-        let mut consumer = Consumer::new(
-            &addr,
-            ConsumerConfig {
-                start: Seek::Earliest,
-                max_wait: Duration::from_millis(100),
-                ..ConsumerConfig::default()
-            },
-        )
-        .unwrap();
-        consumer.assign("fill", &[0]);
-        let (mut got, mut last) = (0u64, None);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            let records = block_on(consumer.poll()).unwrap();
-            if records.is_empty() && got > 0 {
-                break;
-            }
-            for r in records {
-                assert_eq!(r.value.as_deref(), Some(&value[..]));
-                got += 1;
-                last = Some(r.offset);
-            }
-        }
-        (got, last)
-    };
-    let (got, last) = read_all();
-    assert_eq!((got, last), (acked, Some(acked - 1)), "reads while the disk is full");
+    assert_eq!(
+        read_offsets(&addr, &value),
+        (0..acked).collect::<Vec<_>>(),
+        "reads while the disk is full"
+    );
 
     // Retention frees space (it looks every 10 s): producing resumes.
-    strand(&["queue", "alter", "fill", "--retention-bytes", "4MiB"]);
+    strand(&addr, &["queue", "alter", "fill", "--retention-bytes", "4MiB"]);
     let deadline = Instant::now() + Duration::from_secs(40);
     let resumed_at = loop {
         match block_on(producer.send("fill", None, &value, &[])) {
@@ -147,7 +176,55 @@ fn a_full_disk_refuses_produce_keeps_reads_and_resumes_once_space_is_freed() {
         }
     };
     assert_eq!(resumed_at, acked, "the log goes on where it stopped");
-    let (_, last) = read_all();
-    assert_eq!(last, Some(acked), "the newest record is read");
+    assert_eq!(
+        read_offsets(&addr, &value).last(),
+        Some(&acked),
+        "the newest record is read"
+    );
+    drop(broker);
+}
+
+/// With the threshold off, a write meets ENOSPC itself: the producer gets
+/// `StorageFull`, the broker does not fall over and serves every
+/// acknowledged record, and once space is freed (another queue deleted) a
+/// restart recovers the partition, which takes records again after them.
+#[test]
+fn enospc_leaves_the_log_readable_and_recoverable() {
+    let fs = SmallFs::mount(64);
+    let settings = small_settings(&fs, 0);
+    let data = fs.path().join("data");
+    let extra = ["--config", settings.to_str().unwrap(), "--cores", "1"];
+    let broker = Broker::start_with(&data, &extra);
+    let addr = broker.addr.to_string();
+    strand(&addr, &["queue", "create", "ballast", "--partitions", "1"]);
+    strand(&addr, &["queue", "create", "fill", "--partitions", "1"]);
+    let producer = acks_all_producer(&addr);
+    let value = vec![9u8; 64 << 10];
+    for _ in 0..160 {
+        block_on(producer.send("ballast", None, &value, &[])).unwrap();
+    }
+    let (acked, refusal) = send_until_refused(&producer, "fill", &value, Duration::ZERO);
+    eprintln!("ENOSPC after {acked} records of 64 KiB: {refusal}");
+    assert_eq!(refusal.code(), Some(ErrorCode::StorageFull), "{refusal}");
+    // Again: the partition takes no more writes, with the same code.
+    let again = block_on(producer.send("fill", None, &value, &[])).unwrap_err();
+    assert_eq!(again.code(), Some(ErrorCode::StorageFull), "{again}");
+    let all: Vec<u64> = (0..acked).collect();
+    assert_eq!(
+        read_offsets(&addr, &value),
+        all,
+        "every acknowledged record, while full"
+    );
+    // Space freed by an operator; the broker restarted recovers the log.
+    strand(&addr, &["queue", "delete", "ballast"]);
+    drop(producer);
+    // (A failed log cannot flush at close: the exit status is not what
+    // this test looks at.)
+    eprintln!("stopped: {}", broker.terminate());
+    let broker = Broker::start_at(&data, &addr, &extra);
+    let producer = Producer::new(&addr, ProducerConfig::default()).unwrap();
+    let d = block_on(producer.send("fill", None, &value, &[])).unwrap();
+    assert_eq!(d.offset, Some(acked), "the log goes on after the acknowledged records");
+    assert_eq!(read_offsets(&addr, &value), (0..=acked).collect::<Vec<_>>());
     drop(broker);
 }

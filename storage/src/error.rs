@@ -38,8 +38,20 @@ pub enum StorageError {
     InvalidConfig(String),
     #[error("the log was closed")]
     Closed,
-    #[error("log {dir} stopped after a failed write or fdatasync ({reason}); reopen it to recover")]
-    LogFailed { dir: PathBuf, reason: String },
+    /// A write, fdatasync or roll failed: the log takes no more writes
+    /// (its memory may hold what the disk does not); reads go on below
+    /// what was written before. Opening it again (a broker restart)
+    /// recovers what the disk holds.
+    #[error(
+        "log {dir} takes no more writes after a failed write or fdatasync ({reason}); reads go on; restart the \
+         broker once the cause is fixed to recover it"
+    )]
+    LogFailed {
+        dir: PathBuf,
+        reason: String,
+        /// The cause was a full disk (ENOSPC).
+        no_space: bool,
+    },
     /// A replicated batch that does not start where this log ends.
     #[error("a replicated batch starts at offset {batch_base}, but this log ends at {log_end}")]
     NotAtLogEnd { log_end: Offset, batch_base: Offset },
@@ -58,6 +70,15 @@ impl StorageError {
     }
 
     /// Converts a glommio error, keeping the operation and file for the message.
+    /// Whether the disk was full (ENOSPC), here or when the log failed.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StorageError::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
+            StorageError::LogFailed { no_space, .. } => *no_space,
+            _ => false,
+        }
+    }
+
     pub fn glommio<T>(op: &'static str, path: impl Into<PathBuf>, err: glommio::GlommioError<T>) -> Self {
         let source = match err {
             glommio::GlommioError::IoError(e) => e,

@@ -613,7 +613,9 @@ impl Collector for Scrape {
             &mut encoder,
             "strand_disk_free_threshold_bytes",
             "Below this much free space produce is refused with StorageFull (min_free_bytes).",
-            disk.map(|(_, threshold)| (Vec::new(), as_i64(threshold))).into_iter().collect(),
+            disk.map(|(_, threshold)| (Vec::new(), as_i64(threshold)))
+                .into_iter()
+                .collect(),
         )?;
         let mut lag: Vec<(Labels, i64)> = Vec::new();
         for s in &self.snapshots {

@@ -64,8 +64,10 @@ pub fn statvfs(dir: &Path) -> std::io::Result<(u64, u64)> {
     }
     // SAFETY: filled by the successful call above.
     let st = unsafe { st.assume_init() };
-    let block = st.f_frsize as u64;
-    Ok((st.f_bavail as u64 * block, st.f_blocks as u64 * block))
+    // The fields' C types are 64 bits here, narrower on some platforms.
+    #[allow(clippy::unnecessary_cast)]
+    let (block, available, blocks) = (st.f_frsize as u64, st.f_bavail as u64, st.f_blocks as u64);
+    Ok((available * block, blocks * block))
 }
 
 /// One shard's last look at the data directory's space.
@@ -155,7 +157,11 @@ mod tests {
             assert_eq!(r.is_some(), refused, "{free} bytes free");
             if let Some(e) = r {
                 assert_eq!(e.code, ErrorCode::StorageFull);
-                assert!(e.message.starts_with("node 7: its data directory /data"), "{}", e.message);
+                assert!(
+                    e.message.starts_with("node 7: its data directory /data"),
+                    "{}",
+                    e.message
+                );
             }
         }
     }

@@ -237,7 +237,7 @@ pub fn storage_error(e: StorageError) -> WireError {
         StorageError::InvalidBatch(BatchError::TooLarge { .. }) => ErrorCode::MessageTooLarge,
         StorageError::InvalidBatch(_) => ErrorCode::CorruptBatch,
         StorageError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
-        StorageError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => ErrorCode::StorageFull,
+        e if e.is_no_space() => ErrorCode::StorageFull,
         _ => ErrorCode::StorageError,
     };
     WireError::new(code, e.to_string())

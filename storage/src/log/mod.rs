@@ -226,7 +226,8 @@ struct State {
     /// The window after the last disk read, being read in the background.
     readahead: readahead::ReadAhead,
     stats: LogStats,
-    failed: Option<String>,
+    /// Why the log takes no more writes, and whether the disk was full.
+    failed: Option<(String, bool)>,
     closed: bool,
 }
 
@@ -236,16 +237,30 @@ impl State {
     }
 
     fn check_usable(&self, dir: &Path) -> Result<()> {
-        if let Some(reason) = &self.failed {
+        if let Some((reason, no_space)) = &self.failed {
             return Err(StorageError::LogFailed {
                 dir: dir.to_path_buf(),
                 reason: reason.clone(),
+                no_space: *no_space,
             });
         }
         if self.closed {
             return Err(StorageError::Closed);
         }
         Ok(())
+    }
+
+    /// Where reads end: the log end; after a failed write what was written
+    /// before it (memory may hold batches the disk does not). Refused once
+    /// closed.
+    fn readable_end(&self) -> Result<Offset> {
+        if self.closed {
+            return Err(StorageError::Closed);
+        }
+        Ok(match self.failed {
+            Some(_) => self.active.written_offset(),
+            None => self.log_end(),
+        })
     }
 
     fn sync_due(&self, policy: FsyncPolicy, now_ms: u64) -> bool {
@@ -435,12 +450,16 @@ impl Log {
         self.inner.state.borrow().active.heap_bytes()
     }
 
-    fn fail(&self, reason: String) -> StorageError {
+    /// The log takes no more writes after `e` (see
+    /// [`StorageError::LogFailed`]).
+    fn fail(&self, e: StorageError) -> StorageError {
+        let (reason, no_space) = (e.to_string(), e.is_no_space());
         let mut st = self.inner.state.borrow_mut();
-        st.failed.get_or_insert(reason.clone());
+        st.failed.get_or_insert((reason.clone(), no_space));
         StorageError::LogFailed {
             dir: self.inner.dir.clone(),
             reason,
+            no_space,
         }
     }
 

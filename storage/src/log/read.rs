@@ -48,8 +48,7 @@ impl Log {
         loop {
             let source = {
                 let st = self.inner.state.borrow();
-                st.check_usable(&self.inner.dir)?;
-                let upto = upto.min(st.log_end());
+                let upto = upto.min(st.readable_end()?);
                 if from < st.log_start || from > st.log_end() {
                     return Err(StorageError::OffsetOutOfRange {
                         requested: from,
@@ -136,7 +135,7 @@ impl Log {
     pub async fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<Offset>> {
         let start = {
             let st = self.inner.state.borrow();
-            st.check_usable(&self.inner.dir)?;
+            st.readable_end()?;
             let sealed = st
                 .sealed
                 .values()

@@ -278,8 +278,14 @@ impl Log {
         let started = std::time::Instant::now();
         match file.write_at(job.buf, job.pos).await {
             Ok(n) if n == len => {}
-            Ok(n) => return Err(self.fail(format!("short write of {n} of {len} bytes to {}", path.display()))),
-            Err(e) => return Err(self.fail(StorageError::glommio("writing", &path, e).to_string())),
+            Ok(n) => {
+                let short = std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    format!("short write of {n} of {len} bytes"),
+                );
+                return Err(self.fail(StorageError::io("writing", &path, short)));
+            }
+            Err(e) => return Err(self.fail(StorageError::glommio("writing", &path, e))),
         }
         if let Some((zeros, pos)) = job.zeros {
             // Off the commit path: the zeros are written in the background and
@@ -328,7 +334,7 @@ impl Log {
         // stay unsynced, and their bytes stay counted.
         let (covered_since, started) = (mono_ms(), std::time::Instant::now());
         if let Err(e) = file.fdatasync().await {
-            return Err(self.fail(StorageError::glommio("fdatasync", &path, e).to_string()));
+            return Err(self.fail(StorageError::glommio("fdatasync", &path, e)));
         }
         let mut st = self.inner.state.borrow_mut();
         assert!(target >= st.flushed, "the flushed offset only rises");
@@ -407,7 +413,7 @@ impl Log {
             )
         };
         // The sealed file holds exactly its batches: drop the zero padding.
-        let io = |op, e| self.fail(StorageError::glommio(op, &path, e).to_string());
+        let io = |op, e| self.fail(StorageError::glommio(op, &path, e));
         file.truncate(size).await.map_err(|e| io("truncating", e))?;
         file.fdatasync().await.map_err(|e| io("fdatasync", e))?;
         write_index_files(&path, &index).await?;
@@ -420,9 +426,7 @@ impl Log {
             sync_dir(&self.inner.dir).await?;
             Ok::<_, StorageError>(made)
         };
-        let (new_file, file_len) = created
-            .await
-            .map_err(|e| self.fail(format!("rolling to {}: {e}", new_path.display())))?;
+        let (new_file, file_len) = created.await.map_err(|e| self.fail(e))?;
         {
             let mut st = self.inner.state.borrow_mut();
             let fresh = ActiveSegment::new(
