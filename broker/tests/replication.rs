@@ -244,6 +244,39 @@ fn acks_all_fails_while_both_followers_are_paused_and_succeeds_once_they_resume(
     assert_eq!(got.get(&(0, d.offset.unwrap())).map(Vec::as_slice), Some(&b"after"[..]));
 }
 
+/// A thread producing keyed acks=all records to `queue` through every node
+/// (3 s delivery timeout each) until `stop`; it returns the acknowledged
+/// records by (partition, offset) and the failures.
+#[allow(clippy::type_complexity)]
+fn produce_keyed_until(
+    c: &Cluster,
+    queue: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(BTreeMap<(u32, u64), Vec<u8>>, Vec<String>)> {
+    let bootstrap: Vec<String> = (1..=3).map(|id| c.addr(id).to_string()).collect();
+    std::thread::spawn(move || {
+        let config = ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout: Duration::from_secs(3),
+            ..ProducerConfig::default()
+        };
+        let producer = Producer::new(&bootstrap.join(","), config).unwrap();
+        let (mut acked, mut failed) = (BTreeMap::new(), Vec::new());
+        let mut i = 0u32;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let (key, value) = (format!("k{}", i % 11), format!("v{i}"));
+            match block_on(producer.send(queue, Some(key.as_bytes()), value.as_bytes(), &[])) {
+                Ok(d) => {
+                    acked.insert((d.partition, d.offset.unwrap()), value.into_bytes());
+                }
+                Err(e) => failed.push(format!("{value}: {e}")),
+            }
+            i += 1;
+        }
+        (acked, failed)
+    })
+}
+
 #[test]
 fn a_rolling_restart_with_sigterm_fails_no_acks_all_produce() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -255,32 +288,7 @@ fn a_rolling_restart_with_sigterm_fails_no_acks_all_produce() {
     let mut c = Cluster::start_with(3, &format!("{QUICK_ISR}broker_session_ms = 60000\n"));
     c.create_replicated("rolling", 3);
     let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let bootstrap: Vec<String> = (1..=3).map(|id| c.addr(id).to_string()).collect();
-    let producing = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let config = ProducerConfig {
-                acks: Acks::All,
-                delivery_timeout: Duration::from_secs(3),
-                ..ProducerConfig::default()
-            };
-            let producer = Producer::new(&bootstrap.join(","), config).unwrap();
-            let (mut acked, mut failed) = (BTreeMap::new(), Vec::new());
-            let mut i = 0u32;
-            while !stop.load(Ordering::SeqCst) {
-                let value = format!("v{i}");
-                let key = format!("k{}", i % 11);
-                match block_on(producer.send("rolling", Some(key.as_bytes()), value.as_bytes(), &[])) {
-                    Ok(d) => {
-                        acked.insert((d.partition, d.offset.unwrap()), value.into_bytes());
-                    }
-                    Err(e) => failed.push(format!("{value}: {e}")),
-                }
-                i += 1;
-            }
-            (acked, failed)
-        })
-    };
+    let producing = produce_keyed_until(&c, "rolling", stop.clone());
     let until_in_sync = |c: &Cluster, via: u8| {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -786,4 +794,79 @@ fn a_follower_behind_the_leaders_log_start_starts_over_there_and_rejoins() {
         }
     }
     assert!(compared > 0, "no segment in common");
+}
+
+/// `strand node drain`: the node's leaderships move to the other in-sync
+/// replicas while acks=all records keep coming (none fails), it stays in
+/// every ISR, `node list` shows it draining with no leadership, a restart
+/// keeps it so, and `node undrain` gives its preferred leaderships back.
+#[test]
+fn a_drained_node_leads_nothing_until_undrained_and_no_produce_fails() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _turn = turn();
+    let mut c = Cluster::start_with(
+        3,
+        "replica_lag_time_max_ms = 2000\nreplica_fetch_wait_ms = 200\nleader_balance_interval_ms = 500\n",
+    );
+    let leaders = c.create_replicated("maint", 3);
+    let drained = 2u8;
+    assert!(leaders.contains(&u32::from(drained)), "{leaders:?}");
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let producing = produce_keyed_until(&c, "maint", stop.clone());
+    let led_by = |c: &Cluster, id: u8| {
+        let leaders = metadata(&mut c.client(1), Some("maint")).leaders;
+        leaders.iter().filter(|l| **l == u32::from(id)).count()
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let said = c.strand(1, &["node", "drain", &drained.to_string()]);
+    assert!(said.contains("draining"), "{said}");
+    until("the drained node still leads", &|| led_by(&c, drained) == 0);
+    let d = describe(&c, 1, "maint");
+    for p in d["partitions"].as_array().unwrap() {
+        assert_eq!(
+            p["isr"].as_array().unwrap().len(),
+            3,
+            "it stays a follower in sync: {d}"
+        );
+    }
+    let list: serde_json::Value =
+        serde_json::from_str(c.strand(3, &["node", "list", "--output", "json"]).trim()).unwrap();
+    let entry = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == u64::from(drained))
+        .unwrap();
+    assert_eq!(
+        (&entry["draining"], &entry["leaders"], &entry["replicas"]),
+        (&true.into(), &0.into(), &3.into())
+    );
+    assert!(entry["disk_free_bytes"].as_u64().is_some_and(|f| f > 0), "{entry}");
+    // A restart keeps it in maintenance (balancing runs every 500 ms).
+    assert!(c.terminate(drained).success());
+    c.restart(drained);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(led_by(&c, drained), 0, "led again after its restart");
+    c.strand(1, &["node", "undrain", &drained.to_string()]);
+    until("its preferred leaderships never came back", &|| led_by(&c, drained) > 0);
+    stop.store(true, Ordering::SeqCst);
+    let (acked, failed) = producing.join().unwrap();
+    eprintln!("{} records acknowledged, {} failed", acked.len(), failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let got = read_all(&c.addr(1).to_string(), "maint", acked.len());
+    for (at, value) in &acked {
+        assert_eq!(got.get(at), Some(value), "acknowledged record at {at:?} lost");
+    }
 }

@@ -100,12 +100,23 @@ pub struct BrokerDescription {
     pub address: String,
     /// False once the controller fenced it (its lease expired).
     pub alive: bool,
+    /// In maintenance (`Admin::drain_broker`).
+    pub draining: bool,
     /// Partitions it leads, of every queue.
     pub leaders: usize,
     /// Partition replicas it holds (led or followed), of every queue.
     pub replicas: usize,
     /// Partitions it leads with fewer in-sync replicas than replicas.
     pub under_replicated: usize,
+}
+
+/// A broker's data directory's file system, as it reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerDisk {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    /// Below this much free space it refuses produce (`StorageFull`).
+    pub threshold_bytes: u64,
 }
 
 /// The cluster: its controller leader and every broker.
@@ -328,6 +339,7 @@ impl Admin {
                 id: b.node_id(),
                 address: format!("{}:{}", b.host().unwrap_or_default(), b.port()),
                 alive: !b.fenced(),
+                draining: b.draining(),
                 leaders: 0,
                 replicas: 0,
                 under_replicated: 0,
@@ -353,6 +365,41 @@ impl Admin {
             controller: resp.controller(),
             brokers,
             offline,
+        })
+    }
+
+    /// Puts broker `id` into maintenance (`draining`: its leaderships move
+    /// to other in-sync replicas, it stays a follower and takes no new
+    /// leadership while another replica can) or takes it out (leader
+    /// balancing gives its preferred leaderships back).
+    pub async fn drain_broker(&self, id: u32, draining: bool) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let args = DrainBrokerRequestArgs {
+            node_id: u64::from(id),
+            draining,
+        };
+        let root = DrainBrokerRequest::create(&mut fbb, &args);
+        fbb.finish_minimal(root);
+        let f = self.call(Api::DrainBroker, &fbb).await?;
+        ClientError::check(response::<DrainBrokerResponse>(&f)?.error())
+    }
+
+    /// The broker at `address` about itself: its data directory's space.
+    pub async fn describe_broker(&self, address: &str) -> Result<BrokerDisk, ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let root = DescribeBrokerRequest::create(&mut fbb, &DescribeBrokerRequestArgs {});
+        fbb.finish_minimal(root);
+        let f = self
+            .cluster
+            .connection_to(address)?
+            .request(Api::DescribeBroker, fbb.finished_data(), TailBuilder::default())
+            .await?;
+        let resp = response::<DescribeBrokerResponse>(&f)?;
+        ClientError::check(resp.error())?;
+        Ok(BrokerDisk {
+            free_bytes: resp.disk_free_bytes(),
+            total_bytes: resp.disk_total_bytes(),
+            threshold_bytes: resp.disk_threshold_bytes(),
         })
     }
 

@@ -28,11 +28,15 @@ pub enum Api {
     Controller = 20,
     /// Between brokers: a follower fetches a partition from its leader.
     ReplicaFetch = 21,
+    /// Node operations: a broker into or out of maintenance.
+    DrainBroker = 22,
+    /// The answering broker about itself (its disk).
+    DescribeBroker = 23,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 22] = [
+    pub const ALL: [Api; 24] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -55,6 +59,8 @@ impl Api {
         Api::Settle,
         Api::Controller,
         Api::ReplicaFetch,
+        Api::DrainBroker,
+        Api::DescribeBroker,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -97,6 +103,8 @@ impl Api {
             Api::Settle => "Settle",
             Api::Controller => "Controller",
             Api::ReplicaFetch => "ReplicaFetch",
+            Api::DrainBroker => "DrainBroker",
+            Api::DescribeBroker => "DescribeBroker",
         }
     }
 }

@@ -101,6 +101,7 @@ mod tests {
                 id: 1,
                 address: "10.0.0.1:9400".into(),
                 alive: false,
+                draining: false,
                 leaders: 3,
                 replicas: 5,
                 under_replicated: 1,

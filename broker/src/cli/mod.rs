@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod consume;
 pub mod dlq;
 pub mod group;
+pub mod node;
 pub mod parse;
 pub mod produce;
 pub mod queue;

@@ -163,6 +163,7 @@ mod tests {
                     shards: 1,
                     alive: *alive,
                     incarnation: 1,
+                    draining: false,
                 },
             );
         }

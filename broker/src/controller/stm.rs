@@ -26,8 +26,29 @@ fn preferred_leader(
     brokers: &std::collections::BTreeMap<NodeId, super::table::BrokerRecord>,
 ) -> Option<NodeId> {
     let preferred = *p.replicas.first()?;
-    let alive = brokers.get(&preferred).is_some_and(|b| b.alive);
-    (p.leader != preferred && alive && p.isr.contains(&preferred)).then_some(preferred)
+    let ready = brokers.get(&preferred).is_some_and(|b| b.alive && !b.draining);
+    (p.leader != preferred && ready && p.isr.contains(&preferred)).then_some(preferred)
+}
+
+/// The replica of `p` to lead instead of `instead`: the first in the ISR
+/// that is alive, not draining if one is (maintenance yields to
+/// availability); `None` if no other ISR member is alive.
+fn successor(
+    p: &PartitionRecord,
+    brokers: &std::collections::BTreeMap<NodeId, super::table::BrokerRecord>,
+    instead: NodeId,
+) -> Option<NodeId> {
+    let candidates = || {
+        p.replicas
+            .iter()
+            .copied()
+            .filter(|r| *r != instead && p.isr.contains(r))
+            .filter_map(|r| brokers.get(&r).filter(|b| b.alive))
+    };
+    candidates()
+        .find(|b| !b.draining)
+        .or_else(|| candidates().next())
+        .map(|b| b.id)
 }
 
 /// A change to the metadata, as proposed to the Raft group.
@@ -70,6 +91,14 @@ pub enum Command {
         /// from an earlier run does not touch the broker's next one.
         #[serde(default)]
         incarnation: u64,
+    },
+    /// Broker `id` goes into maintenance (`draining`: every leadership it
+    /// holds moves to another alive in-sync replica where there is one, a
+    /// new leader epoch each; it stays in the ISRs) or comes out of it
+    /// (leader balancing then gives it its preferred leaderships back).
+    DrainBroker {
+        id: NodeId,
+        draining: bool,
     },
     /// Every partition whose preferred replica (its first) is alive and in
     /// the ISR but does not lead is led by it again, in a new leader epoch
@@ -148,6 +177,8 @@ pub enum ControllerError {
     InvalidIsr(String),
     #[error("broker ids start at 1")]
     InvalidBrokerId,
+    #[error("no broker {0} in the cluster (strand node list shows the brokers)")]
+    UnknownBroker(NodeId),
 }
 
 impl ControllerError {
@@ -161,7 +192,8 @@ impl ControllerError {
             ControllerError::InvalidSettings(_) | ControllerError::NotEnoughBrokers { .. } => ErrorCode::InvalidConfig,
             ControllerError::BrokerIdInUse { .. }
             | ControllerError::InvalidIsr(_)
-            | ControllerError::InvalidBrokerId => ErrorCode::InvalidRequest,
+            | ControllerError::InvalidBrokerId
+            | ControllerError::UnknownBroker(_) => ErrorCode::InvalidRequest,
             ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
         }
     }
@@ -207,6 +239,7 @@ impl MetadataStm {
                     b.alive = false;
                     self.move_leaderships_off_replicated(*id);
                 }
+                let draining = self.table.brokers.get(id).is_some_and(|b| b.draining);
                 self.table.brokers.insert(
                     *id,
                     super::table::BrokerRecord {
@@ -215,6 +248,7 @@ impl MetadataStm {
                         shards: *shards,
                         alive: true,
                         incarnation: *incarnation,
+                        draining,
                     },
                 );
                 self.lead_offline_partitions(*id);
@@ -233,6 +267,18 @@ impl MetadataStm {
                 if let Some(b) = self.table.brokers.get_mut(id).filter(|b| b.incarnation == *incarnation) {
                     b.alive = false;
                     self.move_leaderships_off(*id);
+                }
+                Ok(())
+            }
+            Command::DrainBroker { id, draining } => {
+                let b = self
+                    .table
+                    .brokers
+                    .get_mut(id)
+                    .ok_or(ControllerError::UnknownBroker(*id))?;
+                b.draining = *draining;
+                if *draining {
+                    self.hand_over_leaderships(*id);
                 }
                 Ok(())
             }
@@ -302,7 +348,6 @@ impl MetadataStm {
     /// `sole_too` (a fence: offline until it is back), else stay as they are.
     fn leave_isrs(&mut self, id: NodeId, sole_too: bool) {
         let brokers = &self.table.brokers;
-        let alive = |r: &NodeId| *r != id && brokers.get(r).is_some_and(|b| b.alive);
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
             let sole = p.isr == [id];
             if !p.isr.contains(&id) && p.leader != id {
@@ -317,15 +362,26 @@ impl MetadataStm {
             }
             p.isr.retain(|r| *r != id || sole);
             if p.leader == id {
-                p.leader = p
-                    .replicas
-                    .iter()
-                    .copied()
-                    .find(|r| p.isr.contains(r) && alive(r))
-                    .unwrap_or(NO_LEADER);
+                p.leader = successor(p, brokers, id).unwrap_or(NO_LEADER);
                 p.leader_epoch += 1;
             }
             p.partition_epoch += 1;
+        }
+    }
+
+    /// Every leadership of broker `id` that another alive ISR member can
+    /// take moves there (a new leader epoch); `id` stays in the ISRs.
+    fn hand_over_leaderships(&mut self, id: NodeId) {
+        let brokers = &self.table.brokers;
+        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+            if p.leader != id {
+                continue;
+            }
+            if let Some(next) = successor(p, brokers, id).filter(|n| brokers.get(n).is_some_and(|b| !b.draining)) {
+                p.leader = next;
+                p.leader_epoch += 1;
+                p.partition_epoch += 1;
+            }
         }
     }
 
@@ -535,6 +591,9 @@ fn validate_settings(s: &QueueSettings) -> Result<(), ControllerError> {
 struct Placement {
     /// (leaders, replicas) each live broker holds, by id.
     load: std::collections::BTreeMap<NodeId, (usize, usize)>,
+    /// Live brokers in maintenance: a new partition's leader only when
+    /// every live broker is.
+    draining: std::collections::BTreeSet<NodeId>,
 }
 
 impl Placement {
@@ -562,17 +621,26 @@ impl Placement {
                 }
             }
         }
-        Ok(Placement { load })
+        let draining = table
+            .brokers
+            .values()
+            .filter(|b| b.alive && b.draining)
+            .map(|b| b.id)
+            .collect();
+        Ok(Placement { load, draining })
     }
 
     /// Places one partition with `rf` replicas (at most the live brokers).
     fn place(&mut self, rf: u16) -> PartitionRecord {
+        let draining = &self.draining;
         let pick = |load: &std::collections::BTreeMap<NodeId, (usize, usize)>,
                     taken: &[NodeId],
                     key: fn(&(usize, usize)) -> (usize, usize)| {
+            // A draining broker leads only if every one is.
+            let leading = taken.is_empty();
             load.iter()
                 .filter(|(id, _)| !taken.contains(id))
-                .min_by_key(|(id, l)| (key(l), **id))
+                .min_by_key(|(id, l)| (leading && draining.contains(id), key(l), **id))
                 .map(|(id, _)| *id)
         };
         let mut replicas: Vec<NodeId> = Vec::with_capacity(usize::from(rf));

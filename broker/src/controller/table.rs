@@ -30,6 +30,12 @@ pub struct BrokerRecord {
     /// restarted, and may have lost what it had not fdatasync'd.
     #[serde(default)]
     pub incarnation: u64,
+    /// In maintenance (`strand node drain`): it leads nothing it can hand
+    /// to another in-sync replica, stays a follower, and is given no
+    /// leadership by placement, failover or leader balancing while another
+    /// replica can take it. Kept across its restarts until undrained.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 fn alive() -> bool {

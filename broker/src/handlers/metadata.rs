@@ -37,6 +37,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                     port,
                     shards: b.shards,
                     fenced: !b.alive,
+                    draining: b.draining,
                 },
             )
         })

@@ -12,6 +12,7 @@
 
 mod alter_queue;
 mod api_versions;
+mod brokers;
 mod controller;
 mod create_queue;
 mod delete_queue;
@@ -64,6 +65,8 @@ pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: Fra
         Api::Fetch => fetch::handle(shard, chains, header, &frame.body).await,
         Api::ListOffsets => list_offsets::handle(shard, header, &frame.body).await,
         Api::ReplicaFetch => replica_fetch::handle(shard, header, &frame.body).await,
+        Api::DrainBroker => brokers::drain(shard, header, &frame.body).await,
+        Api::DescribeBroker => brokers::describe(shard, header, &frame.body),
         Api::JoinGroup
         | Api::Heartbeat
         | Api::LeaveGroup

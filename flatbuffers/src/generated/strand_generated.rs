@@ -1842,6 +1842,7 @@ impl<'a> BrokerInfo<'a> {
   pub const VT_PORT: ::flatbuffers::VOffsetT = 8;
   pub const VT_SHARDS: ::flatbuffers::VOffsetT = 10;
   pub const VT_FENCED: ::flatbuffers::VOffsetT = 12;
+  pub const VT_DRAINING: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1857,6 +1858,7 @@ impl<'a> BrokerInfo<'a> {
     builder.add_node_id(args.node_id);
     builder.add_shards(args.shards);
     builder.add_port(args.port);
+    builder.add_draining(args.draining);
     builder.add_fenced(args.fenced);
     builder.finish()
   }
@@ -1897,6 +1899,13 @@ impl<'a> BrokerInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(BrokerInfo::VT_FENCED, Some(false)).unwrap()}
   }
+  #[inline]
+  pub fn draining(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(BrokerInfo::VT_DRAINING, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
@@ -1910,6 +1919,7 @@ impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
      .visit_field::<u16>("port", Self::VT_PORT, false)?
      .visit_field::<u16>("shards", Self::VT_SHARDS, false)?
      .visit_field::<bool>("fenced", Self::VT_FENCED, false)?
+     .visit_field::<bool>("draining", Self::VT_DRAINING, false)?
      .finish();
     Ok(())
   }
@@ -1920,6 +1930,7 @@ pub struct BrokerInfoArgs<'a> {
     pub port: u16,
     pub shards: u16,
     pub fenced: bool,
+    pub draining: bool,
 }
 impl<'a> Default for BrokerInfoArgs<'a> {
   #[inline]
@@ -1930,6 +1941,7 @@ impl<'a> Default for BrokerInfoArgs<'a> {
       port: 0,
       shards: 0,
       fenced: false,
+      draining: false,
     }
   }
 }
@@ -1960,6 +1972,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerInfoBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<bool>(BrokerInfo::VT_FENCED, fenced, false);
   }
   #[inline]
+  pub fn add_draining(&mut self, draining: bool) {
+    self.fbb_.push_slot::<bool>(BrokerInfo::VT_DRAINING, draining, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     BrokerInfoBuilder {
@@ -1982,6 +1998,7 @@ impl ::core::fmt::Debug for BrokerInfo<'_> {
       ds.field("port", &self.port());
       ds.field("shards", &self.shards());
       ds.field("fenced", &self.fenced());
+      ds.field("draining", &self.draining());
       ds.finish()
   }
 }
@@ -3222,6 +3239,463 @@ impl ::core::fmt::Debug for AlterQueueResponse<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("AlterQueueResponse");
       ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum DrainBrokerRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Puts broker `node_id` into maintenance (`draining`: its leaderships move
+/// to other in-sync replicas, it stays a follower) or takes it out.
+pub struct DrainBrokerRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DrainBrokerRequest<'a> {
+  type Inner = DrainBrokerRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DrainBrokerRequest<'a> {
+  pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_DRAINING: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DrainBrokerRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DrainBrokerRequestArgs
+  ) -> ::flatbuffers::WIPOffset<DrainBrokerRequest<'bldr>> {
+    let mut builder = DrainBrokerRequestBuilder::new(_fbb);
+    builder.add_node_id(args.node_id);
+    builder.add_draining(args.draining);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn node_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DrainBrokerRequest::VT_NODE_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn draining(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(DrainBrokerRequest::VT_DRAINING, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DrainBrokerRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("node_id", Self::VT_NODE_ID, false)?
+     .visit_field::<bool>("draining", Self::VT_DRAINING, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DrainBrokerRequestArgs {
+    pub node_id: u64,
+    pub draining: bool,
+}
+impl<'a> Default for DrainBrokerRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    DrainBrokerRequestArgs {
+      node_id: 0,
+      draining: false,
+    }
+  }
+}
+
+pub struct DrainBrokerRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DrainBrokerRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_node_id(&mut self, node_id: u64) {
+    self.fbb_.push_slot::<u64>(DrainBrokerRequest::VT_NODE_ID, node_id, 0);
+  }
+  #[inline]
+  pub fn add_draining(&mut self, draining: bool) {
+    self.fbb_.push_slot::<bool>(DrainBrokerRequest::VT_DRAINING, draining, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DrainBrokerRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DrainBrokerRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DrainBrokerRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DrainBrokerRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DrainBrokerRequest");
+      ds.field("node_id", &self.node_id());
+      ds.field("draining", &self.draining());
+      ds.finish()
+  }
+}
+pub enum DrainBrokerResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DrainBrokerResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DrainBrokerResponse<'a> {
+  type Inner = DrainBrokerResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DrainBrokerResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DrainBrokerResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DrainBrokerResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DrainBrokerResponse<'bldr>> {
+    let mut builder = DrainBrokerResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(DrainBrokerResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DrainBrokerResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DrainBrokerResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for DrainBrokerResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DrainBrokerResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct DrainBrokerResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DrainBrokerResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(DrainBrokerResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DrainBrokerResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DrainBrokerResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DrainBrokerResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DrainBrokerResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DrainBrokerResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum DescribeBrokerRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The answering broker about itself.
+pub struct DescribeBrokerRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribeBrokerRequest<'a> {
+  type Inner = DescribeBrokerRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribeBrokerRequest<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribeBrokerRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args DescribeBrokerRequestArgs
+  ) -> ::flatbuffers::WIPOffset<DescribeBrokerRequest<'bldr>> {
+    let mut builder = DescribeBrokerRequestBuilder::new(_fbb);
+    builder.finish()
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for DescribeBrokerRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribeBrokerRequestArgs {
+}
+impl<'a> Default for DescribeBrokerRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    DescribeBrokerRequestArgs {
+    }
+  }
+}
+
+pub struct DescribeBrokerRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribeBrokerRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribeBrokerRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribeBrokerRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribeBrokerRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribeBrokerRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribeBrokerRequest");
+      ds.finish()
+  }
+}
+pub enum DescribeBrokerResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DescribeBrokerResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribeBrokerResponse<'a> {
+  type Inner = DescribeBrokerResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribeBrokerResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_DISK_FREE_BYTES: ::flatbuffers::VOffsetT = 8;
+  pub const VT_DISK_TOTAL_BYTES: ::flatbuffers::VOffsetT = 10;
+  pub const VT_DISK_THRESHOLD_BYTES: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribeBrokerResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DescribeBrokerResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DescribeBrokerResponse<'bldr>> {
+    let mut builder = DescribeBrokerResponseBuilder::new(_fbb);
+    builder.add_disk_threshold_bytes(args.disk_threshold_bytes);
+    builder.add_disk_total_bytes(args.disk_total_bytes);
+    builder.add_disk_free_bytes(args.disk_free_bytes);
+    builder.add_node_id(args.node_id);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(DescribeBrokerResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn node_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DescribeBrokerResponse::VT_NODE_ID, Some(0)).unwrap()}
+  }
+  /// Its data directory's file system: bytes free (for unprivileged
+  /// writers) and its size; below `disk_threshold_bytes` free it refuses
+  /// produce (StorageFull).
+  #[inline]
+  pub fn disk_free_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DescribeBrokerResponse::VT_DISK_FREE_BYTES, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn disk_total_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DescribeBrokerResponse::VT_DISK_TOTAL_BYTES, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn disk_threshold_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DescribeBrokerResponse::VT_DISK_THRESHOLD_BYTES, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DescribeBrokerResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<u64>("node_id", Self::VT_NODE_ID, false)?
+     .visit_field::<u64>("disk_free_bytes", Self::VT_DISK_FREE_BYTES, false)?
+     .visit_field::<u64>("disk_total_bytes", Self::VT_DISK_TOTAL_BYTES, false)?
+     .visit_field::<u64>("disk_threshold_bytes", Self::VT_DISK_THRESHOLD_BYTES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribeBrokerResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub node_id: u64,
+    pub disk_free_bytes: u64,
+    pub disk_total_bytes: u64,
+    pub disk_threshold_bytes: u64,
+}
+impl<'a> Default for DescribeBrokerResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DescribeBrokerResponseArgs {
+      error: None,
+      node_id: 0,
+      disk_free_bytes: 0,
+      disk_total_bytes: 0,
+      disk_threshold_bytes: 0,
+    }
+  }
+}
+
+pub struct DescribeBrokerResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribeBrokerResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(DescribeBrokerResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_node_id(&mut self, node_id: u64) {
+    self.fbb_.push_slot::<u64>(DescribeBrokerResponse::VT_NODE_ID, node_id, 0);
+  }
+  #[inline]
+  pub fn add_disk_free_bytes(&mut self, disk_free_bytes: u64) {
+    self.fbb_.push_slot::<u64>(DescribeBrokerResponse::VT_DISK_FREE_BYTES, disk_free_bytes, 0);
+  }
+  #[inline]
+  pub fn add_disk_total_bytes(&mut self, disk_total_bytes: u64) {
+    self.fbb_.push_slot::<u64>(DescribeBrokerResponse::VT_DISK_TOTAL_BYTES, disk_total_bytes, 0);
+  }
+  #[inline]
+  pub fn add_disk_threshold_bytes(&mut self, disk_threshold_bytes: u64) {
+    self.fbb_.push_slot::<u64>(DescribeBrokerResponse::VT_DISK_THRESHOLD_BYTES, disk_threshold_bytes, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribeBrokerResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribeBrokerResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribeBrokerResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribeBrokerResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribeBrokerResponse");
+      ds.field("error", &self.error());
+      ds.field("node_id", &self.node_id());
+      ds.field("disk_free_bytes", &self.disk_free_bytes());
+      ds.field("disk_total_bytes", &self.disk_total_bytes());
+      ds.field("disk_threshold_bytes", &self.disk_threshold_bytes());
       ds.finish()
   }
 }

@@ -683,3 +683,79 @@ fn leaderships_go_back_to_preferred_replicas_that_are_alive_and_in_sync() {
     assert_eq!((now.leader, now.leader_epoch), (1, p.leader_epoch + 1));
     assert!(MetadataStm::unbalanced_leaders(stm.table()).is_empty());
 }
+
+#[test]
+fn a_draining_broker_hands_its_leaderships_over_stays_a_follower_and_leads_nothing_new() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let leads = |stm: &MetadataStm, id: NodeId| stm.table().led_by(id).count();
+    let drained = 2;
+    assert!(leads(&stm, drained) > 0);
+    let unknown = apply(&mut stm, Command::DrainBroker { id: 9, draining: true });
+    assert_eq!(unknown, Err(ControllerError::UnknownBroker(9)));
+    let before = stm.table().queues.clone();
+    apply(
+        &mut stm,
+        Command::DrainBroker {
+            id: drained,
+            draining: true,
+        },
+    )
+    .unwrap();
+    assert!(stm.table().brokers[&drained].draining);
+    for (name, q) in &stm.table().queues {
+        for (p, (now, was)) in q.partitions.iter().zip(&before[name].partitions).enumerate() {
+            assert_eq!(now.isr, was.isr, "{name}/{p}: the ISR is kept");
+            if was.leader != drained {
+                assert_eq!(now, was, "{name}/{p}: untouched");
+            } else if was.isr == [drained] {
+                // Nobody else holds it: it keeps leading (maintenance
+                // yields to availability).
+                assert_eq!(
+                    (now.leader, now.leader_epoch),
+                    (drained, was.leader_epoch),
+                    "{name}/{p}"
+                );
+            } else {
+                assert!(
+                    now.leader != drained && now.isr.contains(&now.leader),
+                    "{name}/{p}: {now:?}"
+                );
+                assert_eq!(now.leader_epoch, was.leader_epoch + 1, "{name}/{p}");
+            }
+        }
+    }
+    // Balancing gives it nothing back, and new partitions are not led by it.
+    assert!(MetadataStm::unbalanced_leaders(stm.table()).is_empty());
+    let create = Command::CreateQueue {
+        name: "later".into(),
+        settings: settings(6, 3),
+    };
+    apply(&mut stm, create).unwrap();
+    let later = stm.table().queues["later"].clone();
+    assert!(later
+        .partitions
+        .iter()
+        .all(|p| p.leader != drained && p.replicas.contains(&drained)));
+    // A restart keeps it in maintenance; a failover prefers another replica.
+    apply(&mut stm, back(drained)).unwrap();
+    assert!(stm.table().brokers[&drained].draining);
+    let other = later.partitions[0].leader;
+    apply(&mut stm, Command::FenceBroker { id: other, term: 0 }).unwrap();
+    let p0 = &stm.table().queues["later"].partitions[0];
+    assert!(p0.leader != drained && p0.leader != other, "{p0:?}");
+    // Undrained: balancing hands its preferred leaderships back.
+    apply(
+        &mut stm,
+        Command::DrainBroker {
+            id: drained,
+            draining: false,
+        },
+    )
+    .unwrap();
+    let to = MetadataStm::unbalanced_leaders(stm.table());
+    assert!(to.get(&drained).is_some_and(|n| *n > 0), "{to:?}");
+}
