@@ -8,7 +8,9 @@
 //! and its dead-letter growth; per group the lag and its trend (records/s:
 //! positive means it falls behind); hot partitions — a partition taking
 //! more than twice its queue's mean rate (a hot key), or holding more than
-//! twice its queue's mean bytes. On a terminal the screen is redrawn; piped,
+//! twice its queue's mean bytes; per broker its data directory's free space
+//! against its threshold (below it: produce refused, `StorageFull`) and
+//! whether it is draining. On a terminal the screen is redrawn; piped,
 //! each refresh is printed after the last. `--iterations N` stops after N
 //! refreshes (for scripts).
 
@@ -248,7 +250,37 @@ pub fn render(prev: &BTreeMap<Series, f64>, cur: &BTreeMap<Series, f64>, secs: f
         out.push_str(&h);
         out.push('\n');
     }
+    brokers(cur, &mut out);
     out
+}
+
+/// Per broker: free space against its threshold, and maintenance.
+fn brokers(cur: &BTreeMap<Series, f64>, out: &mut String) {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    let free = by_label(cur, "strand_disk_free_bytes", "broker");
+    let threshold = by_label(cur, "strand_disk_free_threshold_bytes", "broker");
+    let draining = by_label(cur, "strand_broker_draining", "broker");
+    let mut ids: Vec<&String> = free.keys().chain(draining.keys()).collect();
+    ids.sort_by_key(|id| (id.len(), *id));
+    ids.dedup();
+    out.push_str(&format!(
+        "\n{:<8} {:>12} {:>12}  {}\n",
+        "BROKER", "DISK FREE", "THRESHOLD", "STATE"
+    ));
+    for id in ids {
+        let gib = |v: Option<&f64>| v.map_or("-".to_string(), |v| format!("{:.2} GiB", v / GIB));
+        let full = matches!((free.get(id), threshold.get(id)), (Some(f), Some(t)) if f < t);
+        let state = match (full, draining.get(id).is_some_and(|d| *d > 0.0)) {
+            (true, _) => "PRODUCE REFUSED: disk below its threshold",
+            (false, true) => "draining",
+            (false, false) => "ok",
+        };
+        out.push_str(&format!(
+            "{id:<8} {:>12} {:>12}  {state}\n",
+            gib(free.get(id)),
+            gib(threshold.get(id))
+        ));
+    }
 }
 
 pub fn run(args: TopArgs) -> Result<(), String> {
@@ -313,5 +345,31 @@ mod tests {
         assert!(text.contains("falling behind"), "{text}");
         let calm = render(&snap([0.0; 4], 10.0), &snap([10.0; 4], 5.0), 1.0);
         assert!(calm.contains("(none)") && !calm.contains("falling behind"), "{calm}");
+    }
+
+    #[test]
+    fn shows_each_broker_s_disk_and_maintenance() {
+        let cur = parse(
+            "strand_disk_free_bytes{broker=\"1\"} 536870912\nstrand_disk_free_threshold_bytes{broker=\"1\"} 1073741824\n\
+             strand_disk_free_bytes{broker=\"2\"} 10737418240\nstrand_disk_free_threshold_bytes{broker=\"2\"} 1073741824\n\
+             strand_broker_draining{broker=\"1\"} 0\nstrand_broker_draining{broker=\"2\"} 1\n\
+             strand_broker_draining{broker=\"3\"} 0\n",
+        );
+        let text = render(&BTreeMap::new(), &cur, 1.0);
+        let line = |id: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{id} ")))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(
+            line("1").contains("0.50 GiB") && line("1").contains("PRODUCE REFUSED"),
+            "{text}"
+        );
+        assert!(
+            line("2").contains("10.00 GiB") && line("2").ends_with("draining"),
+            "{text}"
+        );
+        assert!(line("3").contains('-') && line("3").ends_with("ok"), "{text}");
     }
 }

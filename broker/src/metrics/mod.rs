@@ -25,9 +25,11 @@
 //!   the follower's last fetch)
 //! - `strand_offline_partitions` {queue}: partitions without a leader, as
 //!   this broker's metadata says (every broker says the same)
-//! - `strand_disk_free_bytes`, `strand_disk_free_threshold_bytes`: the data
-//!   directory's free space and the threshold below which produce is
-//!   refused (`StorageFull`)
+//! - `strand_disk_free_bytes`, `strand_disk_free_threshold_bytes` {broker}:
+//!   this broker's data directory's free space and the threshold below
+//!   which produce is refused (`StorageFull`)
+//! - `strand_broker_draining` {broker}: 1 for a broker in maintenance, as
+//!   this broker's metadata says (every broker says the same)
 //! - `strand_group_lag` {group, queue, partition} (high watermark − committed
 //!   position, for partitions with one)
 //! - `strand_group_rebalances_total` {group}, `strand_dlq_records_total`
@@ -348,9 +350,12 @@ pub struct ShardSnapshot {
     /// Shard 0 only (from the table, the same on every node): per queue,
     /// its partitions without a leader (every in-sync replica fenced).
     pub offline: Vec<(String, u64)>,
-    /// Shard 0 only: the data directory's free bytes and the threshold
-    /// below which produce is refused.
-    pub disk: Option<(u64, u64)>,
+    /// Shard 0 only: this broker's id, its data directory's free bytes and
+    /// the threshold below which produce is refused.
+    pub disk: Option<(u64, u64, u64)>,
+    /// Shard 0 only (from the table): each broker and whether it is in
+    /// maintenance (draining).
+    pub draining: Vec<(u64, bool)>,
     pub queues: Vec<(String, QueueCounters)>,
     pub latency: Vec<(u16, LatencyHistogram)>,
     pub connections: i64,
@@ -603,17 +608,30 @@ impl Collector for Scrape {
             offline,
         )?;
         let disk = self.snapshots.iter().find_map(|s| s.disk);
+        let broker = |id: u64| vec![("broker", id.to_string())];
         gauge(
             &mut encoder,
             "strand_disk_free_bytes",
-            "Free bytes in the data directory's file system (for unprivileged writers).",
-            disk.map(|(free, _)| (Vec::new(), as_i64(free))).into_iter().collect(),
+            "Free bytes in this broker's data directory's file system (for unprivileged writers).",
+            disk.map(|(id, free, _)| (broker(id), as_i64(free)))
+                .into_iter()
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_broker_draining",
+            "1 for a broker in maintenance (strand node drain), as this broker's metadata says.",
+            self.snapshots
+                .iter()
+                .flat_map(|s| s.draining.iter())
+                .map(|(id, draining)| (broker(*id), i64::from(*draining)))
+                .collect(),
         )?;
         gauge(
             &mut encoder,
             "strand_disk_free_threshold_bytes",
-            "Below this much free space produce is refused with StorageFull (min_free_bytes).",
-            disk.map(|(_, threshold)| (Vec::new(), as_i64(threshold)))
+            "Below this much free space this broker refuses produce with StorageFull (min_free_bytes).",
+            disk.map(|(id, _, threshold)| (broker(id), as_i64(threshold)))
                 .into_iter()
                 .collect(),
         )?;

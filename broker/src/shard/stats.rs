@@ -50,8 +50,9 @@ impl Shard {
             snap.recycled += stats.recycled;
         }
         if self.id.0 == 0 {
-            snap.disk = self.disk.space().map(|s| (s.free, s.threshold));
+            snap.disk = self.disk.space().map(|s| (self.config.node_id, s.free, s.threshold));
             let table = self.table();
+            snap.draining = table.brokers.values().map(|b| (b.id, b.draining)).collect();
             snap.offline = table
                 .queues
                 .values()
