@@ -125,6 +125,16 @@ struct State {
     next_broker: usize,
 }
 
+/// A broker's metadata answer about one queue.
+struct Answered {
+    /// The queue, or why the broker has none (`UnknownQueue`).
+    queue: Result<QueueInfo, ClientError>,
+    /// The brokers it named: node id → (`host:port`, shards).
+    brokers: HashMap<u32, (String, u16)>,
+    /// The controller log index its metadata reflects.
+    applied_index: u64,
+}
+
 /// Parses `HOST:PORT[,HOST:PORT...]`.
 pub fn parse_brokers(list: &str) -> Result<Vec<String>, ClientError> {
     let brokers: Vec<String> = list
@@ -327,6 +337,11 @@ impl Cluster {
         }
         let (held, at) = st.queues.get_mut(name)?;
         let p = partition as usize;
+        // Already followed (a second answer of requests sent before).
+        let current = (held.leaders.get(p).copied(), held.leader_epochs.get(p).copied());
+        if current == (Some(hint.node), Some(hint.leader_epoch)) && at.is_some() {
+            return Some(held.clone());
+        }
         if held.leader_epochs.get(p).is_none_or(|&e| e >= hint.leader_epoch) {
             return None;
         }
@@ -363,37 +378,42 @@ impl Cluster {
         if answer.as_ref().is_err_and(|e| e.is_io()) {
             self.skip_broker();
         }
-        let (answer, brokers) = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                if e.code() == Some(ErrorCode::UnknownQueue) {
-                    self.state().queues.remove(name);
-                }
-                return Err(e);
-            }
-        };
+        let Answered {
+            queue,
+            brokers,
+            applied_index,
+        } = answer?;
         let mut s = self.state();
         s.brokers.extend(brokers);
         let held = s.queues.get(name).map(|(held, _)| held.clone());
-        if held.as_ref().is_some_and(|h| h.applied_index > answer.applied_index) {
+        let behind = held.as_ref().is_some_and(|h| h.applied_index > applied_index);
+        if behind {
             s.next_broker = s.next_broker.wrapping_add(1);
         }
-        let info = match held {
-            Some(held) => held.newer_of(answer),
-            None => answer,
+        let info = match (queue, held) {
+            // A broker behind the controller (restarted, cut off) that has
+            // not heard of the queue yet: what is held stands.
+            (Err(e), Some(held)) if behind && e.code() == Some(ErrorCode::UnknownQueue) => {
+                return Ok(held);
+            }
+            (Err(e), _) => {
+                if e.code() == Some(ErrorCode::UnknownQueue) {
+                    s.queues.remove(name);
+                }
+                return Err(e);
+            }
+            (Ok(answer), Some(held)) => held.newer_of(answer),
+            (Ok(answer), None) => answer,
         };
         let info = Arc::new(info);
         s.queues.insert(name.to_string(), (info.clone(), Some(Instant::now())));
         Ok(info)
     }
 
-    /// One Metadata request for `name` on `conn`: the queue's metadata and
-    /// the brokers the answer named.
-    async fn ask_metadata(
-        &self,
-        conn: &Connection,
-        name: &str,
-    ) -> Result<(QueueInfo, HashMap<u32, (String, u16)>), ClientError> {
+    /// One Metadata request for `name` on `conn`: the queue's metadata (or
+    /// why the broker has none), the brokers the answer named, and the
+    /// controller log index it reflects.
+    async fn ask_metadata(&self, conn: &Connection, name: &str) -> Result<Answered, ClientError> {
         let mut fbb = FlatBufferBuilder::new();
         let n = fbb.create_string(name);
         let list = fbb.create_vector(&[n]);
@@ -419,7 +439,13 @@ impl Cluster {
             .flatten()
             .find(|q| q.name() == Some(name))
             .ok_or_else(|| ClientError::Protocol(format!("metadata without queue {name:?}")))?;
-        ClientError::check(q.error())?;
+        if let Err(e) = ClientError::check(q.error()) {
+            return Ok(Answered {
+                queue: Err(e),
+                brokers,
+                applied_index: resp.applied_index(),
+            });
+        }
         let partitions = q.partitions().unwrap_or_default();
         let info = QueueInfo {
             name: name.to_string(),
@@ -432,7 +458,11 @@ impl Cluster {
         if info.leaders.is_empty() {
             return Err(ClientError::Protocol(format!("queue {name:?} has no partitions")));
         }
-        Ok((info, brokers))
+        Ok(Answered {
+            queue: Ok(info),
+            brokers,
+            applied_index: resp.applied_index(),
+        })
     }
 
     /// Has the queue's metadata asked for again on next use (what is held
@@ -526,7 +556,10 @@ mod tests {
             (moved.leaders.clone(), moved.leader_epochs.clone()),
             (vec![3, 2], vec![4, 1])
         );
-        assert_eq!(cluster.cached("q"), Some(moved));
+        assert_eq!(cluster.cached("q"), Some(moved.clone()));
+        // The same hint again (another answer to requests sent before):
+        // already followed, no metadata asked for.
+        assert_eq!(cluster.follow_hint("q", 0, hint(3, 4)), Some(moved));
         assert_eq!(held.leaders, vec![1, 2], "callers' copies are not changed under them");
     }
 

@@ -406,14 +406,6 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
     };
     let mut next_overdue_check = Instant::now() + OVERDUE_CHECK;
     let failure = loop {
-        // Also while other responses keep arriving: one request may be
-        // stuck behind a broker that answers the rest.
-        if Instant::now() >= next_overdue_check {
-            if let Some(late) = overdue(&pending) {
-                break late;
-            }
-            next_overdue_check = Instant::now() + OVERDUE_CHECK;
-        }
         match frame::decode(&mut buf, limits) {
             Ok(Some(f)) => {
                 let waiter = pending
@@ -434,6 +426,15 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
                     .to_string()
             }
             Err(e) => break format!("malformed frame from the broker: {e}"),
+        }
+        // Every answer received is handed out first; then, also while
+        // other answers keep arriving, a request stuck behind a broker that
+        // answers the rest fails the connection.
+        if Instant::now() >= next_overdue_check {
+            if let Some(late) = overdue(&pending) {
+                break late;
+            }
+            next_overdue_check = Instant::now() + OVERDUE_CHECK;
         }
         // Room for the rest of the frame under way, so that a large
         // response is read in few calls into one allocation and handed out

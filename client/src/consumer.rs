@@ -428,12 +428,14 @@ impl Consumer {
         Ok(())
     }
 
-    /// After NOT_LEADER, an unknown partition or a lost connection, the
-    /// partitions go to the leader the answer named, or their leaders are
-    /// asked for again on the next poll.
+    /// After NOT_LEADER, an unknown partition or a lost connection about a
+    /// whole request, the leaders of its partitions are asked for again on
+    /// the next poll (a hint names one partition's leader: not theirs).
     fn forget_if_moved<T>(&self, e: &ClientError, keys: &[(Key, T)]) {
-        for ((queue, partition), _) in keys {
-            self.cluster.leader_moved(queue, *partition, e);
+        if e.leader_moved() {
+            for ((queue, _), _) in keys {
+                self.cluster.forget_queue(queue);
+            }
         }
     }
 

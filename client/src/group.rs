@@ -504,7 +504,11 @@ impl GroupConsumer {
             return Err(ClientError::Invalid("subscribe to at least one queue".into()));
         }
         let cluster = Cluster::with_busy_poll(brokers, config.consumer.busy_poll)?;
-        let calls = GroupCalls::new(cluster.clone(), group, config.session_timeout)?;
+        // A member's calls retry for one heartbeat interval (a third of the
+        // session): the heartbeat thread, which also wakes waiting polls
+        // and runs the leave at close, must not sit in one call for a
+        // whole session while the coordinator moves.
+        let calls = GroupCalls::new(cluster.clone(), group, config.session_timeout / 3)?;
         // Positions come from the group; one outside the log (retention
         // removed records nobody read) is reset per the group's start
         // policy — earliest: what is left; latest: the end — and reported

@@ -100,8 +100,13 @@ impl Future for Sleep {
         // Registered at every poll, so the newest waker is woken (a task
         // moved between threads has another); an older entry wakes a task
         // that then finds itself early and waits again. Entries leave at
-        // their deadline, so they stay few.
-        timer().add(self.deadline, cx.waker().clone());
+        // their deadline, so they stay few. Without a timer thread (it
+        // could not start) the task is polled again at once: a busy wait,
+        // never a hang.
+        match timer() {
+            Some(t) => t.add(self.deadline, cx.waker().clone()),
+            None => cx.waker().wake_by_ref(),
+        }
         Poll::Pending
     }
 }
@@ -113,20 +118,20 @@ struct Timer {
     changed: Condvar,
 }
 
-fn timer() -> &'static Timer {
-    static TIMER: OnceLock<&'static Timer> = OnceLock::new();
-    TIMER.get_or_init(|| {
+/// The process's timer, started on first use; `None` if its thread could
+/// not start.
+fn timer() -> Option<&'static Timer> {
+    static TIMER: OnceLock<Option<&'static Timer>> = OnceLock::new();
+    *TIMER.get_or_init(|| {
         let t: &'static Timer = Box::leak(Box::new(Timer {
             due: Mutex::new(Vec::new()),
             changed: Condvar::new(),
         }));
-        // If the thread cannot start, every sleep ends at its first poll
-        // after the deadline instead (the callers poll again on their own
-        // schedule): slower, never stuck.
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("strand-client timer".into())
-            .spawn(move || t.run());
-        t
+            .spawn(move || t.run())
+            .ok()
+            .map(|_| t)
     })
 }
 

@@ -19,15 +19,24 @@ pub const PARTITIONS_MAX: u32 = 10_000;
 /// Largest `max_message_bytes` a queue may set.
 pub const MESSAGE_BYTES_MAX: u32 = 64 << 20;
 
-/// The partition's preferred replica (its first), if it should lead and
-/// does not: alive and in the ISR.
+/// The replica that should lead `p` instead of its leader, if any: its
+/// preferred replica (its first) once that is alive, not draining and in
+/// the ISR; else, while the leader drains, another alive in-sync replica
+/// that does not (one may have caught up since the drain began).
 fn preferred_leader(
     p: &PartitionRecord,
     brokers: &std::collections::BTreeMap<NodeId, super::table::BrokerRecord>,
 ) -> Option<NodeId> {
     let preferred = *p.replicas.first()?;
     let ready = brokers.get(&preferred).is_some_and(|b| b.alive && !b.draining);
-    (p.leader != preferred && ready && p.isr.contains(&preferred)).then_some(preferred)
+    if p.leader != preferred && ready && p.isr.contains(&preferred) {
+        return Some(preferred);
+    }
+    let draining = |id: &NodeId| brokers.get(id).is_some_and(|b| b.draining);
+    if !draining(&p.leader) {
+        return None;
+    }
+    successor(p, brokers, p.leader).filter(|next| !draining(next))
 }
 
 /// The replica of `p` to lead instead of `instead`: the first in the ISR
@@ -100,8 +109,10 @@ pub enum Command {
         id: NodeId,
         draining: bool,
     },
-    /// Every partition whose preferred replica (its first) is alive and in
-    /// the ISR but does not lead is led by it again, in a new leader epoch
+    /// Every partition whose preferred replica (its first) is alive, not
+    /// draining and in the ISR but does not lead is led by it again (and one
+    /// led by a draining broker by another alive in-sync replica), in a new
+    /// leader epoch
     /// (automatic leader balancing: after a failover, leaderships go back
     /// where placement spread them). Any ISR member holds everything
     /// committed, so the move loses nothing; the controller leader proposes
@@ -369,15 +380,16 @@ impl MetadataStm {
         }
     }
 
-    /// Every leadership of broker `id` that another alive ISR member can
-    /// take moves there (a new leader epoch); `id` stays in the ISRs.
+    /// Every leadership of broker `id` (now draining) that another alive,
+    /// not draining ISR member can take moves there (a new leader epoch,
+    /// as [`Command::BalanceLeaders`] would); `id` stays in the ISRs.
     fn hand_over_leaderships(&mut self, id: NodeId) {
         let brokers = &self.table.brokers;
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
             if p.leader != id {
                 continue;
             }
-            if let Some(next) = successor(p, brokers, id).filter(|n| brokers.get(n).is_some_and(|b| !b.draining)) {
+            if let Some(next) = preferred_leader(p, brokers) {
                 p.leader = next;
                 p.leader_epoch += 1;
                 p.partition_epoch += 1;

@@ -759,3 +759,54 @@ fn a_draining_broker_hands_its_leaderships_over_stays_a_follower_and_leads_nothi
     let to = MetadataStm::unbalanced_leaders(stm.table());
     assert!(to.get(&drained).is_some_and(|n| *n > 0), "{to:?}");
 }
+
+#[test]
+fn a_draining_leader_hands_over_once_another_replica_is_in_sync_again() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let drained = 2;
+    let at = stm.table().queues["q"]
+        .partitions
+        .iter()
+        .position(|p| p.leader == drained)
+        .unwrap();
+    let alter = |stm: &MetadataStm, isr: Vec<NodeId>| {
+        let p = &stm.table().queues["q"].partitions[at];
+        Command::AlterIsr {
+            queue: "q".into(),
+            partition: at as u32,
+            leader: p.leader,
+            leader_epoch: p.leader_epoch,
+            partition_epoch: p.partition_epoch,
+            isr,
+        }
+    };
+    // Its followers fell behind: it is the partition's only in-sync replica.
+    let shrink = alter(&stm, vec![drained]);
+    apply(&mut stm, shrink).unwrap();
+    apply(
+        &mut stm,
+        Command::DrainBroker {
+            id: drained,
+            draining: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        stm.table().queues["q"].partitions[at].leader,
+        drained,
+        "nobody else can lead"
+    );
+    assert!(MetadataStm::unbalanced_leaders(stm.table()).is_empty());
+    // They caught up: balancing moves the leadership off the draining broker.
+    let replicas = stm.table().queues["q"].partitions[at].replicas.clone();
+    let grow = alter(&stm, replicas);
+    apply(&mut stm, grow).unwrap();
+    assert_eq!(MetadataStm::unbalanced_leaders(stm.table()).values().sum::<usize>(), 1);
+    apply(&mut stm, Command::BalanceLeaders).unwrap();
+    let now = &stm.table().queues["q"].partitions[at];
+    assert!(now.leader != drained && now.isr.contains(&now.leader), "{now:?}");
+}
