@@ -289,19 +289,12 @@ impl MetadataStm {
                     .ok_or(ControllerError::UnknownBroker(*id))?;
                 b.draining = *draining;
                 if *draining {
-                    self.hand_over_leaderships(*id);
+                    self.move_to_preferred_leaders(Some(*id));
                 }
                 Ok(())
             }
             Command::BalanceLeaders => {
-                let brokers = &self.table.brokers;
-                for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-                    if let Some(preferred) = preferred_leader(p, brokers) {
-                        p.leader = preferred;
-                        p.leader_epoch += 1;
-                        p.partition_epoch += 1;
-                    }
-                }
+                self.move_to_preferred_leaders(None);
                 Ok(())
             }
             Command::AlterIsr {
@@ -380,13 +373,14 @@ impl MetadataStm {
         }
     }
 
-    /// Every leadership of broker `id` (now draining) that another alive,
-    /// not draining ISR member can take moves there (a new leader epoch,
-    /// as [`Command::BalanceLeaders`] would); `id` stays in the ISRs.
-    fn hand_over_leaderships(&mut self, id: NodeId) {
+    /// Each partition (of those `led_by` leads, or all) that
+    /// [`preferred_leader`] says should be led by another replica is led by
+    /// it, in a new leader epoch: leader balancing, and a draining broker
+    /// handing its leaderships over (it stays in the ISRs).
+    fn move_to_preferred_leaders(&mut self, led_by: Option<NodeId>) {
         let brokers = &self.table.brokers;
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-            if p.leader != id {
+            if led_by.is_some_and(|id| p.leader != id) {
                 continue;
             }
             if let Some(next) = preferred_leader(p, brokers) {
