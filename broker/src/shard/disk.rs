@@ -74,13 +74,18 @@ pub fn statvfs(dir: &Path) -> std::io::Result<(u64, u64)> {
 #[derive(Debug, Default)]
 pub struct DiskSpace {
     last: Cell<Option<Space>>,
+    /// The last look failed (logged once per run of failures, not every
+    /// 100 ms).
+    failing: Cell<bool>,
 }
 
 impl DiskSpace {
-    /// Looks again; a failed look keeps the last one (and is logged).
+    /// Looks again; a failed look keeps the last one (and is logged when
+    /// looks start failing).
     pub fn refresh(&self, dir: &Path, min_free_bytes: Option<u64>) {
         match statvfs(dir) {
             Ok((free, total)) => {
+                self.failing.set(false);
                 let now = Space {
                     free,
                     total,
@@ -101,7 +106,11 @@ impl DiskSpace {
                 }
                 self.last.set(Some(now));
             }
-            Err(e) => tracing::warn!(dir = %dir.display(), "statvfs: {e}"),
+            Err(e) => {
+                if !self.failing.replace(true) {
+                    tracing::warn!(dir = %dir.display(), "statvfs: {e} (the free-space check keeps its last look)");
+                }
+            }
         }
     }
 
