@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cluster::{metadata, Cluster};
+use common::cluster::{
+    assert_none_failed_none_lost, describe, metadata, produce_keyed_until, read_all, segments, Cluster, Records,
+};
 use strand_client::{block_on, Acks, Consumer, ConsumerConfig, Producer, ProducerConfig, Seek};
 
 /// Followers that stop fetching leave the ISR after 2 s (not 10).
@@ -23,52 +25,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn turn() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The describe JSON of `queue` as node `via` gives it.
-fn describe(c: &Cluster, via: u8, queue: &str) -> serde_json::Value {
-    let out = c.strand(via, &["queue", "describe", queue, "--output", "json"]);
-    serde_json::from_str(out.trim()).unwrap()
-}
-
-/// The bytes of a partition's segment files on one node, trailing zeros
-/// (the unwritten rest of the last block) cut.
-fn segments(dir: &Path, queue: &str, partition: u32) -> Vec<(String, Vec<u8>)> {
-    let dir = dir.join(queue).join(partition.to_string());
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "log"))
-        .map(|p| {
-            let mut bytes = std::fs::read(&p).unwrap();
-            while bytes.last() == Some(&0) {
-                bytes.pop();
-            }
-            (p.file_name().unwrap().to_string_lossy().into_owned(), bytes)
-        })
-        .collect();
-    files.sort();
-    files
-}
-
-/// Every record of `queue` read from the partitions' leaders, by partition
-/// and offset, once `want` records are there (or the deadline passed).
-fn read_all(bootstrap: &str, queue: &str, want: usize) -> BTreeMap<(u32, u64), Vec<u8>> {
-    let config = ConsumerConfig {
-        start: Seek::Earliest,
-        max_wait: Duration::from_millis(100),
-        ..ConsumerConfig::default()
-    };
-    let mut consumer = Consumer::new(bootstrap, config).unwrap();
-    block_on(consumer.assign_all(queue)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut got = BTreeMap::new();
-    while got.len() < want && Instant::now() < deadline {
-        for r in block_on(consumer.poll()).unwrap_or_default() {
-            got.insert((r.partition, r.offset), r.value.map(|v| v.to_vec()).unwrap_or_default());
-        }
-    }
-    got
 }
 
 #[test]
@@ -244,39 +200,6 @@ fn acks_all_fails_while_both_followers_are_paused_and_succeeds_once_they_resume(
     assert_eq!(got.get(&(0, d.offset.unwrap())).map(Vec::as_slice), Some(&b"after"[..]));
 }
 
-/// A thread producing keyed acks=all records to `queue` through every node
-/// (3 s delivery timeout each) until `stop`; it returns the acknowledged
-/// records by (partition, offset) and the failures.
-#[allow(clippy::type_complexity)]
-fn produce_keyed_until(
-    c: &Cluster,
-    queue: &'static str,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<(BTreeMap<(u32, u64), Vec<u8>>, Vec<String>)> {
-    let bootstrap: Vec<String> = (1..=3).map(|id| c.addr(id).to_string()).collect();
-    std::thread::spawn(move || {
-        let config = ProducerConfig {
-            acks: Acks::All,
-            delivery_timeout: Duration::from_secs(3),
-            ..ProducerConfig::default()
-        };
-        let producer = Producer::new(&bootstrap.join(","), config).unwrap();
-        let (mut acked, mut failed) = (BTreeMap::new(), Vec::new());
-        let mut i = 0u32;
-        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-            let (key, value) = (format!("k{}", i % 11), format!("v{i}"));
-            match block_on(producer.send(queue, Some(key.as_bytes()), value.as_bytes(), &[])) {
-                Ok(d) => {
-                    acked.insert((d.partition, d.offset.unwrap()), value.into_bytes());
-                }
-                Err(e) => failed.push(format!("{value}: {e}")),
-            }
-            i += 1;
-        }
-        (acked, failed)
-    })
-}
-
 #[test]
 fn a_rolling_restart_with_sigterm_fails_no_acks_all_produce() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -318,20 +241,7 @@ fn a_rolling_restart_with_sigterm_fails_no_acks_all_produce() {
         );
     }
     stop.store(true, Ordering::SeqCst);
-    let (acked, failed) = producing.join().unwrap();
-    eprintln!("{} records acknowledged, {} failed", acked.len(), failed.len());
-    assert!(
-        failed.is_empty(),
-        "{} of {} failed: {:?}",
-        failed.len(),
-        acked.len() + failed.len(),
-        &failed[..failed.len().min(5)]
-    );
-    assert!(acked.len() > 100, "only {} records acknowledged", acked.len());
-    let got = read_all(&c.addr(1).to_string(), "rolling", acked.len());
-    for (at, value) in &acked {
-        assert_eq!(got.get(at), Some(value), "acknowledged record at {at:?} lost");
-    }
+    assert_none_failed_none_lost(&c, 1, "rolling", producing.join().unwrap(), Records::new());
 }
 
 #[test]
@@ -857,16 +767,5 @@ fn a_drained_node_leads_nothing_until_undrained_and_no_produce_fails() {
     c.strand(1, &["node", "undrain", &drained.to_string()]);
     until("its preferred leaderships never came back", &|| led_by(&c, drained) > 0);
     stop.store(true, Ordering::SeqCst);
-    let (acked, failed) = producing.join().unwrap();
-    eprintln!("{} records acknowledged, {} failed", acked.len(), failed.len());
-    assert!(
-        failed.is_empty(),
-        "{} failed: {:?}",
-        failed.len(),
-        &failed[..failed.len().min(5)]
-    );
-    let got = read_all(&c.addr(1).to_string(), "maint", acked.len());
-    for (at, value) in &acked {
-        assert_eq!(got.get(at), Some(value), "acknowledged record at {at:?} lost");
-    }
+    assert_none_failed_none_lost(&c, 1, "maint", producing.join().unwrap(), Records::new());
 }

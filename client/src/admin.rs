@@ -102,12 +102,32 @@ pub struct BrokerDescription {
     pub alive: bool,
     /// In maintenance (`Admin::drain_broker`).
     pub draining: bool,
+    /// Being decommissioned (`Admin::decommission_broker`).
+    pub decommissioning: bool,
     /// Partitions it leads, of every queue.
     pub leaders: usize,
     /// Partition replicas it holds (led or followed), of every queue.
     pub replicas: usize,
     /// Partitions it leads with fewer in-sync replicas than replicas.
     pub under_replicated: usize,
+    /// Replicas it holds that a reassignment in progress removes.
+    pub moving_off: usize,
+}
+
+/// Where one partition's replicas are, from the metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionPlacement {
+    pub queue: String,
+    pub partition: u32,
+    /// 0: offline.
+    pub leader: u32,
+    /// The first is the preferred leader; during a reassignment, the
+    /// target's replicas first, then those it removes.
+    pub replicas: Vec<u32>,
+    pub isr: Vec<u32>,
+    /// A reassignment in progress: the replicas it ends with. It completes
+    /// once all of them are in the ISR.
+    pub target: Option<Vec<u32>>,
 }
 
 /// A broker's data directory's file system, as it reports it.
@@ -128,6 +148,8 @@ pub struct ClusterDescription {
     pub brokers: Vec<BrokerDescription>,
     /// Partitions without a leader (every in-sync replica fenced).
     pub offline: usize,
+    /// Every partition of every queue, by queue and partition.
+    pub partitions: Vec<PartitionPlacement>,
 }
 
 /// The admin client.
@@ -340,31 +362,45 @@ impl Admin {
                 address: format!("{}:{}", b.host().unwrap_or_default(), b.port()),
                 alive: !b.fenced(),
                 draining: b.draining(),
+                decommissioning: b.decommissioning(),
                 leaders: 0,
                 replicas: 0,
                 under_replicated: 0,
+                moving_off: 0,
             })
             .collect();
         brokers.sort_by_key(|b| b.id);
+        let ids = |v: Option<strand_wire::flatbuffers::Vector<'_, u32>>| v.map(|v| v.iter().collect::<Vec<u32>>());
+        let mut partitions = Vec::new();
+        for q in resp.queues().iter().flatten() {
+            for p in q.partitions().iter().flatten() {
+                partitions.push(PartitionPlacement {
+                    queue: q.name().unwrap_or_default().to_string(),
+                    partition: p.partition(),
+                    leader: p.leader(),
+                    replicas: ids(p.replicas()).unwrap_or_default(),
+                    isr: ids(p.isr()).unwrap_or_default(),
+                    target: ids(p.target_replicas()),
+                });
+            }
+        }
+        partitions.sort_by(|a, b| (&a.queue, a.partition).cmp(&(&b.queue, b.partition)));
         let mut offline = 0;
-        for p in resp
-            .queues()
-            .iter()
-            .flatten()
-            .flat_map(|q| q.partitions().into_iter().flatten())
-        {
-            let (replicas, isr) = (p.replicas().map_or(0, |r| r.len()), p.isr().map_or(0, |r| r.len()));
-            offline += usize::from(p.leader() == 0);
+        for p in &partitions {
+            offline += usize::from(p.leader == 0);
             for b in brokers.iter_mut() {
-                b.leaders += usize::from(p.leader() == b.id);
-                b.replicas += usize::from(p.replicas().is_some_and(|r| r.iter().any(|id| id == b.id)));
-                b.under_replicated += usize::from(p.leader() == b.id && isr < replicas);
+                let holds = p.replicas.contains(&b.id);
+                b.leaders += usize::from(p.leader == b.id);
+                b.replicas += usize::from(holds);
+                b.under_replicated += usize::from(p.leader == b.id && p.isr.len() < p.replicas.len());
+                b.moving_off += usize::from(holds && p.target.as_ref().is_some_and(|t| !t.contains(&b.id)));
             }
         }
         Ok(ClusterDescription {
             controller: resp.controller(),
             brokers,
             offline,
+            partitions,
         })
     }
 
@@ -382,6 +418,39 @@ impl Admin {
         fbb.finish_minimal(root);
         let f = self.call(Api::DrainBroker, &fbb).await?;
         ClientError::check(response::<DrainBrokerResponse>(&f)?.error())
+    }
+
+    /// Decommissions broker `id`: every replica it holds moves to another
+    /// broker (progress: [`Admin::describe_cluster`], its `moving_off` and
+    /// `replicas` falling to 0) and its leaderships move now. Refused when
+    /// the other brokers cannot hold some partition's replication factor.
+    pub async fn decommission_broker(&self, id: u32) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let args = DecommissionBrokerRequestArgs { node_id: u64::from(id) };
+        let root = DecommissionBrokerRequest::create(&mut fbb, &args);
+        fbb.finish_minimal(root);
+        let f = self.call(Api::DecommissionBroker, &fbb).await?;
+        ClientError::check(response::<DecommissionBrokerResponse>(&f)?.error())
+    }
+
+    /// Moves partition `partition` of `queue` to `replicas` (as many as its
+    /// replication factor, the first the preferred leader). Returns once
+    /// the move began: new replicas catch up, then the others are removed
+    /// ([`PartitionPlacement::target`] shows it until then).
+    pub async fn reassign_partition(&self, queue: &str, partition: u32, replicas: &[u32]) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let queue = fbb.create_string(queue);
+        let replicas: Vec<u64> = replicas.iter().map(|r| u64::from(*r)).collect();
+        let replicas = fbb.create_vector(&replicas);
+        let args = ReassignPartitionRequestArgs {
+            queue: Some(queue),
+            partition,
+            replicas: Some(replicas),
+        };
+        let root = ReassignPartitionRequest::create(&mut fbb, &args);
+        fbb.finish_minimal(root);
+        let f = self.call(Api::ReassignPartition, &fbb).await?;
+        ClientError::check(response::<ReassignPartitionResponse>(&f)?.error())
     }
 
     /// The broker at `address` about itself: its data directory's space.

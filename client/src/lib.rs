@@ -34,8 +34,8 @@ pub mod requests;
 pub mod retry;
 
 pub use admin::{
-    Admin, BrokerDescription, BrokerDisk, ClusterDescription, FsyncSpec, PartitionDescription, QueueDescription,
-    QueueSpec,
+    Admin, BrokerDescription, BrokerDisk, ClusterDescription, FsyncSpec, PartitionDescription, PartitionPlacement,
+    QueueDescription, QueueSpec,
 };
 pub use cluster::{parse_brokers, Cluster, QueueInfo, METADATA_MAX_AGE};
 pub use connection::Connection;

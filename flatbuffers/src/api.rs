@@ -32,11 +32,15 @@ pub enum Api {
     DrainBroker = 22,
     /// The answering broker about itself (its disk).
     DescribeBroker = 23,
+    /// Node operations: move every replica off a broker.
+    DecommissionBroker = 24,
+    /// Move a partition's replicas to other brokers.
+    ReassignPartition = 25,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 24] = [
+    pub const ALL: [Api; 26] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -61,6 +65,8 @@ impl Api {
         Api::ReplicaFetch,
         Api::DrainBroker,
         Api::DescribeBroker,
+        Api::DecommissionBroker,
+        Api::ReassignPartition,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -105,6 +111,8 @@ impl Api {
             Api::ReplicaFetch => "ReplicaFetch",
             Api::DrainBroker => "DrainBroker",
             Api::DescribeBroker => "DescribeBroker",
+            Api::DecommissionBroker => "DecommissionBroker",
+            Api::ReassignPartition => "ReassignPartition",
         }
     }
 }

@@ -102,11 +102,14 @@ mod tests {
                 address: "10.0.0.1:9400".into(),
                 alive: false,
                 draining: false,
+                decommissioning: false,
                 leaders: 3,
                 replicas: 5,
                 under_replicated: 1,
+                moving_off: 0,
             }],
             offline: 4,
+            partitions: Vec::new(),
         };
         assert_eq!(
             status_json(&cluster),

@@ -106,6 +106,21 @@ pub enum QueueCommand {
         /// The queue to delete.
         name: String,
     },
+    /// Move a partition's replicas to other brokers, without stopping
+    /// produce or consume: new replicas catch up as followers, then the
+    /// ones left out are removed (`node describe` and `queue describe`
+    /// show the move until it completes).
+    Reassign {
+        /// The queue.
+        name: String,
+        /// The partition to move.
+        #[arg(long)]
+        partition: u32,
+        /// The broker ids it ends on, comma-separated (as many as the
+        /// replication factor; the first is the preferred leader).
+        #[arg(long, value_delimiter = ',', required = true)]
+        replicas: Vec<u32>,
+    },
 }
 
 /// Runs a queue command; `json` selects machine output.
@@ -242,6 +257,22 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                         p.segments
                     );
                 }
+            }
+        }
+        QueueCommand::Reassign {
+            name,
+            partition,
+            replicas,
+        } => {
+            block_on(admin.reassign_partition(&name, partition, &replicas)).map_err(e)?;
+            let to = replicas.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            if json {
+                out!(
+                    "{}",
+                    serde_json::json!({"queue": name, "partition": partition, "target": replicas})
+                );
+            } else {
+                out!("moving {name}/{partition} to brokers {to}: new replicas catch up, then the others are removed");
             }
         }
         QueueCommand::Alter {

@@ -260,6 +260,8 @@ fn brokers(cur: &BTreeMap<Series, f64>, out: &mut String) {
     let free = by_label(cur, "strand_disk_free_bytes", "broker");
     let threshold = by_label(cur, "strand_disk_free_threshold_bytes", "broker");
     let draining = by_label(cur, "strand_broker_draining", "broker");
+    let leaving = by_label(cur, "strand_broker_decommissioning", "broker");
+    let moving_off = by_label(cur, "strand_broker_replicas_moving_off", "broker");
     let mut ids: Vec<&String> = free.keys().chain(draining.keys()).collect();
     ids.sort_by_key(|id| (id.len(), *id));
     ids.dedup();
@@ -270,10 +272,14 @@ fn brokers(cur: &BTreeMap<Series, f64>, out: &mut String) {
     for id in ids {
         let gib = |v: Option<&f64>| v.map_or("-".to_string(), |v| format!("{:.2} GiB", v / GIB));
         let full = matches!((free.get(id), threshold.get(id)), (Some(f), Some(t)) if f < t);
-        let state = match (full, draining.get(id).is_some_and(|d| *d > 0.0)) {
-            (true, _) => "PRODUCE REFUSED: disk below its threshold",
-            (false, true) => "draining",
-            (false, false) => "ok",
+        let on = |m: &BTreeMap<String, f64>| m.get(id).is_some_and(|v| *v > 0.0);
+        let moving = moving_off.get(id).copied().unwrap_or(0.0);
+        let state = match (full, on(&leaving), on(&draining)) {
+            (true, _, _) => "PRODUCE REFUSED: disk below its threshold".to_string(),
+            (false, true, _) if moving > 0.0 => format!("decommissioning: {moving} replicas left to move"),
+            (false, true, _) => "decommissioned: holds nothing".to_string(),
+            (false, false, true) => "draining".to_string(),
+            (false, false, false) => "ok".to_string(),
         };
         out.push_str(&format!(
             "{id:<8} {:>12} {:>12}  {state}\n",
@@ -353,7 +359,8 @@ mod tests {
             "strand_disk_free_bytes{broker=\"1\"} 536870912\nstrand_disk_free_threshold_bytes{broker=\"1\"} 1073741824\n\
              strand_disk_free_bytes{broker=\"2\"} 10737418240\nstrand_disk_free_threshold_bytes{broker=\"2\"} 1073741824\n\
              strand_broker_draining{broker=\"1\"} 0\nstrand_broker_draining{broker=\"2\"} 1\n\
-             strand_broker_draining{broker=\"3\"} 0\n",
+             strand_broker_draining{broker=\"3\"} 0\nstrand_broker_draining{broker=\"4\"} 0\n\
+             strand_broker_decommissioning{broker=\"4\"} 1\nstrand_broker_replicas_moving_off{broker=\"4\"} 7\n",
         );
         let text = render(&BTreeMap::new(), &cur, 1.0);
         let line = |id: &str| {
@@ -371,5 +378,9 @@ mod tests {
             "{text}"
         );
         assert!(line("3").contains('-') && line("3").ends_with("ok"), "{text}");
+        assert!(
+            line("4").ends_with("decommissioning: 7 replicas left to move"),
+            "{text}"
+        );
     }
 }

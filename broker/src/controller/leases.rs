@@ -164,6 +164,7 @@ mod tests {
                     alive: *alive,
                     incarnation: 1,
                     draining: false,
+                    decommissioning: false,
                 },
             );
         }

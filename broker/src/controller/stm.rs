@@ -28,11 +28,11 @@ fn preferred_leader(
     brokers: &std::collections::BTreeMap<NodeId, super::table::BrokerRecord>,
 ) -> Option<NodeId> {
     let preferred = *p.replicas.first()?;
-    let ready = brokers.get(&preferred).is_some_and(|b| b.alive && !b.draining);
+    let ready = brokers.get(&preferred).is_some_and(|b| b.alive && !b.in_maintenance());
     if p.leader != preferred && ready && p.isr.contains(&preferred) {
         return Some(preferred);
     }
-    let draining = |id: &NodeId| brokers.get(id).is_some_and(|b| b.draining);
+    let draining = |id: &NodeId| brokers.get(id).is_some_and(|b| b.in_maintenance());
     if !draining(&p.leader) {
         return None;
     }
@@ -55,7 +55,7 @@ fn successor(
             .filter_map(|r| brokers.get(&r).filter(|b| b.alive))
     };
     candidates()
-        .find(|b| !b.draining)
+        .find(|b| !b.in_maintenance())
         .or_else(|| candidates().next())
         .map(|b| b.id)
 }
@@ -108,6 +108,27 @@ pub enum Command {
     DrainBroker {
         id: NodeId,
         draining: bool,
+    },
+    /// Broker `id` is decommissioned: every replica it holds moves to
+    /// another broker (alive, not itself leaving, not already a replica:
+    /// the one holding fewest replicas), each a reassignment (see
+    /// [`PartitionRecord::target`]); it hands its leaderships over now, as a
+    /// drain does, and placement gives it nothing new. Refused as a whole
+    /// (`CannotDecommission`) when some partition would find no broker to
+    /// move to.
+    DecommissionBroker {
+        id: NodeId,
+    },
+    /// Partition `partition` of `queue` moves to `replicas` (the first the
+    /// preferred leader; as many as the queue's replication factor): new
+    /// replicas catch up as followers, then the ones left out are removed
+    /// (see [`PartitionRecord::target`]). A reassignment in progress is
+    /// replaced (reassigning back to the replicas it started from cancels
+    /// it).
+    ReassignPartition {
+        queue: String,
+        partition: u32,
+        replicas: Vec<NodeId>,
     },
     /// Every partition whose preferred replica (its first) is alive, not
     /// draining and in the ISR but does not lead is led by it again (and one
@@ -190,6 +211,18 @@ pub enum ControllerError {
     InvalidBrokerId,
     #[error("no broker {0} in the cluster (strand node list shows the brokers)")]
     UnknownBroker(NodeId),
+    #[error("invalid reassignment: {0}")]
+    InvalidReassignment(String),
+    #[error(
+        "cannot decommission broker {id}: {queue}/{partition} needs {wanted} replicas and no other alive broker \
+         that is not leaving can take broker {id}'s place (start a new broker first)"
+    )]
+    CannotDecommission {
+        id: NodeId,
+        queue: String,
+        partition: u32,
+        wanted: usize,
+    },
 }
 
 impl ControllerError {
@@ -204,7 +237,9 @@ impl ControllerError {
             ControllerError::BrokerIdInUse { .. }
             | ControllerError::InvalidIsr(_)
             | ControllerError::InvalidBrokerId
-            | ControllerError::UnknownBroker(_) => ErrorCode::InvalidRequest,
+            | ControllerError::UnknownBroker(_)
+            | ControllerError::InvalidReassignment(_) => ErrorCode::InvalidRequest,
+            ControllerError::CannotDecommission { .. } => ErrorCode::InvalidConfig,
             ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
         }
     }
@@ -250,7 +285,11 @@ impl MetadataStm {
                     b.alive = false;
                     self.move_leaderships_off_replicated(*id);
                 }
-                let draining = self.table.brokers.get(id).is_some_and(|b| b.draining);
+                let (draining, decommissioning) = self
+                    .table
+                    .brokers
+                    .get(id)
+                    .map_or((false, false), |b| (b.draining, b.decommissioning));
                 self.table.brokers.insert(
                     *id,
                     super::table::BrokerRecord {
@@ -260,6 +299,7 @@ impl MetadataStm {
                         alive: true,
                         incarnation: *incarnation,
                         draining,
+                        decommissioning,
                     },
                 );
                 self.lead_offline_partitions(*id);
@@ -297,6 +337,12 @@ impl MetadataStm {
                 self.move_to_preferred_leaders(None);
                 Ok(())
             }
+            Command::DecommissionBroker { id } => self.decommission(*id),
+            Command::ReassignPartition {
+                queue,
+                partition,
+                replicas,
+            } => self.reassign(queue, *partition, replicas),
             Command::AlterIsr {
                 queue,
                 partition,
@@ -446,6 +492,7 @@ impl MetadataStm {
         // In replica order, each once.
         p.isr = p.replicas.iter().copied().filter(|r| isr.contains(r)).collect();
         p.partition_epoch += 1;
+        reassign::complete_if_caught_up(p, brokers);
         Ok(())
     }
 
@@ -588,11 +635,12 @@ fn validate_settings(s: &QueueSettings) -> Result<(), ControllerError> {
     Ok(())
 }
 
-/// Where new partitions go: on live brokers only, each partition's
-/// replicas on distinct brokers, each new leader on the live broker that
-/// leads fewest partitions (and each follower on the one holding fewest
-/// replicas), counting what the table already places and what this
-/// placement added. Ties go to the lowest id. Deterministic: the same table
+/// Where new partitions go: on live brokers only (none being
+/// decommissioned), each partition's replicas on distinct brokers, each
+/// new leader on the live broker that is the preferred leader (first
+/// replica) of fewest partitions (and each follower on the one holding
+/// fewest replicas), counting what the table already places (as it will be
+/// once moves in progress complete) and what this placement added. Ties go to the lowest id. Deterministic: the same table
 /// places the same way on every node.
 struct Placement {
     /// (leaders, replicas) each live broker holds, by id.
@@ -608,7 +656,7 @@ impl Placement {
         let mut load: std::collections::BTreeMap<NodeId, (usize, usize)> = table
             .brokers
             .values()
-            .filter(|b| b.alive)
+            .filter(|b| b.alive && !b.decommissioning)
             .map(|b| (b.id, (0, 0)))
             .collect();
         if usize::from(rf) > load.len() {
@@ -617,12 +665,13 @@ impl Placement {
                 brokers: load.len(),
             });
         }
+        // Counted as they will be once moves in progress complete and
+        // leader balancing ran: preferred leaders, target replicas.
         for p in table.queues.values().flat_map(|q| &q.partitions) {
-            if let Some(l) = load.get_mut(&p.leader) {
-                l.0 += 1;
-            }
-            for r in &p.replicas {
+            let replicas = p.target.as_ref().unwrap_or(&p.replicas);
+            for (i, r) in replicas.iter().enumerate() {
                 if let Some(l) = load.get_mut(r) {
+                    l.0 += usize::from(i == 0);
                     l.1 += 1;
                 }
             }
@@ -630,7 +679,7 @@ impl Placement {
         let draining = table
             .brokers
             .values()
-            .filter(|b| b.alive && b.draining)
+            .filter(|b| b.alive && b.in_maintenance())
             .map(|b| b.id)
             .collect();
         Ok(Placement { load, draining })
@@ -671,9 +720,11 @@ impl Placement {
             isr: replicas.clone(),
             replicas,
             partition_epoch: 0,
+            target: None,
         }
     }
 }
 
+mod reassign;
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,22 @@ pub struct BrokerRecord {
     /// replica can take it. Kept across its restarts until undrained.
     #[serde(default)]
     pub draining: bool,
+    /// Being decommissioned (`strand node decommission`): each of its
+    /// replicas moves to another broker (a reassignment each, see
+    /// [`PartitionRecord::target`]), it leads nothing another in-sync
+    /// replica can, and placement gives it nothing new. Kept across its
+    /// restarts: once its last replica moved, it holds nothing and can be
+    /// switched off.
+    #[serde(default)]
+    pub decommissioning: bool,
+}
+
+impl BrokerRecord {
+    /// Draining or decommissioning: it leads nothing another in-sync
+    /// replica can lead.
+    pub fn in_maintenance(&self) -> bool {
+        self.draining || self.decommissioning
+    }
 }
 
 fn alive() -> bool {
@@ -118,6 +134,15 @@ pub struct PartitionRecord {
     /// tables: 0).
     #[serde(default)]
     pub partition_epoch: u32,
+    /// A reassignment in progress (`strand queue reassign`, a
+    /// decommission): the replicas the partition ends with, the first the
+    /// preferred leader. Meanwhile `replicas` holds these first, then the
+    /// ones it removes: new replicas follow the leader like any other, and
+    /// once every one of these is in the ISR, `replicas` becomes this list,
+    /// the others leave (the leader too, in a new leader epoch, if it is not
+    /// in it) and this goes back to `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Vec<NodeId>>,
 }
 
 /// A queue.

@@ -1,6 +1,8 @@
-//! Node operations: DrainBroker (a broker into or out of maintenance,
-//! through the controller) and DescribeBroker (the answering broker about
-//! itself: its data directory's space).
+//! Node operations: DrainBroker (a broker into or out of maintenance),
+//! DecommissionBroker (every replica off a broker) and ReassignPartition
+//! (a partition's replicas elsewhere), each a controller command; and
+//! DescribeBroker (the answering broker about itself: its data directory's
+//! space).
 
 use std::rc::Rc;
 
@@ -21,12 +23,45 @@ pub async fn drain(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resul
         id: req.node_id(),
         draining: req.draining(),
     };
-    let result = crate::router::propose(shard, command).await.map_err(propose_error);
+    let error = propose(shard, command).await;
     let mut fbb = FlatBufferBuilder::new();
-    let error = error_table(&mut fbb, result.as_ref().err());
+    let error = error_table(&mut fbb, error.as_ref());
     let root = DrainBrokerResponse::create(&mut fbb, &DrainBrokerResponseArgs { error });
     fbb.finish_minimal(root);
     Ok(respond(header, &fbb, TailBuilder::default()))
+}
+
+pub async fn decommission(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+    let req = request::<DecommissionBrokerRequest>(body)?;
+    let error = propose(shard, Command::DecommissionBroker { id: req.node_id() }).await;
+    let mut fbb = FlatBufferBuilder::new();
+    let error = error_table(&mut fbb, error.as_ref());
+    let root = DecommissionBrokerResponse::create(&mut fbb, &DecommissionBrokerResponseArgs { error });
+    fbb.finish_minimal(root);
+    Ok(respond(header, &fbb, TailBuilder::default()))
+}
+
+pub async fn reassign(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+    let req = request::<ReassignPartitionRequest>(body)?;
+    let command = Command::ReassignPartition {
+        queue: req.queue().unwrap_or_default().to_string(),
+        partition: req.partition(),
+        replicas: req.replicas().map(|r| r.iter().collect()).unwrap_or_default(),
+    };
+    let error = propose(shard, command).await;
+    let mut fbb = FlatBufferBuilder::new();
+    let error = error_table(&mut fbb, error.as_ref());
+    let root = ReassignPartitionResponse::create(&mut fbb, &ReassignPartitionResponseArgs { error });
+    fbb.finish_minimal(root);
+    Ok(respond(header, &fbb, TailBuilder::default()))
+}
+
+/// Commits `command` through the controller: the error to answer, if any.
+async fn propose(shard: &Rc<Shard>, command: Command) -> Option<WireError> {
+    crate::router::propose(shard, command)
+        .await
+        .map_err(propose_error)
+        .err()
 }
 
 pub fn describe(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {

@@ -38,6 +38,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                     shards: b.shards,
                     fenced: !b.alive,
                     draining: b.draining,
+                    decommissioning: b.decommissioning,
                 },
             )
         })
@@ -70,6 +71,10 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                 let replicas = fbb.create_vector(&replicas);
                 let isr: Vec<u32> = p.isr.iter().map(|r| *r as u32).collect();
                 let isr = fbb.create_vector(&isr);
+                let target = p.target.as_ref().map(|t| {
+                    let t: Vec<u32> = t.iter().map(|r| *r as u32).collect();
+                    fbb.create_vector(&t)
+                });
                 PartitionInfo::create(
                     &mut fbb,
                     &PartitionInfoArgs {
@@ -78,6 +83,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                         leader_epoch: p.leader_epoch,
                         replicas: Some(replicas),
                         isr: Some(isr),
+                        target_replicas: target,
                     },
                 )
             })

@@ -67,6 +67,8 @@ pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: Fra
         Api::ReplicaFetch => replica_fetch::handle(shard, header, &frame.body).await,
         Api::DrainBroker => brokers::drain(shard, header, &frame.body).await,
         Api::DescribeBroker => brokers::describe(shard, header, &frame.body),
+        Api::DecommissionBroker => brokers::decommission(shard, header, &frame.body).await,
+        Api::ReassignPartition => brokers::reassign(shard, header, &frame.body).await,
         Api::JoinGroup
         | Api::Heartbeat
         | Api::LeaveGroup

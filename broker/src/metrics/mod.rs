@@ -30,6 +30,10 @@
 //!   which produce is refused (`StorageFull`)
 //! - `strand_broker_draining` {broker}: 1 for a broker in maintenance, as
 //!   this broker's metadata says (every broker says the same)
+//! - `strand_broker_decommissioning` {broker}: 1 for a broker being
+//!   decommissioned; `strand_broker_replicas_moving_off` {broker}: replicas
+//!   it holds that a reassignment in progress removes (a decommission is
+//!   done when it is 0) — both from the metadata
 //! - `strand_group_lag` {group, queue, partition} (high watermark − committed
 //!   position, for partitions with one)
 //! - `strand_group_rebalances_total` {group}, `strand_dlq_records_total`
@@ -318,6 +322,16 @@ impl ShardMetrics {
     }
 }
 
+/// A broker as the metadata table shows it (shard 0 reports every one).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BrokerGauges {
+    pub id: u64,
+    pub draining: bool,
+    pub decommissioning: bool,
+    /// Replicas it holds that a reassignment in progress removes.
+    pub moving_off: u64,
+}
+
 /// A partition's offsets and size, from the shard that holds it.
 #[derive(Debug, Clone)]
 pub struct PartitionGauges {
@@ -353,9 +367,8 @@ pub struct ShardSnapshot {
     /// Shard 0 only: this broker's id, its data directory's free bytes and
     /// the threshold below which produce is refused.
     pub disk: Option<(u64, u64, u64)>,
-    /// Shard 0 only (from the table): each broker and whether it is in
-    /// maintenance (draining).
-    pub draining: Vec<(u64, bool)>,
+    /// Shard 0 only (from the table): each broker's maintenance and moves.
+    pub brokers: Vec<BrokerGauges>,
     pub queues: Vec<(String, QueueCounters)>,
     pub latency: Vec<(u16, LatencyHistogram)>,
     pub connections: i64,
@@ -617,15 +630,26 @@ impl Collector for Scrape {
                 .into_iter()
                 .collect(),
         )?;
+        let brokers = || self.snapshots.iter().flat_map(|s| s.brokers.iter());
         gauge(
             &mut encoder,
             "strand_broker_draining",
             "1 for a broker in maintenance (strand node drain), as this broker's metadata says.",
-            self.snapshots
-                .iter()
-                .flat_map(|s| s.draining.iter())
-                .map(|(id, draining)| (broker(*id), i64::from(*draining)))
+            brokers().map(|b| (broker(b.id), i64::from(b.draining))).collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_broker_decommissioning",
+            "1 for a broker being decommissioned (strand node decommission), as this broker's metadata says.",
+            brokers()
+                .map(|b| (broker(b.id), i64::from(b.decommissioning)))
                 .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_broker_replicas_moving_off",
+            "Replicas a broker holds that a reassignment in progress removes (0 once a decommission is done).",
+            brokers().map(|b| (broker(b.id), as_i64(b.moving_off))).collect(),
         )?;
         gauge(
             &mut encoder,

@@ -90,21 +90,7 @@ impl LeaderState {
         high_watermark: Offset,
         now_ms: u64,
     ) -> LeaderState {
-        let followers = replicas
-            .iter()
-            .filter(|r| **r != me)
-            .map(|r| {
-                (
-                    *r,
-                    Follower {
-                        at: Position::default(),
-                        caught_up_ms: now_ms,
-                        previous_fetch: (Offset::ZERO, now_ms),
-                    },
-                )
-            })
-            .collect();
-        LeaderState {
+        let mut state = LeaderState {
             me,
             settings,
             isr,
@@ -112,8 +98,25 @@ impl LeaderState {
             proposed: None,
             local,
             epoch_start: local.log_end,
-            followers,
+            followers: BTreeMap::new(),
             high_watermark: high_watermark.min(local.log_end),
+        };
+        state.set_replicas(replicas, now_ms);
+        state
+    }
+
+    /// The partition's replicas changed in this leader's epoch (a
+    /// reassignment began or completed): a new follower counts as caught up
+    /// now (it gets `lag_max_ms` to show it is) and joins the ISR the usual
+    /// way; a removed one is forgotten.
+    pub fn set_replicas(&mut self, replicas: &[NodeId], now_ms: u64) {
+        self.followers.retain(|id, _| replicas.contains(id));
+        for r in replicas.iter().filter(|r| **r != self.me) {
+            self.followers.entry(*r).or_insert(Follower {
+                at: Position::default(),
+                caught_up_ms: now_ms,
+                previous_fetch: (Offset::ZERO, now_ms),
+            });
         }
     }
 
@@ -330,6 +333,32 @@ mod tests {
         let mut l = LeaderState::new(1, &[1, 2], vec![1, 2], written, at(8, 0), Offset(0), 0);
         assert!(l.on_fetch(2, at(8, 0), 1));
         assert_eq!(l.high_watermark(), Offset(8));
+    }
+
+    #[test]
+    fn a_replica_added_by_a_reassignment_joins_once_it_holds_the_high_watermark() {
+        let mut l = LeaderState::new(1, &[1, 2, 3], vec![1, 2, 3], SETTINGS, at(0, 0), Offset(0), 0);
+        l.on_local(at(50, 50));
+        l.on_fetch(2, at(50, 50), 10);
+        l.on_fetch(3, at(50, 50), 10);
+        assert_eq!(l.high_watermark(), Offset(50));
+        // Replica 4 is added (the table's replicas: target first).
+        l.set_replicas(&[2, 3, 4, 1], 20);
+        assert_eq!(l.replica_count(), 4);
+        assert_eq!(l.wanted_isr(30), None, "not before it holds the high watermark");
+        l.on_fetch(4, at(20, 20), 30);
+        assert_eq!(l.wanted_isr(40), None);
+        assert_eq!(l.high_watermark(), Offset(50), "a non-member holds nothing back");
+        l.on_fetch(4, at(50, 50), 50);
+        assert_eq!(l.wanted_isr(60), Some(vec![1, 2, 3, 4]));
+        // The move completes with 3 removed: a fetch of its changes nothing.
+        l.set_replicas(&[1, 2, 4], 80);
+        assert_eq!(l.replica_count(), 3);
+        assert!(!l.on_fetch(3, at(60, 60), 90));
+        assert_eq!(
+            l.follower_lags().iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            vec![2, 4]
+        );
     }
 
     #[test]

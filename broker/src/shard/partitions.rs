@@ -139,6 +139,7 @@ impl Partition {
             match &mut *role {
                 Role::Leader { epoch: e, state } if *e == epoch && record.leader == me => {
                     state.set_min_insync(settings.min_insync());
+                    state.set_replicas(&record.replicas, mono_ms());
                     state.on_partition(record.isr.clone(), record.partition_epoch);
                 }
                 Role::Follower { leader, epoch: e } if *e == epoch && *leader == record.leader => return false,
@@ -325,7 +326,14 @@ impl Partitions {
             if let Err(e) = part.log.close().await {
                 tracing::warn!(queue = %key.0, partition = key.1, "closing: {e}");
             }
-            let gone = table.queues.get(&key.0).is_none_or(|q| q.id != part.queue_id);
+            // Deleted, or moved off this node (a reassignment completed):
+            // the copy goes. (A settings change only reopens it.)
+            let gone = table.queues.get(&key.0).is_none_or(|q| {
+                q.id != part.queue_id
+                    || q.partitions
+                        .get(key.1 as usize)
+                        .is_none_or(|p| !p.replicas.contains(&self.node_id))
+            });
             if gone {
                 self.delete_dir(&key.0, key.1);
             }

@@ -8,6 +8,7 @@ use super::messages::{Answer, ShardMessage};
 use super::partitions::Role;
 use super::Shard;
 use crate::controller::NO_LEADER;
+use crate::metrics::BrokerGauges;
 
 impl Shard {
     /// This shard's counters and partitions, for a scrape (the group
@@ -52,7 +53,21 @@ impl Shard {
         if self.id.0 == 0 {
             snap.disk = self.disk.space().map(|s| (self.config.node_id, s.free, s.threshold));
             let table = self.table();
-            snap.draining = table.brokers.values().map(|b| (b.id, b.draining)).collect();
+            snap.brokers = table
+                .brokers
+                .values()
+                .map(|b| BrokerGauges {
+                    id: b.id,
+                    draining: b.draining,
+                    decommissioning: b.decommissioning,
+                    moving_off: table
+                        .queues
+                        .values()
+                        .flat_map(|q| &q.partitions)
+                        .filter(|p| p.replicas.contains(&b.id) && p.target.as_ref().is_some_and(|t| !t.contains(&b.id)))
+                        .count() as u64,
+                })
+                .collect();
             snap.offline = table
                 .queues
                 .values()

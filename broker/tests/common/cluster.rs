@@ -4,9 +4,12 @@
 //! (no node is ready before a controller leader is elected); stopped
 //! (SIGKILL) when dropped.
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use strand_client::{block_on, Acks, Consumer, ConsumerConfig, Producer, ProducerConfig, Seek};
 use strand_net::message::{body, TailBuilder};
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
@@ -253,5 +256,111 @@ pub fn metadata(c: &mut Client, queue: Option<&str>) -> Seen {
             .filter(|q| q.error().is_none())
             .map(|q| q.name().unwrap_or_default().to_string())
             .collect(),
+    }
+}
+
+/// Records by (partition, offset).
+pub type Records = BTreeMap<(u32, u64), Vec<u8>>;
+
+/// The describe JSON of `queue` as node `via` gives it.
+pub fn describe(c: &Cluster, via: u8, queue: &str) -> serde_json::Value {
+    let out = c.strand(via, &["queue", "describe", queue, "--output", "json"]);
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// The bytes of a partition's segment files on one node, trailing zeros
+/// (the unwritten rest of the last block) cut.
+pub fn segments(dir: &Path, queue: &str, partition: u32) -> Vec<(String, Vec<u8>)> {
+    let dir = dir.join(queue).join(partition.to_string());
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| {
+            let mut bytes = std::fs::read(&p).unwrap();
+            while bytes.last() == Some(&0) {
+                bytes.pop();
+            }
+            (p.file_name().unwrap().to_string_lossy().into_owned(), bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every record of `queue` read from the partitions' leaders, by partition
+/// and offset, once `want` records are there (or the deadline passed).
+pub fn read_all(bootstrap: &str, queue: &str, want: usize) -> Records {
+    let config = ConsumerConfig {
+        start: Seek::Earliest,
+        max_wait: Duration::from_millis(100),
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::new(bootstrap, config).unwrap();
+    block_on(consumer.assign_all(queue)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = BTreeMap::new();
+    while got.len() < want && Instant::now() < deadline {
+        for r in block_on(consumer.poll()).unwrap_or_default() {
+            got.insert((r.partition, r.offset), r.value.map(|v| v.to_vec()).unwrap_or_default());
+        }
+    }
+    got
+}
+
+/// A thread producing keyed acks=all records to `queue` through every node
+/// (3 s delivery timeout each) until `stop`; it returns the acknowledged
+/// records by (partition, offset) and the failures.
+pub fn produce_keyed_until(
+    c: &Cluster,
+    queue: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(Records, Vec<String>)> {
+    let bootstrap: Vec<String> = (1..=3).map(|id| c.addr(id).to_string()).collect();
+    std::thread::spawn(move || {
+        let config = ProducerConfig {
+            acks: Acks::All,
+            delivery_timeout: Duration::from_secs(3),
+            ..ProducerConfig::default()
+        };
+        let producer = Producer::new(&bootstrap.join(","), config).unwrap();
+        let (mut acked, mut failed) = (BTreeMap::new(), Vec::new());
+        let mut i = 0u32;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let (key, value) = (format!("k{}", i % 11), format!("v{i}"));
+            match block_on(producer.send(queue, Some(key.as_bytes()), value.as_bytes(), &[])) {
+                Ok(d) => {
+                    acked.insert((d.partition, d.offset.unwrap()), value.into_bytes());
+                }
+                Err(e) => failed.push(format!("{value}: {e}")),
+            }
+            i += 1;
+        }
+        (acked, failed)
+    })
+}
+
+/// After [`produce_keyed_until`]: no acks=all produce failed, more than
+/// 100 were acknowledged, and every acknowledged record is in `got`, where
+/// [`read_all`] through node `via` adds what `got` lacks.
+pub fn assert_none_failed_none_lost(
+    c: &Cluster,
+    via: u8,
+    queue: &str,
+    (acked, failed): (Records, Vec<String>),
+    mut got: Records,
+) {
+    eprintln!("{} records acknowledged, {} failed", acked.len(), failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        acked.len() + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(acked.len() > 100, "only {} records acknowledged", acked.len());
+    got.extend(read_all(&c.addr(via).to_string(), queue, acked.len()));
+    for (at, value) in &acked {
+        assert_eq!(got.get(at), Some(value), "acknowledged record at {at:?} lost");
     }
 }

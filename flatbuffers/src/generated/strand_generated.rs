@@ -1843,6 +1843,7 @@ impl<'a> BrokerInfo<'a> {
   pub const VT_SHARDS: ::flatbuffers::VOffsetT = 10;
   pub const VT_FENCED: ::flatbuffers::VOffsetT = 12;
   pub const VT_DRAINING: ::flatbuffers::VOffsetT = 14;
+  pub const VT_DECOMMISSIONING: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1858,6 +1859,7 @@ impl<'a> BrokerInfo<'a> {
     builder.add_node_id(args.node_id);
     builder.add_shards(args.shards);
     builder.add_port(args.port);
+    builder.add_decommissioning(args.decommissioning);
     builder.add_draining(args.draining);
     builder.add_fenced(args.fenced);
     builder.finish()
@@ -1906,6 +1908,13 @@ impl<'a> BrokerInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(BrokerInfo::VT_DRAINING, Some(false)).unwrap()}
   }
+  #[inline]
+  pub fn decommissioning(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(BrokerInfo::VT_DECOMMISSIONING, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
@@ -1920,6 +1929,7 @@ impl ::flatbuffers::Verifiable for BrokerInfo<'_> {
      .visit_field::<u16>("shards", Self::VT_SHARDS, false)?
      .visit_field::<bool>("fenced", Self::VT_FENCED, false)?
      .visit_field::<bool>("draining", Self::VT_DRAINING, false)?
+     .visit_field::<bool>("decommissioning", Self::VT_DECOMMISSIONING, false)?
      .finish();
     Ok(())
   }
@@ -1931,6 +1941,7 @@ pub struct BrokerInfoArgs<'a> {
     pub shards: u16,
     pub fenced: bool,
     pub draining: bool,
+    pub decommissioning: bool,
 }
 impl<'a> Default for BrokerInfoArgs<'a> {
   #[inline]
@@ -1942,6 +1953,7 @@ impl<'a> Default for BrokerInfoArgs<'a> {
       shards: 0,
       fenced: false,
       draining: false,
+      decommissioning: false,
     }
   }
 }
@@ -1976,6 +1988,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BrokerInfoBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<bool>(BrokerInfo::VT_DRAINING, draining, false);
   }
   #[inline]
+  pub fn add_decommissioning(&mut self, decommissioning: bool) {
+    self.fbb_.push_slot::<bool>(BrokerInfo::VT_DECOMMISSIONING, decommissioning, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BrokerInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     BrokerInfoBuilder {
@@ -1999,6 +2015,7 @@ impl ::core::fmt::Debug for BrokerInfo<'_> {
       ds.field("shards", &self.shards());
       ds.field("fenced", &self.fenced());
       ds.field("draining", &self.draining());
+      ds.field("decommissioning", &self.decommissioning());
       ds.finish()
   }
 }
@@ -2023,6 +2040,7 @@ impl<'a> PartitionInfo<'a> {
   pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 8;
   pub const VT_REPLICAS: ::flatbuffers::VOffsetT = 10;
   pub const VT_ISR: ::flatbuffers::VOffsetT = 12;
+  pub const VT_TARGET_REPLICAS: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2034,6 +2052,7 @@ impl<'a> PartitionInfo<'a> {
     args: &'args PartitionInfoArgs<'args>
   ) -> ::flatbuffers::WIPOffset<PartitionInfo<'bldr>> {
     let mut builder = PartitionInfoBuilder::new(_fbb);
+    if let Some(x) = args.target_replicas { builder.add_target_replicas(x); }
     if let Some(x) = args.isr { builder.add_isr(x); }
     if let Some(x) = args.replicas { builder.add_replicas(x); }
     builder.add_leader_epoch(args.leader_epoch);
@@ -2078,6 +2097,13 @@ impl<'a> PartitionInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(PartitionInfo::VT_ISR, None)}
   }
+  #[inline]
+  pub fn target_replicas(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(PartitionInfo::VT_TARGET_REPLICAS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for PartitionInfo<'_> {
@@ -2091,6 +2117,7 @@ impl ::flatbuffers::Verifiable for PartitionInfo<'_> {
      .visit_field::<u32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("replicas", Self::VT_REPLICAS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("isr", Self::VT_ISR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("target_replicas", Self::VT_TARGET_REPLICAS, false)?
      .finish();
     Ok(())
   }
@@ -2101,6 +2128,7 @@ pub struct PartitionInfoArgs<'a> {
     pub leader_epoch: u32,
     pub replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub isr: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub target_replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
 }
 impl<'a> Default for PartitionInfoArgs<'a> {
   #[inline]
@@ -2111,6 +2139,7 @@ impl<'a> Default for PartitionInfoArgs<'a> {
       leader_epoch: 0,
       replicas: None,
       isr: None,
+      target_replicas: None,
     }
   }
 }
@@ -2141,6 +2170,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PartitionInfoBuilder<'a, 'b, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PartitionInfo::VT_ISR, isr);
   }
   #[inline]
+  pub fn add_target_replicas(&mut self, target_replicas: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PartitionInfo::VT_TARGET_REPLICAS, target_replicas);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PartitionInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     PartitionInfoBuilder {
@@ -2163,6 +2196,7 @@ impl ::core::fmt::Debug for PartitionInfo<'_> {
       ds.field("leader_epoch", &self.leader_epoch());
       ds.field("replicas", &self.replicas());
       ds.field("isr", &self.isr());
+      ds.field("target_replicas", &self.target_replicas());
       ds.finish()
   }
 }
@@ -3449,6 +3483,431 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DrainBrokerResponseBuilder<'a
 impl ::core::fmt::Debug for DrainBrokerResponse<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("DrainBrokerResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum DecommissionBrokerRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Moves every replica broker `node_id` holds to other brokers (one
+/// reassignment each) and hands its leaderships over; refused
+/// (InvalidConfig) when the other brokers cannot hold a partition's
+/// replication factor.
+pub struct DecommissionBrokerRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DecommissionBrokerRequest<'a> {
+  type Inner = DecommissionBrokerRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DecommissionBrokerRequest<'a> {
+  pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DecommissionBrokerRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DecommissionBrokerRequestArgs
+  ) -> ::flatbuffers::WIPOffset<DecommissionBrokerRequest<'bldr>> {
+    let mut builder = DecommissionBrokerRequestBuilder::new(_fbb);
+    builder.add_node_id(args.node_id);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn node_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(DecommissionBrokerRequest::VT_NODE_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DecommissionBrokerRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("node_id", Self::VT_NODE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DecommissionBrokerRequestArgs {
+    pub node_id: u64,
+}
+impl<'a> Default for DecommissionBrokerRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    DecommissionBrokerRequestArgs {
+      node_id: 0,
+    }
+  }
+}
+
+pub struct DecommissionBrokerRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DecommissionBrokerRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_node_id(&mut self, node_id: u64) {
+    self.fbb_.push_slot::<u64>(DecommissionBrokerRequest::VT_NODE_ID, node_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DecommissionBrokerRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DecommissionBrokerRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DecommissionBrokerRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DecommissionBrokerRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DecommissionBrokerRequest");
+      ds.field("node_id", &self.node_id());
+      ds.finish()
+  }
+}
+pub enum DecommissionBrokerResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DecommissionBrokerResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DecommissionBrokerResponse<'a> {
+  type Inner = DecommissionBrokerResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DecommissionBrokerResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DecommissionBrokerResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DecommissionBrokerResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DecommissionBrokerResponse<'bldr>> {
+    let mut builder = DecommissionBrokerResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(DecommissionBrokerResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DecommissionBrokerResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DecommissionBrokerResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for DecommissionBrokerResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DecommissionBrokerResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct DecommissionBrokerResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DecommissionBrokerResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(DecommissionBrokerResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DecommissionBrokerResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DecommissionBrokerResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DecommissionBrokerResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DecommissionBrokerResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DecommissionBrokerResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum ReassignPartitionRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Moves partition `partition` of `queue` to `replicas` (as many as the
+/// queue's replication factor; the first the preferred leader): new
+/// replicas catch up as followers, then the others are removed.
+pub struct ReassignPartitionRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReassignPartitionRequest<'a> {
+  type Inner = ReassignPartitionRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReassignPartitionRequest<'a> {
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_REPLICAS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReassignPartitionRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReassignPartitionRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReassignPartitionRequest<'bldr>> {
+    let mut builder = ReassignPartitionRequestBuilder::new(_fbb);
+    if let Some(x) = args.replicas { builder.add_replicas(x); }
+    builder.add_partition(args.partition);
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ReassignPartitionRequest::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReassignPartitionRequest::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn replicas(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(ReassignPartitionRequest::VT_REPLICAS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReassignPartitionRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("replicas", Self::VT_REPLICAS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReassignPartitionRequestArgs<'a> {
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+}
+impl<'a> Default for ReassignPartitionRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReassignPartitionRequestArgs {
+      queue: None,
+      partition: 0,
+      replicas: None,
+    }
+  }
+}
+
+pub struct ReassignPartitionRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReassignPartitionRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReassignPartitionRequest::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(ReassignPartitionRequest::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_replicas(&mut self, replicas: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ReassignPartitionRequest::VT_REPLICAS, replicas);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReassignPartitionRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReassignPartitionRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReassignPartitionRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReassignPartitionRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReassignPartitionRequest");
+      ds.field("queue", &self.queue());
+      ds.field("partition", &self.partition());
+      ds.field("replicas", &self.replicas());
+      ds.finish()
+  }
+}
+pub enum ReassignPartitionResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ReassignPartitionResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ReassignPartitionResponse<'a> {
+  type Inner = ReassignPartitionResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ReassignPartitionResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ReassignPartitionResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReassignPartitionResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ReassignPartitionResponse<'bldr>> {
+    let mut builder = ReassignPartitionResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ReassignPartitionResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ReassignPartitionResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReassignPartitionResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for ReassignPartitionResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReassignPartitionResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct ReassignPartitionResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReassignPartitionResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ReassignPartitionResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReassignPartitionResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReassignPartitionResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ReassignPartitionResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ReassignPartitionResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ReassignPartitionResponse");
       ds.field("error", &self.error());
       ds.finish()
   }

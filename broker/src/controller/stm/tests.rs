@@ -238,6 +238,18 @@ fn brokers(n: u64) -> (MetadataStm, u64) {
     (stm, n + 1)
 }
 
+/// [`brokers`], then a queue "q" with `partitions` of `rf` replicas;
+/// returns the index of the last command applied.
+fn brokers_and_queue(n: u64, partitions: u32, rf: u16) -> (MetadataStm, u64) {
+    let (mut stm, index) = brokers(n);
+    let create = Command::CreateQueue {
+        name: "q".into(),
+        settings: settings(partitions, rf),
+    };
+    stm.apply(index, &create).unwrap();
+    (stm, index)
+}
+
 /// Broker `id` registering (again) as [`brokers`] registers it.
 fn back(id: NodeId) -> Command {
     Command::RegisterBroker {
@@ -394,19 +406,11 @@ fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
 
 #[test]
 fn a_fenced_leader_hands_over_to_the_isr_and_isr_changes_are_fenced_by_epochs() {
-    let (mut stm, mut index) = brokers(3);
+    let (mut stm, mut index) = brokers_and_queue(3, 1, 3);
     let mut apply = |stm: &mut MetadataStm, c: Command| {
         index += 1;
         stm.apply(index, &c)
     };
-    apply(
-        &mut stm,
-        Command::CreateQueue {
-            name: "q".into(),
-            settings: settings(1, 3),
-        },
-    )
-    .unwrap();
     apply(
         &mut stm,
         Command::CreateQueue {
@@ -809,4 +813,241 @@ fn a_draining_leader_hands_over_once_another_replica_is_in_sync_again() {
     apply(&mut stm, Command::BalanceLeaders).unwrap();
     let now = &stm.table().queues["q"].partitions[at];
     assert!(now.leader != drained && now.isr.contains(&now.leader), "{now:?}");
+}
+
+/// The `AlterIsr` the leader of `queue`/`partition` would send to make its
+/// ISR `isr`.
+fn alter_isr(stm: &MetadataStm, queue: &str, partition: u32, isr: Vec<NodeId>) -> Command {
+    let p = &stm.table().queues[queue].partitions[partition as usize];
+    Command::AlterIsr {
+        queue: queue.into(),
+        partition,
+        leader: p.leader,
+        leader_epoch: p.leader_epoch,
+        partition_epoch: p.partition_epoch,
+        isr,
+    }
+}
+
+/// Moving partition 0 of "q" to `replicas`.
+fn reassign(replicas: Vec<NodeId>) -> Command {
+    Command::ReassignPartition {
+        queue: "q".into(),
+        partition: 0,
+        replicas,
+    }
+}
+
+/// Every reassignment in progress completes as the leaders would have it:
+/// each target replica joins the ISR (one `AlterIsr` per partition).
+fn catch_up_all(stm: &mut MetadataStm, index: &mut u64) {
+    let moving: Vec<(String, u32, Vec<NodeId>)> = stm
+        .table()
+        .queues
+        .iter()
+        .flat_map(|(name, q)| {
+            q.partitions.iter().enumerate().filter_map(move |(i, p)| {
+                let target = p.target.as_ref()?;
+                let mut isr = p.isr.clone();
+                isr.extend(target.iter().filter(|r| !p.isr.contains(r)));
+                Some((name.clone(), i as u32, isr))
+            })
+        })
+        .collect();
+    for (queue, partition, isr) in moving {
+        *index += 1;
+        let command = alter_isr(stm, &queue, partition, isr);
+        stm.apply(*index, &command).unwrap();
+    }
+}
+
+#[test]
+fn a_reassignment_adds_the_new_replicas_and_removes_the_old_once_they_are_in_sync() {
+    let (mut stm, mut index) = brokers_and_queue(4, 1, 3);
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let was = stm.table().queues["q"].partitions[0].clone();
+    let leaving = was.leader;
+    let staying: Vec<NodeId> = was.replicas.iter().copied().filter(|r| *r != leaving).collect();
+    let newcomer = (1..=4).find(|id| !was.replicas.contains(id)).unwrap();
+    let target = vec![newcomer, staying[0], staying[1]];
+    apply(&mut stm, reassign(target.clone())).unwrap();
+    let p = stm.table().queues["q"].partitions[0].clone();
+    assert_eq!(p.target.as_ref(), Some(&target));
+    assert_eq!(
+        p.replicas,
+        vec![newcomer, staying[0], staying[1], leaving],
+        "target first"
+    );
+    assert_eq!(
+        (p.leader, p.leader_epoch),
+        (leaving, was.leader_epoch),
+        "nothing moves yet"
+    );
+    assert!(!p.isr.contains(&newcomer));
+    // The leader's ISR changes may now name the new replica...
+    let join = alter_isr(&stm, "q", 0, p.replicas.clone());
+    apply(&mut stm, join).unwrap();
+    // ...and once it is in, the move completes: the old replica leaves, and
+    // leadership goes to the target's first in-sync alive replica.
+    let p = stm.table().queues["q"].partitions[0].clone();
+    assert_eq!(p.target, None);
+    assert_eq!(p.replicas, target);
+    assert_eq!(p.isr, target);
+    assert_eq!(p.leader, newcomer);
+    assert_eq!(p.leader_epoch, was.leader_epoch + 1);
+    // A reassignment to the replicas it has completes at once.
+    let epoch = p.partition_epoch;
+    apply(&mut stm, reassign(target.clone())).unwrap();
+    let p = &stm.table().queues["q"].partitions[0];
+    assert_eq!((p.target.as_ref(), &p.replicas, p.leader), (None, &target, newcomer));
+    assert!(p.partition_epoch > epoch);
+}
+
+#[test]
+fn a_reassignment_in_progress_can_be_replaced_and_bad_ones_are_refused() {
+    let (mut stm, mut index) = brokers_and_queue(5, 2, 3);
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let before = stm.table().clone();
+    let refused = [
+        reassign(vec![1, 2]),
+        reassign(vec![1, 1, 2]),
+        reassign(vec![1, 2, 9]),
+        Command::ReassignPartition {
+            queue: "q".into(),
+            partition: 7,
+            replicas: vec![1, 2, 3],
+        },
+        Command::ReassignPartition {
+            queue: "nope".into(),
+            partition: 0,
+            replicas: vec![1, 2, 3],
+        },
+    ];
+    for c in refused {
+        let r = apply(&mut stm, c.clone());
+        assert!(r.is_err(), "{c:?}");
+        assert_eq!(stm.table().queues, before.queues, "{c:?} changed nothing");
+    }
+    assert_eq!(
+        apply(&mut stm, reassign(vec![1, 2, 9])),
+        Err(ControllerError::UnknownBroker(9))
+    );
+    // A fenced broker cannot be a new replica.
+    let original = stm.table().queues["q"].partitions[0].replicas.clone();
+    let outsider = (1..=5).find(|id| !original.contains(id)).unwrap();
+    apply(&mut stm, Command::FenceBroker { id: outsider, term: 0 }).unwrap();
+    let mut to = original.clone();
+    to[2] = outsider;
+    assert!(matches!(
+        apply(&mut stm, reassign(to.clone())),
+        Err(ControllerError::InvalidReassignment(_))
+    ));
+    apply(&mut stm, back(outsider)).unwrap();
+    // Moving to the outsider, then changing one's mind: back to the original
+    // replicas completes at once, without the outsider.
+    apply(&mut stm, reassign(to)).unwrap();
+    assert!(stm.table().queues["q"].partitions[0].replicas.contains(&outsider));
+    apply(&mut stm, reassign(original.clone())).unwrap();
+    let p = &stm.table().queues["q"].partitions[0];
+    assert_eq!((&p.replicas, &p.target), (&original, &None));
+}
+
+#[test]
+fn decommissioning_moves_every_replica_off_the_broker_and_keeps_leaders_spread() {
+    let (mut stm, mut index) = brokers(4);
+    index -= 1;
+    for (name, partitions) in [("a", 8), ("b", 5)] {
+        index += 1;
+        let create = Command::CreateQueue {
+            name: name.into(),
+            settings: settings(partitions, 3),
+        };
+        stm.apply(index, &create).unwrap();
+    }
+    let leaving = 4;
+    let held = load(&stm)[&leaving].1;
+    assert!(held > 0);
+    index += 1;
+    stm.apply(index, &Command::DecommissionBroker { id: leaving }).unwrap();
+    assert!(stm.table().brokers[&leaving].decommissioning);
+    assert_eq!(
+        stm.table().led_by(leaving).count(),
+        0,
+        "it hands its leaderships over at once"
+    );
+    let moving = |stm: &MetadataStm| {
+        stm.table()
+            .queues
+            .values()
+            .flat_map(|q| &q.partitions)
+            .filter(|p| p.target.is_some())
+            .count()
+    };
+    assert_eq!(moving(&stm), held);
+    // New partitions avoid it.
+    index += 1;
+    let later = Command::CreateQueue {
+        name: "later".into(),
+        settings: settings(4, 3),
+    };
+    stm.apply(index, &later).unwrap();
+    assert!(stm.table().queues["later"]
+        .partitions
+        .iter()
+        .all(|p| !p.replicas.contains(&leaving)));
+    catch_up_all(&mut stm, &mut index);
+    assert_eq!(moving(&stm), 0);
+    let load = load(&stm);
+    assert_eq!(load.get(&leaving), None, "it holds nothing: {load:?}");
+    for q in stm.table().queues.values() {
+        for p in &q.partitions {
+            assert_eq!(p.replicas.len(), 3);
+            assert_eq!(p.isr, p.replicas);
+        }
+    }
+    // Balancing spreads the leaders over the three left: 17 partitions.
+    index += 1;
+    stm.apply(index, &Command::BalanceLeaders).unwrap();
+    let leaders: Vec<usize> = (1..=3).map(|id| stm.table().led_by(id).count()).collect();
+    assert!(leaders.iter().all(|n| (5..=6).contains(n)), "{leaders:?}");
+    // It stays decommissioned across a restart.
+    index += 1;
+    stm.apply(index, &back(leaving)).unwrap();
+    assert!(stm.table().brokers[&leaving].decommissioning);
+}
+
+#[test]
+fn a_decommission_the_others_cannot_absorb_is_refused_whole() {
+    let (mut stm, index) = three_brokers_two_queues();
+    let before = stm.table().clone();
+    let refused = stm.apply(index + 1, &Command::DecommissionBroker { id: 2 });
+    assert!(
+        matches!(
+            refused,
+            Err(ControllerError::CannotDecommission { id: 2, wanted: 3, .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(stm.table().queues, before.queues);
+    assert_eq!(stm.table().brokers, before.brokers);
+    assert_eq!(
+        stm.apply(index + 2, &Command::DecommissionBroker { id: 7 }),
+        Err(ControllerError::UnknownBroker(7))
+    );
+}
+
+#[test]
+fn a_reassignment_survives_a_snapshot() {
+    let (mut stm, index) = brokers_and_queue(4, 2, 3);
+    stm.apply(index + 1, &Command::DecommissionBroker { id: 1 }).unwrap();
+    assert!(stm.table().queues["q"].partitions.iter().any(|p| p.target.is_some()));
+    let mut restored = MetadataStm::new();
+    restored.restore(&stm.snapshot()).unwrap();
+    assert_eq!(restored, stm);
 }
