@@ -29,6 +29,9 @@
 //! leader_balance_interval_ms = 10000   # leaderships go back to preferred replicas (0: never)
 //! min_free_bytes = 1073741824          # produce refused (StorageFull) below this much free space
 //!                                      #   (default: 1 GiB or 5 % of the file system, the smaller; 0: never)
+//! groups_segment_bytes = 16777216      # __groups' segments (set when __groups is created)
+//! groups_compact_bytes = 67108864      # a __groups partition past this much more than after its
+//!                                      #   last compaction is compacted (0: never)
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -171,6 +174,13 @@ pub struct BrokerConfig {
     /// produce is refused with `StorageFull` (`None`: the smaller of 1 GiB
     /// and 5 % of the file system; 0: never). See `shard::disk`.
     pub min_free_bytes: Option<u64>,
+    /// The segment size of `__groups` when this broker creates it: small,
+    /// so compaction frees space soon (it deletes whole segments).
+    pub groups_segment_bytes: u64,
+    /// A `__groups` partition that grew this much past its size after its
+    /// last compaction is compacted (0: never): a snapshot of its groups is
+    /// written and the segments before it deleted. See `groups::compact`.
+    pub groups_compact_bytes: u64,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
@@ -240,6 +250,8 @@ impl Default for BrokerConfig {
             replica_fetch_wait_ms: 500,
             leader_balance_interval_ms: 10_000,
             min_free_bytes: None,
+            groups_segment_bytes: 16 << 20,
+            groups_compact_bytes: 64 << 20,
         }
     }
 }
@@ -460,6 +472,12 @@ impl BrokerConfig {
             return bad(format!(
                 "segment_bytes {} is below max_message_bytes {}: a segment holds at least one batch",
                 self.segment_bytes, self.max_message_bytes
+            ));
+        }
+        if !(64 << 10..=u64::from(u32::MAX)).contains(&self.groups_segment_bytes) {
+            return bad(format!(
+                "groups_segment_bytes {} must be in [64 KiB, 4 GiB)",
+                self.groups_segment_bytes
             ));
         }
         // The defaults make queues: they must pass the controller's checks.

@@ -11,7 +11,9 @@
 //!   stored), a diverged log truncated where the leader says
 //!   (`replica::fetch::truncation_point`, never below its high watermark),
 //!   a log that ends before the leader's log start started over there,
-//!   and the high watermark taken from the leader. Before its next fetch,
+//!   and the high watermark taken from the leader; segments wholly below the
+//!   leader's log start (its retention, a `__groups` compaction) are
+//!   deleted once committed here too. Before its next fetch,
 //!   which tells the leader, the follower makes what it appended durable as
 //!   the queue's policy says (fdatasync'd on `fsync=always` queues, written
 //!   on `fsync=interval` ones): its fetch offset is what the leader counts
@@ -312,6 +314,17 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
             let hw = Offset(r.high_watermark()).min(log.log_end());
             if log.advance_high_watermark(hw) {
                 shard.partitions.new_data.notify_all();
+            }
+            // What the leader deleted (a `__groups` compaction, its
+            // retention) goes here too, once committed here.
+            if Offset(r.log_start()) > log.log_start() {
+                if let Err(e) = log.delete_before(Offset(r.log_start())).await {
+                    tracing::warn!(
+                        queue = name,
+                        partition = r.partition(),
+                        "following the leader's log start: {e}"
+                    );
+                }
             }
             progressed |= (log.log_end(), log.high_watermark()) != before;
         }

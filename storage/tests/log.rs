@@ -299,20 +299,27 @@ fn truncation_in_active_and_sealed_segments_and_below_start() {
     });
 }
 
+/// A log of small segments holding 200 batches of two records.
+#[allow(clippy::unwrap_used)]
+async fn open_filled(path: &std::path::Path) -> (strand_storage::ShardStorage, strand_storage::Log) {
+    let (shard, log) = open(path, small_segments()).await;
+    for tag in 0..200u64 {
+        log.append(
+            strand_storage::testkit::batch(tag, 2, 500, TS + tag as i64),
+            LeaderEpoch(0),
+        )
+        .await
+        .unwrap();
+    }
+    (shard, log)
+}
+
 #[test]
 fn retention_deletes_whole_sealed_segments_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     run(move || async move {
-        let (_shard, log) = open(&path, small_segments()).await;
-        for tag in 0..200u64 {
-            log.append(
-                strand_storage::testkit::batch(tag, 2, 500, TS + tag as i64),
-                LeaderEpoch(0),
-            )
-            .await
-            .unwrap();
-        }
+        let (_shard, log) = open_filled(&path).await;
         let segments = log.segment_count();
         let size = log.size_bytes();
         let by_size = RetentionPolicy {
@@ -342,6 +349,31 @@ fn retention_deletes_whole_sealed_segments_only() {
             .count();
         assert_eq!(logs, 1, "only the active segment's file is left");
         assert_eq!(read_all(&log).await.last().unwrap().0, log.log_end().0 - 1);
+    });
+}
+
+#[test]
+fn delete_before_drops_the_segments_wholly_below_an_offset_and_never_past_the_high_watermark() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (_shard, log) = open_filled(&path).await;
+        assert!(log.segment_count() > 3);
+        let end = log.log_end();
+        // Nothing is committed yet: nothing goes.
+        assert_eq!(log.delete_before(Offset(300)).await.unwrap(), None);
+        log.advance_high_watermark(end);
+        let start = log.delete_before(Offset(300)).await.unwrap().unwrap();
+        assert!(start <= Offset(300) && start > Offset(0), "{start:?}");
+        assert_eq!(log.log_start(), start);
+        // Offset 300 is kept, and everything from the new start reads.
+        check_contents(&read_all(&log).await, start.0);
+        // Again at the same offset: nothing more to delete.
+        assert_eq!(log.delete_before(Offset(300)).await.unwrap(), None);
+        // Past the end: only the active segment is left.
+        let last = log.delete_before(Offset(u64::MAX)).await.unwrap().unwrap();
+        assert_eq!((log.segment_count(), log.log_end()), (1, end));
+        check_contents(&read_all(&log).await, last.0);
     });
 }
 

@@ -769,19 +769,10 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
-    use crate::controller::table::{FsyncSetting, MetadataTable, QueueSettings};
+    use crate::controller::table::{MetadataTable, QueueSettings};
 
     fn settings(partitions: u32) -> QueueSettings {
-        QueueSettings {
-            partitions,
-            replication_factor: 1,
-            retention_ms: None,
-            retention_bytes: None,
-            fsync: FsyncSetting::Always,
-            max_message_bytes: 1 << 20,
-            max_delivery_attempts: 5,
-            min_insync_replicas: 0,
-        }
+        QueueSettings::for_tests(partitions, 1)
     }
 
     fn one_node(id: u64) -> Settings {

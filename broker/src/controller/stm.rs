@@ -626,6 +626,12 @@ fn validate_settings(s: &QueueSettings) -> Result<(), ControllerError> {
             s.max_delivery_attempts
         ));
     }
+    if s.segment_bytes != 0 && s.segment_bytes < 64 << 10 {
+        return bad(format!(
+            "segment bytes must be at least 64 KiB, not {}",
+            s.segment_bytes
+        ));
+    }
     if s.max_message_bytes == 0 || s.max_message_bytes > MESSAGE_BYTES_MAX {
         return bad(format!(
             "max message bytes must be 1 to {MESSAGE_BYTES_MAX}, not {}",

@@ -84,9 +84,31 @@ pub struct QueueSettings {
     /// before the setting: [`default_min_insync_replicas`]).
     #[serde(default)]
     pub min_insync_replicas: u16,
+    /// A segment rolls before it grows past this (0: the broker's
+    /// `segment_bytes`). Set by the broker for its own `__groups` (small
+    /// segments, so compaction frees space soon); not a client setting.
+    #[serde(default)]
+    pub segment_bytes: u64,
 }
 
 impl QueueSettings {
+    /// Settings for tests: `partitions` of `rf` replicas, fsync=always,
+    /// 1 MiB messages, no retention, the defaults for the rest.
+    #[cfg(test)]
+    pub fn for_tests(partitions: u32, rf: u16) -> QueueSettings {
+        QueueSettings {
+            partitions,
+            replication_factor: rf,
+            retention_ms: None,
+            retention_bytes: None,
+            fsync: FsyncSetting::Always,
+            max_message_bytes: 1 << 20,
+            max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
+            min_insync_replicas: 0,
+            segment_bytes: 0,
+        }
+    }
+
     /// In-sync replicas an acks=all produce needs.
     pub fn min_insync(&self) -> usize {
         match self.min_insync_replicas {

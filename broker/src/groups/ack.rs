@@ -83,6 +83,15 @@ impl AckState {
         self.records.values().filter(|r| r.state != State::Done).count()
     }
 
+    /// What replay restores of each record handed out and not yet below
+    /// the position, in offset order: (offset, delivery attempts, done,
+    /// last error). Locks are not durable.
+    pub fn durable(&self) -> impl Iterator<Item = (u64, u32, bool, Option<&str>)> {
+        self.records
+            .iter()
+            .map(|(o, r)| (*o, r.attempts, r.state == State::Done, r.last_error.as_deref()))
+    }
+
     /// Delivery attempts of a record so far.
     pub fn attempts(&self, offset: u64) -> u32 {
         self.records.get(&offset).map_or(0, |r| r.attempts)
@@ -253,8 +262,9 @@ impl AckState {
     }
 
     /// A position set from outside (a commit or a reset). Forward: the
-    /// records below it are done with. Backward (a reset, a replay): the
-    /// record state starts over from it — nothing is out any more.
+    /// records below it are done with (and done ones right after it too).
+    /// Backward (a reset, a replay): the record state starts over from it —
+    /// nothing is out any more.
     pub fn set_position(&mut self, position: u64) {
         if position < self.position {
             *self = AckState::new(position);
@@ -263,6 +273,7 @@ impl AckState {
         self.position = position;
         self.next = self.next.max(position);
         self.records.retain(|&o, _| o >= position);
+        self.advance();
     }
 
     /// Moves the position past the done prefix; returns whether it moved.

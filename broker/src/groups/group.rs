@@ -305,6 +305,12 @@ impl Group {
         }
     }
 
+    /// The id of the queue whose positions this group holds under `queue`
+    /// (from a commit record that named it).
+    pub fn queue_id(&self, queue: &str) -> Option<u64> {
+        self.queue_ids.get(queue).copied()
+    }
+
     /// Positions of `queue` belong to the queue with this id.
     pub fn note_queue(&mut self, queue: &str, id: u64) {
         self.queue_ids.insert(queue.to_string(), id);

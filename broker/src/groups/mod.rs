@@ -17,6 +17,8 @@
 //! - `record.rs`: the `__groups` records that make the durable part — the
 //!   group's existence and settings, committed positions — survive
 //!   restarts.
+//! - `replay.rs`: rebuilding the groups from those records (from the
+//!   newest snapshot on), and the snapshot compaction writes: pure.
 //!
 //! # Durability and replay
 //! Every durable change is appended to the group's `__groups` partition
@@ -36,17 +38,19 @@
 //! [`HEARTBEAT_MAX`] away) tells them to re-join: for [`RESTART_GRACE`]
 //! only partitions a member reports holding are granted.
 //!
-//! Limits: `__groups` has no retention (a commit must not expire), so it
-//! grows with every commit, and in ack mode with every delivery and settle
-//! (about 60 bytes each; a settle request writes one batch of settles and
-//! one commit, however many records it settles), and replay reads all of
-//! it; compaction — a snapshot record per group and deleting what it
-//! supersedes — is future work.
+//! `__groups` has no retention (a commit must not expire): it grows with
+//! every commit, and in ack mode with every delivery and settle (about 60
+//! bytes each; a settle request writes one batch of settles and one
+//! commit, however many records it settles). Compaction bounds it: once a
+//! partition grew `groups_compact_bytes`, its leader writes a snapshot of
+//! its groups as of its high watermark and deletes the segments before it
+//! ([`compact`]; the rebuild rules are `replay.rs`).
 
 pub mod ack;
 pub mod assign;
 pub mod group;
 pub mod record;
+pub mod replay;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -54,14 +58,15 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use strand_storage::Offset;
+use strand_storage::{Log, Offset};
 use strand_wire::batch::RecordBatch;
 use strand_wire::ErrorCode;
 
 use self::ack::{AckState, Outcome};
 use self::assign::{Strategy, Tp};
 use self::group::{Group, GroupError, Member, Start};
-use self::record::{GroupChange, Settled};
+use self::record::{GroupChange, Settled, Stored};
+use self::replay::Rebuild;
 use crate::controller::{Command, ControllerError, FsyncSetting, MetadataTable, ProposeError, QueueSettings};
 use crate::shard::messages::{
     LocalTask, OffsetQuery, OpenPartition, PartitionCall, PartitionRequest, Reply, WireError,
@@ -317,6 +322,9 @@ pub struct Coordinator {
     next_member: Cell<u64>,
     /// Rotates where receives start (fairness between partitions).
     next_turn: Cell<usize>,
+    /// Per `__groups` partition led here: its size after its last
+    /// compaction (see [`Coordinator::compact_grown`]).
+    compacted: RefCell<HashMap<u32, u64>>,
 }
 
 impl Default for Coordinator {
@@ -330,6 +338,7 @@ impl Default for Coordinator {
             nonce,
             next_member: Cell::new(0),
             next_turn: Cell::new(0),
+            compacted: RefCell::new(HashMap::new()),
         }
     }
 }
@@ -382,6 +391,7 @@ pub async fn groups_partitions(shard: &Rc<Shard>) -> Result<u32, WireError> {
         max_delivery_attempts: crate::controller::DEFAULT_MAX_DELIVERY_ATTEMPTS,
         // The default: 2 with three replicas.
         min_insync_replicas: 0,
+        segment_bytes: shard.config.groups_segment_bytes,
     };
     let command = Command::CreateQueue {
         name: GROUPS_QUEUE.to_string(),
@@ -436,6 +446,43 @@ pub fn start(shard: &Rc<Shard>) {
         }
     })
     .detach();
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        let coordinator = s.ext.get_or_default::<Coordinator>();
+        while !s.stopping.get() {
+            glommio::timer::sleep(COMPACT_CHECK).await;
+            coordinator.compact_grown(&s).await;
+        }
+    })
+    .detach();
+}
+
+/// How often a shard looks whether a `__groups` partition it leads grew
+/// enough to compact.
+const COMPACT_CHECK: Duration = Duration::from_secs(1);
+
+/// Compacts a `__groups` partition this replica leads: writes a snapshot
+/// of its groups as of its high watermark C (rebuilt from the log, not
+/// from memory: a change appended but not yet applied is in the log, and
+/// one appended after C is newer than the snapshot whatever its position;
+/// see `replay`), acks=all, then deletes the segments wholly below C.
+/// Returns the new log start if it moved. Followers delete the same once
+/// they hold it (`crate::replication` follows the leader's log start).
+async fn compact(shard: &Rc<Shard>, part: &Rc<Partition>) -> Result<Option<Offset>, WireError> {
+    let log = &part.log;
+    let covers = log.high_watermark();
+    if covers <= log.log_start() {
+        return Ok(None);
+    }
+    let table = shard.table();
+    let groups = rebuild(log, covers, &table, 0).await?;
+    let changes = replay::snapshot_changes(&groups);
+    let batch_bytes = (part.settings.max_message_bytes as usize / 2).clamp(4 << 10, 256 << 10);
+    let queue_id = |q: &str| table.queue(q).map_or(0, |r| r.id);
+    for batch in record::snapshot_batches(&changes, covers.0, batch_bytes, now_ms(), queue_id) {
+        shard.produce(part, batch, -1, INTERNAL_WRITE_TIMEOUT_MS).await?;
+    }
+    log.delete_before(covers).await.map_err(crate::shard::storage_error)
 }
 
 /// Adds the committed positions and rebalance counts of the groups this
@@ -1420,6 +1467,47 @@ impl Coordinator {
         (positions, rebalances)
     }
 
+    /// Compacts each `__groups` partition this shard leads that grew
+    /// `groups_compact_bytes` past its size after its last compaction (or
+    /// this broker's start): see [`compact`].
+    pub async fn compact_grown(&self, shard: &Rc<Shard>) {
+        let limit = shard.config.groups_compact_bytes;
+        let partitions = shard
+            .table()
+            .queue(GROUPS_QUEUE)
+            .map_or(0, |q| q.partitions.len() as u32);
+        for p in 0..partitions {
+            if limit == 0 || shard.stopping.get() {
+                return;
+            }
+            let Some(part) = shard
+                .partitions
+                .get(GROUPS_QUEUE, p)
+                .filter(|part| part.leading().is_some())
+            else {
+                continue;
+            };
+            let size = part.log.size_bytes();
+            let after_last = *self.compacted.borrow_mut().entry(p).or_insert(size.min(limit));
+            if size < after_last.saturating_add(limit) {
+                continue;
+            }
+            let before = (part.log.log_start(), size);
+            match compact(shard, &part).await {
+                Ok(start) => tracing::info!(
+                    partition = p,
+                    bytes_before = before.1,
+                    bytes_after = part.log.size_bytes(),
+                    log_start_before = before.0 .0,
+                    log_start = start.unwrap_or(before.0).0,
+                    "compacted __groups"
+                ),
+                Err(e) => tracing::warn!(partition = p, "compacting __groups: {}", e.message),
+            }
+            self.compacted.borrow_mut().insert(p, part.log.size_bytes());
+        }
+    }
+
     /// Forgets the groups of partitions this shard no longer leads.
     pub fn retain(&self, open: impl Fn(u32) -> bool) {
         self.loaded.borrow_mut().retain(|p, _| open(*p));
@@ -1559,10 +1647,47 @@ async fn replay(
                 _ => e,
             })?;
     }
-    let seed = generation_seed(log.log_end().0);
+    rebuild(log, end, table, generation_seed(log.log_end().0)).await
+}
+
+/// The groups as the records of `log` below `end` leave them: the three
+/// passes of [`replay::Rebuild`] (snapshot markers, the newest complete
+/// snapshot, the records since).
+async fn rebuild(
+    log: &Log,
+    end: Offset,
+    table: &MetadataTable,
+    seed: u64,
+) -> Result<BTreeMap<String, Group>, WireError> {
+    let mut r = Rebuild::new(table, seed);
+    let start = log.log_start().0;
+    each_record(log, start, end, true, |offset, _, stored| r.marker(offset, &stored)).await?;
+    if let Some(begin) = r.snapshot_begin() {
+        each_record(log, begin, end, false, |_, name, stored| {
+            r.snapshot_record(name, stored)
+        })
+        .await?;
+    }
+    let from = r.tail_from(start);
+    each_record(log, from, end, false, |offset, name, stored| {
+        r.record(offset, name, stored)
+    })
+    .await?;
+    Ok(r.finish())
+}
+
+/// Calls `each` with every readable record of `log` in [`from`, `end`):
+/// its offset, its group and its value; unreadable ones are skipped (and
+/// logged if `report`).
+async fn each_record(
+    log: &Log,
+    from: u64,
+    end: Offset,
+    report: bool,
+    mut each: impl FnMut(u64, String, Stored),
+) -> Result<(), WireError> {
     let max = log.config().batch_bytes_max;
-    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
-    let mut from = log.log_start();
+    let mut from = Offset(from).max(log.log_start());
     while from < end {
         let got = log
             .read_below(from, 1 << 20, end)
@@ -1575,88 +1700,28 @@ async fn replay(
             let batch = RecordBatch::new(bytes, max)
                 .map_err(|e| WireError::new(ErrorCode::StorageError, format!("__groups holds a bad batch: {e}")))?;
             for r in batch.records() {
-                if r.offset < from {
+                if r.offset < from || r.offset >= end {
                     continue;
                 }
                 let (Some(key), Some(value)) = (r.key, r.value) else {
-                    tracing::error!(offset = r.offset.0, "__groups record without a key or value; skipped");
+                    if report {
+                        tracing::error!(offset = r.offset.0, "__groups record without a key or value; skipped");
+                    }
                     continue;
                 };
                 let name = String::from_utf8_lossy(&key).into_owned();
                 match record::decode(&value) {
-                    // About a queue since deleted (or created anew): stale.
-                    Ok((change, id))
-                        if id != 0 && change.queue().and_then(|q| table.queue(q)).map(|q| q.id) != Some(id) => {}
-                    Ok((change, id)) => apply(&mut groups, name, change, r.offset.0, seed, id),
-                    Err(e) => {
+                    Ok(stored) => each(r.offset.0, name, stored),
+                    Err(e) if report => {
                         tracing::error!(offset = r.offset.0, group = %name, "unreadable __groups record ({e}); skipped")
                     }
+                    Err(_) => {}
                 }
             }
         }
         from = got.next_offset;
     }
-    Ok(groups)
-}
-
-/// Applies one replayed change.
-fn apply(
-    groups: &mut BTreeMap<String, Group>,
-    name: String,
-    change: GroupChange,
-    offset: u64,
-    seed: u64,
-    queue_id: u64,
-) {
-    match change {
-        GroupChange::Created { strategy, start } => {
-            groups
-                .entry(name)
-                .or_insert_with(|| Group::created(strategy, start, seed));
-        }
-        GroupChange::Commit {
-            queue,
-            partition,
-            offset: position,
-        } => {
-            if let Some(g) = groups.get_mut(&name) {
-                if queue_id != 0 {
-                    g.note_queue(&queue, queue_id);
-                }
-                g.apply_commit((queue, partition), position, offset);
-            }
-        }
-        GroupChange::Deleted => {
-            groups.remove(&name);
-        }
-        GroupChange::Delivered {
-            queue,
-            partition,
-            offset: record_offset,
-            attempts,
-        } => {
-            if let Some(g) = groups.get_mut(&name) {
-                let tp = (queue, partition);
-                let position = g.committed(&tp).unwrap_or(record_offset);
-                g.acks
-                    .entry(tp)
-                    .or_insert_with(|| AckState::new(position))
-                    .replay_delivered(record_offset, attempts, Instant::now());
-            }
-        }
-        GroupChange::Settled {
-            queue,
-            partition,
-            offset: record_offset,
-            outcome,
-            reason,
-        } => {
-            if let Some(a) = groups.get_mut(&name).and_then(|g| g.acks.get_mut(&(queue, partition))) {
-                a.replay_settled(record_offset, outcome != Settled::Nack, reason);
-                a.advance();
-            }
-        }
-    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@
 //! "On disk: the records of `__groups`"). A batch's CRC covers its records;
 //! a value that is not a valid `GroupRecord` (a bug, or a newer kind this
 //! build does not know) is reported and skipped at replay rather than
-//! stopping every group of the partition.
+//! stopping every group of the partition. A snapshot (compaction) is the
+//! same records tagged `snapshot_of`, between two markers whose key is
+//! empty ([`snapshot_batches`]; replayed by `replay.rs`).
 
 use bytes::BytesMut;
 use strand_wire::batch::BatchBuilder;
@@ -48,6 +50,25 @@ pub enum GroupChange {
         outcome: Settled,
         reason: Option<String>,
     },
+    /// Compaction: a snapshot of the partition's groups as of offset
+    /// `covers` (every record below it applied) begins…
+    SnapshotBegin {
+        covers: u64,
+    },
+    /// …and is complete.
+    SnapshotEnd {
+        covers: u64,
+    },
+}
+
+/// A record value read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub change: GroupChange,
+    /// The id of its queue when written (0: none).
+    pub queue_id: u64,
+    /// Not 0: part of the snapshot as of this offset.
+    pub snapshot_of: u64,
 }
 
 /// How a record was settled, as stored.
@@ -97,16 +118,29 @@ impl GroupChange {
             GroupChange::Commit { queue, .. }
             | GroupChange::Delivered { queue, .. }
             | GroupChange::Settled { queue, .. } => Some(queue),
-            GroupChange::Created { .. } | GroupChange::Deleted => None,
+            GroupChange::Created { .. }
+            | GroupChange::Deleted
+            | GroupChange::SnapshotBegin { .. }
+            | GroupChange::SnapshotEnd { .. } => None,
         }
+    }
+
+    /// A snapshot's begin or end.
+    pub fn is_marker(&self) -> bool {
+        matches!(
+            self,
+            GroupChange::SnapshotBegin { .. } | GroupChange::SnapshotEnd { .. }
+        )
     }
 }
 
-/// A change's record value; `queue_id` is the id of its queue (0: none).
-pub fn encode(change: &GroupChange, queue_id: u64) -> Vec<u8> {
+/// A change's record value; `queue_id` is the id of its queue (0: none),
+/// `snapshot_of` the snapshot it is part of (0: none).
+pub fn encode(change: &GroupChange, queue_id: u64, snapshot_of: u64) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::with_capacity(64);
     let mut args = GroupRecordArgs {
         queue_id,
+        snapshot_of,
         ..GroupRecordArgs::default()
     };
     let queue;
@@ -160,16 +194,28 @@ pub fn encode(change: &GroupChange, queue_id: u64) -> Vec<u8> {
             args.offset = *offset;
         }
         GroupChange::Deleted => args.kind = GroupRecordKind::Deleted,
+        GroupChange::SnapshotBegin { covers } => {
+            args.kind = GroupRecordKind::SnapshotBegin;
+            args.offset = *covers;
+        }
+        GroupChange::SnapshotEnd { covers } => {
+            args.kind = GroupRecordKind::SnapshotEnd;
+            args.offset = *covers;
+        }
     }
     let root = strand_wire::GroupRecord::create(&mut fbb, &args);
     fbb.finish_minimal(root);
     fbb.finished_data().to_vec()
 }
 
-/// Reads a record value back: the change and its queue's id (0: none).
-pub fn decode(value: &[u8]) -> Result<(GroupChange, u64), String> {
+/// Reads a record value back.
+pub fn decode(value: &[u8]) -> Result<Stored, String> {
     let r = strand_wire::flatbuffers::root::<strand_wire::GroupRecord>(value).map_err(|e| e.to_string())?;
-    change_of(&r).map(|c| (c, r.queue_id()))
+    change_of(&r).map(|change| Stored {
+        change,
+        queue_id: r.queue_id(),
+        snapshot_of: r.snapshot_of(),
+    })
 }
 
 fn change_of(r: &strand_wire::GroupRecord<'_>) -> Result<GroupChange, String> {
@@ -203,6 +249,8 @@ fn change_of(r: &strand_wire::GroupRecord<'_>) -> Result<GroupChange, String> {
             },
             reason: r.reason().map(str::to_string),
         }),
+        GroupRecordKind::SnapshotBegin => Ok(GroupChange::SnapshotBegin { covers: r.offset() }),
+        GroupRecordKind::SnapshotEnd => Ok(GroupChange::SnapshotEnd { covers: r.offset() }),
         other => Err(format!("unknown group record kind {}", other.0)),
     }
 }
@@ -213,9 +261,36 @@ pub fn batch(group: &str, changes: &[GroupChange], now_ms: i64, queue_id: impl F
     let mut b = BatchBuilder::new();
     for change in changes {
         let id = change.queue().map_or(0, &queue_id);
-        b.push(Some(group.as_bytes()), Some(&encode(change, id)), &[], now_ms);
+        b.push(Some(group.as_bytes()), Some(&encode(change, id, 0)), &[], now_ms);
     }
     b.build()
+}
+
+/// The record batches of a snapshot as of `covers`: a begin marker, every
+/// (group, change) of `entries` in order, an end marker; each batch at
+/// most about `batch_bytes` (at least one record).
+pub fn snapshot_batches(
+    entries: &[(String, GroupChange)],
+    covers: u64,
+    batch_bytes: usize,
+    now_ms: i64,
+    queue_id: impl Fn(&str) -> u64,
+) -> Vec<BytesMut> {
+    let begin = (String::new(), GroupChange::SnapshotBegin { covers });
+    let end = (String::new(), GroupChange::SnapshotEnd { covers });
+    let mut out = Vec::new();
+    let (mut b, mut bytes) = (BatchBuilder::new(), 0);
+    for (group, change) in std::iter::once(&begin).chain(entries).chain(std::iter::once(&end)) {
+        let value = encode(change, change.queue().map_or(0, &queue_id), covers);
+        if bytes > 0 && bytes + value.len() + group.len() > batch_bytes {
+            out.push(std::mem::replace(&mut b, BatchBuilder::new()).build());
+            bytes = 0;
+        }
+        bytes += value.len() + group.len() + 32;
+        b.push(Some(group.as_bytes()), Some(&value), &[], now_ms);
+    }
+    out.push(b.build());
+    out
 }
 
 #[cfg(test)]
@@ -256,6 +331,8 @@ mod tests {
                 outcome: Settled::Ack,
                 reason: None,
             },
+            GroupChange::SnapshotBegin { covers: 41 },
+            GroupChange::SnapshotEnd { covers: u64::MAX },
         ]
     }
 
@@ -263,22 +340,52 @@ mod tests {
     fn round_trip_through_a_batch() {
         let b = batch("g-1", &samples(), 1_700_000_000_000, |q| q.len() as u64);
         let rb = RecordBatch::new(b.freeze(), 1 << 20).unwrap();
-        let back: Vec<(Bytes, (GroupChange, u64))> = rb
+        let back: Vec<(Bytes, Stored)> = rb
             .records()
             .map(|r| (r.key.unwrap(), decode(&r.value.unwrap()).unwrap()))
             .collect();
         assert_eq!(back.len(), samples().len());
-        for ((key, (change, id)), want) in back.into_iter().zip(samples()) {
+        for ((key, stored), want) in back.into_iter().zip(samples()) {
             assert_eq!(&key[..], b"g-1");
-            assert_eq!(id, want.queue().map_or(0, |q| q.len() as u64));
-            assert_eq!(change, want);
+            assert_eq!(stored.queue_id, want.queue().map_or(0, |q| q.len() as u64));
+            assert_eq!((stored.change, stored.snapshot_of), (want, 0));
         }
+    }
+
+    #[test]
+    fn a_snapshot_is_framed_by_markers_and_split_into_batches() {
+        let entries: Vec<(String, GroupChange)> = (0..100)
+            .map(|i| {
+                let change = GroupChange::Commit {
+                    queue: "orders".into(),
+                    partition: i,
+                    offset: u64::from(i) * 10,
+                };
+                (format!("g{}", i % 7), change)
+            })
+            .collect();
+        let batches = snapshot_batches(&entries, 500, 1024, 1_700_000_000_000, |_| 9);
+        assert!(batches.len() > 3, "{} batches", batches.len());
+        let mut read = Vec::new();
+        for b in batches {
+            assert!(b.len() <= 1024 + 256, "{}", b.len());
+            let rb = RecordBatch::new(b.freeze(), 1 << 20).unwrap();
+            for r in rb.records() {
+                let stored = decode(&r.value.unwrap()).unwrap();
+                assert_eq!(stored.snapshot_of, 500);
+                let key = String::from_utf8(r.key.unwrap().to_vec()).unwrap();
+                read.push((key, stored.change));
+            }
+        }
+        assert_eq!(read.first().unwrap().1, GroupChange::SnapshotBegin { covers: 500 });
+        assert_eq!(read.last().unwrap().1, GroupChange::SnapshotEnd { covers: 500 });
+        assert_eq!(&read[1..read.len() - 1], &entries[..]);
     }
 
     #[test]
     fn every_truncation_and_byte_flip_is_an_error_or_a_valid_change() {
         for change in samples() {
-            let value = encode(&change, 7);
+            let value = encode(&change, 7, 3);
             for cut in 0..value.len() {
                 let _ = decode(&value[..cut]); // must not panic
             }

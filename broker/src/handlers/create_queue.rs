@@ -45,6 +45,7 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
             max_message_bytes: defaults.max_message_bytes,
             max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
             min_insync_replicas: default_min_insync_replicas(1) as u16,
+            segment_bytes: 0,
         });
     };
     Ok(QueueSettings {
@@ -62,6 +63,7 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
         min_insync_replicas: c
             .min_insync_replicas()
             .unwrap_or(default_min_insync_replicas(c.replication_factor()) as u16),
+        segment_bytes: 0,
     })
 }
 

@@ -215,7 +215,11 @@ pub struct Partitions {
 /// that large (a segment holds at least one batch).
 pub fn log_config(settings: &QueueSettings, base: &LogConfig) -> LogConfig {
     LogConfig {
-        segment_bytes_max: base.segment_bytes_max.max(u64::from(settings.max_message_bytes)),
+        segment_bytes_max: match settings.segment_bytes {
+            0 => base.segment_bytes_max,
+            own => own,
+        }
+        .max(u64::from(settings.max_message_bytes)),
         fsync: match settings.fsync {
             FsyncSetting::Always => FsyncPolicy::Always,
             FsyncSetting::Interval { ms, bytes } => FsyncPolicy::Interval {
@@ -323,6 +327,16 @@ impl Partitions {
                 continue;
             }
             self.remove(&key.0, key.1);
+            // An acks=all produce waiting on it learns at once that this
+            // replica no longer leads it (and who does, if the table says),
+            // instead of timing out: its client retries at the leader.
+            let (leader, epoch) = table
+                .queues
+                .get(&key.0)
+                .and_then(|q| q.partitions.get(key.1 as usize))
+                .map_or((NO_LEADER, part.leader_epoch()), |p| (p.leader, p.leader_epoch));
+            *part.role.borrow_mut() = Role::Follower { leader, epoch };
+            part.acks.notify_all();
             if let Err(e) = part.log.close().await {
                 tracing::warn!(queue = %key.0, partition = key.1, "closing: {e}");
             }

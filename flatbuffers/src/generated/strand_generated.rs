@@ -765,15 +765,17 @@ impl ::flatbuffers::SimpleToVerifyInSlice for Outcome {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_GROUP_RECORD_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_GROUP_RECORD_KIND: u8 = 4;
+pub const ENUM_MAX_GROUP_RECORD_KIND: u8 = 6;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_GROUP_RECORD_KIND: [GroupRecordKind; 5] = [
+pub const ENUM_VALUES_GROUP_RECORD_KIND: [GroupRecordKind; 7] = [
   GroupRecordKind::Created,
   GroupRecordKind::Commit,
   GroupRecordKind::Deleted,
   GroupRecordKind::Delivered,
   GroupRecordKind::Settled,
+  GroupRecordKind::SnapshotBegin,
+  GroupRecordKind::SnapshotEnd,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -793,15 +795,21 @@ impl GroupRecordKind {
   /// Ack mode: the record at `offset` was settled with `outcome` (Ack,
   /// Nack or DeadLetter), `reason` being its last error.
   pub const Settled: Self = Self(4);
+  /// A snapshot of the partition's groups as of `offset` begins.
+  pub const SnapshotBegin: Self = Self(5);
+  /// The snapshot as of `offset` is complete.
+  pub const SnapshotEnd: Self = Self(6);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 4;
+  pub const ENUM_MAX: u8 = 6;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Created,
     Self::Commit,
     Self::Deleted,
     Self::Delivered,
     Self::Settled,
+    Self::SnapshotBegin,
+    Self::SnapshotEnd,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -811,6 +819,8 @@ impl GroupRecordKind {
       Self::Deleted => Some("Deleted"),
       Self::Delivered => Some("Delivered"),
       Self::Settled => Some("Settled"),
+      Self::SnapshotBegin => Some("SnapshotBegin"),
+      Self::SnapshotEnd => Some("SnapshotEnd"),
       _ => None,
     }
   }
@@ -10981,6 +10991,7 @@ impl<'a> GroupRecord<'a> {
   pub const VT_OUTCOME: ::flatbuffers::VOffsetT = 18;
   pub const VT_REASON: ::flatbuffers::VOffsetT = 20;
   pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 22;
+  pub const VT_SNAPSHOT_OF: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -10992,6 +11003,7 @@ impl<'a> GroupRecord<'a> {
     args: &'args GroupRecordArgs<'args>
   ) -> ::flatbuffers::WIPOffset<GroupRecord<'bldr>> {
     let mut builder = GroupRecordBuilder::new(_fbb);
+    builder.add_snapshot_of(args.snapshot_of);
     builder.add_queue_id(args.queue_id);
     builder.add_offset(args.offset);
     if let Some(x) = args.reason { builder.add_reason(x); }
@@ -11078,6 +11090,15 @@ impl<'a> GroupRecord<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(GroupRecord::VT_QUEUE_ID, Some(0)).unwrap()}
   }
+  /// Not 0: this record is part of the snapshot as of this offset (only
+  /// replayed as part of it).
+  #[inline]
+  pub fn snapshot_of(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(GroupRecord::VT_SNAPSHOT_OF, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GroupRecord<'_> {
@@ -11096,6 +11117,7 @@ impl ::flatbuffers::Verifiable for GroupRecord<'_> {
      .visit_field::<Outcome>("outcome", Self::VT_OUTCOME, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
      .visit_field::<u64>("queue_id", Self::VT_QUEUE_ID, false)?
+     .visit_field::<u64>("snapshot_of", Self::VT_SNAPSHOT_OF, false)?
      .finish();
     Ok(())
   }
@@ -11111,6 +11133,7 @@ pub struct GroupRecordArgs<'a> {
     pub outcome: Outcome,
     pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub queue_id: u64,
+    pub snapshot_of: u64,
 }
 impl<'a> Default for GroupRecordArgs<'a> {
   #[inline]
@@ -11126,6 +11149,7 @@ impl<'a> Default for GroupRecordArgs<'a> {
       outcome: Outcome::Ack,
       reason: None,
       queue_id: 0,
+      snapshot_of: 0,
     }
   }
 }
@@ -11176,6 +11200,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupRecordBuilder<'a, 'b, A>
     self.fbb_.push_slot::<u64>(GroupRecord::VT_QUEUE_ID, queue_id, 0);
   }
   #[inline]
+  pub fn add_snapshot_of(&mut self, snapshot_of: u64) {
+    self.fbb_.push_slot::<u64>(GroupRecord::VT_SNAPSHOT_OF, snapshot_of, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupRecordBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GroupRecordBuilder {
@@ -11203,6 +11231,7 @@ impl ::core::fmt::Debug for GroupRecord<'_> {
       ds.field("outcome", &self.outcome());
       ds.field("reason", &self.reason());
       ds.field("queue_id", &self.queue_id());
+      ds.field("snapshot_of", &self.snapshot_of());
       ds.finish()
   }
 }

@@ -222,6 +222,50 @@ impl Log {
                 .collect();
             cut_offset(policy, &summaries, st.active.base, st.active.size(), now_ms)?
         };
+        self.take_below(cut)
+    }
+
+    /// Deletes the sealed segments that hold only records below `offset`
+    /// (never the active one, never past the high watermark): the log start
+    /// moves to the base of the segment holding `offset` — Kafka's
+    /// DeleteRecords at segment granularity, for a log whose older records
+    /// a snapshot replaced (`__groups`) and for a follower keeping up with
+    /// its leader's log start. Returns the new log start if it moved.
+    pub async fn delete_before(&self, offset: Offset) -> Result<Option<Offset>> {
+        // Nothing to delete (the usual case of a follower keeping up): no lock.
+        if self.delete_cut(offset).is_none() {
+            return Ok(None);
+        }
+        let _permit = self.lock().await?;
+        self.inner.state.borrow().check_usable(&self.inner.dir)?;
+        let Some((cut, doomed)) = self.delete_cut(offset).and_then(|cut| self.take_below(cut)) else {
+            return Ok(None);
+        };
+        for seg in &doomed {
+            remove_segment_files(&seg.path).await?;
+        }
+        Ok(Some(cut))
+    }
+
+    /// Where [`Log::delete_before`] of `offset` cuts: the base of the
+    /// segment holding `offset` (at most the high watermark), if a sealed
+    /// segment lies below it.
+    fn delete_cut(&self, offset: Offset) -> Option<Offset> {
+        let st = self.inner.state.borrow();
+        let upto = offset.min(st.high_watermark);
+        let cut = st
+            .sealed
+            .keys()
+            .copied()
+            .chain(std::iter::once(st.active.base))
+            .filter(|b| *b <= upto)
+            .max()?;
+        st.sealed.keys().any(|b| *b < cut).then_some(cut)
+    }
+
+    /// Takes the sealed segments whose base is below `cut` (the base of a
+    /// kept segment) out of the log, as [`Log::take_expired`] says.
+    fn take_below(&self, cut: Offset) -> Option<(Offset, Vec<SealedSegment>)> {
         let doomed = self.take_sealed(|b| b < cut);
         if doomed.is_empty() {
             return None;

@@ -2,14 +2,8 @@ use super::*;
 
 fn settings(partitions: u32, rf: u16) -> QueueSettings {
     QueueSettings {
-        partitions,
-        replication_factor: rf,
         retention_ms: Some(7 * 24 * 3600 * 1000),
-        retention_bytes: None,
-        fsync: FsyncSetting::Always,
-        max_message_bytes: 1 << 20,
-        max_delivery_attempts: 5,
-        min_insync_replicas: 0,
+        ..QueueSettings::for_tests(partitions, rf)
     }
 }
 
