@@ -1,7 +1,8 @@
 # Sourced by the cluster scripts: starts release nodes on 127.0.0.1-N (one
 # shard each; nodes 1-3 the controller's voters, later ones brokers that
 # join as learners) and waits for their ready lines. Needs: bin, dir,
-# port; fills pids.
+# port; fills pids. stop_nodes kills them (kill -9, by PID);
+# stop_nodes_at_exit does that and removes $dir when the script exits.
 start_nodes() {
   local count=$1 voters="1@127.0.0.1:$port,2@127.0.0.2:$port,3@127.0.0.3:$port" n
   pids=()
@@ -17,4 +18,14 @@ start_nodes() {
 
 start_three_nodes() {
   start_nodes 3
+}
+
+stop_nodes() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+
+stop_nodes_at_exit() {
+  trap 'stop_nodes; rm -rf "$dir"' EXIT
 }

@@ -16,13 +16,8 @@ bench=target/release/strand-bench
 port=${PORT:-29500}
 dir=$(mktemp -d)
 pids=()
-stop_nodes() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap 'stop_nodes; rm -rf "$dir"' EXIT
 . bench/scripts/cluster-lib.sh
+stop_nodes_at_exit
 brokers="127.0.0.1:$port,127.0.0.2:$port,127.0.0.3:$port,127.0.0.4:$port"
 
 start_nodes 4
@@ -40,7 +35,9 @@ echo "== filling: $count records of 10 KB (acks=all), node 4 holds $(held) repli
 "$bench" produce --brokers "$brokers" --queue big --partitions 4 --acks all --message-bytes 10000 \
   --batch-bytes 1048576 --count "$count" | tail -1
 sleep 2
-bytes=$(du -sb "$dir/n4/big" | cut -f1)
+# The stored bytes of the partitions node 4 holds (as their leaders report).
+bytes=$("$bin" queue describe big --output json --brokers 127.0.0.1:$port | python3 -c \
+  'import json,sys; print(sum(p["stored_bytes"] for p in json.load(sys.stdin)["partitions"] if 4 in p["replicas"]))')
 echo "node 4 holds $bytes bytes of big in $(held) replicas"
 start=$(date +%s.%N)
 "$bin" node decommission 4 --brokers 127.0.0.1:$port
@@ -49,4 +46,4 @@ end=$(date +%s.%N)
 secs=$(echo "$end - $start" | bc)
 echo "decommissioned node 4 ($bytes bytes) in $secs s: $(echo "$bytes / $secs / 1048576" | bc) MiB/s"
 left=$(du -sb "$dir/n4" | cut -f1)
-echo "node 4's data directory now: $left bytes"
+echo "node 4's data directory now: $left bytes; nodes 1-3 hold $(du -sb "$dir"/n[123]/big | cut -f1 | tr '\n' ' ')bytes of big"

@@ -20,13 +20,8 @@ bench=target/release/strand-bench
 port=${PORT:-29400}
 dir=$(mktemp -d)
 pids=()
-stop_nodes() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap 'stop_nodes; rm -rf "$dir"' EXIT
 . bench/scripts/cluster-lib.sh
+stop_nodes_at_exit
 brokers="127.0.0.1:$port,127.0.0.2:$port,127.0.0.3:$port"
 
 start_three_nodes
