@@ -1,0 +1,273 @@
+//! The checker: what the workload saw against what the healed cluster
+//! holds. Pure (the run collects a [`History`]; this judges it).
+//!
+//! Every value the producers send is `KEY:SEQ` (unique; SEQ counts up per
+//! key), so each stored record says which send it came from.
+//! - **lost**: acknowledged, and stored nowhere;
+//! - **misplaced**: acknowledged at (partition, offset), but stored there
+//!   with another value (it may also be stored elsewhere);
+//! - **duplicates**: copies of one send beyond the first (the idempotent
+//!   producer should make them zero);
+//! - **reordered**: a key's record stored after a record of the same key
+//!   with a higher SEQ (per partition, in offset order);
+//! - **phantoms**: stored values never sent;
+//! - **commits_backwards**: a group's committed position of a partition
+//!   seen lower than it was seen before;
+//! - **unconsumed**: acknowledged records the consumer group never
+//!   delivered (it reads at least once);
+//! - **unavailable_s**: the longest time without an acknowledgement while
+//!   producers were sending.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// An acknowledged send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acked {
+    pub value: String,
+    pub partition: u32,
+    pub offset: u64,
+    /// Milliseconds since the workload started.
+    pub at_ms: u64,
+}
+
+/// A record read back from the healed cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub partition: u32,
+    pub offset: u64,
+    pub value: String,
+}
+
+/// What a run saw.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Every value a producer tried to send.
+    pub attempted: HashSet<String>,
+    pub acked: Vec<Acked>,
+    /// Sends that failed (their outcome is unknown: they may be stored).
+    pub failed: usize,
+    /// Everything the cluster holds afterwards.
+    pub stored: Vec<Stored>,
+    /// Every value the consumer group delivered.
+    pub consumed: HashSet<String>,
+    /// Samples of the group's committed positions: (ms, partition, position).
+    pub positions: Vec<(u64, u32, u64)>,
+    /// When the producers stopped (ms since the start).
+    pub ended_ms: u64,
+}
+
+/// The checker's findings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    pub acked: usize,
+    pub failed: usize,
+    pub stored: usize,
+    pub lost: usize,
+    pub misplaced: usize,
+    pub duplicates: usize,
+    pub reordered: usize,
+    pub phantoms: usize,
+    pub commits_backwards: usize,
+    pub unconsumed: usize,
+    pub unavailable_ms: u64,
+    /// A few examples of each violation, for the summary.
+    pub examples: Vec<String>,
+}
+
+impl Verdict {
+    pub fn violations(&self) -> usize {
+        self.lost
+            + self.misplaced
+            + self.duplicates
+            + self.reordered
+            + self.phantoms
+            + self.commits_backwards
+            + self.unconsumed
+    }
+}
+
+/// The key and SEQ of a value `KEY:SEQ`.
+fn split(value: &str) -> Option<(&str, u64)> {
+    let (key, seq) = value.rsplit_once(':')?;
+    Some((key, seq.parse().ok()?))
+}
+
+pub fn check(h: &History) -> Verdict {
+    let mut v = Verdict {
+        acked: h.acked.len(),
+        failed: h.failed,
+        stored: h.stored.len(),
+        ..Verdict::default()
+    };
+    let example = |v: &mut Verdict, what: String| {
+        if v.examples.len() < 10 {
+            v.examples.push(what);
+        }
+    };
+    let at: HashMap<(u32, u64), &str> = h
+        .stored
+        .iter()
+        .map(|s| ((s.partition, s.offset), s.value.as_str()))
+        .collect();
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for s in &h.stored {
+        *copies.entry(s.value.as_str()).or_default() += 1;
+    }
+    for a in &h.acked {
+        match at.get(&(a.partition, a.offset)) {
+            Some(value) if *value == a.value => {}
+            Some(other) => {
+                v.misplaced += 1;
+                example(
+                    &mut v,
+                    format!("{} acked at {}/{} holds {other}", a.value, a.partition, a.offset),
+                );
+            }
+            None if copies.contains_key(a.value.as_str()) => {
+                v.misplaced += 1;
+                example(
+                    &mut v,
+                    format!("{} acked at {}/{}, stored elsewhere", a.value, a.partition, a.offset),
+                );
+            }
+            None => {
+                v.lost += 1;
+                example(
+                    &mut v,
+                    format!("{} acked at {}/{} is gone", a.value, a.partition, a.offset),
+                );
+            }
+        }
+        if !h.consumed.contains(&a.value) {
+            v.unconsumed += 1;
+            example(&mut v, format!("{} was never delivered to the group", a.value));
+        }
+    }
+    for (value, n) in &copies {
+        if *n > 1 {
+            v.duplicates += n - 1;
+            example(&mut v, format!("{value} stored {n} times"));
+        }
+        if !h.attempted.contains(*value) {
+            v.phantoms += 1;
+            example(&mut v, format!("{value} stored but never sent"));
+        }
+    }
+    // Per partition in offset order, each key's SEQ only grows.
+    let mut by_place: Vec<&Stored> = h.stored.iter().collect();
+    by_place.sort_by_key(|s| (s.partition, s.offset));
+    let mut highest: HashMap<(u32, &str), u64> = HashMap::new();
+    for s in by_place {
+        if let Some((key, seq)) = split(&s.value) {
+            let top = highest.entry((s.partition, key)).or_insert(seq);
+            if seq < *top {
+                v.reordered += 1;
+                example(
+                    &mut v,
+                    format!("{} at {}/{} after SEQ {top}", s.value, s.partition, s.offset),
+                );
+            }
+            *top = (*top).max(seq);
+        }
+    }
+    // Committed positions per partition, in time order.
+    let mut seen: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut samples = h.positions.clone();
+    samples.sort_by_key(|(ms, p, _)| (*ms, *p));
+    for (ms, p, position) in samples {
+        let last = seen.entry(p).or_insert(position);
+        if position < *last {
+            v.commits_backwards += 1;
+            example(
+                &mut v,
+                format!("partition {p}'s committed position went {last} → {position} at {ms} ms"),
+            );
+        }
+        *last = (*last).max(position);
+    }
+    let mut times: Vec<u64> = h.acked.iter().map(|a| a.at_ms).collect();
+    times.sort_unstable();
+    times.push(h.ended_ms);
+    v.unavailable_ms = times
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .max()
+        .unwrap_or(h.ended_ms);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn history() -> History {
+        let mut h = History {
+            ended_ms: 1_000,
+            ..History::default()
+        };
+        for (i, value) in ["a:1", "a:2", "b:1", "a:3"].iter().enumerate() {
+            h.attempted.insert(value.to_string());
+            h.acked.push(Acked {
+                value: value.to_string(),
+                partition: 0,
+                offset: i as u64,
+                at_ms: 100 * (i as u64 + 1),
+            });
+            h.stored.push(Stored {
+                partition: 0,
+                offset: i as u64,
+                value: value.to_string(),
+            });
+            h.consumed.insert(value.to_string());
+        }
+        h.positions = vec![(100, 0, 1), (200, 0, 3), (300, 0, 3)];
+        h
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let v = check(&history());
+        assert_eq!(v.violations(), 0, "{v:?}");
+        assert_eq!((v.acked, v.stored), (4, 4));
+        // The longest stretch without an ack: the last ack (400) to the end.
+        assert_eq!(v.unavailable_ms, 600);
+    }
+
+    #[test]
+    fn every_kind_of_violation_is_found() {
+        let mut h = history();
+        // a:2 is lost, b:1 stored twice, a:3 before a:1 elsewhere, a phantom.
+        h.stored.retain(|s| s.value != "a:2");
+        h.stored.push(Stored {
+            partition: 0,
+            offset: 9,
+            value: "b:1".into(),
+        });
+        h.stored.push(Stored {
+            partition: 1,
+            offset: 0,
+            value: "c:5".into(),
+        });
+        h.stored.push(Stored {
+            partition: 1,
+            offset: 1,
+            value: "c:4".into(),
+        });
+        h.attempted.insert("c:5".into());
+        h.positions.push((400, 0, 2));
+        h.consumed.remove("b:1");
+        let v = check(&h);
+        assert_eq!(v.lost, 1, "{v:?}");
+        assert_eq!(v.duplicates, 1);
+        assert_eq!(v.phantoms, 1, "c:4 was never sent");
+        assert_eq!(v.reordered, 1, "c:4 after c:5");
+        assert_eq!(v.commits_backwards, 1);
+        assert_eq!(v.unconsumed, 1);
+        assert_eq!(v.misplaced, 0);
+        // An ack whose place holds another value.
+        let mut h = history();
+        h.stored[1].value = "x:1".into();
+        h.attempted.insert("x:1".into());
+        assert_eq!(check(&h).misplaced, 1);
+    }
+}

@@ -1,0 +1,341 @@
+//! `strand-chaos`: runs a Strand cluster under faults while a workload
+//! writes and reads, heals it, reads everything back, and checks that
+//! nothing acknowledged was lost (issue 23; DESIGN.md §7).
+//!
+//! ```sh
+//! strand-chaos run --nodes 3 --seed 7 --duration 120s --nemesis kill,pause
+//! ```
+//!
+//! - `schedule.rs`: the seeded fault schedule (pure);
+//! - `cluster.rs`: the `strand serve` processes and the faults on them;
+//! - `workload.rs`: producers, a consumer group, the read-back;
+//! - `checker.rs`: the verdict (pure).
+//!
+//! The nodes run on 127.0.0.1–N of this machine. So far the nemeses are
+//! process faults (`kill`: kill -9 of a node or, one time in six, of every
+//! node, then a restart; `pause`: SIGSTOP then SIGCONT). `partition`,
+//! `netem` and `disk-full` need each node in its own network namespace
+//! (or container) and file system, which this harness does not build yet:
+//! naming them is refused with that reason.
+//!
+//! The last line of stdout is one JSON object (a contract): `seed`,
+//! `nodes`, `duration_s`, `nemeses` (faults applied, by name), `acked`,
+//! `failed`, `stored`, `lost`, `misplaced`, `duplicates`, `reordered`,
+//! `phantoms`, `commits_backwards`, `unconsumed`, `unavailable_s`,
+//! `violations`. The exit status is 1 on any violation, 2 when the run
+//! itself could not be carried out.
+
+mod checker;
+mod cluster;
+mod schedule;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use schedule::{Fault, Nemesis};
+
+#[derive(Parser)]
+#[command(
+    name = "strand-chaos",
+    about = "Fault injection against a Strand cluster, and a checker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// One run: cluster, workload, faults, heal, read back, check.
+    Run(RunArgs),
+}
+
+#[derive(Parser, Clone)]
+struct RunArgs {
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(3..=9))]
+    nodes: u8,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How long faults go on: `120s`, `2m`, or seconds.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Comma-separated: kill, pause, partition, netem, disk-full.
+    #[arg(long, default_value = "kill,pause")]
+    nemesis: String,
+    /// The `strand` binary (default: the one next to this one).
+    #[arg(long)]
+    strand: Option<PathBuf>,
+    /// Where the nodes keep their data and logs (default: a new directory
+    /// under /var/tmp, removed afterwards unless --keep).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the run directory (node logs, data) afterwards.
+    #[arg(long)]
+    keep: bool,
+    /// Producer threads (each with 8 keys of its own).
+    #[arg(long, default_value_t = 3)]
+    producers: usize,
+    /// Members of the consumer group.
+    #[arg(long, default_value_t = 2)]
+    consumers: usize,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = match s.strip_suffix('s') {
+        Some(n) => (n, 1),
+        None => match s.strip_suffix('m') {
+            Some(n) => (n, 60),
+            None => (s, 1),
+        },
+    };
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration (120s, 2m)"))?;
+    Ok(Duration::from_secs(n * unit))
+}
+
+const QUEUE: &str = "chaos";
+const GROUP: &str = "chaos-readers";
+
+fn main() {
+    let Cli {
+        command: Command::Run(args),
+    } = Cli::parse();
+    match run(&args) {
+        Ok(violations) => std::process::exit(i32::from(violations > 0)),
+        Err(e) => {
+            eprintln!("strand-chaos: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// A port free on 127.0.0.1 to 127.0.0.n, below the ephemeral range.
+fn free_port(n: u8, seed: u64) -> Result<u16, String> {
+    let mut rng = schedule::Rng::new(seed ^ u64::from(std::process::id()));
+    for _ in 0..1000 {
+        let port = 20_000 + (rng.next() % 12_000) as u16;
+        if (1..=n).all(|id| TcpListener::bind(SocketAddr::from(([127, 0, 0, id], port))).is_ok()) {
+            return Ok(port);
+        }
+    }
+    Err("no port free on every node's address".into())
+}
+
+/// Sleeps `d` in steps, stopping early once `interrupted`.
+fn sleep_unless(d: Duration, interrupted: &AtomicBool) {
+    let end = Instant::now() + d;
+    while Instant::now() < end && !interrupted.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())));
+    }
+}
+
+fn run(args: &RunArgs) -> Result<usize, String> {
+    let nemeses = Nemesis::parse_list(&args.nemesis)?;
+    if let Some(n) = nemeses
+        .iter()
+        .find(|n| matches!(n, Nemesis::Partition | Nemesis::Netem | Nemesis::DiskFull))
+    {
+        return Err(format!(
+            "nemesis {} needs each node in its own network namespace and file system, which this harness does \
+             not build yet; run with --nemesis kill,pause",
+            n.name()
+        ));
+    }
+    let strand = match &args.strand {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| e.to_string())?
+            .with_file_name("strand"),
+    };
+    if !strand.exists() {
+        return Err(format!(
+            "no strand binary at {} (cargo build --release --workspace, or --strand PATH)",
+            strand.display()
+        ));
+    }
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupted.clone()).map_err(|e| e.to_string())?;
+    }
+    let temp;
+    let dir = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+            d.clone()
+        }
+        None => {
+            temp = tempfile::Builder::new()
+                .prefix("strand-chaos.")
+                .tempdir_in("/var/tmp")
+                .map_err(|e| e.to_string())?;
+            temp.path().to_path_buf()
+        }
+    };
+    let duration_ms = args.duration.as_millis() as u64;
+    let faults = schedule::schedule(args.seed, &nemeses, args.nodes, duration_ms);
+    let names: Vec<&str> = nemeses.iter().map(|n| n.name()).collect();
+    println!(
+        "replay: strand-chaos run --nodes {} --seed {} --duration {}s --nemesis {}",
+        args.nodes,
+        args.seed,
+        args.duration.as_secs(),
+        names.join(",")
+    );
+    println!("run directory: {}; {} faults scheduled", dir.display(), faults.len());
+
+    let port = free_port(args.nodes, args.seed)?;
+    let mut cluster = cluster::Cluster::start(&strand, &dir, args.nodes, port)?;
+    let bootstrap = cluster.bootstrap();
+    let admin = strand_client::Admin::connect(&bootstrap).map_err(|e| e.to_string())?;
+    let spec = strand_client::QueueSpec {
+        partitions: Some(3),
+        replication_factor: Some(3),
+        ..strand_client::QueueSpec::default()
+    };
+    strand_client::block_on(admin.create_queue(QUEUE, &spec)).map_err(|e| format!("creating {QUEUE}: {e}"))?;
+
+    let shared = workload::Shared::new();
+    let producing = workload::producers(&bootstrap, QUEUE, args.producers, &shared);
+    let consuming = workload::consumers(&bootstrap, QUEUE, GROUP, args.consumers, &shared);
+    let sampling = workload::sampler(&bootstrap, GROUP, &shared);
+
+    let mut applied: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for f in &faults {
+        let wait = Duration::from_millis(f.at_ms.saturating_sub(shared.ms()));
+        sleep_unless(wait, &interrupted);
+        if interrupted.load(Ordering::SeqCst) {
+            break;
+        }
+        apply(&mut cluster, f, &interrupted)?;
+        *applied.entry(f.nemesis.name()).or_default() += 1;
+    }
+    sleep_unless(
+        Duration::from_millis(duration_ms.saturating_sub(shared.ms())),
+        &interrupted,
+    );
+    shared.stop_producing.store(true, Ordering::SeqCst);
+    for p in producing {
+        let _ = p.join();
+    }
+    let ended_ms = shared.ms();
+    println!("healing: every node running and continued");
+    cluster.heal()?;
+    if interrupted.load(Ordering::SeqCst) {
+        shared.stop_consuming.store(true, Ordering::SeqCst);
+        return Err("interrupted".into());
+    }
+    // The group catches up with everything acknowledged (at most 60 s).
+    let caught_up = cluster::Cluster::until(Duration::from_secs(60), || {
+        let h = shared.history.lock().unwrap_or_else(|p| p.into_inner());
+        h.acked.iter().all(|a| h.consumed.contains(&a.value))
+    });
+    if !caught_up {
+        println!("the group had not read every acknowledged record after 60 s");
+    }
+    shared.stop_consuming.store(true, Ordering::SeqCst);
+    for c in consuming {
+        let _ = c.join();
+    }
+    let _ = sampling.join();
+    let stored = workload::read_back(&bootstrap, QUEUE, Duration::from_secs(120))?;
+    let verdict = {
+        let mut h = shared.history.lock().unwrap_or_else(|p| p.into_inner());
+        h.stored = stored;
+        h.ended_ms = ended_ms;
+        checker::check(&h)
+    };
+    drop(cluster);
+    if args.keep {
+        let _ = temp_keep(&args.dir, &dir);
+    }
+    report(args, &applied, &verdict);
+    Ok(verdict.violations())
+}
+
+/// Keeps the run directory (a temporary one is otherwise removed).
+fn temp_keep(given: &Option<PathBuf>, dir: &std::path::Path) -> std::io::Result<()> {
+    if given.is_none() {
+        let kept = dir.with_extension("kept");
+        std::fs::rename(dir, &kept)?;
+        println!("kept the run directory at {}", kept.display());
+    }
+    Ok(())
+}
+
+/// Applies one fault and holds it, then undoes it.
+fn apply(cluster: &mut cluster::Cluster, f: &Fault, interrupted: &AtomicBool) -> Result<(), String> {
+    let targets: Vec<u8> = match f.node {
+        0 => (1..=cluster.size()).collect(),
+        n => vec![n],
+    };
+    let hold = Duration::from_millis(f.hold_ms);
+    println!(
+        "{:>7.1}s {} node {} for {:.1}s",
+        f.at_ms as f64 / 1000.0,
+        f.nemesis.name(),
+        if f.node == 0 {
+            "all".to_string()
+        } else {
+            f.node.to_string()
+        },
+        hold.as_secs_f64()
+    );
+    match f.nemesis {
+        Nemesis::Kill => {
+            for id in &targets {
+                cluster.kill(*id);
+            }
+            sleep_unless(hold, interrupted);
+            cluster.heal()
+        }
+        Nemesis::Pause => {
+            for id in &targets {
+                cluster.pause(*id);
+            }
+            sleep_unless(hold, interrupted);
+            for id in &targets {
+                cluster.resume(*id);
+            }
+            Ok(())
+        }
+        Nemesis::Partition | Nemesis::Netem | Nemesis::DiskFull => {
+            Err(format!("{} is not built yet", f.nemesis.name()))
+        }
+    }
+}
+
+fn report(args: &RunArgs, applied: &BTreeMap<&'static str, usize>, v: &checker::Verdict) {
+    println!(
+        "acknowledged {}, failed {} (outcome unknown), stored {}; lost {}, misplaced {}, duplicates {}, \
+         reordered {}, phantoms {}, commits backwards {}, never consumed {}; longest without an ack {:.1} s",
+        v.acked,
+        v.failed,
+        v.stored,
+        v.lost,
+        v.misplaced,
+        v.duplicates,
+        v.reordered,
+        v.phantoms,
+        v.commits_backwards,
+        v.unconsumed,
+        v.unavailable_ms as f64 / 1000.0
+    );
+    for e in &v.examples {
+        println!("  {e}");
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "seed": args.seed, "nodes": args.nodes, "duration_s": args.duration.as_secs(),
+            "nemeses": applied, "acked": v.acked, "failed": v.failed, "stored": v.stored, "lost": v.lost,
+            "misplaced": v.misplaced, "duplicates": v.duplicates, "reordered": v.reordered,
+            "phantoms": v.phantoms, "commits_backwards": v.commits_backwards, "unconsumed": v.unconsumed,
+            "unavailable_s": v.unavailable_ms as f64 / 1000.0, "violations": v.violations(),
+        })
+    );
+}

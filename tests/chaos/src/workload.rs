@@ -1,0 +1,219 @@
+//! The queue workload: producers sending keyed `KEY:SEQ` records with
+//! acks=all (each key's SEQ counting up, every acknowledgement recorded
+//! with its partition and offset), a consumer group reading and committing
+//! after every poll, a sampler of the group's committed positions, and
+//! the final read-back of everything the healed cluster holds. All of it
+//! through `strand-client`, into one shared [`History`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use strand_client::{
+    block_on, Acks, Admin, Consumer, ConsumerConfig, GroupConfig, GroupConsumer, GroupStart, Producer, ProducerConfig,
+    Seek,
+};
+
+use crate::checker::{Acked, History, Stored};
+
+/// Keys per producer thread.
+const KEYS: usize = 8;
+
+/// What the workload threads share.
+pub struct Shared {
+    pub history: Mutex<History>,
+    pub start: Instant,
+    pub stop_producing: AtomicBool,
+    pub stop_consuming: AtomicBool,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Shared> {
+        Arc::new(Shared {
+            history: Mutex::new(History::default()),
+            start: Instant::now(),
+            stop_producing: AtomicBool::new(false),
+            stop_consuming: AtomicBool::new(false),
+        })
+    }
+
+    pub fn ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn history(&self) -> std::sync::MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// `n` producer threads, each with its own keys, sending one record at a
+/// time (acks=all, idempotent, 10 s to deliver) until told to stop.
+pub fn producers(bootstrap: &str, queue: &str, n: usize, shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    (0..n)
+        .map(|t| {
+            let (bootstrap, queue, shared) = (bootstrap.to_string(), queue.to_string(), shared.clone());
+            std::thread::spawn(move || {
+                let config = ProducerConfig {
+                    acks: Acks::All,
+                    delivery_timeout: Duration::from_secs(10),
+                    ..ProducerConfig::default()
+                };
+                let producer = loop {
+                    match Producer::new(&bootstrap, config.clone()) {
+                        Ok(p) => break p,
+                        Err(_) if !shared.stop_producing.load(Ordering::SeqCst) => {
+                            std::thread::sleep(Duration::from_millis(200))
+                        }
+                        Err(_) => return,
+                    }
+                };
+                let keys: Vec<String> = (0..KEYS).map(|i| format!("p{t}k{i}")).collect();
+                let mut seqs = [0u64; KEYS];
+                let mut i = 0;
+                while !shared.stop_producing.load(Ordering::SeqCst) {
+                    let k = i % KEYS;
+                    i += 1;
+                    seqs[k] += 1;
+                    let value = format!("{}:{}", keys[k], seqs[k]);
+                    shared.history().attempted.insert(value.clone());
+                    match block_on(producer.send(&queue, Some(keys[k].as_bytes()), value.as_bytes(), &[])) {
+                        Ok(d) => {
+                            let acked = Acked {
+                                value,
+                                partition: d.partition,
+                                offset: d.offset.unwrap_or(u64::MAX),
+                                at_ms: shared.ms(),
+                            };
+                            shared.history().acked.push(acked);
+                        }
+                        Err(_) => shared.history().failed += 1,
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// `n` members of `group` reading `queue` from the earliest record,
+/// committing after every poll that returned records, until told to stop;
+/// a member whose calls keep failing joins again.
+pub fn consumers(bootstrap: &str, queue: &str, group: &str, n: usize, shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let (bootstrap, queue, group, shared) = (
+                bootstrap.to_string(),
+                queue.to_string(),
+                group.to_string(),
+                shared.clone(),
+            );
+            std::thread::spawn(move || {
+                let config = || GroupConfig {
+                    start: GroupStart::Earliest,
+                    session_timeout: Duration::from_secs(6),
+                    consumer: ConsumerConfig {
+                        max_wait: Duration::from_millis(200),
+                        ..ConsumerConfig::default()
+                    },
+                    ..GroupConfig::default()
+                };
+                while !shared.stop_consuming.load(Ordering::SeqCst) {
+                    let Ok(mut member) = block_on(GroupConsumer::subscribe(
+                        &bootstrap,
+                        &group,
+                        &[queue.as_str()],
+                        config(),
+                    )) else {
+                        std::thread::sleep(Duration::from_millis(500));
+                        continue;
+                    };
+                    while !shared.stop_consuming.load(Ordering::SeqCst) {
+                        match block_on(member.poll()) {
+                            Ok(records) => {
+                                if records.is_empty() {
+                                    continue;
+                                }
+                                {
+                                    let mut h = shared.history();
+                                    for r in &records {
+                                        if let Some(v) = &r.value {
+                                            h.consumed.insert(String::from_utf8_lossy(v).into_owned());
+                                        }
+                                    }
+                                }
+                                let _ = block_on(member.commit());
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let _ = block_on(member.close());
+                }
+            })
+        })
+        .collect()
+}
+
+/// Samples the group's committed positions every 500 ms until consumers
+/// stop.
+pub fn sampler(bootstrap: &str, group: &str, shared: &Arc<Shared>) -> JoinHandle<()> {
+    let (bootstrap, group, shared) = (bootstrap.to_string(), group.to_string(), shared.clone());
+    std::thread::spawn(move || {
+        let mut admin = None;
+        while !shared.stop_consuming.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(500));
+            if admin.is_none() {
+                admin = Admin::connect(&bootstrap).ok();
+            }
+            let Some(a) = admin.as_ref() else { continue };
+            match block_on(a.describe_group(&group)) {
+                Ok(d) => {
+                    let at = shared.ms();
+                    let mut h = shared.history();
+                    for p in d.partitions {
+                        if let Some(position) = p.position {
+                            h.positions.push((at, p.partition, position));
+                        }
+                    }
+                }
+                Err(_) => admin = None,
+            }
+        }
+    })
+}
+
+/// Everything `queue` holds, read from each partition's log start to its
+/// high watermark (at most `limit`).
+pub fn read_back(bootstrap: &str, queue: &str, limit: Duration) -> Result<Vec<Stored>, String> {
+    let admin = Admin::connect(bootstrap).map_err(|e| e.to_string())?;
+    let d = block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
+    let want: u64 = d
+        .partitions
+        .iter()
+        .map(|p| p.high_watermark.saturating_sub(p.log_start))
+        .sum();
+    let config = ConsumerConfig {
+        start: Seek::Earliest,
+        max_wait: Duration::from_millis(200),
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::new(bootstrap, config).map_err(|e| e.to_string())?;
+    block_on(consumer.assign_all(queue)).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    while (out.len() as u64) < want {
+        if Instant::now() > deadline {
+            return Err(format!("read back {} of {want} records within {limit:?}", out.len()));
+        }
+        for r in block_on(consumer.poll()).map_err(|e| e.to_string())? {
+            out.push(Stored {
+                partition: r.partition,
+                offset: r.offset,
+                value: r
+                    .value
+                    .map(|v| String::from_utf8_lossy(&v).into_owned())
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    Ok(out)
+}
