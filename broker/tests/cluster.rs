@@ -365,6 +365,24 @@ fn the_controller_fails_over_when_its_leader_is_killed_and_the_node_catches_up()
     agreed_leader(&c, &[1, 2, 3]);
 }
 
+/// Found by strand-chaos (seed 42): with every node killed at once and
+/// started again together, Raft could elect a node whose broker side was
+/// not serving yet; another node's registration got "the controller
+/// member is not running here yet" and it exited. Now it asks again.
+#[test]
+fn every_node_killed_at_once_comes_back_together_every_time() {
+    let _turn = turn();
+    let mut c = Cluster::start(3);
+    for round in 0..4u8 {
+        c.kill_all_and_restart();
+        let via = round % 3 + 1;
+        let name = format!("after-power-loss-{round}");
+        create_through(&c, via, &name, 1);
+        let leaders = metadata(&mut c.client(via), Some(&name)).leaders;
+        until_all_see(&c, &[1, 2, 3], &name, &leaders);
+    }
+}
+
 #[test]
 fn a_paused_voter_blocks_no_proposal_and_no_call() {
     let _turn = turn();

@@ -499,8 +499,12 @@ impl Controller {
         let left = deadline.saturating_duration_since(Instant::now());
         match self.links.call(addr, op, payload, left).await {
             Ok(Ok(answer)) => Ok(Forwarded::Answered(answer)),
-            // It stopped leading meanwhile: ask again who leads.
-            Ok(Err(r)) if r.code == ErrorCode::NotLeader => Ok(Forwarded::AskAgain(r.message)),
+            // It stopped leading meanwhile: ask again who leads. Or its
+            // member is still starting (every node restarted at once: Raft
+            // elected it before its broker side serves): ask again too.
+            Ok(Err(r)) if matches!(r.code, ErrorCode::NotLeader | ErrorCode::ControllerUnavailable) => {
+                Ok(Forwarded::AskAgain(r.message))
+            }
             Ok(Err(r)) => Err(ProposeError::Unavailable(r.message)),
             Err(e) => Ok(Forwarded::AskAgain(e.to_string())),
         }

@@ -148,6 +148,19 @@ impl Cluster {
         self.nodes[usize::from(id - 1)] = Some(node);
     }
 
+    /// kill -9 of every node, then all started again together (a power
+    /// loss): none is ready before a majority of the voters runs.
+    pub fn kill_all_and_restart(&mut self) {
+        for id in 1..=self.nodes.len() as u8 {
+            self.kill9(id);
+        }
+        let voters = self.size();
+        let starting: Vec<Starting> = (1..=self.nodes.len() as u8).map(|id| self.launch(id, voters)).collect();
+        for (i, s) in starting.into_iter().enumerate() {
+            self.nodes[i] = Some(s.ready());
+        }
+    }
+
     /// Starts node `id` with the cluster's voters, not among them: it
     /// joins as a learner (a broker without a vote).
     pub fn add_learner(&mut self, id: u8) {

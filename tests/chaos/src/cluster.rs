@@ -114,8 +114,27 @@ impl Cluster {
                 }
             }
         });
-        rx.recv_timeout(limit)
-            .map_err(|_| format!("node {id} was not ready within {limit:?} (see its log in the run directory)"))
+        let deadline = Instant::now() + limit;
+        loop {
+            if rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            let exited = self.nodes[usize::from(id - 1)]
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.nodes[usize::from(id - 1)].child = None;
+                return Err(format!(
+                    "node {id} exited while starting ({status}); its log is node-{id}.log in the run directory"
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "node {id} was not ready within {limit:?} (see its log in the run directory)"
+                ));
+            }
+        }
     }
 
     fn pid(&self, id: u8) -> Option<i32> {
