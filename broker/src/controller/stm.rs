@@ -733,4 +733,6 @@ impl Placement {
 
 mod reassign;
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;

@@ -215,7 +215,7 @@ fn applying_out_of_order_is_a_bug() {
 }
 
 /// A table of `n` brokers, 10.0.0.1–n, each registered and alive.
-fn brokers(n: u64) -> (MetadataStm, u64) {
+pub(super) fn brokers(n: u64) -> (MetadataStm, u64) {
     let mut stm = MetadataStm::new();
     for id in 1..=n {
         stm.apply(
@@ -245,7 +245,7 @@ fn brokers_and_queue(n: u64, partitions: u32, rf: u16) -> (MetadataStm, u64) {
 }
 
 /// Broker `id` registering (again) as [`brokers`] registers it.
-fn back(id: NodeId) -> Command {
+pub(super) fn back(id: NodeId) -> Command {
     Command::RegisterBroker {
         id,
         address: format!("10.0.0.{id}:9400"),
