@@ -194,13 +194,6 @@ fn move_state(p: &PartitionPlacement, id: u32) -> &'static str {
         None if in_sync => "in sync",
         None => "catching up",
         Some(false) => "moving off",
-        Some(true)
-            if p.replicas
-                .iter()
-                .all(|r| p.target.as_ref().is_some_and(|t| t.contains(r))) =>
-        {
-            "in sync"
-        }
         Some(true) if in_sync => "joined, waiting for the others",
         Some(true) => "moving on, catching up",
     }

@@ -108,8 +108,8 @@ pub enum QueueCommand {
     },
     /// Move a partition's replicas to other brokers, without stopping
     /// produce or consume: new replicas catch up as followers, then the
-    /// ones left out are removed (`node describe` and `queue describe`
-    /// show the move until it completes).
+    /// ones left out are removed (`node describe` shows the move until it
+    /// completes).
     Reassign {
         /// The queue.
         name: String,

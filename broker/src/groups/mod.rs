@@ -462,7 +462,7 @@ pub fn start(shard: &Rc<Shard>) {
 const COMPACT_CHECK: Duration = Duration::from_secs(1);
 
 /// Compacts a `__groups` partition this replica leads: writes a snapshot
-/// of its groups as of its high watermark C (rebuilt from the log, not
+/// of its groups as of its log end C once committed (rebuilt from the log, not
 /// from memory: a change appended but not yet applied is in the log, and
 /// one appended after C is newer than the snapshot whatever its position;
 /// see `replay`), acks=all, then deletes the segments wholly below C.
@@ -470,12 +470,35 @@ const COMPACT_CHECK: Duration = Duration::from_secs(1);
 /// they hold it (`crate::replication` follows the leader's log start).
 async fn compact(shard: &Rc<Shard>, part: &Rc<Partition>) -> Result<Option<Offset>, WireError> {
     let log = &part.log;
-    let covers = log.high_watermark();
-    if covers <= log.log_start() {
+    let Some(epoch) = part.leading() else {
+        return Ok(None);
+    };
+    // As of the log end, once the followers confirmed it: a high watermark
+    // from a checkpoint may be stale after a start (it could fall inside
+    // the previous snapshot, whose end marker it would not see).
+    let end = log.log_end();
+    if end > log.log_start() && log.high_watermark() < end {
+        let deadline = Instant::now() + LOAD_WAIT;
+        shard.wait_replicated(part, epoch, Offset(end.0 - 1), deadline).await?;
+    }
+    let covers = end;
+    // A segment to delete (a __groups made before `segment_bytes` existed
+    // rolls at 1 GiB: nothing to gain before that).
+    if covers <= log.log_start() || !log.deletable_before(covers) {
         return Ok(None);
     }
     let table = shard.table();
-    let groups = rebuild(log, covers, &table, 0).await?;
+    let (groups, found) = rebuild(log, covers, &table, 0).await?;
+    if found.is_none() && log.log_start() > Offset(0) {
+        return Err(WireError::new(
+            ErrorCode::StorageError,
+            format!(
+                "__groups starts at {} with no complete snapshot before {}: not compacting",
+                log.log_start().0,
+                covers.0
+            ),
+        ));
+    }
     let changes = replay::snapshot_changes(&groups);
     let batch_bytes = (part.settings.max_message_bytes as usize / 2).clamp(4 << 10, 256 << 10);
     let queue_id = |q: &str| table.queue(q).map_or(0, |r| r.id);
@@ -1493,6 +1516,11 @@ impl Coordinator {
                 continue;
             }
             let before = (part.log.log_start(), size);
+            // Never while this shard replays a partition (a replay reads the
+            // log in passes; see `rebuild`).
+            let Ok(_turn) = self.loading.acquire_permit(1).await else {
+                return;
+            };
             match compact(shard, &part).await {
                 Ok(start) => tracing::info!(
                     partition = p,
@@ -1511,6 +1539,7 @@ impl Coordinator {
     /// Forgets the groups of partitions this shard no longer leads.
     pub fn retain(&self, open: impl Fn(u32) -> bool) {
         self.loaded.borrow_mut().retain(|p, _| open(*p));
+        self.compacted.borrow_mut().retain(|p, _| open(*p));
     }
 }
 
@@ -1647,33 +1676,46 @@ async fn replay(
                 _ => e,
             })?;
     }
-    rebuild(log, end, table, generation_seed(log.log_end().0)).await
+    let (groups, _) = rebuild(log, end, table, generation_seed(log.log_end().0)).await?;
+    Ok(groups)
 }
 
 /// The groups as the records of `log` below `end` leave them: the three
 /// passes of [`replay::Rebuild`] (snapshot markers, the newest complete
-/// snapshot, the records since).
+/// snapshot, the records since), and the offset that snapshot covers. A
+/// log start that moved during the passes (a compaction or a follower
+/// deleting segments meanwhile) means a pass may have started past what it
+/// needed: the passes run again.
 async fn rebuild(
     log: &Log,
     end: Offset,
     table: &MetadataTable,
     seed: u64,
-) -> Result<BTreeMap<String, Group>, WireError> {
-    let mut r = Rebuild::new(table, seed);
-    let start = log.log_start().0;
-    each_record(log, start, end, true, |offset, _, stored| r.marker(offset, &stored)).await?;
-    if let Some(begin) = r.snapshot_begin() {
-        each_record(log, begin, end, false, |_, name, stored| {
-            r.snapshot_record(name, stored)
+) -> Result<(BTreeMap<String, Group>, Option<u64>), WireError> {
+    for _ in 0..5 {
+        let start = log.log_start();
+        let mut r = Rebuild::new(table, seed);
+        each_record(log, start.0, end, true, |offset, _, stored| r.marker(offset, &stored)).await?;
+        if let Some(begin) = r.snapshot_begin() {
+            each_record(log, begin, end, false, |_, name, stored| {
+                r.snapshot_record(name, stored)
+            })
+            .await?;
+        }
+        let from = r.tail_from(start.0);
+        each_record(log, from, end, false, |offset, name, stored| {
+            r.record(offset, name, stored)
         })
         .await?;
+        if log.log_start() == start {
+            let covers = r.covers();
+            return Ok((r.finish(), covers));
+        }
     }
-    let from = r.tail_from(start);
-    each_record(log, from, end, false, |offset, name, stored| {
-        r.record(offset, name, stored)
-    })
-    .await?;
-    Ok(r.finish())
+    Err(WireError::new(
+        ErrorCode::Timeout,
+        "__groups kept moving its log start while it was read; retry",
+    ))
 }
 
 /// Calls `each` with every readable record of `log` in [`from`, `end`):
@@ -1718,6 +1760,9 @@ async fn each_record(
                     Err(_) => {}
                 }
             }
+        }
+        if got.next_offset <= from {
+            break;
         }
         from = got.next_offset;
     }

@@ -101,16 +101,25 @@ impl LeaderState {
             followers: BTreeMap::new(),
             high_watermark: high_watermark.min(local.log_end),
         };
-        state.set_replicas(replicas, now_ms);
+        state.set_replicas(replicas, &[], now_ms);
         state
     }
 
     /// The partition's replicas changed in this leader's epoch (a
     /// reassignment began or completed): a new follower counts as caught up
     /// now (it gets `lag_max_ms` to show it is) and joins the ISR the usual
-    /// way; a removed one is forgotten.
-    pub fn set_replicas(&mut self, replicas: &[NodeId], now_ms: u64) {
+    /// way; a removed one is forgotten. A follower outside `isr` holds
+    /// nothing for the leader until its next fetch says what it holds: a
+    /// replica removed and added back in tables this leader did not all
+    /// see (it deleted its copy meanwhile) must not join on its old
+    /// position.
+    pub fn set_replicas(&mut self, replicas: &[NodeId], isr: &[NodeId], now_ms: u64) {
         self.followers.retain(|id, _| replicas.contains(id));
+        for (id, f) in self.followers.iter_mut() {
+            if !isr.contains(id) {
+                f.at = Position::default();
+            }
+        }
         for r in replicas.iter().filter(|r| **r != self.me) {
             self.followers.entry(*r).or_insert(Follower {
                 at: Position::default(),
@@ -343,7 +352,7 @@ mod tests {
         l.on_fetch(3, at(50, 50), 10);
         assert_eq!(l.high_watermark(), Offset(50));
         // Replica 4 is added (the table's replicas: target first).
-        l.set_replicas(&[2, 3, 4, 1], 20);
+        l.set_replicas(&[2, 3, 4, 1], &[1, 2, 3], 20);
         assert_eq!(l.replica_count(), 4);
         assert_eq!(l.wanted_isr(30), None, "not before it holds the high watermark");
         l.on_fetch(4, at(20, 20), 30);
@@ -352,8 +361,17 @@ mod tests {
         l.on_fetch(4, at(50, 50), 50);
         assert_eq!(l.wanted_isr(60), Some(vec![1, 2, 3, 4]));
         // The move completes with 3 removed: a fetch of its changes nothing.
-        l.set_replicas(&[1, 2, 4], 80);
+        l.set_replicas(&[1, 2, 4], &[1, 2, 4], 80);
         assert_eq!(l.replica_count(), 3);
+        assert!(l.on_partition(vec![1, 2, 4], 1) || l.high_watermark() == Offset(50));
+        // 4 was removed and added back in tables this leader did not all
+        // see (its copy deleted meanwhile): out of the ISR, its old
+        // position no longer counts until it fetches again.
+        l.set_replicas(&[1, 2, 4], &[1, 2], 90);
+        l.on_partition(vec![1, 2], 2);
+        assert_eq!(l.wanted_isr(100), None, "not back on a position it may no longer hold");
+        l.on_fetch(4, at(50, 50), 110);
+        assert_eq!(l.wanted_isr(120), Some(vec![1, 2, 4]));
         assert!(!l.on_fetch(3, at(60, 60), 90));
         assert_eq!(
             l.follower_lags().iter().map(|(id, _)| *id).collect::<Vec<_>>(),

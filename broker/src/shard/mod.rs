@@ -238,6 +238,9 @@ pub fn storage_error(e: StorageError) -> WireError {
         StorageError::InvalidBatch(_) => ErrorCode::CorruptBatch,
         StorageError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
         e if e.is_no_space() => ErrorCode::StorageFull,
+        // The replica closed under the request (it moved away, or its
+        // queue changed): the client asks the leader again.
+        StorageError::Closed => ErrorCode::NotLeader,
         _ => ErrorCode::StorageError,
     };
     WireError::new(code, e.to_string())

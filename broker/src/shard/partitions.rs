@@ -139,7 +139,7 @@ impl Partition {
             match &mut *role {
                 Role::Leader { epoch: e, state } if *e == epoch && record.leader == me => {
                     state.set_min_insync(settings.min_insync());
-                    state.set_replicas(&record.replicas, mono_ms());
+                    state.set_replicas(&record.replicas, &record.isr, mono_ms());
                     state.on_partition(record.isr.clone(), record.partition_epoch);
                 }
                 Role::Follower { leader, epoch: e } if *e == epoch && *leader == record.leader => return false,

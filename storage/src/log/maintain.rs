@@ -247,6 +247,11 @@ impl Log {
         Ok(Some(cut))
     }
 
+    /// Whether [`Log::delete_before`] of `offset` would delete a segment.
+    pub fn deletable_before(&self, offset: Offset) -> bool {
+        self.delete_cut(offset).is_some()
+    }
+
     /// Where [`Log::delete_before`] of `offset` cuts: the base of the
     /// segment holding `offset` (at most the high watermark), if a sealed
     /// segment lies below it.
