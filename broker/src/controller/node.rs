@@ -215,10 +215,15 @@ impl Controller {
                     voters.join(", ")
                 ))
             })?;
-        // Apply everything already in the log before serving from the table.
-        let last = raft.metrics().borrow().last_log_index;
+        // Apply everything in the log before serving from the table: as the
+        // log is now, not as it was at the start — entries this member
+        // wrote as a leader that lost its majority are cut when the new
+        // leader's log replaces them, and may never be reached again.
         wait(30)
-            .applied_index_at_least(last, "the controller replays its log")
+            .metrics(
+                |m| m.last_applied.map(|l| l.index) >= m.last_log_index,
+                "the controller replays its log",
+            )
             .await
             .map_err(|e| unavailable("replaying the controller log", &e))?;
         self.register(settings).await
