@@ -53,6 +53,16 @@ impl Shard {
         if self.id.0 == 0 {
             snap.disk = self.disk.space().map(|s| (self.config.node_id, s.free, s.threshold));
             let table = self.table();
+            // One pass over the partitions (not one per broker): the
+            // replicas a move in progress removes, per broker.
+            let mut leaving: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+            for p in table.queues.values().flat_map(|q| &q.partitions) {
+                if let Some(target) = &p.target {
+                    for r in p.replicas.iter().filter(|r| !target.contains(r)) {
+                        *leaving.entry(*r).or_default() += 1;
+                    }
+                }
+            }
             snap.brokers = table
                 .brokers
                 .values()
@@ -60,12 +70,7 @@ impl Shard {
                     id: b.id,
                     draining: b.draining,
                     decommissioning: b.decommissioning,
-                    moving_off: table
-                        .queues
-                        .values()
-                        .flat_map(|q| &q.partitions)
-                        .filter(|p| p.replicas.contains(&b.id) && p.target.as_ref().is_some_and(|t| !t.contains(&b.id)))
-                        .count() as u64,
+                    moving_off: leaving.get(&b.id).copied().unwrap_or(0),
                 })
                 .collect();
             snap.offline = table
