@@ -72,7 +72,8 @@ struct RunArgs {
     #[arg(long)]
     strand: Option<PathBuf>,
     /// Where the nodes keep their data and logs (default: a new directory
-    /// under /var/tmp, removed afterwards unless --keep).
+    /// under /var/tmp, removed after a clean run unless --keep; kept after
+    /// a violation or an error).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Keep the run directory (node logs, data) afterwards.
@@ -162,18 +163,19 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, interrupted.clone()).map_err(|e| e.to_string())?;
     }
-    let temp;
-    let dir = match &args.dir {
+    // A directory of our own is removed after a clean run; after a failed
+    // one (or with --keep) it stays, with the node logs the error names.
+    let (dir, remove_after) = match &args.dir {
         Some(d) => {
             std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
-            d.clone()
+            (d.clone(), false)
         }
         None => {
-            temp = tempfile::Builder::new()
+            let made = tempfile::Builder::new()
                 .prefix("strand-chaos.")
                 .tempdir_in("/var/tmp")
                 .map_err(|e| e.to_string())?;
-            temp.path().to_path_buf()
+            (made.keep(), !args.keep)
         }
     };
     let duration_ms = args.duration.as_millis() as u64;
@@ -250,21 +252,13 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         checker::check(&h)
     };
     drop(cluster);
-    if args.keep {
-        let _ = temp_keep(&args.dir, &dir);
+    if remove_after && verdict.violations() == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        println!("the run directory is kept: {}", dir.display());
     }
     report(args, &applied, &verdict);
     Ok(verdict.violations())
-}
-
-/// Keeps the run directory (a temporary one is otherwise removed).
-fn temp_keep(given: &Option<PathBuf>, dir: &std::path::Path) -> std::io::Result<()> {
-    if given.is_none() {
-        let kept = dir.with_extension("kept");
-        std::fs::rename(dir, &kept)?;
-        println!("kept the run directory at {}", kept.display());
-    }
-    Ok(())
 }
 
 /// Applies one fault and holds it, then undoes it.
