@@ -9,7 +9,7 @@ use std::rc::Rc;
 use strand_net::frame::FrameHeader;
 use strand_net::message::TailBuilder;
 use strand_net::OutFrame;
-use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::flatbuffers::{FlatBufferBuilder, WIPOffset};
 use strand_wire::*;
 
 use super::{error_table, propose_error, request, respond};
@@ -23,22 +23,21 @@ pub async fn drain(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resul
         id: req.node_id(),
         draining: req.draining(),
     };
-    let error = propose(shard, command).await;
-    let mut fbb = FlatBufferBuilder::new();
-    let error = error_table(&mut fbb, error.as_ref());
-    let root = DrainBrokerResponse::create(&mut fbb, &DrainBrokerResponseArgs { error });
-    fbb.finish_minimal(root);
-    Ok(respond(header, &fbb, TailBuilder::default()))
+    propose_and_answer(shard, header, command, |fbb, error| {
+        let root = DrainBrokerResponse::create(fbb, &DrainBrokerResponseArgs { error });
+        fbb.finish_minimal(root);
+    })
+    .await
 }
 
 pub async fn decommission(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let req = request::<DecommissionBrokerRequest>(body)?;
-    let error = propose(shard, Command::DecommissionBroker { id: req.node_id() }).await;
-    let mut fbb = FlatBufferBuilder::new();
-    let error = error_table(&mut fbb, error.as_ref());
-    let root = DecommissionBrokerResponse::create(&mut fbb, &DecommissionBrokerResponseArgs { error });
-    fbb.finish_minimal(root);
-    Ok(respond(header, &fbb, TailBuilder::default()))
+    let command = Command::DecommissionBroker { id: req.node_id() };
+    propose_and_answer(shard, header, command, |fbb, error| {
+        let root = DecommissionBrokerResponse::create(fbb, &DecommissionBrokerResponseArgs { error });
+        fbb.finish_minimal(root);
+    })
+    .await
 }
 
 pub async fn reassign(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
@@ -48,20 +47,26 @@ pub async fn reassign(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Re
         partition: req.partition(),
         replicas: req.replicas().map(|r| r.iter().collect()).unwrap_or_default(),
     };
-    let error = propose(shard, command).await;
-    let mut fbb = FlatBufferBuilder::new();
-    let error = error_table(&mut fbb, error.as_ref());
-    let root = ReassignPartitionResponse::create(&mut fbb, &ReassignPartitionResponseArgs { error });
-    fbb.finish_minimal(root);
-    Ok(respond(header, &fbb, TailBuilder::default()))
+    propose_and_answer(shard, header, command, |fbb, error| {
+        let root = ReassignPartitionResponse::create(fbb, &ReassignPartitionResponseArgs { error });
+        fbb.finish_minimal(root);
+    })
+    .await
 }
 
-/// Commits `command` through the controller: the error to answer, if any.
-async fn propose(shard: &Rc<Shard>, command: Command) -> Option<WireError> {
-    crate::router::propose(shard, command)
-        .await
-        .map_err(propose_error)
-        .err()
+/// Commits `command` through the controller and answers with the
+/// response `finish` builds around the error (none: done).
+async fn propose_and_answer(
+    shard: &Rc<Shard>,
+    header: FrameHeader,
+    command: Command,
+    finish: impl FnOnce(&mut FlatBufferBuilder<'static>, Option<WIPOffset<Error<'static>>>),
+) -> Result<OutFrame, WireError> {
+    let result = crate::router::propose(shard, command).await.map_err(propose_error);
+    let mut fbb = FlatBufferBuilder::new();
+    let error = error_table(&mut fbb, result.as_ref().err());
+    finish(&mut fbb, error);
+    Ok(respond(header, &fbb, TailBuilder::default()))
 }
 
 pub fn describe(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
