@@ -40,11 +40,12 @@ pub enum StorageError {
     Closed,
     /// A write, fdatasync or roll failed: the log takes no more writes
     /// (its memory may hold what the disk does not); reads go on below
-    /// what was written before. Opening it again (a broker restart)
-    /// recovers what the disk holds.
+    /// what was written before. Opening it again (a broker restart, or the
+    /// broker's own reopening after a full disk) recovers what the disk
+    /// holds.
     #[error(
-        "log {dir} takes no more writes after a failed write or fdatasync ({reason}); reads go on; restart the \
-         broker once the cause is fixed to recover it"
+        "log {dir} takes no more writes after a failed write or fdatasync ({reason}); reads go on; the broker \
+         reopens it once the disk has space again (a full disk), or restart it once the cause is fixed"
     )]
     LogFailed {
         dir: PathBuf,

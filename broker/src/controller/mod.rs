@@ -29,6 +29,7 @@ pub mod table;
 
 pub use node::{Controller, ProposeError, Settings, Voter};
 pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
+pub use store::Publish;
 pub use table::{
     default_min_insync_replicas, BrokerRecord, FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord,
     QueueSettings, DEFAULT_MAX_DELIVERY_ATTEMPTS, NO_LEADER,

@@ -42,6 +42,36 @@ fn preferred_leader(
 /// The replica of `p` to lead instead of `instead`: the first in the ISR
 /// that is alive, not draining if one is (maintenance yields to
 /// availability); `None` if no other ISR member is alive.
+/// Broker `id` leaves partition `p`'s ISR if it shares it, and its
+/// leadership goes to the first other alive ISR member (or to no one), each
+/// change bumping the epochs; where it alone is the ISR, it loses the
+/// leadership too when `sole_too` (offline until it is back), else keeps
+/// it in a new leader epoch ([`MetadataStm::leave_isrs`]).
+fn leave_isr(
+    p: &mut PartitionRecord,
+    brokers: &BTreeMap<NodeId, super::table::BrokerRecord>,
+    id: NodeId,
+    sole_too: bool,
+) {
+    let sole = p.isr == [id];
+    if !p.isr.contains(&id) && p.leader != id {
+        return;
+    }
+    if sole && !sole_too {
+        if p.leader == id {
+            p.leader_epoch += 1;
+            p.partition_epoch += 1;
+        }
+        return;
+    }
+    p.isr.retain(|r| *r != id || sole);
+    if p.leader == id {
+        p.leader = successor(p, brokers, id).unwrap_or(NO_LEADER);
+        p.leader_epoch += 1;
+    }
+    p.partition_epoch += 1;
+}
+
 fn successor(
     p: &PartitionRecord,
     brokers: &std::collections::BTreeMap<NodeId, super::table::BrokerRecord>,
@@ -150,6 +180,21 @@ pub enum Command {
         leader_epoch: u32,
         partition_epoch: u32,
         isr: Vec<NodeId>,
+    },
+    /// The leader of `leader_epoch` lost writes it had taken: its log
+    /// failed (a full disk) while memory held batches the disk does not,
+    /// which followers may have fetched, and it is about to open the log
+    /// again from what the disk holds. As a new run of the broker does for
+    /// every partition (`RegisterBroker`), it leaves the ISR when others
+    /// are in it and its leadership goes to another alive ISR member; alone
+    /// in the ISR, it keeps leading in a new leader epoch (followers then
+    /// find their logs diverged, not in step). From another leader or an
+    /// older epoch (a late entry), nothing changes.
+    LeaderLostWrites {
+        queue: String,
+        partition: u32,
+        leader: NodeId,
+        leader_epoch: u32,
     },
     CreateQueue {
         name: String,
@@ -351,6 +396,24 @@ impl MetadataStm {
                 partition_epoch,
                 isr,
             } => self.alter_isr(queue, *partition, *leader, *leader_epoch, *partition_epoch, isr),
+            Command::LeaderLostWrites {
+                queue,
+                partition,
+                leader,
+                leader_epoch,
+            } => {
+                let brokers = &self.table.brokers;
+                let record = self
+                    .table
+                    .queues
+                    .get_mut(queue)
+                    .and_then(|q| q.partitions.get_mut(*partition as usize))
+                    .filter(|p| p.leader == *leader && p.leader_epoch == *leader_epoch);
+                if let Some(p) = record {
+                    leave_isr(p, brokers, *leader, false);
+                }
+                Ok(())
+            }
             Command::CreateQueue { name, settings } => self.create_queue(name, settings),
             Command::DeleteQueue { name } => self
                 .table
@@ -399,23 +462,7 @@ impl MetadataStm {
     fn leave_isrs(&mut self, id: NodeId, sole_too: bool) {
         let brokers = &self.table.brokers;
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-            let sole = p.isr == [id];
-            if !p.isr.contains(&id) && p.leader != id {
-                continue;
-            }
-            if sole && !sole_too {
-                if p.leader == id {
-                    p.leader_epoch += 1;
-                    p.partition_epoch += 1;
-                }
-                continue;
-            }
-            p.isr.retain(|r| *r != id || sole);
-            if p.leader == id {
-                p.leader = successor(p, brokers, id).unwrap_or(NO_LEADER);
-                p.leader_epoch += 1;
-            }
-            p.partition_epoch += 1;
+            leave_isr(p, brokers, id, sole_too);
         }
     }
 

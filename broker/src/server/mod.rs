@@ -332,21 +332,14 @@ async fn shard_main(
             leader_balance_interval_ms: config.leader_balance_interval_ms,
             max_frame_bytes: config.max_frame_bytes,
         };
-        let controller = Controller::open(&config.data_dir.join("__controller"), &settings, publish)
-            .await
-            .map_err(|e| format!("starting the controller: {e}"))?;
-        let controller = Rc::new(controller);
-        // The member serves the other voters from now on: they elect a
-        // leader together.
-        shard.controller.borrow_mut().replace(controller.clone());
-        let follower = controller.clone();
-        let leader = lifecycle.controller_leader.clone();
-        glommio::spawn_local(async move { follower.follow_leader(&leader).await }).detach();
-        controller
-            .join(&settings)
-            .await
-            .map_err(|e| format!("starting the controller: {e}"))?;
-        glommio::spawn_local(controller.clone().keep_alive(settings)).detach();
+        let member = ControllerMember {
+            dir: config.data_dir.join("__controller"),
+            settings,
+            publish,
+            leader: lifecycle.controller_leader.clone(),
+        };
+        let controller = member.start(&shard).await?;
+        glommio::spawn_local(member.supervise(shard.clone(), controller, lifecycle.stop.clone())).detach();
         // Ready only once every shard holds everything the log had.
         if !shard.wait_all_applied(Duration::from_secs(30)).await {
             return Err("the shards did not apply the metadata within 30 s".into());
@@ -376,6 +369,74 @@ async fn shard_main(
     // Tasks left over are dropped after this returns, outside the executor.
     shard::mark_torn_down();
     Ok(())
+}
+
+/// Shard 0's member of the controller, and how to start it again.
+struct ControllerMember {
+    dir: std::path::PathBuf,
+    settings: ControllerSettings,
+    publish: crate::controller::Publish,
+    leader: Arc<AtomicU64>,
+}
+
+impl ControllerMember {
+    /// Opens the member from its directory (it serves the other voters from
+    /// then on: they elect a leader together), follows its leader, and
+    /// joins: the log applied, this broker registered.
+    async fn start(&self, shard: &Rc<Shard>) -> Result<Rc<Controller>, String> {
+        let controller = Controller::open(&self.dir, &self.settings, self.publish.clone())
+            .await
+            .map_err(|e| format!("starting the controller: {e}"))?;
+        let controller = Rc::new(controller);
+        shard.controller.borrow_mut().replace(controller.clone());
+        let follower = controller.clone();
+        let leader = self.leader.clone();
+        glommio::spawn_local(async move { follower.follow_leader(&leader).await }).detach();
+        controller
+            .join(&self.settings)
+            .await
+            .map_err(|e| format!("starting the controller: {e}"))?;
+        Ok(controller)
+    }
+
+    /// Renews this broker's lease for the life of the broker. openraft
+    /// stops a member for good on a storage error (a full disk under
+    /// `__controller/raft.log`: found by strand-chaos's disk-full nemesis);
+    /// the broker would then renew its lease no more and stay fenced until
+    /// restarted. Instead the member is started again from its directory
+    /// (what a restart does) once the data directory has space, every
+    /// second until it runs.
+    async fn supervise(self, shard: Rc<Shard>, mut controller: Rc<Controller>, stop: Arc<AtomicBool>) {
+        let stopping = || stop.load(Ordering::SeqCst) || shard.stopping.get();
+        loop {
+            controller.clone().keep_alive(self.settings.clone()).await;
+            if stopping() {
+                return;
+            }
+            tracing::error!(
+                dir = %self.dir.display(),
+                "the controller member stopped (the error before this says why); it starts again from its \
+                 directory once the data directory has space"
+            );
+            loop {
+                glommio::timer::sleep(Duration::from_secs(1)).await;
+                if stopping() {
+                    return;
+                }
+                if shard.disk.space().is_some_and(|s| s.low()) {
+                    continue;
+                }
+                match self.start(&shard).await {
+                    Ok(c) => {
+                        tracing::info!("the controller member runs again; this broker registered");
+                        controller = c;
+                        break;
+                    }
+                    Err(e) => tracing::warn!("{e} (tried again in 1 s)"),
+                }
+            }
+        }
+    }
 }
 
 /// Accepts connections (for the whole life of the shard).
@@ -527,6 +588,14 @@ fn start_timers(shard: &Rc<Shard>) {
         while !s.stopping.get() {
             s.disk.refresh(&s.config.data_dir, s.config.min_free_bytes);
             glommio::timer::sleep(crate::shard::disk::CHECK_EVERY).await;
+        }
+    })
+    .detach();
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        while !s.stopping.get() {
+            glommio::timer::sleep(crate::shard::RECOVER_EVERY).await;
+            s.recover_logs_after_full_disk().await;
         }
     })
     .detach();

@@ -26,6 +26,8 @@ pub mod messages;
 mod metadata;
 pub mod partitions;
 mod produce;
+mod recover;
+pub use recover::RECOVER_EVERY;
 mod serve;
 mod stats;
 

@@ -326,20 +326,7 @@ impl Partitions {
             if keep {
                 continue;
             }
-            self.remove(&key.0, key.1);
-            // An acks=all produce waiting on it learns at once that this
-            // replica no longer leads it (and who does, if the table says),
-            // instead of timing out: its client retries at the leader.
-            let (leader, epoch) = table
-                .queues
-                .get(&key.0)
-                .and_then(|q| q.partitions.get(key.1 as usize))
-                .map_or((NO_LEADER, part.leader_epoch()), |p| (p.leader, p.leader_epoch));
-            *part.role.borrow_mut() = Role::Follower { leader, epoch };
-            part.acks.notify_all();
-            if let Err(e) = part.log.close().await {
-                tracing::warn!(queue = %key.0, partition = key.1, "closing: {e}");
-            }
+            self.close_partition(&key.0, key.1, &part, table).await;
             // Deleted, or moved off this node (a reassignment completed):
             // the copy goes. (A settings change only reopens it.)
             let gone = table.queues.get(&key.0).is_none_or(|q| {
@@ -377,6 +364,54 @@ impl Partitions {
         self.appended.notify_all();
         self.new_data.notify_all();
         self.roles_changed.notify_all();
+    }
+
+    /// Takes partition `p` of `queue` out of this shard and closes its log.
+    /// An acks=all produce waiting on it learns at once that this replica
+    /// no longer leads it (and who does, if `table` says), instead of timing
+    /// out: its client retries at the leader.
+    async fn close_partition(&self, queue: &str, p: u32, part: &Partition, table: &MetadataTable) {
+        self.remove(queue, p);
+        let (leader, epoch) = table
+            .queues
+            .get(queue)
+            .and_then(|q| q.partitions.get(p as usize))
+            .map_or((NO_LEADER, part.leader_epoch()), |r| (r.leader, r.leader_epoch));
+        *part.role.borrow_mut() = Role::Follower { leader, epoch };
+        part.acks.notify_all();
+        if let Err(e) = part.log.close().await {
+            tracing::warn!(queue, partition = p, "closing: {e}");
+        }
+    }
+
+    /// Closes partition `p` of `queue` and opens it again from what its
+    /// directory holds (as a restart would), in the role `table` gives it:
+    /// how a log that failed on a full disk comes back once space is
+    /// (`shard/recover.rs`). Returns the reopened log's end.
+    pub async fn reopen(&self, queue: &str, p: u32, table: &MetadataTable) -> Result<Offset, String> {
+        let part = self.get(queue, p).ok_or("not open here")?;
+        let (q, record) = table
+            .queues
+            .get(queue)
+            .and_then(|q| Some((q, q.partitions.get(p as usize)?)))
+            .filter(|(q, r)| q.id == part.queue_id && r.replicas.contains(&self.node_id))
+            .ok_or("no longer a replica here")?;
+        self.close_partition(queue, p, &part, table).await;
+        let reopened = self.open_partition(queue, p, q.id, &part.settings).await?;
+        let end = reopened.log.log_end();
+        let moved = reopened.adopt(self.node_id, record, &part.settings, self.replica_lag_time_max_ms);
+        self.open
+            .borrow_mut()
+            .entry(queue.to_string())
+            .or_default()
+            .insert(p, Rc::new(reopened));
+        if moved {
+            self.new_data.notify_all();
+        }
+        self.appended.notify_all();
+        self.new_data.notify_all();
+        self.roles_changed.notify_all();
+        Ok(end)
     }
 
     async fn open_partition(

@@ -300,22 +300,33 @@ impl Log {
     }
 
     /// Writes and fdatasyncs everything, persists the active index, and
-    /// closes the log: later calls fail with `Closed`.
+    /// closes the log: later calls fail with `Closed`. A failed log (see
+    /// [`StorageError::LogFailed`]) writes nothing more of its data: it
+    /// saves what it can of its checkpoints and closes, so that the
+    /// directory can be opened again (recovering what the disk holds).
     pub async fn close(&self) -> Result<()> {
         let _permit = self.lock().await?;
         if self.inner.state.borrow().closed {
             return Ok(());
         }
         let _sync = self.lock_sync().await?;
-        self.write_locked().await?;
-        self.finish_zeroing().await;
-        self.sync_held().await?;
-        self.persist_index_locked(true).await?;
-        self.save_epochs_locked().await?;
-        // The high watermark as it is now (the next open starts from it).
-        self.save_high_watermark().await?;
-        // The next open then has no batch to note.
-        self.save_producers(true).await?;
+        if self.inner.state.borrow().failed.is_some() {
+            self.finish_zeroing().await;
+            // Best effort: the next open checks its data against them
+            // (and rebuilds what is missing) as after a crash.
+            let _ = self.save_epochs_locked().await;
+            let _ = self.save_high_watermark().await;
+        } else {
+            self.write_locked().await?;
+            self.finish_zeroing().await;
+            self.sync_held().await?;
+            self.persist_index_locked(true).await?;
+            self.save_epochs_locked().await?;
+            // The high watermark as it is now (the next open starts from it).
+            self.save_high_watermark().await?;
+            // The next open then has no batch to note.
+            self.save_producers(true).await?;
+        }
         self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();
         st.closed = true;

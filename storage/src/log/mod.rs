@@ -407,6 +407,17 @@ impl Log {
     pub fn flushed_offset(&self) -> Offset {
         self.inner.state.borrow().flushed
     }
+    /// Whether the log takes no more writes because the disk was full
+    /// (ENOSPC): closing it and opening it again recovers it once space is
+    /// back.
+    pub fn failed_for_space(&self) -> bool {
+        self.inner
+            .state
+            .borrow()
+            .failed
+            .as_ref()
+            .is_some_and(|(_, no_space)| *no_space)
+    }
     /// Every offset below this one has been written to the disk.
     pub fn written_offset(&self) -> Offset {
         self.inner.state.borrow().active.written_offset()

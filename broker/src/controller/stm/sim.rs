@@ -107,7 +107,22 @@ fn command(rng: &mut Rng, table: &MetadataTable) -> Command {
                 replicas: ids,
             }
         }
-        10 => Command::BalanceLeaders,
+        10 if rng.below(2) == 0 => Command::BalanceLeaders,
+        10 => {
+            // A leader lost writes (a full disk), now and then late.
+            let Some((queue, partition)) =
+                rng.pick(&partitions.iter().map(|(q, p)| (q.as_str(), *p)).collect::<Vec<_>>())
+            else {
+                return Command::BalanceLeaders;
+            };
+            let p = &table.queues[queue].partitions[partition as usize];
+            Command::LeaderLostWrites {
+                queue: queue.to_string(),
+                partition,
+                leader: p.leader,
+                leader_epoch: p.leader_epoch.saturating_sub(u32::from(rng.below(4) == 0)),
+            }
+        }
         _ => {
             // The leader of a partition changes its ISR: some replicas
             // (itself among them), now and then with a stale epoch.

@@ -636,6 +636,56 @@ fn a_broker_registering_from_a_new_run_hands_its_leaderships_over_first() {
 }
 
 #[test]
+fn a_leader_that_lost_writes_hands_over_or_leads_on_in_a_new_epoch() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let lost = |queue: &str, p: &PartitionRecord, epoch: u32| Command::LeaderLostWrites {
+        queue: queue.into(),
+        partition: 0,
+        leader: p.leader,
+        leader_epoch: epoch,
+    };
+    // Replicated: it leaves the ISR and another member leads.
+    let was = stm.table().queues["q"].partitions[0].clone();
+    // A late entry (an older epoch, or not the leader) changes nothing.
+    let before = stm.table().queues.clone();
+    apply(&mut stm, lost("q", &was, was.leader_epoch + 1)).unwrap();
+    let not_leader = Command::LeaderLostWrites {
+        queue: "q".into(),
+        partition: 0,
+        leader: was.leader % 3 + 1,
+        leader_epoch: was.leader_epoch,
+    };
+    apply(&mut stm, not_leader).unwrap();
+    assert_eq!(stm.table().queues, before);
+    apply(&mut stm, lost("q", &was, was.leader_epoch)).unwrap();
+    let now = &stm.table().queues["q"].partitions[0];
+    assert!(!now.isr.contains(&was.leader) && now.isr.len() == 2, "{now:?}");
+    assert!(now.leader != was.leader && now.isr.contains(&now.leader), "{now:?}");
+    assert_eq!(now.leader_epoch, was.leader_epoch + 1);
+    // The other partitions are untouched.
+    assert_eq!(stm.table().queues["q"].partitions[1..], before["q"].partitions[1..]);
+    assert_eq!(stm.table().queues["single"], before["single"]);
+    // Alone in its ISR: it leads on, in a new epoch.
+    let was = stm.table().queues["single"].partitions[0].clone();
+    apply(&mut stm, lost("single", &was, was.leader_epoch)).unwrap();
+    let now = &stm.table().queues["single"].partitions[0];
+    assert_eq!((now.leader, &now.isr), (was.leader, &was.isr));
+    assert_eq!(now.leader_epoch, was.leader_epoch + 1);
+    // An unknown queue or partition is no error (the queue may be gone).
+    let gone = Command::LeaderLostWrites {
+        queue: "gone".into(),
+        partition: 9,
+        leader: 1,
+        leader_epoch: 0,
+    };
+    apply(&mut stm, gone).unwrap();
+}
+
+#[test]
 fn leaderships_go_back_to_preferred_replicas_that_are_alive_and_in_sync() {
     let (mut stm, mut index) = three_brokers_two_queues();
     let mut apply = |stm: &mut MetadataStm, c: Command| {

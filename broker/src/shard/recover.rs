@@ -1,0 +1,86 @@
+//! Logs that stopped taking writes because the disk was full come back by
+//! themselves once there is space again, without a broker restart.
+//!
+//! A write or fdatasync that meets ENOSPC fails the log
+//! (`StorageError::LogFailed`): it takes no more writes, and reads go on
+//! below what was written. Every [`RECOVER_EVERY`], while the last look at
+//! the data directory finds it above its free-space threshold
+//! (`disk.rs`), each such partition is closed and opened again from what
+//! its directory holds, as a restart would (`Partitions::reopen`), and
+//! takes the role the table gives it.
+//!
+//! - A **follower** reopens at once: what it told its leader it holds was
+//!   written (or fdatasync'd) before the failure, and the reopened log
+//!   holds all of it; it fetches on from its new log end.
+//! - A **leader** first has the controller take the leadership from it
+//!   (`Command::LeaderLostWrites`): its memory held batches the disk does
+//!   not, which followers may have fetched, so the reopened log must not
+//!   take new records at those offsets in the same leader epoch. Another
+//!   ISR member leads (this replica leaves the ISR and catches up as a
+//!   follower), or, alone in the ISR, it leads on in a new epoch. If the
+//!   controller cannot be reached, the next round asks again; the log
+//!   stays failed (produce answers `StorageFull`) until then.
+//!
+//! Runs on: every shard, for the partitions it owns (a timer started by
+//! `server`).
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::Shard;
+use crate::controller::Command;
+
+/// How often a shard looks for logs to bring back.
+pub const RECOVER_EVERY: Duration = Duration::from_secs(1);
+
+impl Shard {
+    /// One round (see the module doc).
+    pub async fn recover_logs_after_full_disk(self: &Rc<Self>) {
+        if self.disk.space().is_none_or(|s| s.low()) {
+            return;
+        }
+        let failed: Vec<_> = self
+            .partitions
+            .all()
+            .into_iter()
+            .filter(|(_, part)| part.log.failed_for_space())
+            .collect();
+        for ((queue, p), part) in failed {
+            if let Some(epoch) = part.leading() {
+                let command = Command::LeaderLostWrites {
+                    queue: queue.clone(),
+                    partition: p,
+                    leader: self.config.node_id,
+                    leader_epoch: epoch,
+                };
+                if let Err(e) = crate::router::propose(self, command).await {
+                    tracing::warn!(
+                        queue = %queue,
+                        partition = p,
+                        "a log failed on a full disk: handing its leadership over before reopening it: {e} (asked \
+                         again in {RECOVER_EVERY:?})"
+                    );
+                    continue;
+                }
+            }
+            // Tables apply one at a time, and not while a log reopens.
+            let Ok(_turn) = self.applying.acquire_permit(1).await else {
+                return;
+            };
+            let table = self.table.borrow().clone();
+            let written = part.log.written_offset();
+            match self.partitions.reopen(&queue, p, &table).await {
+                Ok(end) => tracing::info!(
+                    queue = %queue,
+                    partition = p,
+                    written = written.0,
+                    log_end = end.0,
+                    "a log that failed on a full disk is open again: it takes writes"
+                ),
+                Err(e) => {
+                    tracing::warn!(queue = %queue, partition = p, "reopening a log that failed on a full disk: {e}")
+                }
+            }
+        }
+    }
+}
