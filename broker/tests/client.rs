@@ -796,3 +796,31 @@ fn idempotent_batches_are_stored_once_and_in_order() {
         .collect();
     assert_eq!(values, ["x-0", "x-0", "o-0", "d-0"], "nothing stored twice");
 }
+
+/// A record fails once its `delivery_timeout` is up, even while its request
+/// waits at a broker that does not answer (here paused): the request's
+/// own timeout (30 s) no longer holds it longer. (A strand-chaos run saw a
+/// 29.2 s stretch without an ack: produces held by a replaced leader.)
+#[test]
+fn a_record_fails_at_its_delivery_timeout_not_its_request_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    create(&broker, "held", 1);
+    let config = ProducerConfig {
+        acks: Acks::All,
+        delivery_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(30),
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(&broker.addr.to_string(), config).unwrap();
+    block_on(producer.send("held", None, b"first", &[])).unwrap();
+    broker.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let err = block_on(producer.send("held", None, b"held", &[])).unwrap_err();
+    let took = started.elapsed();
+    broker.signal(libc::SIGCONT);
+    // The delivery timeout, plus at most the grace a response is given
+    // (5 s): far below the request timeout.
+    assert!(took < Duration::from_secs(15), "failed after {took:?}: {err}");
+    assert!(took >= Duration::from_secs(2), "failed early, after {took:?}: {err}");
+}
