@@ -70,6 +70,8 @@ pub struct Verdict {
     pub commits_backwards: usize,
     pub unconsumed: usize,
     pub unavailable_ms: u64,
+    /// When that longest stretch began (ms since the start).
+    pub unavailable_from_ms: u64,
     /// A few examples of each violation, for the summary.
     pub examples: Vec<String>,
 }
@@ -188,11 +190,12 @@ pub fn check(h: &History) -> Verdict {
     let mut times: Vec<u64> = h.acked.iter().map(|a| a.at_ms).collect();
     times.sort_unstable();
     times.push(h.ended_ms);
-    v.unavailable_ms = times
+    let (from, gap) = times
         .windows(2)
-        .map(|w| w[1].saturating_sub(w[0]))
-        .max()
-        .unwrap_or(h.ended_ms);
+        .map(|w| (w[0], w[1].saturating_sub(w[0])))
+        .max_by_key(|(_, gap)| *gap)
+        .unwrap_or((0, h.ended_ms));
+    (v.unavailable_ms, v.unavailable_from_ms) = (gap, from);
     v
 }
 
@@ -230,7 +233,7 @@ mod tests {
         assert_eq!(v.violations(), 0, "{v:?}");
         assert_eq!((v.acked, v.stored), (4, 4));
         // The longest stretch without an ack: the last ack (400) to the end.
-        assert_eq!(v.unavailable_ms, 600);
+        assert_eq!((v.unavailable_ms, v.unavailable_from_ms), (600, 400));
     }
 
     #[test]

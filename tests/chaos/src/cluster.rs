@@ -1,16 +1,22 @@
 //! The cluster under test: `strand serve` processes, node N on
-//! 127.0.0.N:PORT (all of 127/8 is this machine's loopback), nodes 1–3 the
-//! controller's voters, one shard each and small memory budgets, data
+//! 127.0.0.N:PORT (all of 127/8 is this machine's loopback) or, with a
+//! [`Network`], in its own network namespace at 10.213.S.N:PORT; nodes 1–3
+//! the controller's voters, one shard each and small memory budgets, data
 //! under a directory this run made. Faults act on them by PID: kill -9
 //! and restart, SIGSTOP and SIGCONT. Every process this run started is
 //! continued and killed when the cluster is dropped (also after Ctrl-C:
 //! the run notices and unwinds).
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::disk::{self, Disks};
+use crate::network::Network;
 
 /// Settings that keep a node small, and replicas quick to leave and rejoin
 /// the ISR.
@@ -28,11 +34,24 @@ pub struct Cluster {
     dir: PathBuf,
     port: u16,
     nodes: Vec<Node>,
+    /// The nodes' namespaces, when each is its own host.
+    pub network: Option<Network>,
+    /// The nodes' file systems, when each has its own (dropped after the
+    /// nodes are killed: fields drop after `Drop::drop`).
+    pub disks: Option<Disks>,
 }
 
 impl Cluster {
     /// Starts `n` nodes and waits until each is ready.
-    pub fn start(strand: &Path, dir: &Path, n: u8, port: u16) -> Result<Cluster, String> {
+    /// With `disks`, each node's directory is a file system of its own.
+    pub fn start(
+        strand: &Path,
+        dir: &Path,
+        n: u8,
+        port: u16,
+        network: Option<Network>,
+        disks: bool,
+    ) -> Result<Cluster, String> {
         std::fs::write(dir.join("node.toml"), SETTINGS).map_err(|e| format!("writing the settings: {e}"))?;
         let mut c = Cluster {
             strand: strand.to_path_buf(),
@@ -44,7 +63,13 @@ impl Cluster {
                     paused: false,
                 })
                 .collect(),
+            network,
+            disks: None,
         };
+        if disks {
+            let dirs: Vec<PathBuf> = (1..=n).map(|id| c.node_dir(id)).collect();
+            c.disks = Some(Disks::create(&dirs)?);
+        }
         for id in 1..=n {
             c.spawn(id)?;
         }
@@ -54,8 +79,19 @@ impl Cluster {
         Ok(c)
     }
 
+    fn node_dir(&self, id: u8) -> PathBuf {
+        self.dir.join(format!("node-{id}"))
+    }
+
+    fn ip(&self, id: u8) -> IpAddr {
+        match &self.network {
+            Some(net) => IpAddr::V4(net.addr(id)),
+            None => IpAddr::V4(Ipv4Addr::new(127, 0, 0, id)),
+        }
+    }
+
     pub fn addr(&self, id: u8) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, id], self.port))
+        SocketAddr::new(self.ip(id), self.port)
     }
 
     /// Every node's address, comma-separated (a client's bootstrap list).
@@ -75,16 +111,36 @@ impl Cluster {
             .append(true)
             .open(self.dir.join(format!("node-{id}.log")))
             .map_err(|e| format!("node {id}'s log: {e}"))?;
-        let child = Command::new(&self.strand)
+        let mut command = Command::new(&self.strand);
+        // In its namespace, the node is its own host (what `ip netns exec`
+        // does, without a process in between: the PID is the broker's).
+        let namespace = match &self.network {
+            Some(net) => {
+                Some(std::fs::File::open(net.namespace_path(id)).map_err(|e| format!("node {id}'s namespace: {e}"))?)
+            }
+            None => None,
+        };
+        if let Some(ns) = &namespace {
+            let fd = ns.as_raw_fd();
+            // SAFETY: setns(2) is async-signal-safe; the descriptor stays
+            // open in the parent until spawn returns (close-on-exec here).
+            unsafe {
+                command.pre_exec(move || match libc::setns(fd, libc::CLONE_NEWNET) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+        }
+        let child = command
             .arg("serve")
             .args(["--node-id", &id.to_string(), "--cores", "1"])
             .args(["--listen", &self.addr(id).to_string()])
-            .args(["--metrics-listen", &SocketAddr::from(([127, 0, 0, id], 0)).to_string()])
+            .args(["--metrics-listen", &SocketAddr::new(self.ip(id), 0).to_string()])
             .args(["--controller-voters", &voters.join(",")])
             .arg("--config")
             .arg(self.dir.join("node.toml"))
             .arg("--data-dir")
-            .arg(self.dir.join(format!("node-{id}")))
+            .arg(disk::data_dir(&self.node_dir(id)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

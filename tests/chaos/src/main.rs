@@ -11,12 +11,22 @@
 //! - `workload.rs`: producers, a consumer group, the read-back;
 //! - `checker.rs`: the verdict (pure).
 //!
-//! The nodes run on 127.0.0.1–N of this machine. So far the nemeses are
-//! process faults (`kill`: kill -9 of a node or, one time in six, of every
-//! node, then a restart; `pause`: SIGSTOP then SIGCONT). `partition`,
-//! `netem` and `disk-full` need each node in its own network namespace
-//! (or container) and file system, which this harness does not build yet:
-//! naming them is refused with that reason.
+//! - `network.rs`: a network namespace per node, and the link faults;
+//! - `disk.rs`: a file system per node, and filling it.
+//!
+//! Run as root, each node is its own host: a network namespace with its
+//! own address on a private subnet the run creates and removes
+//! (`network.rs`). Otherwise (or with `--loopback`) the nodes run on
+//! 127.0.0.1–N of this machine, and only the process faults can be used.
+//! The nemeses:
+//! - `kill`: kill -9 of a node or, one time in six, of every node (a power
+//!   loss), then a restart;
+//! - `pause`: SIGSTOP, then SIGCONT;
+//! - `partition`: one of five shapes (a node isolated, the leader
+//!   isolated, a minority split off, one-way loss, a bridge node seeing
+//!   both sides), iptables DROP rules inside the node namespaces;
+//! - `netem`: one node's link slowed and lossy (see `network.rs`);
+//! - `disk-full`: one node's data file system filled (`disk.rs`).
 //!
 //! The last line of stdout is one JSON object (a contract): `seed`,
 //! `nodes`, `duration_s`, `nemeses` (faults applied, by name), `acked`,
@@ -27,6 +37,8 @@
 
 mod checker;
 mod cluster;
+mod disk;
+mod network;
 mod schedule;
 mod workload;
 
@@ -82,9 +94,16 @@ struct RunArgs {
     /// Producer threads (each with 8 keys of its own).
     #[arg(long, default_value_t = 3)]
     producers: usize,
+    /// Each record's size in bytes (the `KEY:SEQ` it carries, padded).
+    #[arg(long, default_value_t = 1000)]
+    record_bytes: usize,
     /// Members of the consumer group.
     #[arg(long, default_value_t = 2)]
     consumers: usize,
+    /// Run the nodes on 127.0.0.1–N instead of network namespaces (the
+    /// default when not root); only `kill` and `pause` then.
+    #[arg(long)]
+    loopback: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -137,13 +156,14 @@ fn sleep_unless(d: Duration, interrupted: &AtomicBool) {
 
 fn run(args: &RunArgs) -> Result<usize, String> {
     let nemeses = Nemesis::parse_list(&args.nemesis)?;
+    let loopback = args.loopback || !network::is_root();
     if let Some(n) = nemeses
         .iter()
-        .find(|n| matches!(n, Nemesis::Partition | Nemesis::Netem | Nemesis::DiskFull))
+        .find(|n| loopback && matches!(n, Nemesis::Partition | Nemesis::Netem | Nemesis::DiskFull))
     {
         return Err(format!(
-            "nemesis {} needs each node in its own network namespace and file system, which this harness does \
-             not build yet; run with --nemesis kill,pause",
+            "nemesis {} needs each node in its own network namespace and file system: run as root, without \
+             --loopback (or with --nemesis kill,pause)",
             n.name()
         ));
     }
@@ -182,16 +202,25 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     let faults = schedule::schedule(args.seed, &nemeses, args.nodes, duration_ms);
     let names: Vec<&str> = nemeses.iter().map(|n| n.name()).collect();
     println!(
-        "replay: strand-chaos run --nodes {} --seed {} --duration {}s --nemesis {}",
+        "replay: strand-chaos run --nodes {} --seed {} --duration {}s --nemesis {} --record-bytes {} --producers {} \
+         --consumers {}{}",
         args.nodes,
         args.seed,
         args.duration.as_secs(),
-        names.join(",")
+        names.join(","),
+        args.record_bytes,
+        args.producers,
+        args.consumers,
+        if loopback { " --loopback" } else { "" }
     );
     println!("run directory: {}; {} faults scheduled", dir.display(), faults.len());
 
-    let port = free_port(args.nodes, args.seed)?;
-    let mut cluster = cluster::Cluster::start(&strand, &dir, args.nodes, port)?;
+    let (port, network) = match loopback {
+        true => (free_port(args.nodes, args.seed)?, None),
+        false => (9092, Some(network::Network::create(args.nodes)?)),
+    };
+    let disks = nemeses.contains(&Nemesis::DiskFull);
+    let mut cluster = cluster::Cluster::start(&strand, &dir, args.nodes, port, network, disks)?;
     let bootstrap = cluster.bootstrap();
     let admin = strand_client::Admin::connect(&bootstrap).map_err(|e| e.to_string())?;
     let spec = strand_client::QueueSpec {
@@ -202,7 +231,7 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     strand_client::block_on(admin.create_queue(QUEUE, &spec)).map_err(|e| format!("creating {QUEUE}: {e}"))?;
 
     let shared = workload::Shared::new();
-    let producing = workload::producers(&bootstrap, QUEUE, args.producers, &shared);
+    let producing = workload::producers(&bootstrap, QUEUE, args.producers, args.record_bytes, &shared);
     let consuming = workload::consumers(&bootstrap, QUEUE, GROUP, args.consumers, &shared);
     let sampling = workload::sampler(&bootstrap, GROUP, &shared);
 
@@ -213,7 +242,7 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         if interrupted.load(Ordering::SeqCst) {
             break;
         }
-        apply(&mut cluster, f, &interrupted)?;
+        apply(&mut cluster, f, &bootstrap, &interrupted)?;
         *applied.entry(f.nemesis.name()).or_default() += 1;
     }
     sleep_unless(
@@ -262,21 +291,21 @@ fn run(args: &RunArgs) -> Result<usize, String> {
 }
 
 /// Applies one fault and holds it, then undoes it.
-fn apply(cluster: &mut cluster::Cluster, f: &Fault, interrupted: &AtomicBool) -> Result<(), String> {
+fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted: &AtomicBool) -> Result<(), String> {
     let targets: Vec<u8> = match f.node {
         0 => (1..=cluster.size()).collect(),
         n => vec![n],
     };
     let hold = Duration::from_millis(f.hold_ms);
+    let what = match (f.partition, f.node) {
+        (Some(p), _) => p.describe(),
+        (None, 0) => "every node".to_string(),
+        (None, n) => format!("node {n}"),
+    };
     println!(
-        "{:>7.1}s {} node {} for {:.1}s",
+        "{:>7.1}s {} {what} for {:.1}s",
         f.at_ms as f64 / 1000.0,
         f.nemesis.name(),
-        if f.node == 0 {
-            "all".to_string()
-        } else {
-            f.node.to_string()
-        },
         hold.as_secs_f64()
     );
     match f.nemesis {
@@ -297,8 +326,36 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, interrupted: &AtomicBool) ->
             }
             Ok(())
         }
-        Nemesis::Partition | Nemesis::Netem | Nemesis::DiskFull => {
-            Err(format!("{} is not built yet", f.nemesis.name()))
+        Nemesis::Partition => {
+            let shape = f.partition.ok_or("a partition fault without a shape")?;
+            let leader = match shape {
+                schedule::Partition::IsolateLeader => workload::leader_of(bootstrap, QUEUE, 0).unwrap_or(f.node),
+                _ => f.node,
+            };
+            let net = cluster
+                .network
+                .as_ref()
+                .ok_or("partitions need the network namespaces")?;
+            for (to, from) in shape.drops(cluster.size(), leader) {
+                net.drop_from(to, from)?;
+            }
+            sleep_unless(hold, interrupted);
+            net.heal()
+        }
+        Nemesis::Netem => {
+            let net = cluster.network.as_mut().ok_or("netem needs the network namespaces")?;
+            net.slow(f.node)?;
+            println!("           ({})", net.slow_method());
+            sleep_unless(hold, interrupted);
+            net.heal()
+        }
+        Nemesis::DiskFull => {
+            let disks = cluster.disks.as_ref().ok_or("disk-full needs the file systems")?;
+            let taken = disks.fill(f.node)?;
+            println!("           ({} MiB of ballast: no block left)", taken >> 20);
+            sleep_unless(hold, interrupted);
+            disks.release(f.node);
+            Ok(())
         }
     }
 }
@@ -306,7 +363,8 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, interrupted: &AtomicBool) ->
 fn report(args: &RunArgs, applied: &BTreeMap<&'static str, usize>, v: &checker::Verdict) {
     println!(
         "acknowledged {}, failed {} (outcome unknown), stored {}; lost {}, misplaced {}, duplicates {}, \
-         reordered {}, phantoms {}, commits backwards {}, never consumed {}; longest without an ack {:.1} s",
+         reordered {}, phantoms {}, commits backwards {}, never consumed {}; longest without an ack {:.1} s (from \
+         {:.1} s)",
         v.acked,
         v.failed,
         v.stored,
@@ -317,7 +375,8 @@ fn report(args: &RunArgs, applied: &BTreeMap<&'static str, usize>, v: &checker::
         v.phantoms,
         v.commits_backwards,
         v.unconsumed,
-        v.unavailable_ms as f64 / 1000.0
+        v.unavailable_ms as f64 / 1000.0,
+        v.unavailable_from_ms as f64 / 1000.0
     );
     for e in &v.examples {
         println!("  {e}");

@@ -64,13 +64,116 @@ impl Nemesis {
 }
 
 /// A fault: `nemesis` on `node` (0: every node) from `at_ms` after the
-/// start, for `hold_ms`.
+/// start, for `hold_ms`; for a partition, its shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fault {
     pub at_ms: u64,
     pub nemesis: Nemesis,
     pub node: u8,
     pub hold_ms: u64,
+    pub partition: Option<Partition>,
+}
+
+/// Which links a partition cuts. Node sets are bit masks (bit N-1: node N).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partition {
+    /// One node cut from every other, both ways.
+    Isolate(u8),
+    /// The leader of the queue's partition 0 when the fault starts, cut
+    /// from every other node.
+    IsolateLeader,
+    /// A minority of the nodes cut from the majority, both ways.
+    Split { minority: u16 },
+    /// `to` receives nothing from `from`; the other direction works.
+    OneWay { from: u8, to: u8 },
+    /// `bridge` sees every node; the others form two sides (`side` and the
+    /// rest) that do not see each other.
+    Bridge { bridge: u8, side: u16 },
+}
+
+impl Partition {
+    /// A seeded shape over `nodes` nodes.
+    fn pick(rng: &mut Rng, nodes: u8) -> Partition {
+        let mut order: Vec<u8> = (1..=nodes).collect();
+        for i in (1..order.len()).rev() {
+            let j = rng.range(0, i as u64) as usize;
+            order.swap(i, j);
+        }
+        let mask = |ids: &[u8]| ids.iter().fold(0u16, |m, id| m | 1 << (id - 1));
+        match rng.range(0, 4) {
+            0 => Partition::Isolate(order[0]),
+            1 => Partition::IsolateLeader,
+            2 => {
+                let size = rng.range(1, u64::from((nodes - 1) / 2)) as usize;
+                Partition::Split {
+                    minority: mask(&order[..size]),
+                }
+            }
+            3 => Partition::OneWay {
+                from: order[0],
+                to: order[1],
+            },
+            _ => {
+                let rest = &order[1..];
+                let half = rng.range(1, rest.len() as u64 - 1) as usize;
+                Partition::Bridge {
+                    bridge: order[0],
+                    side: mask(&rest[..half]),
+                }
+            }
+        }
+    }
+
+    /// The one-way drops `(to, from)` of this shape over `nodes` nodes
+    /// (`leader` stands in for [`Partition::IsolateLeader`]).
+    pub fn drops(self, nodes: u8, leader: u8) -> Vec<(u8, u8)> {
+        let all = 1..=nodes;
+        let inside = |mask: u16, id: u8| mask & (1 << (id - 1)) != 0;
+        let both = |a: u8, b: u8| [(a, b), (b, a)];
+        match self {
+            Partition::Isolate(n) => all.filter(|o| *o != n).flat_map(|o| both(n, o)).collect(),
+            Partition::IsolateLeader => Partition::Isolate(leader).drops(nodes, leader),
+            Partition::Split { minority } => all
+                .clone()
+                .filter(|a| inside(minority, *a))
+                .flat_map(|a| {
+                    all.clone()
+                        .filter(move |b| !inside(minority, *b))
+                        .flat_map(move |b| both(a, b))
+                })
+                .collect(),
+            Partition::OneWay { from, to } => vec![(to, from)],
+            Partition::Bridge { bridge, side } => all
+                .clone()
+                .filter(|a| inside(side, *a))
+                .flat_map(|a| {
+                    all.clone()
+                        .filter(move |b| *b != bridge && !inside(side, *b))
+                        .flat_map(move |b| both(a, b))
+                })
+                .collect(),
+        }
+    }
+
+    /// In words, for the run's log.
+    pub fn describe(self) -> String {
+        let ids = |mask: u16| {
+            let v: Vec<String> = (1..=16u8)
+                .filter(|id| mask & (1 << (id - 1)) != 0)
+                .map(|id| id.to_string())
+                .collect();
+            v.join(",")
+        };
+        match self {
+            Partition::Isolate(n) => format!("node {n} isolated"),
+            Partition::IsolateLeader => "the leader of partition 0 isolated".into(),
+            Partition::Split { minority } => format!("nodes {} split from the rest", ids(minority)),
+            Partition::OneWay { from, to } => format!("node {to} deaf to node {from}"),
+            Partition::Bridge { bridge, side } => {
+                format!("nodes {} cut from the others, node {bridge} sees both", ids(side))
+            }
+        }
+    }
 }
 
 /// splitmix64: small, fast, and the same everywhere.
@@ -119,11 +222,13 @@ pub fn schedule(seed: u64, nemeses: &[Nemesis], nodes: u8, duration_ms: u64) -> 
         // One kill in six takes every node down at once.
         let all = nemesis == Nemesis::Kill && rng.range(0, 5) == 0;
         let node = if all { 0 } else { rng.range(1, u64::from(nodes)) as u8 };
+        let partition = (nemesis == Nemesis::Partition).then(|| Partition::pick(&mut rng, nodes));
         out.push(Fault {
             at_ms: at,
             nemesis,
             node,
             hold_ms: hold,
+            partition,
         });
         at += hold;
     }
@@ -150,6 +255,40 @@ mod tests {
             assert!(f.at_ms >= 5_000 && f.at_ms + f.hold_ms + 5_000 <= 120_000);
             assert!(f.node <= 3);
             assert!(f.node != 0 || f.nemesis == Nemesis::Kill);
+            assert_eq!(f.partition.is_some(), f.nemesis == Nemesis::Partition);
+        }
+    }
+
+    #[test]
+    fn partitions_cut_the_links_their_shape_says() {
+        let cuts = |p: Partition, n: u8| {
+            let mut d = p.drops(n, 2);
+            d.sort();
+            d
+        };
+        assert_eq!(cuts(Partition::Isolate(1), 3), vec![(1, 2), (1, 3), (2, 1), (3, 1)]);
+        assert_eq!(cuts(Partition::IsolateLeader, 3), vec![(1, 2), (2, 1), (2, 3), (3, 2)]);
+        assert_eq!(cuts(Partition::OneWay { from: 3, to: 1 }, 3), vec![(1, 3)]);
+        // Node 1 sees 2 and 3; 2 and 3 do not see each other.
+        assert_eq!(
+            cuts(Partition::Bridge { bridge: 1, side: 0b10 }, 3),
+            vec![(2, 3), (3, 2)]
+        );
+        // Nodes 1 and 2 of five split from 3, 4 and 5: 12 one-way drops.
+        let split = cuts(Partition::Split { minority: 0b11 }, 5);
+        assert_eq!(split.len(), 12);
+        assert!(split.contains(&(1, 5)) && split.contains(&(5, 2)) && !split.contains(&(1, 2)));
+        // Every seeded shape over 3 and 5 nodes cuts something and leaves
+        // every node on existing ids.
+        for nodes in [3u8, 5] {
+            let mut rng = Rng::new(9);
+            for _ in 0..200 {
+                let d = Partition::pick(&mut rng, nodes).drops(nodes, 1);
+                assert!(!d.is_empty());
+                assert!(d
+                    .iter()
+                    .all(|(a, b)| a != b && (1..=nodes).contains(a) && (1..=nodes).contains(b)));
+            }
         }
     }
 

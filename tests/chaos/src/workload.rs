@@ -1,4 +1,5 @@
-//! The queue workload: producers sending keyed `KEY:SEQ` records with
+//! The queue workload: producers sending keyed `KEY:SEQ` records (padded
+//! to the run's record size after a `|`, which the history leaves out) with
 //! acks=all (each key's SEQ counting up, every acknowledgement recorded
 //! with its partition and offset), a consumer group reading and committing
 //! after every poll, a sampler of the group's committed positions, and
@@ -19,6 +20,25 @@ use crate::checker::{Acked, History, Stored};
 
 /// Keys per producer thread.
 const KEYS: usize = 8;
+
+/// The `KEY:SEQ` a record's value starts with (the padding cut off).
+fn identity(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    match text.split_once('|') {
+        Some((id, _)) => id.to_string(),
+        None => text.into_owned(),
+    }
+}
+
+/// `id`, padded with `|` and filler to `bytes` (never shorter than `id`).
+fn padded(id: &str, bytes: usize) -> Vec<u8> {
+    let mut v = id.as_bytes().to_vec();
+    if v.len() < bytes {
+        v.push(b'|');
+        v.resize(bytes, b'.');
+    }
+    v
+}
 
 /// What the workload threads share.
 pub struct Shared {
@@ -47,9 +67,16 @@ impl Shared {
     }
 }
 
-/// `n` producer threads, each with its own keys, sending one record at a
-/// time (acks=all, idempotent, 10 s to deliver) until told to stop.
-pub fn producers(bootstrap: &str, queue: &str, n: usize, shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+/// `n` producer threads, each with its own keys, sending one record of
+/// `record_bytes` at a time (acks=all, idempotent, 10 s to deliver) until
+/// told to stop.
+pub fn producers(
+    bootstrap: &str,
+    queue: &str,
+    n: usize,
+    record_bytes: usize,
+    shared: &Arc<Shared>,
+) -> Vec<JoinHandle<()>> {
     (0..n)
         .map(|t| {
             let (bootstrap, queue, shared) = (bootstrap.to_string(), queue.to_string(), shared.clone());
@@ -77,7 +104,8 @@ pub fn producers(bootstrap: &str, queue: &str, n: usize, shared: &Arc<Shared>) -
                     seqs[k] += 1;
                     let value = format!("{}:{}", keys[k], seqs[k]);
                     shared.history().attempted.insert(value.clone());
-                    match block_on(producer.send(&queue, Some(keys[k].as_bytes()), value.as_bytes(), &[])) {
+                    let bytes = padded(&value, record_bytes);
+                    match block_on(producer.send(&queue, Some(keys[k].as_bytes()), &bytes, &[])) {
                         Ok(d) => {
                             let acked = Acked {
                                 value,
@@ -137,7 +165,7 @@ pub fn consumers(bootstrap: &str, queue: &str, group: &str, n: usize, shared: &A
                                     let mut h = shared.history();
                                     for r in &records {
                                         if let Some(v) = &r.value {
-                                            h.consumed.insert(String::from_utf8_lossy(v).into_owned());
+                                            h.consumed.insert(identity(v));
                                         }
                                     }
                                 }
@@ -208,12 +236,38 @@ pub fn read_back(bootstrap: &str, queue: &str, limit: Duration) -> Result<Vec<St
             out.push(Stored {
                 partition: r.partition,
                 offset: r.offset,
-                value: r
-                    .value
-                    .map(|v| String::from_utf8_lossy(&v).into_owned())
-                    .unwrap_or_default(),
+                value: r.value.as_deref().map(identity).unwrap_or_default(),
             });
         }
     }
     Ok(out)
+}
+
+/// The leader of `queue`'s `partition` now (none if the cluster does not
+/// say within 3 s).
+pub fn leader_of(bootstrap: &str, queue: &str, partition: u32) -> Option<u8> {
+    let (bootstrap, queue) = (bootstrap.to_string(), queue.to_string());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let leader = Admin::connect(&bootstrap)
+            .ok()
+            .and_then(|a| block_on(a.describe_queue(&queue)).ok())
+            .and_then(|d| d.partitions.into_iter().find(|p| p.partition == partition))
+            .and_then(|p| u8::try_from(p.leader).ok());
+        let _ = tx.send(leader);
+    });
+    rx.recv_timeout(Duration::from_secs(3)).ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_is_cut_off_again() {
+        assert_eq!(padded("p0k1:7", 16), b"p0k1:7|.........");
+        assert_eq!(identity(&padded("p0k1:7", 1000)), "p0k1:7");
+        assert_eq!(identity(&padded("p0k1:7", 3)), "p0k1:7");
+        assert_eq!(identity(b"p0k1:7"), "p0k1:7");
+    }
 }
