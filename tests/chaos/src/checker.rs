@@ -199,6 +199,169 @@ pub fn check(h: &History) -> Verdict {
     v
 }
 
+/// A record read back from the dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The `KEY:SEQ` it carries.
+    pub value: String,
+    /// `strand.source.partition` and `strand.source.offset`.
+    pub source: Option<(u32, u64)>,
+    /// `strand.attempts`.
+    pub attempts: Option<u32>,
+}
+
+/// What the ack-mode jobs workload saw (`jobs.rs`).
+#[derive(Debug, Default)]
+pub struct JobsHistory {
+    pub max_attempts: u32,
+    /// Every job a producer tried to send.
+    pub attempted: HashSet<String>,
+    pub acked: Vec<Acked>,
+    /// The attempt number of every delivery, per job.
+    pub deliveries: HashMap<String, Vec<u32>>,
+    /// The group's final position per partition.
+    pub positions: BTreeMap<u32, u64>,
+    /// The dead-letter queue, read back.
+    pub dead: Vec<DeadLetter>,
+}
+
+/// The jobs checker's findings:
+/// - **poison_live**: an acknowledged poison job the group's position
+///   passed that is not in the dead-letter queue (lost);
+/// - **unsettled**: an acknowledged job the group's position never passed
+///   (neither acked nor dead-lettered);
+/// - **dead_duplicates**: dead letters beyond the first of one job;
+/// - **dead_wrong**: a dead letter whose `strand.attempts` is not the
+///   queue's `max_delivery_attempts`, or whose source is not where the job
+///   was acknowledged;
+/// - **over_delivered**: a delivery numbered above `max_delivery_attempts`
+///   (a job must go to the dead-letter queue instead);
+/// - **dead_phantoms**: dead letters of jobs never sent;
+/// - **counts_back**: a job delivered twice with the same attempt number
+///   (its delivery count went back: a delivery is recorded in `__groups`
+///   before it is handed out, so each attempt number comes once).
+///
+/// Good jobs dead-lettered are counted, not violations: a job whose lock
+/// ran out `max_delivery_attempts` times (its worker paused or killed) is
+/// dead-lettered by design.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobsVerdict {
+    pub acked: usize,
+    pub poison: usize,
+    pub dead_lettered: usize,
+    pub good_dead_lettered: usize,
+    pub poison_live: usize,
+    pub unsettled: usize,
+    pub dead_duplicates: usize,
+    pub dead_wrong: usize,
+    pub over_delivered: usize,
+    pub dead_phantoms: usize,
+    pub counts_back: usize,
+    pub examples: Vec<String>,
+}
+
+impl JobsVerdict {
+    pub fn violations(&self) -> usize {
+        self.poison_live
+            + self.unsettled
+            + self.dead_duplicates
+            + self.dead_wrong
+            + self.over_delivered
+            + self.dead_phantoms
+            + self.counts_back
+    }
+}
+
+/// Judges the jobs workload; `poison` says which jobs are poison.
+pub fn check_jobs(h: &JobsHistory, poison: impl Fn(&str) -> bool) -> JobsVerdict {
+    let mut v = JobsVerdict {
+        acked: h.acked.len(),
+        dead_lettered: h.dead.len(),
+        ..JobsVerdict::default()
+    };
+    let example = |v: &mut JobsVerdict, what: String| {
+        if v.examples.len() < 10 {
+            v.examples.push(what);
+        }
+    };
+    let mut dead: HashMap<&str, Vec<&DeadLetter>> = HashMap::new();
+    for d in &h.dead {
+        dead.entry(d.value.as_str()).or_default().push(d);
+        if !h.attempted.contains(&d.value) {
+            v.dead_phantoms += 1;
+            example(&mut v, format!("{} dead-lettered but never sent", d.value));
+        }
+        if d.attempts != Some(h.max_attempts) {
+            v.dead_wrong += 1;
+            example(
+                &mut v,
+                format!(
+                    "{} dead-lettered after {:?} attempts, not {}",
+                    d.value, d.attempts, h.max_attempts
+                ),
+            );
+        }
+    }
+    for (value, copies) in &dead {
+        if copies.len() > 1 {
+            v.dead_duplicates += copies.len() - 1;
+            example(&mut v, format!("{value} dead-lettered {} times", copies.len()));
+        }
+        if !poison(value) {
+            v.good_dead_lettered += 1;
+        }
+    }
+    for a in &h.acked {
+        let bad = poison(&a.value);
+        v.poison += usize::from(bad);
+        let passed = h.positions.get(&a.partition).is_some_and(|p| *p > a.offset);
+        if !passed {
+            v.unsettled += 1;
+            example(
+                &mut v,
+                format!("job {} at {}/{} never settled", a.value, a.partition, a.offset),
+            );
+            continue;
+        }
+        match dead.get(a.value.as_str()) {
+            None if bad => {
+                v.poison_live += 1;
+                example(&mut v, format!("poison {} passed but not dead-lettered", a.value));
+            }
+            Some(copies) if copies.iter().any(|d| d.source != Some((a.partition, a.offset))) => {
+                v.dead_wrong += 1;
+                example(
+                    &mut v,
+                    format!(
+                        "{} acked at {}/{}, dead-lettered from {:?}",
+                        a.value, a.partition, a.offset, copies[0].source
+                    ),
+                );
+            }
+            _ => {}
+        }
+    }
+    for (value, attempts) in &h.deliveries {
+        if let Some(n) = attempts.iter().find(|n| **n > h.max_attempts) {
+            v.over_delivered += 1;
+            example(
+                &mut v,
+                format!("{value} delivered as attempt {n} of {}", h.max_attempts),
+            );
+        }
+        let mut seen = attempts.clone();
+        seen.sort_unstable();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            v.counts_back += 1;
+            example(
+                &mut v,
+                format!("{value} delivered as attempts {attempts:?}: its count went back"),
+            );
+        }
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +435,86 @@ mod tests {
         h.stored[1].value = "x:1".into();
         h.attempted.insert("x:1".into());
         assert_eq!(check(&h).misplaced, 1);
+    }
+
+    fn jobs() -> JobsHistory {
+        let mut h = JobsHistory {
+            max_attempts: 3,
+            ..JobsHistory::default()
+        };
+        for (i, value) in ["j0:1", "j0:10", "j1:1"].iter().enumerate() {
+            h.attempted.insert(value.to_string());
+            h.acked.push(Acked {
+                value: value.to_string(),
+                partition: 0,
+                offset: i as u64,
+                at_ms: 0,
+            });
+        }
+        h.deliveries.insert("j0:1".into(), vec![1]);
+        h.deliveries.insert("j0:10".into(), vec![1, 2, 3]);
+        h.deliveries.insert("j1:1".into(), vec![1]);
+        h.positions.insert(0, 3);
+        h.dead.push(DeadLetter {
+            value: "j0:10".into(),
+            source: Some((0, 1)),
+            attempts: Some(3),
+        });
+        h
+    }
+
+    fn poison(id: &str) -> bool {
+        id.ends_with(":10")
+    }
+
+    #[test]
+    fn a_clean_jobs_history_passes() {
+        let v = check_jobs(&jobs(), poison);
+        assert_eq!(v.violations(), 0, "{v:?}");
+        assert_eq!((v.acked, v.poison, v.dead_lettered, v.good_dead_lettered), (3, 1, 1, 0));
+    }
+
+    #[test]
+    fn every_kind_of_jobs_violation_is_found() {
+        // The poison job was never dead-lettered, though passed.
+        let mut h = jobs();
+        h.dead.clear();
+        assert_eq!(check_jobs(&h, poison).poison_live, 1);
+        // The position stopped before the last job.
+        let mut h = jobs();
+        h.positions.insert(0, 2);
+        assert_eq!(check_jobs(&h, poison).unsettled, 1);
+        // Dead-lettered twice, once with the wrong count and source.
+        let mut h = jobs();
+        h.dead.push(DeadLetter {
+            value: "j0:10".into(),
+            source: Some((0, 7)),
+            attempts: Some(2),
+        });
+        let v = check_jobs(&h, poison);
+        assert_eq!((v.dead_duplicates, v.dead_wrong), (1, 2), "{v:?}");
+        // A fourth delivery, and a dead letter of a job never sent.
+        let mut h = jobs();
+        h.deliveries.get_mut("j0:10").unwrap().push(4);
+        h.dead.push(DeadLetter {
+            value: "x:1".into(),
+            source: None,
+            attempts: Some(3),
+        });
+        let v = check_jobs(&h, poison);
+        assert_eq!((v.over_delivered, v.dead_phantoms), (1, 1), "{v:?}");
+        // An attempt number twice: the count went back.
+        let mut h = jobs();
+        h.deliveries.insert("j1:1".into(), vec![1, 2, 1]);
+        assert_eq!(check_jobs(&h, poison).counts_back, 1);
+        // A good job dead-lettered is counted, not a violation.
+        let mut h = jobs();
+        h.dead.push(DeadLetter {
+            value: "j1:1".into(),
+            source: Some((0, 2)),
+            attempts: Some(3),
+        });
+        let v = check_jobs(&h, poison);
+        assert_eq!((v.good_dead_lettered, v.violations()), (1, 0), "{v:?}");
     }
 }

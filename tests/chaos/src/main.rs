@@ -9,6 +9,7 @@
 //! - `schedule.rs`: the seeded fault schedule (pure);
 //! - `cluster.rs`: the `strand serve` processes and the faults on them;
 //! - `workload.rs`: producers, a consumer group, the read-back;
+//! - `jobs.rs`: the second workload, ack mode with poison records;
 //! - `checker.rs`: the verdict (pure).
 //!
 //! - `network.rs`: a network namespace per node, and the link faults;
@@ -32,12 +33,17 @@
 //! `nodes`, `duration_s`, `nemeses` (faults applied, by name), `acked`,
 //! `failed`, `stored`, `lost`, `misplaced`, `duplicates`, `reordered`,
 //! `phantoms`, `commits_backwards`, `unconsumed`, `unavailable_s`,
-//! `violations`. The exit status is 1 on any violation, 2 when the run
+//! `violations` (of both workloads), and with the jobs workload `jobs_acked`,
+//! `jobs_poison`, `jobs_dead_lettered`, `jobs_good_dead_lettered`,
+//! `jobs_poison_live`, `jobs_unsettled`, `jobs_dead_duplicates`,
+//! `jobs_dead_wrong`, `jobs_over_delivered`, `jobs_dead_phantoms`,
+//! `jobs_counts_back` (`checker::JobsVerdict`). The exit status is 1 on any violation, 2 when the run
 //! itself could not be carried out.
 
 mod checker;
 mod cluster;
 mod disk;
+mod jobs;
 mod network;
 mod schedule;
 mod workload;
@@ -85,7 +91,7 @@ struct RunArgs {
     strand: Option<PathBuf>,
     /// Where the nodes keep their data and logs (default: a new directory
     /// under /var/tmp, removed after a clean run unless --keep; kept after
-    /// a violation or an error).
+    /// a violation, an error, or a stretch of over 15 s without an ack).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Keep the run directory (node logs, data) afterwards.
@@ -100,6 +106,10 @@ struct RunArgs {
     /// Members of the consumer group.
     #[arg(long, default_value_t = 2)]
     consumers: usize,
+    /// Leave out the second workload (ack mode with poison records: see
+    /// `jobs.rs`).
+    #[arg(long)]
+    no_jobs: bool,
     /// Run the nodes on 127.0.0.1–N instead of network namespaces (the
     /// default when not root); only `kill` and `pause` then.
     #[arg(long)]
@@ -119,6 +129,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 const QUEUE: &str = "chaos";
+/// A run with a longer stretch without an ack keeps its directory.
+const LONG_STRETCH_MS: u64 = 15_000;
 const GROUP: &str = "chaos-readers";
 
 fn main() {
@@ -229,11 +241,23 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         ..strand_client::QueueSpec::default()
     };
     strand_client::block_on(admin.create_queue(QUEUE, &spec)).map_err(|e| format!("creating {QUEUE}: {e}"))?;
+    let with_jobs = !args.no_jobs;
+    if with_jobs {
+        jobs::create(&admin)?;
+    }
 
     let shared = workload::Shared::new();
-    let producing = workload::producers(&bootstrap, QUEUE, args.producers, args.record_bytes, &shared);
-    let consuming = workload::consumers(&bootstrap, QUEUE, GROUP, args.consumers, &shared);
+    let mut producing = workload::producers(&bootstrap, QUEUE, args.producers, args.record_bytes, &shared);
+    let mut consuming = workload::consumers(&bootstrap, QUEUE, GROUP, args.consumers, &shared);
     let sampling = workload::sampler(&bootstrap, GROUP, &shared);
+    let job_history = Arc::new(std::sync::Mutex::new(checker::JobsHistory {
+        max_attempts: jobs::MAX_ATTEMPTS,
+        ..checker::JobsHistory::default()
+    }));
+    if with_jobs {
+        producing.push(jobs::producer(&bootstrap, args.record_bytes, &shared, &job_history));
+        consuming.extend(jobs::workers(&bootstrap, 2, &shared, &job_history));
+    }
 
     let mut applied: BTreeMap<&'static str, usize> = BTreeMap::new();
     for f in &faults {
@@ -268,6 +292,11 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     if !caught_up {
         println!("the group had not read every acknowledged record after 60 s");
     }
+    // The workers settle every acknowledged job (at most 90 s).
+    let job_positions = match with_jobs {
+        true => jobs::settle(&bootstrap, &job_history, Duration::from_secs(90)),
+        false => BTreeMap::new(),
+    };
     shared.stop_consuming.store(true, Ordering::SeqCst);
     for c in consuming {
         let _ = c.join();
@@ -280,14 +309,28 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         h.ended_ms = ended_ms;
         checker::check(&h)
     };
+    let job_verdict = match with_jobs {
+        true => {
+            let dead = jobs::dead_letters(&bootstrap, Duration::from_secs(60))?;
+            let mut h = job_history.lock().unwrap_or_else(|p| p.into_inner());
+            h.positions = job_positions;
+            h.dead = dead;
+            Some(checker::check_jobs(&h, jobs::is_poison))
+        }
+        false => None,
+    };
     drop(cluster);
-    if remove_after && verdict.violations() == 0 {
+    let violations = verdict.violations() + job_verdict.as_ref().map_or(0, |j| j.violations());
+    // A stretch this long without an ack is worth a look at the node logs
+    // even when nothing was lost.
+    let long_stretch = verdict.unavailable_ms > LONG_STRETCH_MS;
+    if remove_after && violations == 0 && !long_stretch {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         println!("the run directory is kept: {}", dir.display());
     }
-    report(args, &applied, &verdict);
-    Ok(verdict.violations())
+    report(args, &applied, &verdict, job_verdict.as_ref());
+    Ok(violations)
 }
 
 /// Applies one fault and holds it, then undoes it.
@@ -360,7 +403,12 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted
     }
 }
 
-fn report(args: &RunArgs, applied: &BTreeMap<&'static str, usize>, v: &checker::Verdict) {
+fn report(
+    args: &RunArgs,
+    applied: &BTreeMap<&'static str, usize>,
+    v: &checker::Verdict,
+    jobs: Option<&checker::JobsVerdict>,
+) {
     println!(
         "acknowledged {}, failed {} (outcome unknown), stored {}; lost {}, misplaced {}, duplicates {}, \
          reordered {}, phantoms {}, commits backwards {}, never consumed {}; longest without an ack {:.1} s (from \
@@ -381,14 +429,44 @@ fn report(args: &RunArgs, applied: &BTreeMap<&'static str, usize>, v: &checker::
     for e in &v.examples {
         println!("  {e}");
     }
-    println!(
-        "{}",
-        serde_json::json!({
-            "seed": args.seed, "nodes": args.nodes, "duration_s": args.duration.as_secs(),
-            "nemeses": applied, "acked": v.acked, "failed": v.failed, "stored": v.stored, "lost": v.lost,
-            "misplaced": v.misplaced, "duplicates": v.duplicates, "reordered": v.reordered,
-            "phantoms": v.phantoms, "commits_backwards": v.commits_backwards, "unconsumed": v.unconsumed,
-            "unavailable_s": v.unavailable_ms as f64 / 1000.0, "violations": v.violations(),
-        })
-    );
+    let mut summary = serde_json::json!({
+        "seed": args.seed, "nodes": args.nodes, "duration_s": args.duration.as_secs(),
+        "nemeses": applied, "acked": v.acked, "failed": v.failed, "stored": v.stored, "lost": v.lost,
+        "misplaced": v.misplaced, "duplicates": v.duplicates, "reordered": v.reordered,
+        "phantoms": v.phantoms, "commits_backwards": v.commits_backwards, "unconsumed": v.unconsumed,
+        "unavailable_s": v.unavailable_ms as f64 / 1000.0,
+        "violations": v.violations() + jobs.map_or(0, |j| j.violations()),
+    });
+    if let Some(j) = jobs {
+        println!(
+            "jobs (ack mode): acknowledged {} ({} poison), dead-lettered {} ({} good jobs whose locks ran out); \
+             poison not dead-lettered {}, never settled {}, dead-lettered twice {}, wrong attempts or source {}, \
+             delivered past the limit {}, dead letters never sent {}, delivery counts gone back {}",
+            j.acked,
+            j.poison,
+            j.dead_lettered,
+            j.good_dead_lettered,
+            j.poison_live,
+            j.unsettled,
+            j.dead_duplicates,
+            j.dead_wrong,
+            j.over_delivered,
+            j.dead_phantoms,
+            j.counts_back
+        );
+        for e in &j.examples {
+            println!("  {e}");
+        }
+        let fields = serde_json::json!({
+            "jobs_acked": j.acked, "jobs_poison": j.poison, "jobs_dead_lettered": j.dead_lettered,
+            "jobs_good_dead_lettered": j.good_dead_lettered, "jobs_poison_live": j.poison_live,
+            "jobs_unsettled": j.unsettled, "jobs_dead_duplicates": j.dead_duplicates,
+            "jobs_dead_wrong": j.dead_wrong, "jobs_over_delivered": j.over_delivered,
+            "jobs_dead_phantoms": j.dead_phantoms, "jobs_counts_back": j.counts_back,
+        });
+        if let (Some(all), serde_json::Value::Object(more)) = (summary.as_object_mut(), fields) {
+            all.extend(more);
+        }
+    }
+    println!("{summary}");
 }

@@ -12,8 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use strand_client::{
-    block_on, Acks, Admin, Consumer, ConsumerConfig, GroupConfig, GroupConsumer, GroupStart, Producer, ProducerConfig,
-    Seek,
+    block_on, Acks, Admin, ConsumedRecord, Consumer, ConsumerConfig, GroupConfig, GroupConsumer, GroupStart, Producer,
+    ProducerConfig, Seek,
 };
 
 use crate::checker::{Acked, History, Stored};
@@ -22,7 +22,7 @@ use crate::checker::{Acked, History, Stored};
 const KEYS: usize = 8;
 
 /// The `KEY:SEQ` a record's value starts with (the padding cut off).
-fn identity(value: &[u8]) -> String {
+pub fn identity(value: &[u8]) -> String {
     let text = String::from_utf8_lossy(value);
     match text.split_once('|') {
         Some((id, _)) => id.to_string(),
@@ -31,7 +31,7 @@ fn identity(value: &[u8]) -> String {
 }
 
 /// `id`, padded with `|` and filler to `bytes` (never shorter than `id`).
-fn padded(id: &str, bytes: usize) -> Vec<u8> {
+pub fn padded(id: &str, bytes: usize) -> Vec<u8> {
     let mut v = id.as_bytes().to_vec();
     if v.len() < bytes {
         v.push(b'|');
@@ -86,14 +86,8 @@ pub fn producers(
                     delivery_timeout: Duration::from_secs(10),
                     ..ProducerConfig::default()
                 };
-                let producer = loop {
-                    match Producer::new(&bootstrap, config.clone()) {
-                        Ok(p) => break p,
-                        Err(_) if !shared.stop_producing.load(Ordering::SeqCst) => {
-                            std::thread::sleep(Duration::from_millis(200))
-                        }
-                        Err(_) => return,
-                    }
+                let Some(producer) = connect_producer(&bootstrap, config, &shared) else {
+                    return;
                 };
                 let keys: Vec<String> = (0..KEYS).map(|i| format!("p{t}k{i}")).collect();
                 let mut seqs = [0u64; KEYS];
@@ -123,6 +117,18 @@ pub fn producers(
         .collect()
 }
 
+/// A producer for `bootstrap`, tried every 200 ms until one connects (none
+/// once producing stops).
+pub fn connect_producer(bootstrap: &str, config: ProducerConfig, shared: &Shared) -> Option<Producer> {
+    loop {
+        match Producer::new(bootstrap, config.clone()) {
+            Ok(p) => return Some(p),
+            Err(_) if !shared.stop_producing.load(Ordering::SeqCst) => std::thread::sleep(Duration::from_millis(200)),
+            Err(_) => return None,
+        }
+    }
+}
+
 /// `n` members of `group` reading `queue` from the earliest record,
 /// committing after every poll that returned records, until told to stop;
 /// a member whose calls keep failing joins again.
@@ -145,40 +151,50 @@ pub fn consumers(bootstrap: &str, queue: &str, group: &str, n: usize, shared: &A
                     },
                     ..GroupConfig::default()
                 };
-                while !shared.stop_consuming.load(Ordering::SeqCst) {
-                    let Ok(mut member) = block_on(GroupConsumer::subscribe(
-                        &bootstrap,
-                        &group,
-                        &[queue.as_str()],
-                        config(),
-                    )) else {
-                        std::thread::sleep(Duration::from_millis(500));
-                        continue;
-                    };
-                    while !shared.stop_consuming.load(Ordering::SeqCst) {
-                        match block_on(member.poll()) {
-                            Ok(records) => {
-                                if records.is_empty() {
-                                    continue;
-                                }
-                                {
-                                    let mut h = shared.history();
-                                    for r in &records {
-                                        if let Some(v) = &r.value {
-                                            h.consumed.insert(identity(v));
-                                        }
-                                    }
-                                }
-                                let _ = block_on(member.commit());
+                as_member(&bootstrap, &group, &queue, config, &shared, |member| {
+                    let records = block_on(member.poll()).map_err(drop)?;
+                    if records.is_empty() {
+                        return Ok(());
+                    }
+                    {
+                        let mut h = shared.history();
+                        for r in &records {
+                            if let Some(v) = &r.value {
+                                h.consumed.insert(identity(v));
                             }
-                            Err(_) => break,
                         }
                     }
-                    let _ = block_on(member.close());
-                }
+                    let _ = block_on(member.commit());
+                    Ok(())
+                });
             })
         })
         .collect()
+}
+
+/// Runs `step` as a member of `group` (reading `queue` with `config`)
+/// until consuming stops: a member whose step fails is closed and joins
+/// again (subscribing is retried every 500 ms).
+pub fn as_member(
+    bootstrap: &str,
+    group: &str,
+    queue: &str,
+    config: impl Fn() -> GroupConfig,
+    shared: &Shared,
+    mut step: impl FnMut(&mut GroupConsumer) -> Result<(), ()>,
+) {
+    while !shared.stop_consuming.load(Ordering::SeqCst) {
+        let Ok(mut member) = block_on(GroupConsumer::subscribe(bootstrap, group, &[queue], config())) else {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        };
+        while !shared.stop_consuming.load(Ordering::SeqCst) {
+            if step(&mut member).is_err() {
+                break;
+            }
+        }
+        let _ = block_on(member.close());
+    }
 }
 
 /// Samples the group's committed positions every 500 ms until consumers
@@ -212,6 +228,19 @@ pub fn sampler(bootstrap: &str, group: &str, shared: &Arc<Shared>) -> JoinHandle
 /// Everything `queue` holds, read from each partition's log start to its
 /// high watermark (at most `limit`).
 pub fn read_back(bootstrap: &str, queue: &str, limit: Duration) -> Result<Vec<Stored>, String> {
+    Ok(read_all(bootstrap, queue, limit)?
+        .into_iter()
+        .map(|r| Stored {
+            partition: r.partition,
+            offset: r.offset,
+            value: r.value.as_deref().map(identity).unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// Every record of `queue` from each partition's log start to its high
+/// watermark (at most `limit`).
+pub fn read_all(bootstrap: &str, queue: &str, limit: Duration) -> Result<Vec<ConsumedRecord>, String> {
     let admin = Admin::connect(bootstrap).map_err(|e| e.to_string())?;
     let d = block_on(admin.describe_queue(queue)).map_err(|e| e.to_string())?;
     let want: u64 = d
@@ -230,15 +259,12 @@ pub fn read_back(bootstrap: &str, queue: &str, limit: Duration) -> Result<Vec<St
     let mut out = Vec::new();
     while (out.len() as u64) < want {
         if Instant::now() > deadline {
-            return Err(format!("read back {} of {want} records within {limit:?}", out.len()));
+            return Err(format!(
+                "read back {} of {want} records of {queue} within {limit:?}",
+                out.len()
+            ));
         }
-        for r in block_on(consumer.poll()).map_err(|e| e.to_string())? {
-            out.push(Stored {
-                partition: r.partition,
-                offset: r.offset,
-                value: r.value.as_deref().map(identity).unwrap_or_default(),
-            });
-        }
+        out.extend(block_on(consumer.poll()).map_err(|e| e.to_string())?);
     }
     Ok(out)
 }
