@@ -278,12 +278,12 @@ fn alive(c: &Cluster, via: u8, id: u8) -> bool {
 
 /// A controller voter whose disk fills loses its Raft member (openraft
 /// quits it when a log write fails) and, renewing its lease no more, is
-/// fenced. Once space is freed it comes back by itself: the member starts
-/// again from its directory and the broker registers. (Found by
-/// strand-chaos's disk-full nemesis: before, it stayed fenced until it was
-/// restarted.)
+/// fenced. It then exits (75) for its supervisor to start it again, and
+/// once space is freed a restart brings it back. (Found by strand-chaos's
+/// disk-full nemesis: before, it went on running fenced, serving a table
+/// that no longer changed.)
 #[test]
-fn a_voter_whose_disk_filled_is_back_in_the_cluster_once_space_is_freed() {
+fn a_voter_whose_disk_filled_exits_and_is_back_once_restarted_with_space() {
     let mut c = Cluster::start(3);
     // Node 3's data moves onto a small file system of its own.
     c.kill9(3);
@@ -318,13 +318,26 @@ fn a_voter_whose_disk_filled_is_back_in_the_cluster_once_space_is_freed() {
         assert!(Instant::now() < deadline, "node 3 was never fenced with its disk full");
         std::thread::sleep(Duration::from_millis(250));
     }
-    std::fs::remove_file(ballast).unwrap();
+    // It exits for its supervisor to start it again (it no longer serves
+    // a table that does not change).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !alive(&c, 1, 3) {
+    let status = loop {
+        if let Some(status) = c.nodes[2].as_mut().unwrap().child.try_wait().unwrap() {
+            break status;
+        }
         assert!(
             Instant::now() < deadline,
-            "node 3 was not back 30 s after its disk had space again"
+            "node 3 went on fenced, without its controller member"
         );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(status.code(), Some(75), "EX_TEMPFAIL: start it again");
+    c.nodes[2] = None;
+    std::fs::remove_file(ballast).unwrap();
+    c.restart(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !alive(&c, 1, 3) {
+        assert!(Instant::now() < deadline, "node 3 was not back 30 s after its restart");
         std::thread::sleep(Duration::from_millis(250));
     }
     // It serves again, with the table as it is now.

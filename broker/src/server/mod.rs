@@ -402,42 +402,31 @@ impl ControllerMember {
     /// Renews this broker's lease for the life of the broker. openraft
     /// stops a member for good on a storage error (a full disk under
     /// `__controller/raft.log`: found by strand-chaos's disk-full nemesis);
-    /// the broker would then renew its lease no more and stay fenced until
-    /// restarted. Instead the member is started again from its directory
-    /// (what a restart does) once the data directory has space, every
-    /// second until it runs.
-    async fn supervise(self, shard: Rc<Shard>, mut controller: Rc<Controller>, stop: Arc<AtomicBool>) {
-        let stopping = || stop.load(Ordering::SeqCst) || shard.stopping.get();
-        loop {
-            controller.clone().keep_alive(self.settings.clone()).await;
-            if stopping() {
-                return;
-            }
-            tracing::error!(
-                dir = %self.dir.display(),
-                "the controller member stopped (the error before this says why); it starts again from its \
-                 directory once the data directory has space"
-            );
-            loop {
-                glommio::timer::sleep(Duration::from_secs(1)).await;
-                if stopping() {
-                    return;
-                }
-                if shard.disk.space().is_some_and(|s| s.low()) {
-                    continue;
-                }
-                match self.start(&shard).await {
-                    Ok(c) => {
-                        tracing::info!("the controller member runs again; this broker registered");
-                        controller = c;
-                        break;
-                    }
-                    Err(e) => tracing::warn!("{e} (tried again in 1 s)"),
-                }
-            }
+    /// the broker would then renew its lease no more and stay fenced, its
+    /// shards serving a table that no longer changes. Instead the process
+    /// exits ([`CONTROLLER_STOPPED_EXIT`]) and its supervisor (systemd's
+    /// `Restart=`) starts it again: a restart is the well-trodden path
+    /// back (a new run, fenced and re-registered), where starting the
+    /// member again inside this process left the stopped member's tasks
+    /// and files beside the new one's — a 30-minute strand-chaos run saw
+    /// the controller's partition epochs go back after such a restart.
+    async fn supervise(self, shard: Rc<Shard>, controller: Rc<Controller>, stop: Arc<AtomicBool>) {
+        controller.keep_alive(self.settings.clone()).await;
+        if stop.load(Ordering::SeqCst) || shard.stopping.get() {
+            return;
         }
+        tracing::error!(
+            dir = %self.dir.display(),
+            "the controller member stopped (the error before this says why): exiting, to be started again once the \
+             cause (a full disk) is fixed"
+        );
+        std::process::exit(CONTROLLER_STOPPED_EXIT);
     }
 }
+
+/// The exit status of a broker whose controller member stopped on a
+/// storage error (EX_TEMPFAIL: start it again).
+pub const CONTROLLER_STOPPED_EXIT: i32 = 75;
 
 /// Accepts connections (for the whole life of the shard).
 ///

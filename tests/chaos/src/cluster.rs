@@ -227,8 +227,12 @@ impl Cluster {
 
     /// Every node running and continued. Nodes that are down start
     /// together, then each is waited for: none is ready before a majority
-    /// of the voters runs (after every node was killed at once).
+    /// of the voters runs (after every node was killed at once). A node
+    /// that exited by itself (a broker whose controller member stopped on
+    /// a full disk exits for its supervisor) counts as down: this is its
+    /// supervisor.
     pub fn heal(&mut self) -> Result<(), String> {
+        self.reap();
         let mut started = Vec::new();
         for id in 1..=self.nodes.len() as u8 {
             if self.nodes[usize::from(id - 1)].paused {
@@ -240,9 +244,32 @@ impl Cluster {
             }
         }
         for id in started {
-            self.wait_ready(id, Duration::from_secs(60))?;
+            // A start that fails (the controller busy electing, say) is
+            // tried again, as a supervisor would, up to four more times.
+            let mut tries = 1;
+            while let Err(e) = self.wait_ready(id, Duration::from_secs(60)) {
+                if tries == 5 || self.nodes[usize::from(id - 1)].child.is_some() {
+                    return Err(e);
+                }
+                println!("           ({e}; started again)");
+                std::thread::sleep(Duration::from_secs(1));
+                self.spawn(id)?;
+                tries += 1;
+            }
         }
         Ok(())
+    }
+
+    /// Forgets nodes whose process exited by itself (logged).
+    pub fn reap(&mut self) {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            let exited = node.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                println!("           (node {} exited by itself: {status}; started again)", i + 1);
+                node.child = None;
+                node.paused = false;
+            }
+        }
     }
 
     pub fn size(&self) -> u8 {

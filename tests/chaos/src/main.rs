@@ -266,6 +266,8 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         if interrupted.load(Ordering::SeqCst) {
             break;
         }
+        // As a supervisor would: a node that exited by itself starts again.
+        cluster.heal()?;
         apply(&mut cluster, f, &bootstrap, &interrupted)?;
         *applied.entry(f.nemesis.name()).or_default() += 1;
     }
