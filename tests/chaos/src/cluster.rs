@@ -34,6 +34,8 @@ pub struct Cluster {
     dir: PathBuf,
     port: u16,
     nodes: Vec<Node>,
+    /// Nodes that exited by themselves (and were started again).
+    pub exits: usize,
     /// The nodes' namespaces, when each is its own host.
     pub network: Option<Network>,
     /// The nodes' file systems, when each has its own (dropped after the
@@ -65,6 +67,7 @@ impl Cluster {
                 .collect(),
             network,
             disks: None,
+            exits: 0,
         };
         if disks {
             let dirs: Vec<PathBuf> = (1..=n).map(|id| c.node_dir(id)).collect();
@@ -268,6 +271,7 @@ impl Cluster {
                 println!("           (node {} exited by itself: {status}; started again)", i + 1);
                 node.child = None;
                 node.paused = false;
+                self.exits += 1;
             }
         }
     }

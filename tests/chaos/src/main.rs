@@ -91,7 +91,8 @@ struct RunArgs {
     strand: Option<PathBuf>,
     /// Where the nodes keep their data and logs (default: a new directory
     /// under /var/tmp, removed after a clean run unless --keep; kept after
-    /// a violation, an error, or a stretch of over 15 s without an ack).
+    /// a violation, an error, a stretch of over 15 s without an ack, or a
+    /// node that exited by itself).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Keep the run directory (node logs, data) afterwards.
@@ -321,12 +322,14 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         }
         false => None,
     };
-    drop(cluster);
     let violations = verdict.violations() + job_verdict.as_ref().map_or(0, |j| j.violations());
     // A stretch this long without an ack is worth a look at the node logs
     // even when nothing was lost.
     let long_stretch = verdict.unavailable_ms > LONG_STRETCH_MS;
-    if remove_after && violations == 0 && !long_stretch {
+    // So is a node that exited by itself.
+    let exited = cluster.exits > 0;
+    drop(cluster);
+    if remove_after && violations == 0 && !long_stretch && !exited {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         println!("the run directory is kept: {}", dir.display());
