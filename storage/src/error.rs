@@ -44,8 +44,9 @@ pub enum StorageError {
     /// broker's own reopening after a full disk) recovers what the disk
     /// holds.
     #[error(
-        "log {dir} takes no more writes after a failed write or fdatasync ({reason}); reads go on; the broker \
-         reopens it once the disk has space again (a full disk), or restart it once the cause is fixed"
+        "log {dir} takes no more writes after a failed write or fdatasync ({reason}); reads go on; after a full \
+         disk the broker reopens it by itself once there is space again, after any other failure restart the \
+         broker once the cause is fixed"
     )]
     LogFailed {
         dir: PathBuf,

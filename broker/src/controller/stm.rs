@@ -39,9 +39,6 @@ fn preferred_leader(
     successor(p, brokers, p.leader).filter(|next| !draining(next))
 }
 
-/// The replica of `p` to lead instead of `instead`: the first in the ISR
-/// that is alive, not draining if one is (maintenance yields to
-/// availability); `None` if no other ISR member is alive.
 /// Broker `id` leaves partition `p`'s ISR if it shares it, and its
 /// leadership goes to the first other alive ISR member (or to no one), each
 /// change bumping the epochs; where it alone is the ISR, it loses the
@@ -72,6 +69,9 @@ fn leave_isr(
     p.partition_epoch += 1;
 }
 
+/// The replica of `p` to lead instead of `instead`: the first in the ISR
+/// that is alive, not draining if one is (maintenance yields to
+/// availability); `None` if no other ISR member is alive.
 fn successor(
     p: &PartitionRecord,
     brokers: &std::collections::BTreeMap<NodeId, super::table::BrokerRecord>,

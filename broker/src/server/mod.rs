@@ -371,7 +371,7 @@ async fn shard_main(
     Ok(())
 }
 
-/// Shard 0's member of the controller, and how to start it again.
+/// Shard 0's member of the controller: where it lives and how it runs.
 struct ControllerMember {
     dir: std::path::PathBuf,
     settings: ControllerSettings,

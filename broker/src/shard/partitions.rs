@@ -128,9 +128,9 @@ impl Partition {
 
     /// Takes the role the table's `record` gives this node `me`: a new
     /// leader epoch makes a new role (a leader starts following its
-    /// replicas afresh); the same epoch only brings the ISR up to date.
-    /// Returns whether the high watermark moved.
-    fn adopt(&self, me: NodeId, record: &PartitionRecord, settings: &QueueSettings, lag_max_ms: u64) -> bool {
+    /// replicas afresh); the same epoch only brings the ISR up to date. A
+    /// leader's high watermark then follows what its ISR holds.
+    fn adopt(&self, me: NodeId, record: &PartitionRecord, settings: &QueueSettings, lag_max_ms: u64) {
         let epoch = record.leader_epoch;
         // The ISR, the minimum or the role may change: waiters look again.
         self.acks.notify_all();
@@ -142,7 +142,7 @@ impl Partition {
                     state.set_replicas(&record.replicas, &record.isr, mono_ms());
                     state.on_partition(record.isr.clone(), record.partition_epoch);
                 }
-                Role::Follower { leader, epoch: e } if *e == epoch && *leader == record.leader => return false,
+                Role::Follower { leader, epoch: e } if *e == epoch && *leader == record.leader => return,
                 _ if record.leader == me => {
                     let settings = LeaderSettings {
                         holds: match self.settings.fsync {
@@ -173,11 +173,11 @@ impl Partition {
                         leader: record.leader,
                         epoch,
                     };
-                    return false;
+                    return;
                 }
             }
         }
-        self.note_local()
+        self.note_local();
     }
 }
 
@@ -339,28 +339,32 @@ impl Partitions {
                 self.delete_dir(&key.0, key.1);
             }
         }
-        let mut moved = false;
         for ((queue, p), (id, settings, record)) in wanted {
             if let Some(part) = self.get(&queue, p) {
-                moved |= part.adopt(self.node_id, &record, &settings, self.replica_lag_time_max_ms);
+                part.adopt(self.node_id, &record, &settings, self.replica_lag_time_max_ms);
                 continue;
             }
             match self.open_partition(&queue, p, id, &settings).await {
-                Ok(part) => {
-                    moved |= part.adopt(self.node_id, &record, &settings, self.replica_lag_time_max_ms);
-                    self.open
-                        .borrow_mut()
-                        .entry(queue)
-                        .or_default()
-                        .insert(p, Rc::new(part));
-                }
+                Ok(part) => self.install(queue, p, part, &record),
                 Err(e) => tracing::error!(queue = %queue, partition = p, "cannot open partition: {e}"),
             }
         }
-        if moved {
-            self.new_data.notify_all();
-        }
-        // Roles may have changed: waiting fetches and acks look again.
+        self.roles_may_have_changed();
+    }
+
+    /// Puts a partition just opened here, in the role `record` gives it.
+    fn install(&self, queue: String, p: u32, part: Partition, record: &PartitionRecord) {
+        part.adopt(self.node_id, record, &part.settings, self.replica_lag_time_max_ms);
+        self.open
+            .borrow_mut()
+            .entry(queue)
+            .or_default()
+            .insert(p, Rc::new(part));
+    }
+
+    /// Roles and high watermarks may have changed: waiting fetches and
+    /// acks look again.
+    fn roles_may_have_changed(&self) {
         self.appended.notify_all();
         self.new_data.notify_all();
         self.roles_changed.notify_all();
@@ -399,18 +403,8 @@ impl Partitions {
         self.close_partition(queue, p, &part, table).await;
         let reopened = self.open_partition(queue, p, q.id, &part.settings).await?;
         let end = reopened.log.log_end();
-        let moved = reopened.adopt(self.node_id, record, &part.settings, self.replica_lag_time_max_ms);
-        self.open
-            .borrow_mut()
-            .entry(queue.to_string())
-            .or_default()
-            .insert(p, Rc::new(reopened));
-        if moved {
-            self.new_data.notify_all();
-        }
-        self.appended.notify_all();
-        self.new_data.notify_all();
-        self.roles_changed.notify_all();
+        self.install(queue.to_string(), p, reopened, record);
+        self.roles_may_have_changed();
         Ok(end)
     }
 
