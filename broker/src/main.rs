@@ -85,6 +85,17 @@ enum Command {
         #[command(flatten)]
         args: strand_broker::cli::top::TopArgs,
     },
+    /// Check this host's settings for a broker (io_uring, limits, CPUs,
+    /// disks, memory, network) and change what can be changed.
+    Tune {
+        #[command(subcommand)]
+        command: strand_broker::cli::tune::TuneCommand,
+        #[command(flatten)]
+        args: strand_broker::cli::tune::TuneArgs,
+        /// Output format: table (for people) or json (one document).
+        #[arg(long, global = true, default_value = "table", value_name = "table|json")]
+        output: String,
+    },
     /// Run a broker. Flags override the config file, which overrides defaults.
     Serve {
         /// TOML config file (its keys: broker/src/config.rs).
@@ -180,6 +191,17 @@ fn main() -> ExitCode {
         }
         Command::Consume { args, brokers } => finish(strand_broker::cli::consume::run(args, &brokers.list())),
         Command::Top { args } => finish(strand_broker::cli::top::run(args)),
+        Command::Tune { command, args, output } => match json_output(&output) {
+            Ok(json) => match strand_broker::cli::tune::run(command, args, json) {
+                strand_broker::cli::tune::TuneExit::Pass => ExitCode::SUCCESS,
+                strand_broker::cli::tune::TuneExit::RequiredFailed => ExitCode::FAILURE,
+                strand_broker::cli::tune::TuneExit::Usage(e) => {
+                    eprintln!("strand: {e}");
+                    ExitCode::from(2)
+                }
+            },
+            Err(code) => code,
+        },
         Command::Serve { config, flags, .. } => {
             let config = match BrokerConfig::load(config.as_deref(), &flags) {
                 Ok(c) => c,

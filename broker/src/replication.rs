@@ -57,6 +57,11 @@ const ISR_EVERY: Duration = Duration::from_millis(250);
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 /// The pause after a failed fetch before the next.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// A fetch failing this long (for a partition, or for all from a leader)
+/// is said in the log; shorter troubles are the usual failover churn.
+const TROUBLE_SAID_AFTER: Duration = Duration::from_secs(10);
+/// And said again this often while it lasts.
+const TROUBLE_SAID_EVERY: Duration = Duration::from_secs(30);
 
 /// Starts this shard's fetchers, ISR upkeep and checkpoints.
 pub fn start(shard: &Rc<Shard>) {
@@ -122,9 +127,85 @@ fn start_fetchers(shard: &Rc<Shard>) {
     .detach();
 }
 
+/// Fetch failures that last: each one (a partition's, or a whole fetch's
+/// from one leader) is said as a warning once it has lasted
+/// [`TROUBLE_SAID_AFTER`], again every [`TROUBLE_SAID_EVERY`], and its end
+/// once it was said. A follower that cannot catch up keeps its partition
+/// under-replicated; this says why, where a debug line per round would be
+/// either noise or invisible. Pure: the clock comes in.
+#[derive(Default)]
+struct Troubles {
+    open: HashMap<String, Trouble>,
+}
+
+struct Trouble {
+    since: std::time::Instant,
+    said: Option<std::time::Instant>,
+    message: String,
+}
+
+/// What to log about one trouble now.
+#[derive(Debug, PartialEq, Eq)]
+enum Say {
+    Nothing,
+    /// It has lasted this long, with its latest message.
+    Lasting(Duration, String),
+    /// It ended after this long (it had been said).
+    Ended(Duration),
+}
+
+impl Troubles {
+    fn failed(&mut self, what: String, message: String, now: std::time::Instant) -> Say {
+        let t = self.open.entry(what).or_insert_with(|| Trouble {
+            since: now,
+            said: None,
+            message: String::new(),
+        });
+        t.message = message;
+        let lasted = now.saturating_duration_since(t.since);
+        let due = match t.said {
+            None => lasted >= TROUBLE_SAID_AFTER,
+            Some(at) => now.saturating_duration_since(at) >= TROUBLE_SAID_EVERY,
+        };
+        if !due {
+            return Say::Nothing;
+        }
+        t.said = Some(now);
+        Say::Lasting(lasted, t.message.clone())
+    }
+
+    fn ok(&mut self, what: &str, now: std::time::Instant) -> Say {
+        match self.open.remove(what) {
+            Some(Trouble {
+                since, said: Some(_), ..
+            }) => Say::Ended(now.saturating_duration_since(since)),
+            _ => Say::Nothing,
+        }
+    }
+}
+
+/// Logs what [`Troubles`] says about `what`.
+fn say(what: &str, said: Say) {
+    match said {
+        Say::Nothing => {}
+        Say::Lasting(lasted, message) => {
+            tracing::warn!(
+                "replica fetch of {what} failing for {:.0} s: {message}",
+                lasted.as_secs_f64()
+            )
+        }
+        Say::Ended(lasted) => tracing::info!(
+            "replica fetch of {what} works again after {:.0} s",
+            lasted.as_secs_f64()
+        ),
+    }
+}
+
 /// Fetches from `leader` until this shard follows nothing of it.
 async fn fetch_from(shard: &Rc<Shard>, leader: NodeId) {
     let wait = Duration::from_millis(shard.config.replica_fetch_wait_ms);
+    let mut troubles = Troubles::default();
+    let whole = format!("everything from node {leader}");
     while !shard.stopping.get() {
         let followed: Vec<Followed> = shard
             .partitions
@@ -155,10 +236,15 @@ async fn fetch_from(shard: &Rc<Shard>, leader: NodeId) {
             wait + Duration::from_secs(5),
         )
         .await;
+        let now = std::time::Instant::now();
         let progressed = match answer {
-            Ok(frame) => apply_answer(shard, &followed, frame).await,
+            Ok(frame) => {
+                say(&whole, troubles.ok(&whole, now));
+                apply_answer(shard, &followed, frame, leader, &mut troubles).await
+            }
             Err(e) => {
                 tracing::debug!(leader, "replica fetch: {}", e.message);
+                say(&whole, troubles.failed(whole.clone(), e.message, now));
                 false
             }
         };
@@ -218,7 +304,15 @@ fn fetch_request(me: NodeId, wait: Duration, followed: &[Followed]) -> Vec<u8> {
 /// Applies a leader's answer; returns whether any partition's log end or
 /// high watermark moved (else the fetcher pauses before the next round:
 /// an error, or a divergence it cannot resolve, must not spin).
-async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) -> bool {
+async fn apply_answer(
+    shard: &Rc<Shard>,
+    followed: &[Followed],
+    frame: Frame,
+    leader: NodeId,
+    troubles: &mut Troubles,
+) -> bool {
+    let now = std::time::Instant::now();
+    let whole = format!("everything from node {leader}");
     let resp = match strand_net::message::read_body::<ReplicaFetchResponse>(&frame.body) {
         Ok(r) => r,
         Err(e) => {
@@ -227,7 +321,9 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
         }
     };
     if let Some(e) = resp.error().filter(|e| e.code() != ErrorCode::None) {
-        tracing::debug!("replica fetch refused: {}", e.message().unwrap_or_default());
+        let message = e.message().unwrap_or_default().to_string();
+        tracing::debug!("replica fetch refused: {message}");
+        say(&whole, troubles.failed(whole.clone(), message, now));
         return false;
     }
     let by_name: HashMap<(&str, u32), &Followed> =
@@ -244,13 +340,11 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
             if f.part.following().map(|(_, e)| e) != Some(f.epoch) || f.part.log.log_end() != f.fetch_offset {
                 continue;
             }
+            let what = format!("{name}/{} from node {leader}", r.partition());
             if let Some(e) = r.error().filter(|e| e.code() != ErrorCode::None) {
-                tracing::debug!(
-                    queue = name,
-                    partition = r.partition(),
-                    "replica fetch: {}",
-                    e.message().unwrap_or_default()
-                );
+                let message = format!("{:?}: {}", e.code(), e.message().unwrap_or_default());
+                tracing::debug!(queue = name, partition = r.partition(), "replica fetch: {message}");
+                say(&what, troubles.failed(what.clone(), message, now));
                 continue;
             }
             let log = &f.part.log;
@@ -273,7 +367,19 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
                     );
                 }
                 match cut(&f.part, Cut::At(to)).await {
-                    Ok(()) => progressed |= log.log_end() != f.fetch_offset,
+                    Ok(()) if log.log_end() != f.fetch_offset => progressed = true,
+                    Ok(()) => {
+                        // Nothing to cut, or not below the high watermark:
+                        // the next fetch gets the same answer.
+                        let message = format!(
+                            "the leader says this log diverges after epoch {epoch} at offset {}; it ends at {} \
+                             with high watermark {} and cannot be cut below that",
+                            r.diverging_end_offset(),
+                            log.log_end().0,
+                            log.high_watermark().0
+                        );
+                        say(&what, troubles.failed(what.clone(), message, now));
+                    }
                     Err(e) => tracing::warn!(queue = name, partition = r.partition(), "truncating: {e}"),
                 }
                 continue;
@@ -293,6 +399,7 @@ async fn apply_answer(shard: &Rc<Shard>, followed: &[Followed], frame: Frame) ->
                 }
                 continue;
             }
+            say(&what, troubles.ok(&what, now));
             let start = r.records_offset() as usize;
             let end = start.saturating_add(r.records_len() as usize);
             if end > frame.tail.len() {
@@ -480,5 +587,34 @@ async fn propose_isr(shard: &Rc<Shard>, part: &Partition, command: Command) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_fetch_trouble_is_said_once_it_lasts_then_now_and_then_and_its_end_once() {
+        let mut t = Troubles::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let p = || "q/0 from node 2".to_string();
+        assert_eq!(t.failed(p(), "NotLeader: a".into(), at(0)), Say::Nothing);
+        assert_eq!(t.failed(p(), "NotLeader: b".into(), at(9)), Say::Nothing);
+        assert_eq!(
+            t.failed(p(), "OffsetOutOfRange: c".into(), at(10)),
+            Say::Lasting(Duration::from_secs(10), "OffsetOutOfRange: c".into())
+        );
+        assert_eq!(t.failed(p(), "c".into(), at(39)), Say::Nothing);
+        assert!(matches!(t.failed(p(), "c".into(), at(40)), Say::Lasting(d, _) if d == Duration::from_secs(40)));
+        // Another partition's trouble is its own.
+        assert_eq!(t.failed("q/1 from node 2".into(), "x".into(), at(40)), Say::Nothing);
+        assert_eq!(t.ok(&p(), at(45)), Say::Ended(Duration::from_secs(45)));
+        assert_eq!(t.ok(&p(), at(46)), Say::Nothing);
+        // A short trouble that was never said ends quietly, and starts over.
+        assert_eq!(t.ok("q/1 from node 2", at(41)), Say::Nothing);
+        assert_eq!(t.failed("q/1 from node 2".into(), "x".into(), at(50)), Say::Nothing);
     }
 }

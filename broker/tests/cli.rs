@@ -536,3 +536,85 @@ fn every_argument_is_explained() {
     let text = String::from_utf8_lossy(&serve.stdout);
     assert!(!text.contains("once the metrics land"), "{text}");
 }
+
+/// `strand tune` reads and writes the host under `--root`: a fake tree
+/// here, with what a broker needs and one setting to change.
+#[test]
+fn tune_checks_applies_and_scripts_against_a_root() {
+    let root = tempfile::tempdir().unwrap();
+    let put = |path: &str, value: &str| {
+        let file = root.path().join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, value).unwrap();
+    };
+    put("/proc/sys/kernel/osrelease", "6.1.0-18-amd64");
+    put(
+        "/proc/self/limits",
+        "Max open files 1048576 1048576 files\nMax locked memory unlimited unlimited bytes\n",
+    );
+    put("/sys/devices/system/cpu/online", "0-3");
+    put("/proc/sys/vm/swappiness", "60");
+    let tune = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strand"))
+            .arg("tune")
+            .args(args)
+            .args(["--cores", "2", "--data-dir", "/var/lib/strand"])
+            .arg("--root")
+            .arg(root.path())
+            .output()
+            .unwrap()
+    };
+    let check = tune(&["check", "--output", "json"]);
+    assert!(check.status.success(), "{}{}", stdout(&check), stderr(&check));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&check)).unwrap();
+    let row = |doc: &serde_json::Value, name: &str| {
+        doc["tuners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {doc}"))
+    };
+    assert_eq!(row(&doc, "swappiness")["pass"], false);
+    assert_eq!(row(&doc, "cpu_cores")["current"], "2 shard(s); CPUs online: 0-3 (4)");
+    assert_eq!(doc["required_failed"], false);
+
+    let script = tune(&["script"]);
+    assert!(
+        stdout(&script).contains("/proc/sys/vm/swappiness"),
+        "{}",
+        stdout(&script)
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("proc/sys/vm/swappiness")).unwrap(),
+        "60"
+    );
+
+    let apply = tune(&["apply", "--output", "json"]);
+    assert!(apply.status.success(), "{}{}", stdout(&apply), stderr(&apply));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&apply)).unwrap();
+    assert_eq!(row(&doc, "swappiness")["outcome"], "changed");
+    assert_eq!(row(&doc, "swappiness")["pass"], true);
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("proc/sys/vm/swappiness")).unwrap(),
+        "1"
+    );
+
+    // A required tuner failing (more shards than CPUs) is exit 1; a root
+    // that is not a directory, exit 2.
+    put("/sys/devices/system/cpu/online", "0");
+    let check = tune(&["check"]);
+    assert_eq!(check.status.code(), Some(1), "{}", stdout(&check));
+    assert!(stdout(&check).contains("FAIL  cpu_cores"), "{}", stdout(&check));
+    let bad = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["tune", "check", "--root", "/no/such/dir"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("--root /no/such/dir: not a directory"),
+        "{}",
+        stderr(&bad)
+    );
+}

@@ -29,6 +29,7 @@ pub mod parse;
 pub mod produce;
 pub mod queue;
 pub mod top;
+pub mod tune;
 
 /// Writes to stdout. A reader gone (EPIPE, as when piped into `head`)
 /// ends the process at once with exit 0: what it wanted it has; any

@@ -58,7 +58,7 @@ impl Host {
 
 /// glommio will not start a shard under this locked-memory limit, even
 /// with CAP_IPC_LOCK.
-const MEMLOCK_MIN: u64 = 512 << 10;
+pub const MEMLOCK_MIN: u64 = 512 << 10;
 
 /// Shards when `cores` is not set: one per CPU, but no more than the
 /// machine's memory holds (each may pin `io_memory_bytes` and cache up to

@@ -280,6 +280,33 @@ impl Cluster {
         self.nodes.len() as u8
     }
 
+    /// The cluster as `strand cluster status` and `strand queue describe`
+    /// show it (each command bounded to 10 s), for a run that went wrong:
+    /// which partitions lack a leader or ISR members, at which epochs.
+    pub fn describe(&self, bootstrap: &str, queues: &[&str]) -> String {
+        let mut out = String::new();
+        let mut show = |args: &[&str]| {
+            let run = Command::new("timeout")
+                .arg("10")
+                .arg(&self.strand)
+                .args(args)
+                .args(["--brokers", bootstrap])
+                .output();
+            match run {
+                Ok(o) => {
+                    out.push_str(&String::from_utf8_lossy(&o.stdout));
+                    out.push_str(&String::from_utf8_lossy(&o.stderr));
+                }
+                Err(e) => out.push_str(&format!("strand {}: {e}\n", args.join(" "))),
+            }
+        };
+        show(&["cluster", "status"]);
+        for q in queues {
+            show(&["queue", "describe", q]);
+        }
+        out
+    }
+
     /// Waits until `done` (checked every 200 ms) or `limit`.
     pub fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
         let deadline = Instant::now() + limit;

@@ -23,6 +23,8 @@ pub const IMAGE_BYTES: u64 = 2 << 30;
 pub struct Disks {
     /// (image, mount point) of each node that has one.
     mounts: Vec<(PathBuf, PathBuf)>,
+    /// Whether dropping leaves the images (see [`Disks::keep_images`]).
+    keep_images: bool,
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
@@ -49,7 +51,10 @@ pub fn data_dir(node_dir: &Path) -> PathBuf {
 impl Disks {
     /// Makes and mounts a file system at each of `node_dirs`.
     pub fn create(node_dirs: &[PathBuf]) -> Result<Disks, String> {
-        let mut disks = Disks { mounts: Vec::new() };
+        let mut disks = Disks {
+            mounts: Vec::new(),
+            keep_images: false,
+        };
         for dir in node_dirs {
             let image = dir.with_extension("img");
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -63,6 +68,12 @@ impl Disks {
             disks.mounts.push((image, dir.clone()));
         }
         Ok(disks)
+    }
+
+    /// Leaves the images (each node's data: `mount -o loop,ro N.img DIR`
+    /// to look) in place when unmounted, for a run whose directory stays.
+    pub fn keep_images(&mut self) {
+        self.keep_images = true;
     }
 
     fn ballast(&self, node: u8) -> Option<PathBuf> {
@@ -117,7 +128,9 @@ impl Drop for Disks {
                 // goes when released.
                 let _ = run("umount", &["-l", &dir_s]);
             }
-            let _ = std::fs::remove_file(image);
+            if !self.keep_images {
+                let _ = std::fs::remove_file(image);
+            }
         }
     }
 }

@@ -293,7 +293,9 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         h.acked.iter().all(|a| h.consumed.contains(&a.value))
     });
     if !caught_up {
-        println!("the group had not read every acknowledged record after 60 s");
+        println!("the group had not read every acknowledged record after 60 s; the cluster now:");
+        let queues = [QUEUE, jobs::QUEUE, "__groups"];
+        print!("{}", cluster.describe(&bootstrap, &queues));
     }
     // The workers settle every acknowledged job (at most 90 s).
     let job_positions = match with_jobs {
@@ -328,8 +330,14 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     let long_stretch = verdict.unavailable_ms > LONG_STRETCH_MS;
     // So is a node that exited by itself.
     let exited = cluster.exits > 0;
+    let keep = !remove_after || violations > 0 || long_stretch || exited;
+    if keep {
+        if let Some(disks) = cluster.disks.as_mut() {
+            disks.keep_images();
+        }
+    }
     drop(cluster);
-    if remove_after && violations == 0 && !long_stretch && !exited {
+    if !keep {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         println!("the run directory is kept: {}", dir.display());
