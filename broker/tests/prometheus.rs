@@ -115,8 +115,8 @@ fn prometheus_scrapes_the_broker() {
 
 #[test]
 fn alert_rules_and_dashboard_use_what_the_broker_exports() {
-    let rules = repo("ansible/roles/strand/files/strand-alerts.yml");
-    let dashboard = repo("ansible/roles/strand/files/strand-dashboard.json");
+    let rules = repo("ansible/roles/monitoring/files/strand-alerts.yml");
+    let dashboard = repo("ansible/roles/monitoring/files/strand-dashboard.json");
     let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&dashboard).unwrap()).unwrap();
     let mut exprs: Vec<String> = dash["panels"]
         .as_array()
