@@ -9,7 +9,8 @@
 //!   (`Log::append_replica`), the producer table kept from them (a
 //!   follower that takes over answers a resent batch with where it was
 //!   stored), a diverged log truncated where the leader says
-//!   (`replica::fetch::truncation_point`, never below its high watermark),
+//!   (`replica::fetch::truncation_point`; below its high watermark only
+//!   where an invariant broke, with an error in the log),
 //!   a log that ends before the leader's log start started over there,
 //!   and the high watermark taken from the leader; segments wholly below the
 //!   leader's log start (its retention, a `__groups` compaction) are
@@ -44,8 +45,8 @@ use strand_storage::{FsyncPolicy, LeaderEpoch, Offset};
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use crate::controller::{Command, NodeId, ProposeError};
-use crate::replica::fetch::truncation_point;
+use crate::controller::{Command, ControllerError, NodeId, ProposeError};
+use crate::replica::fetch::{below_high_watermark, truncation_point};
 use crate::shard::partitions::{mono_ms, Partition, Role};
 use crate::shard::Shard;
 
@@ -353,11 +354,22 @@ async fn apply_answer(
                 let to = truncation_point(
                     &log.epochs(),
                     log.log_end(),
-                    log.high_watermark(),
                     LeaderEpoch(epoch),
                     Offset(r.diverging_end_offset()),
                 );
-                if to < log.log_end() {
+                if below_high_watermark(to, log.high_watermark()) {
+                    tracing::error!(
+                        queue = name,
+                        partition = r.partition(),
+                        leader,
+                        epoch,
+                        from = log.log_end().0,
+                        to = to.0,
+                        high_watermark = log.high_watermark().0,
+                        "truncating below the high watermark: the leader's log parts from this one before records \
+                         this replica saw committed (an invariant broke: report it); following the leader"
+                    );
+                } else if to < log.log_end() {
                     tracing::info!(
                         queue = name,
                         partition = r.partition(),
@@ -568,10 +580,14 @@ async fn propose_isr(shard: &Rc<Shard>, part: &Partition, command: Command) {
             Ok(()) => return,
             Err(ProposeError::Refused(e)) => {
                 tracing::info!("ISR change refused: {e}");
+                // The partition moved on: perhaps by this very proposal,
+                // committed on a try whose answer was lost
+                // (`LeaderState::on_refused`).
+                let moved_on = matches!(e, ControllerError::StaleIsrChange { .. });
                 // Only the proposal this was: a newer one may be in flight.
                 if let Role::Leader { epoch, state } = &mut *part.role.borrow_mut() {
                     if *epoch == leader_epoch && state.partition_epoch() == partition_epoch {
-                        state.on_isr(None);
+                        state.on_refused(moved_on);
                     }
                 }
                 if part.note_local() {

@@ -58,18 +58,27 @@ pub fn answer_fetch(
 /// Where a follower truncates on a `Diverging { epoch, end_offset }`
 /// answer: at the leader's end of that epoch, or at its own end of it if
 /// that comes first (its log may have a gap in epochs where the leader's
-/// has none), never past its log end, and never below its high watermark
-/// (committed records are on every ISR member; a diverging answer below it
-/// would mean an unclean election, which the controller never makes).
-pub fn truncation_point(
-    own: &EpochHistory,
-    log_end: Offset,
-    high_watermark: Offset,
-    epoch: LeaderEpoch,
-    end_offset: Offset,
-) -> Offset {
+/// has none), and never past its log end.
+///
+/// Below its high watermark too, when that is where the leader's log
+/// parts from its own, as Kafka's followers do. Committed records are on
+/// every ISR member, so a current leader (only one answers `Diverging`: a
+/// fetch in another epoch is `Fenced`) never lacks one and this never
+/// happens while that holds. Where it did not hold (a 30-minute
+/// strand-chaos run met it), the leader's log is what the partition
+/// serves; a follower that kept records the leader lacks would refuse
+/// every later answer and stay out of the ISR for good, keeping the
+/// partition under-replicated (and, under min ISR, refusing acks=all
+/// writes) while holding nothing a consumer can read. The caller says so
+/// loudly ([`below_high_watermark`]).
+pub fn truncation_point(own: &EpochHistory, log_end: Offset, epoch: LeaderEpoch, end_offset: Offset) -> Offset {
     let own_end = own.end_offset_for(epoch, log_end).map_or(log_end, |(_, end)| end);
-    end_offset.min(own_end).min(log_end).max(high_watermark.min(log_end))
+    end_offset.min(own_end).min(log_end)
+}
+
+/// Whether cutting at `to` drops records this replica saw committed.
+pub fn below_high_watermark(to: Offset, high_watermark: Offset) -> bool {
+    to < high_watermark
 }
 
 #[cfg(test)]
@@ -143,25 +152,20 @@ mod tests {
     }
 
     #[test]
-    fn truncation_stops_at_the_first_end_and_never_goes_below_the_high_watermark() {
+    fn truncation_stops_at_the_first_end_and_follows_the_leader_below_the_high_watermark() {
         // The follower wrote epoch 2 from 10 to 14 under a leader that lost.
         let own = history(&[(1, 0), (2, 10)]);
         let end = Offset(14);
-        assert_eq!(
-            truncation_point(&own, end, Offset(5), LeaderEpoch(1), Offset(10)),
-            Offset(10)
-        );
+        assert_eq!(truncation_point(&own, end, LeaderEpoch(1), Offset(10)), Offset(10));
         // The leader's epoch 1 ran further than the follower's own.
-        assert_eq!(
-            truncation_point(&own, end, Offset(5), LeaderEpoch(1), Offset(12)),
-            Offset(10)
-        );
+        assert_eq!(truncation_point(&own, end, LeaderEpoch(1), Offset(12)), Offset(10));
         // Never past its own end.
-        assert_eq!(truncation_point(&own, end, Offset(5), LeaderEpoch(2), Offset(30)), end);
-        // Never below its high watermark.
-        assert_eq!(
-            truncation_point(&own, end, Offset(11), LeaderEpoch(1), Offset(10)),
-            Offset(11)
-        );
+        assert_eq!(truncation_point(&own, end, LeaderEpoch(2), Offset(30)), end);
+        // The leader's log parts from this one below its high watermark
+        // (11): it follows the leader, and that is said.
+        let to = truncation_point(&own, end, LeaderEpoch(1), Offset(10));
+        assert_eq!(to, Offset(10));
+        assert!(below_high_watermark(to, Offset(11)));
+        assert!(!below_high_watermark(to, Offset(10)));
     }
 }

@@ -236,9 +236,9 @@ impl LeaderState {
     }
 
     /// The controller answered: `Some((isr, partition epoch))` committed
-    /// (returns whether the high watermark moved), `None` refused for sure
-    /// (a newer leader or partition epoch won) — not a lost answer: see
-    /// [`LeaderState::on_partition`].
+    /// (returns whether the high watermark moved), `None` the proposal is
+    /// over uncommitted (see [`LeaderState::on_refused`] for a refusal, and
+    /// [`LeaderState::on_partition`] for a lost answer).
     pub fn on_isr(&mut self, committed: Option<(Vec<NodeId>, u32)>) -> bool {
         self.proposed = None;
         if let Some((isr, partition_epoch)) = committed {
@@ -246,6 +246,26 @@ impl LeaderState {
             self.partition_epoch = partition_epoch;
         }
         self.advance()
+    }
+
+    /// The controller refused the proposal in flight. `moved_on`: because
+    /// the partition's epochs had moved past the ones it was made at —
+    /// which the proposal itself may have done, committed on an earlier
+    /// try whose answer was lost (the glue tries again while the
+    /// controller is unreachable). Its members then stay counted toward the
+    /// high watermark until the table at the newer epoch arrives
+    /// ([`LeaderState::on_partition`] ends it): a member it added counts
+    /// for the controller from that commit on, and may lead next. (Dropping
+    /// it here let a leader commit records that member lacked, and the
+    /// controller then elected it: acknowledged records lost, found by a
+    /// 30-minute strand-chaos run.) Otherwise (an ISR the controller found
+    /// invalid) the proposal is over. Returns whether the high watermark
+    /// moved.
+    pub fn on_refused(&mut self, moved_on: bool) -> bool {
+        if moved_on {
+            return false;
+        }
+        self.on_isr(None)
     }
 
     /// The table shows the partition's ISR at `partition_epoch`. If that is
@@ -342,6 +362,48 @@ mod tests {
         let mut l = LeaderState::new(1, &[1, 2], vec![1, 2], written, at(8, 0), Offset(0), 0);
         assert!(l.on_fetch(2, at(8, 0), 1));
         assert_eq!(l.high_watermark(), Offset(8));
+    }
+
+    #[test]
+    fn a_proposal_refused_because_the_partition_moved_on_stays_counted_until_the_table_says() {
+        // ISR {1, 2}; 3 has caught up and is proposed.
+        let mut l = LeaderState::new(1, &[1, 2, 3], vec![1, 2], SETTINGS, at(0, 0), Offset(0), 0);
+        l.on_local(at(10, 10));
+        l.on_fetch(2, at(10, 10), 1);
+        l.on_fetch(3, at(10, 10), 1);
+        assert_eq!(l.high_watermark(), Offset(10));
+        let wanted = l.wanted_isr(2).expect("3 joins");
+        assert_eq!(wanted, vec![1, 2, 3]);
+        l.proposing(wanted);
+        // The controller committed it, but the answer was lost and the
+        // retry is refused: the partition moved on (to epoch 1, by it).
+        assert!(!l.on_refused(true));
+        // 3 falls behind; 1 and 2 go on. For the controller 3 is in the
+        // ISR (it may lead next): nothing 3 lacks is committed.
+        l.on_local(at(30, 30));
+        l.on_fetch(2, at(30, 30), 3);
+        l.on_fetch(3, at(12, 12), 3);
+        assert_eq!(l.high_watermark(), Offset(12));
+        assert_eq!(l.ack(Offset(20)), Ack::Waiting);
+        assert_eq!(l.wanted_isr(4), None, "no new proposal before the table says");
+        // The table at epoch 1 ends it: 3 is in the ISR.
+        assert!(!l.on_partition(vec![1, 2, 3], 1));
+        assert_eq!(l.isr(), &[1, 2, 3]);
+        assert_eq!(l.high_watermark(), Offset(12));
+
+        // A refusal for an invalid ISR (not moved on) ends the proposal now.
+        let mut l = LeaderState::new(1, &[1, 2, 3], vec![1, 2], SETTINGS, at(0, 0), Offset(0), 0);
+        l.on_local(at(10, 10));
+        l.on_fetch(2, at(10, 10), 1);
+        l.on_fetch(3, at(10, 10), 1);
+        let wanted = l.wanted_isr(2).expect("3 joins");
+        l.proposing(wanted);
+        l.on_fetch(3, at(10, 10), 2);
+        l.on_local(at(20, 20));
+        l.on_fetch(2, at(20, 20), 3);
+        assert_eq!(l.high_watermark(), Offset(10));
+        assert!(l.on_refused(false));
+        assert_eq!(l.high_watermark(), Offset(20));
     }
 
     #[test]

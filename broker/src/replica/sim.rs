@@ -48,6 +48,7 @@ struct Node {
 }
 
 /// A leader's ISR change on its way to the controller.
+#[derive(Clone)]
 struct IsrProposal {
     leader: NodeId,
     epoch: u32,
@@ -395,12 +396,16 @@ impl Sim {
                 Answer::Refresh => self.refresh(a.follower),
                 Answer::Diverging { epoch, end_offset } => {
                     let f = self.node(a.follower);
-                    let to = truncation_point(
-                        &f.history(),
-                        Offset(a.fetched_at as u64),
-                        Offset(f.high_watermark as u64),
-                        epoch,
-                        end_offset,
+                    let to = truncation_point(&f.history(), Offset(a.fetched_at as u64), epoch, end_offset);
+                    // The committed prefix holds on every ISR member, so a
+                    // leader never parts from a follower below what it
+                    // saw committed (the broker follows and says so).
+                    assert!(
+                        !super::fetch::below_high_watermark(to, Offset(f.high_watermark as u64)),
+                        "follower {} would truncate to {} below its high watermark {}",
+                        a.follower,
+                        to.0,
+                        f.high_watermark
                     );
                     f.truncate(to.0 as usize);
                 }
@@ -440,8 +445,11 @@ impl Sim {
     }
 
     /// The controller decides the ISR proposals due by now, as the state
-    /// machine's `AlterIsr` does. One answer in five is lost: that leader
-    /// learns the outcome from its next metadata refresh.
+    /// machine's `AlterIsr` does. One answer in five is lost: the leader
+    /// tries the same proposal again (as `replication::propose_isr` does
+    /// while the controller is unreachable), and learns the outcome from
+    /// that try's answer or its next metadata refresh. A try after one that
+    /// committed is refused: the partition moved on.
     fn decide_isr(&mut self) {
         let steps = self.steps;
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.isr_in_flight)
@@ -465,11 +473,18 @@ impl Sim {
             }
             let pe = self.ctl.partition_epoch;
             if self.rng.gen_range(0..5) == 0 {
+                let again = self.steps + self.rng.gen_range(1..40);
+                self.isr_in_flight.push((again, p));
                 continue;
             }
+            let moved_on =
+                !(self.ctl.leader == Some(p.leader) && self.ctl.epoch == p.epoch && self.ctl.partition_epoch == p.saw);
             if let Some((epoch, state)) = &mut self.node(p.leader).leading {
-                if *epoch == p.epoch {
-                    state.on_isr(accepted.then_some((p.wanted, pe)));
+                if *epoch == p.epoch && state.partition_epoch() == p.saw {
+                    match accepted {
+                        true => state.on_isr(Some((p.wanted, pe))),
+                        false => state.on_refused(moved_on),
+                    };
                 }
             }
         }

@@ -324,7 +324,11 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         }
         false => None,
     };
-    let violations = verdict.violations() + job_verdict.as_ref().map_or(0, |j| j.violations());
+    // A follower that found the leader's log parting from its own below
+    // what it saw committed says so in its log (the broker follows the
+    // leader, but an invariant broke): each one is a violation.
+    let below_hw = count_in_logs(&dir, args.nodes, BELOW_HW_MARK);
+    let violations = verdict.violations() + job_verdict.as_ref().map_or(0, |j| j.violations()) + below_hw;
     // A stretch this long without an ack is worth a look at the node logs
     // even when nothing was lost.
     let long_stretch = verdict.unavailable_ms > LONG_STRETCH_MS;
@@ -342,7 +346,7 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     } else {
         println!("the run directory is kept: {}", dir.display());
     }
-    report(args, &applied, &verdict, job_verdict.as_ref());
+    report(args, &applied, &verdict, job_verdict.as_ref(), below_hw);
     Ok(violations)
 }
 
@@ -416,11 +420,24 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted
     }
 }
 
+/// What a broker logs when it truncates below its high watermark
+/// (`broker/src/replication.rs`).
+const BELOW_HW_MARK: &str = "truncating below the high watermark";
+
+/// Lines holding `mark` in the node logs of the run directory.
+fn count_in_logs(dir: &std::path::Path, nodes: u8, mark: &str) -> usize {
+    (1..=nodes)
+        .filter_map(|id| std::fs::read_to_string(dir.join(format!("node-{id}.log"))).ok())
+        .map(|log| log.lines().filter(|l| l.contains(mark)).count())
+        .sum()
+}
+
 fn report(
     args: &RunArgs,
     applied: &BTreeMap<&'static str, usize>,
     v: &checker::Verdict,
     jobs: Option<&checker::JobsVerdict>,
+    below_hw: usize,
 ) {
     println!(
         "acknowledged {}, failed {} (outcome unknown), stored {}; lost {}, misplaced {}, duplicates {}, \
@@ -442,13 +459,16 @@ fn report(
     for e in &v.examples {
         println!("  {e}");
     }
+    if below_hw > 0 {
+        println!("followers truncated below their high watermark {below_hw} time(s) (node logs: \"{BELOW_HW_MARK}\")");
+    }
     let mut summary = serde_json::json!({
         "seed": args.seed, "nodes": args.nodes, "duration_s": args.duration.as_secs(),
         "nemeses": applied, "acked": v.acked, "failed": v.failed, "stored": v.stored, "lost": v.lost,
         "misplaced": v.misplaced, "duplicates": v.duplicates, "reordered": v.reordered,
         "phantoms": v.phantoms, "commits_backwards": v.commits_backwards, "unconsumed": v.unconsumed,
-        "unavailable_s": v.unavailable_ms as f64 / 1000.0,
-        "violations": v.violations() + jobs.map_or(0, |j| j.violations()),
+        "unavailable_s": v.unavailable_ms as f64 / 1000.0, "truncated_below_hw": below_hw,
+        "violations": v.violations() + jobs.map_or(0, |j| j.violations()) + below_hw,
     });
     if let Some(j) = jobs {
         println!(
