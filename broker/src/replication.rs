@@ -20,12 +20,16 @@
 //!   on `fsync=interval` ones): its fetch offset is what the leader counts
 //!   toward the high watermark, and so toward acks=all. An answer is applied only while the partition
 //!   still follows the same leader in the same epoch from the same log
-//!   end.
+//!   end. A fetch that keeps failing (a partition's, or all of them from
+//!   one leader) is a warning once it has lasted 10 s ([`Troubles`]).
 //! - **ISR upkeep** (leader side): every 250 ms, the ISR each led
 //!   partition wants (`LeaderState::wanted_isr`) is proposed to the
 //!   controller as `AlterIsr`, fenced by the partition epoch; a lost answer
 //!   is retried with the same epoch (the controller commits it once or
-//!   refuses it), a refusal drops the proposal.
+//!   refuses it); a refusal because the partition moved on (perhaps by
+//!   this very proposal, its answer lost) keeps the proposed members
+//!   counted toward the high watermark until the table at the newer epoch
+//!   arrives (`LeaderState::on_refused`), any other refusal drops it.
 //! - **High-watermark checkpoints**: every 5 s, each partition's high
 //!   watermark and epoch history are written if they changed
 //!   (`Log::checkpoint`), so a restarted replica never shows what was not

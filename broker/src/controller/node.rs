@@ -248,13 +248,21 @@ impl Controller {
                 Ok(()) => break,
             }
         }
-        // Registered at the leader: wait until this node applied it too.
+        // Registered at the leader: wait until this node applied it too —
+        // this run's registration, not the previous run's record. A broker
+        // killed and started again within its session still shows alive at
+        // its address in the table it replays, leading what it led; served
+        // from that table it took produces as a leader the controller had
+        // replaced (its registration moves those leaderships), and with a
+        // follower as stale committed records the new leader lacked (a
+        // 30-minute strand-chaos run: a follower found its leader's log
+        // parting below its high watermark).
         let address = settings.advertised.to_string();
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
         while !self.sm.with_table(|t| {
             t.brokers
                 .get(&self.node_id)
-                .is_some_and(|b| b.alive && b.address == address)
+                .is_some_and(|b| b.alive && b.address == address && b.incarnation == self.incarnation)
         }) {
             if Instant::now() > deadline {
                 return Err(ProposeError::Unavailable(format!(
