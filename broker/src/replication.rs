@@ -179,6 +179,11 @@ impl Troubles {
         Say::Lasting(lasted, t.message.clone())
     }
 
+    /// Whether any trouble is open (else [`Troubles::ok`] has nothing to end).
+    fn any(&self) -> bool {
+        !self.open.is_empty()
+    }
+
     fn ok(&mut self, what: &str, now: std::time::Instant) -> Say {
         match self.open.remove(what) {
             Some(Trouble {
@@ -245,7 +250,7 @@ async fn fetch_from(shard: &Rc<Shard>, leader: NodeId) {
         let progressed = match answer {
             Ok(frame) => {
                 say(&whole, troubles.ok(&whole, now));
-                apply_answer(shard, &followed, frame, leader, &mut troubles).await
+                apply_answer(shard, &followed, frame, leader, &whole, &mut troubles).await
             }
             Err(e) => {
                 tracing::debug!(leader, "replica fetch: {}", e.message);
@@ -314,10 +319,10 @@ async fn apply_answer(
     followed: &[Followed],
     frame: Frame,
     leader: NodeId,
+    whole: &str,
     troubles: &mut Troubles,
 ) -> bool {
     let now = std::time::Instant::now();
-    let whole = format!("everything from node {leader}");
     let resp = match strand_net::message::read_body::<ReplicaFetchResponse>(&frame.body) {
         Ok(r) => r,
         Err(e) => {
@@ -328,7 +333,7 @@ async fn apply_answer(
     if let Some(e) = resp.error().filter(|e| e.code() != ErrorCode::None) {
         let message = e.message().unwrap_or_default().to_string();
         tracing::debug!("replica fetch refused: {message}");
-        say(&whole, troubles.failed(whole.clone(), message, now));
+        say(whole, troubles.failed(whole.to_string(), message, now));
         return false;
     }
     let by_name: HashMap<(&str, u32), &Followed> =
@@ -345,10 +350,12 @@ async fn apply_answer(
             if f.part.following().map(|(_, e)| e) != Some(f.epoch) || f.part.log.log_end() != f.fetch_offset {
                 continue;
             }
-            let what = format!("{name}/{} from node {leader}", r.partition());
+            // Named only when said or looked up: not per partition and round.
+            let what = || format!("{name}/{} from node {leader}", r.partition());
             if let Some(e) = r.error().filter(|e| e.code() != ErrorCode::None) {
                 let message = format!("{:?}: {}", e.code(), e.message().unwrap_or_default());
                 tracing::debug!(queue = name, partition = r.partition(), "replica fetch: {message}");
+                let what = what();
                 say(&what, troubles.failed(what.clone(), message, now));
                 continue;
             }
@@ -394,6 +401,7 @@ async fn apply_answer(
                             log.log_end().0,
                             log.high_watermark().0
                         );
+                        let what = what();
                         say(&what, troubles.failed(what.clone(), message, now));
                     }
                     Err(e) => tracing::warn!(queue = name, partition = r.partition(), "truncating: {e}"),
@@ -415,7 +423,10 @@ async fn apply_answer(
                 }
                 continue;
             }
-            say(&what, troubles.ok(&what, now));
+            if troubles.any() {
+                let what = what();
+                say(&what, troubles.ok(&what, now));
+            }
             let start = r.records_offset() as usize;
             let end = start.saturating_add(r.records_len() as usize);
             if end > frame.tail.len() {
