@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::size;
+use super::{bracketed, size};
 use crate::{Action, Finding, Fix, Inputs, Root};
 
 /// One line of `/proc/self/mountinfo`.
@@ -158,12 +158,7 @@ fn parse_scheduler(line: &str) -> (String, Vec<String>) {
         .split_whitespace()
         .map(|s| s.trim_matches(|c| c == '[' || c == ']').to_string())
         .collect();
-    let active = line
-        .split_whitespace()
-        .find(|s| s.starts_with('['))
-        .map(|s| s.trim_matches(|c| c == '[' || c == ']').to_string())
-        .unwrap_or_else(|| line.trim().to_string());
-    (active, offered)
+    (bracketed(line), offered)
 }
 
 /// The scheduler a disk should run: `none` on NVMe (the drive queues

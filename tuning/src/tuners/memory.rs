@@ -2,7 +2,7 @@
 //! shards allocate their pools once at start; swapping either out, or the
 //! kernel compacting pages under them, stalls a shard thread.
 
-use super::{sysctl_bound, unreadable, write_fix, Bound};
+use super::{bracketed, sysctl_bound, unreadable, write_fix, Bound};
 use crate::{Finding, Root};
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
@@ -34,11 +34,7 @@ fn transparent_hugepages(root: &Root) -> Finding {
     let Some(line) = root.read(THP) else {
         return unreadable("transparent_hugepages", why, THP, recommended, false);
     };
-    let active = line
-        .split_whitespace()
-        .find(|s| s.starts_with('['))
-        .map(|s| s.trim_matches(|c| c == '[' || c == ']').to_string())
-        .unwrap_or(line);
+    let active = bracketed(&line);
     let pass = active == "madvise" || active == "never";
     Finding {
         name: "transparent_hugepages",

@@ -82,6 +82,15 @@ fn unreadable(name: &'static str, why: &'static str, path: &str, recommended: St
     }
 }
 
+/// The active choice of a sysfs selector (`none [mq-deadline] kyber`,
+/// `always [madvise] never`): the bracketed word, else the whole value.
+fn bracketed(line: &str) -> String {
+    line.split_whitespace()
+        .find(|s| s.starts_with('['))
+        .map(|s| s.trim_matches(|c| c == '[' || c == ']').to_string())
+        .unwrap_or_else(|| line.trim().to_string())
+}
+
 /// `0-3,8,10-11` → [0, 1, 2, 3, 8, 10, 11] (the kernel's CPU list format).
 fn parse_cpu_list(list: &str) -> Vec<usize> {
     let mut cpus = Vec::new();
