@@ -388,6 +388,12 @@ impl Partitions {
         }
     }
 
+    /// The bytes one segment of a queue with `settings` takes on disk here
+    /// (its own segment size, or the broker's).
+    pub fn segment_bytes(&self, settings: &QueueSettings) -> u64 {
+        log_config(settings, &self.log_base).segment_bytes_max
+    }
+
     /// Closes partition `p` of `queue` and opens it again from what its
     /// directory holds (as a restart would), in the role `table` gives it:
     /// how a log that failed on a full disk comes back once space is

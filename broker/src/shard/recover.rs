@@ -5,7 +5,10 @@
 //! (`StorageError::LogFailed`): it takes no more writes, and reads go on
 //! below what was written. Every [`RECOVER_EVERY`], while the last look at
 //! the data directory finds it above its free-space threshold
-//! (`disk.rs`), each such partition is closed and opened again from what
+//! (`disk.rs`) and with room for one more of its segments (with the
+//! threshold off, a log would otherwise be reopened every round while the
+//! disk is still full, and fail again at its next write), each such
+//! partition is closed and opened again from what
 //! its directory holds, as a restart would (`Partitions::reopen`), and
 //! takes the role the table gives it.
 //!
@@ -36,14 +39,15 @@ pub const RECOVER_EVERY: Duration = Duration::from_secs(1);
 impl Shard {
     /// One round (see the module doc).
     pub async fn recover_logs_after_full_disk(self: &Rc<Self>) {
-        if self.disk.space().is_none_or(|s| s.low()) {
+        let Some(space) = self.disk.space().filter(|s| !s.low()) else {
             return;
-        }
+        };
         let failed: Vec<_> = self
             .partitions
             .all()
             .into_iter()
             .filter(|(_, part)| part.log.failed_for_space())
+            .filter(|(_, part)| space.free >= self.partitions.segment_bytes(&part.settings))
             .collect();
         for ((queue, p), part) in failed {
             if let Some(epoch) = part.leading() {
