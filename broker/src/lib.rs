@@ -32,10 +32,13 @@
 //! - [`peer`]: links to the other brokers of a cluster (pipelined, every
 //!   call with a deadline, completed on the calling shard).
 //! - [`config`]: defaults < TOML file < flags.
+//! - [`lease`]: this broker's own lease with the controller (while it
+//!   does not hold, its leaders acknowledge nothing), and the monotonic
+//!   clock.
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 //!
 //! Dependencies point one way (no module imports one that imports it):
-//! config, routing, controller, metrics, frame_io (leaves;
+//! config, routing, lease, controller, metrics, frame_io (leaves;
 //! replica uses only the controller's ids)
 //! ← shard (which uses replica) ← router ← leaders, replication ← groups
 //! ← handlers
@@ -49,6 +52,7 @@ mod frame_io;
 pub mod groups;
 mod handlers;
 mod leaders;
+pub mod lease;
 pub mod metrics;
 pub mod peer;
 pub mod replica;

@@ -165,20 +165,9 @@ fn acks_all_fails_while_both_followers_are_paused_and_succeeds_once_they_resume(
     let c = Cluster::start_with(3, QUICK_ISR);
     let leader = c.create_replicated("paused", 1)[0] as u8;
     let followers: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
-    let producer = |delivery_timeout| {
-        let config = ProducerConfig {
-            acks: Acks::All,
-            delivery_timeout,
-            request_timeout: Duration::from_secs(2),
-            ..ProducerConfig::default()
-        };
-        Producer::new(&c.addr(leader).to_string(), config).unwrap()
-    };
+    let producer = |delivery_timeout| acks_all_to(&c, leader, delivery_timeout, Duration::from_secs(2));
     block_on(producer(Duration::from_secs(10)).send("paused", None, b"before", &[])).unwrap();
-    for f in &followers {
-        c.node(*f).signal(libc::SIGSTOP);
-    }
-    let result = std::panic::catch_unwind(|| {
+    while_paused(&c, &followers, || {
         // No in-sync replica but the leader answers: never acknowledged
         // (the ISR cannot shrink either: the controller has lost its
         // majority).
@@ -189,15 +178,90 @@ fn acks_all_fails_while_both_followers_are_paused_and_succeeds_once_they_resume(
         );
         eprintln!("while paused: {err}");
     });
-    for f in &followers {
-        c.node(*f).signal(libc::SIGCONT);
-    }
-    result.unwrap();
     // Resumed: acknowledged again, and consumers see it.
     let d = block_on(producer(Duration::from_secs(30)).send("paused", None, b"after", &[])).unwrap();
     let got = read_all(&c.addr(leader).to_string(), "paused", d.offset.unwrap() as usize + 1);
     assert_eq!(got.values().next().map(Vec::as_slice), Some(&b"before"[..]));
     assert_eq!(got.get(&(0, d.offset.unwrap())).map(Vec::as_slice), Some(&b"after"[..]));
+}
+
+/// Bug 8 of strand-chaos (seed 42, 30 minutes): a leader cut off from
+/// the controller went on acknowledging after the controller had fenced
+/// it and elected another leader. Now a broker holds its own lease
+/// (`strand_broker::lease`): cut off from the controller's majority for
+/// longer than `broker_session_ms`, it takes and acknowledges nothing,
+/// even for a partition whose only replica it is (before, these went on
+/// being acknowledged with no controller at all); renewed, it goes on.
+#[test]
+fn a_leader_cut_off_from_the_controller_acknowledges_nothing_once_its_lease_ran_out() {
+    let _turn = turn();
+    let c = Cluster::start_with(3, QUICK_ISR);
+    c.strand(
+        1,
+        &[
+            "queue",
+            "create",
+            "cut",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let leader = loop {
+        let leaders = metadata(&mut c.client(1), Some("cut")).leaders;
+        if let [l] = leaders[..] {
+            if l != 0 {
+                break l as u8;
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader for cut: {leaders:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let others: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
+    let producer = |delivery_timeout| acks_all_to(&c, leader, delivery_timeout, Duration::from_secs(1));
+    block_on(producer(Duration::from_secs(10)).send("cut", None, b"before", &[])).unwrap();
+    // The controller loses its majority: the leader's renewals fail.
+    while_paused(&c, &others, || {
+        // A whole session (3 s) and more.
+        std::thread::sleep(Duration::from_millis(3500));
+        let err = block_on(producer(Duration::from_secs(2)).send("cut", None, b"during", &[])).unwrap_err();
+        eprintln!("with its lease run out: {err}");
+        assert!(err.to_string().contains("lease"), "refused for its lease: {err}");
+    });
+    // The controller back: renewed, it takes records again.
+    let d = block_on(producer(Duration::from_secs(30)).send("cut", None, b"after", &[])).unwrap();
+    assert_eq!(d.offset, Some(1), "the refused record was never stored");
+    let got = read_all(&c.addr(leader).to_string(), "cut", 2);
+    let values: Vec<&[u8]> = got.values().map(Vec::as_slice).collect();
+    assert_eq!(values, [&b"before"[..], &b"after"[..]]);
+}
+
+/// An acks=all producer that sends to node `node` only.
+fn acks_all_to(c: &Cluster, node: u8, delivery_timeout: Duration, request_timeout: Duration) -> Producer {
+    let config = ProducerConfig {
+        acks: Acks::All,
+        delivery_timeout,
+        request_timeout,
+        ..ProducerConfig::default()
+    };
+    Producer::new(&c.addr(node).to_string(), config).unwrap()
+}
+
+/// Runs `check` while `nodes` are paused (SIGSTOP), and resumes them
+/// before its panic, if any, goes on.
+fn while_paused(c: &Cluster, nodes: &[u8], check: impl FnOnce() + std::panic::UnwindSafe) {
+    for id in nodes {
+        c.node(*id).signal(libc::SIGSTOP);
+    }
+    let result = std::panic::catch_unwind(check);
+    for id in nodes {
+        c.node(*id).signal(libc::SIGCONT);
+    }
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 #[test]

@@ -31,6 +31,7 @@ use super::network::{to_json, Links, Refusal, PROPOSE_TIMEOUT};
 use super::runtime::GlommioRuntime;
 use super::stm::{Command, ControllerError, MetadataStm};
 use super::store::{LogStore, Publish, StateMachineStore, TypeConfig};
+use crate::lease::{mono_ms, OwnLease};
 
 /// Why a proposal did not apply.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +135,10 @@ pub struct Controller {
     incarnation: u64,
     /// A lease renewal of this broker's is on its way.
     beating: std::cell::Cell<bool>,
+    /// This broker's lease as it counts it (`crate::lease`): moved on by
+    /// every renewal that succeeds.
+    own_lease: OwnLease,
+    session_ms: u64,
 }
 
 impl Controller {
@@ -141,7 +146,12 @@ impl Controller {
     /// a voter, initialises the group with the voters. It serves the other
     /// members from now on ([`Controller::serve`]); [`Controller::join`]
     /// then waits until it can be used.
-    pub async fn open(dir: &Path, settings: &Settings, publish: Publish) -> Result<Controller, ProposeError> {
+    pub async fn open(
+        dir: &Path,
+        settings: &Settings,
+        publish: Publish,
+        own_lease: OwnLease,
+    ) -> Result<Controller, ProposeError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
         let node_id = settings.node_id;
         let log = LogStore::open(dir)
@@ -187,6 +197,8 @@ impl Controller {
             leaving: std::cell::Cell::new(false),
             incarnation: new_incarnation(),
             beating: std::cell::Cell::new(false),
+            own_lease,
+            session_ms: settings.broker_session_ms,
         })
     }
 
@@ -355,8 +367,18 @@ impl Controller {
     }
 
     /// This broker's lease renewal, at the leader (here, or over a peer link),
-    /// within `within`.
+    /// within `within`. One that succeeds holds this broker's own lease
+    /// from the time it was first sent (`crate::lease`).
     async fn heartbeat(&self, settings: &Settings, within: Duration) -> Result<(), ProposeError> {
+        let sent_ms = mono_ms();
+        let renewed = self.heartbeat_once(settings, within).await;
+        if renewed.is_ok() {
+            self.own_lease.renewed(sent_ms, self.session_ms);
+        }
+        renewed
+    }
+
+    async fn heartbeat_once(&self, settings: &Settings, within: Duration) -> Result<(), ProposeError> {
         let request = Heartbeat {
             id: self.node_id,
             address: settings.advertised.to_string(),
@@ -393,7 +415,11 @@ impl Controller {
 
     /// At the leader: renews broker `request.id`'s lease and registers it
     /// (alive) when the lease is new or the table does not show it alive at
-    /// that address.
+    /// that address. It answers only once a quorum has confirmed that this
+    /// member still leads (a committed registration, or a round of
+    /// heartbeats): a leader deposed without knowing it must not grant a
+    /// renewal, since the broker then holds its own lease (`crate::lease`)
+    /// past the session the new leader gives it.
     async fn renew_lease(&self, request: &Heartbeat) -> Result<(), ProposeError> {
         // Refused before it takes a lease (the state machine refuses it too).
         if request.id == 0 {
@@ -423,8 +449,20 @@ impl Controller {
                 incarnation: request.incarnation,
             })
             .await?;
+            return Ok(());
         }
-        Ok(())
+        let within = Duration::from_millis(self.session_ms);
+        match GlommioRuntime::timeout(within, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(ProposeError::Unavailable(format!(
+                "renewing broker {}'s lease: this member could not confirm it leads: {e}",
+                request.id
+            ))),
+            Err(_) => Err(ProposeError::Unavailable(format!(
+                "renewing broker {}'s lease: this member could not confirm it leads within {within:?}",
+                request.id
+            ))),
+        }
     }
 
     /// While this member leads: fences every broker alive in the table whose
@@ -618,9 +656,10 @@ impl Controller {
         }
     }
 
-    /// [`Controller::open`], then [`Controller::join`].
+    /// [`Controller::open`], then [`Controller::join`], with a lease of its
+    /// own that no shard reads.
     pub async fn start(dir: &Path, settings: &Settings, publish: Publish) -> Result<Controller, ProposeError> {
-        let controller = Controller::open(dir, settings, publish).await?;
+        let controller = Controller::open(dir, settings, publish, OwnLease::default()).await?;
         controller.join(settings).await?;
         Ok(controller)
     }
@@ -818,6 +857,40 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn registering_and_every_renewal_hold_this_brokers_own_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let lease = OwnLease::default();
+            let publish: Publish = Rc::new(|_: &MetadataTable| {});
+            let c = Controller::open(&path, &one_node(7), publish, lease.clone())
+                .await
+                .unwrap();
+            assert!(!lease.holds(), "no lease before the broker registers");
+            let before = mono_ms();
+            c.join(&one_node(7)).await.unwrap();
+            assert!(lease.holds(), "registered: the lease holds");
+            assert!(lease.until_ms() >= before + 3000 - 3000 / 16);
+            assert!(lease.until_ms() <= mono_ms() + 3000);
+            let registered = lease.until_ms();
+            glommio::timer::sleep(Duration::from_millis(30)).await;
+            // A renewal of a known broker: confirmed by a (one-member)
+            // quorum, and the lease moves on.
+            c.heartbeat(&one_node(7), Duration::from_secs(1)).await.unwrap();
+            assert!(
+                lease.until_ms() >= registered + 30,
+                "renewed: {} after {registered}",
+                lease.until_ms()
+            );
+            c.shutdown().await;
+            // A member that stopped renews nothing: the lease stays as it was.
+            let last = lease.until_ms();
+            c.heartbeat(&one_node(7), Duration::from_millis(200)).await.unwrap_err();
+            assert_eq!(lease.until_ms(), last);
+        });
     }
 
     #[test]

@@ -573,6 +573,103 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 mod tests {
     use super::*;
 
+    /// A tmpfs of `kib` KiB mounted on a directory of its own (needs root,
+    /// as the full-disk tests in `tests/full_disk.rs` do); unmounted when
+    /// dropped.
+    struct SmallTmpfs(tempfile::TempDir);
+
+    impl SmallTmpfs {
+        fn mount(kib: u64) -> SmallTmpfs {
+            let dir = tempfile::tempdir().unwrap();
+            let out = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "strand-test"])
+                .arg(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+            SmallTmpfs(dir)
+        }
+    }
+
+    impl Drop for SmallTmpfs {
+        fn drop(&mut self) {
+            // Busy while a file dropped on the executor is still being
+            // closed: tried again, then detached lazily.
+            let umount = |args: &[&str]| {
+                std::process::Command::new("umount")
+                    .args(args)
+                    .arg(self.0.path())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            for _ in 0..20 {
+                if umount(&[]) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            umount(&["-l"]);
+        }
+    }
+
+    fn entry(index: u64, payload: EntryPayload<TypeConfig>) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload,
+        }
+    }
+
+    /// Bug 9 of strand-chaos (disk-full nemesis): a write that failed
+    /// halfway had moved the log's length on, and a later small record (a
+    /// vote's commit, once retention had freed space) landed beyond the
+    /// torn one; a restart then refused the whole log (a corrupt record
+    /// with records after it) and the node could not start again. Now the
+    /// log takes no write after a failed one, and a reopen drops the torn
+    /// tail.
+    #[test]
+    fn after_a_failed_write_the_log_takes_no_more_and_reopens_without_the_torn_record() {
+        let fs = SmallTmpfs::mount(64);
+        let root = fs.0.path().to_path_buf();
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                let dir = root.join("__controller");
+                let log = LogStore::open(&dir).await.unwrap();
+                log.write_records(vec![LogRecord::Entry(entry(1, EntryPayload::Blank))])
+                    .await
+                    .unwrap();
+                // The file system full to its last page.
+                let ballast = root.join("ballast");
+                {
+                    use std::io::Write;
+                    let mut f = std::fs::File::create(&ballast).unwrap();
+                    while f.write_all(&[0u8; 4096]).is_ok() {}
+                }
+                let big = Command::DeleteQueue {
+                    name: "x".repeat(16 << 10),
+                };
+                let failed = log
+                    .write_records(vec![LogRecord::Entry(entry(2, EntryPayload::Normal(big)))])
+                    .await
+                    .unwrap_err();
+                eprintln!("the big record: {failed}");
+                // Space is back; a small record must not land after the torn one.
+                std::fs::remove_file(&ballast).unwrap();
+                let refused = log
+                    .write_records(vec![LogRecord::Committed(Some(entry(1, EntryPayload::Blank).log_id))])
+                    .await
+                    .unwrap_err();
+                assert!(refused.to_string().contains("no more writes"), "{refused}");
+                drop(log);
+                let reopened = LogStore::open(&dir).await.expect("the log opens again");
+                let inner = reopened.inner.borrow();
+                assert_eq!(inner.entries.keys().copied().collect::<Vec<_>>(), [1]);
+                assert_eq!(inner.committed, None);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
     #[test]
     fn records_round_trip_and_a_torn_tail_is_dropped() {
         let mut buf = Vec::new();

@@ -61,6 +61,9 @@ struct Lifecycle {
     metrics_fd: Option<std::os::fd::RawFd>,
     /// The controller leader shard 0's member knows of (0: none).
     controller_leader: Arc<AtomicU64>,
+    /// This broker's lease: shard 0's member renews it, every shard's
+    /// leaders check it.
+    lease: crate::lease::OwnLease,
     /// Set by shard 0 once a stopping broker has handed its leaderships
     /// over (or found nothing to hand over); the other shards serve until
     /// then.
@@ -176,6 +179,7 @@ fn run_locked(
     let drained = Arc::new(AtomicUsize::new(0));
     let metadata_ready = Arc::new(AtomicBool::new(false));
     let controller_leader = Arc::new(AtomicU64::new(0));
+    let lease = crate::lease::OwnLease::default();
     let handed_off = Arc::new(AtomicBool::new(false));
     let mesh = Mesh::full(usize::from(shards), config.shard_channel_capacity);
     let (events_tx, events) = mpsc::channel();
@@ -188,6 +192,7 @@ fn run_locked(
             metadata_ready: metadata_ready.clone(),
             metrics_fd: metrics_fd.filter(|_| id == 0),
             controller_leader: controller_leader.clone(),
+            lease: lease.clone(),
             handed_off: handed_off.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
@@ -295,7 +300,7 @@ async fn shard_main(
         .await
         .map_err(|e| e.to_string())?;
     let (senders, receivers) = mesh.join().await.map_err(|_| "joining the shard mesh".to_string())?;
-    let partitions = Partitions::new(storage, &config, id, shards);
+    let partitions = Partitions::new(storage, &config, id, shards, lifecycle.lease.clone());
     let shard = Rc::new(Shard::new(
         id,
         shards,
@@ -337,6 +342,7 @@ async fn shard_main(
             settings,
             publish,
             leader: lifecycle.controller_leader.clone(),
+            lease: lifecycle.lease.clone(),
         };
         let controller = member.start(&shard).await?;
         glommio::spawn_local(member.supervise(shard.clone(), controller, lifecycle.stop.clone())).detach();
@@ -377,6 +383,7 @@ struct ControllerMember {
     settings: ControllerSettings,
     publish: crate::controller::Publish,
     leader: Arc<AtomicU64>,
+    lease: crate::lease::OwnLease,
 }
 
 impl ControllerMember {
@@ -384,7 +391,7 @@ impl ControllerMember {
     /// then on: they elect a leader together), follows its leader, and
     /// joins: the log applied, this broker registered.
     async fn start(&self, shard: &Rc<Shard>) -> Result<Rc<Controller>, String> {
-        let controller = Controller::open(&self.dir, &self.settings, self.publish.clone())
+        let controller = Controller::open(&self.dir, &self.settings, self.publish.clone(), self.lease.clone())
             .await
             .map_err(|e| format!("starting the controller: {e}"))?;
         let controller = Rc::new(controller);
@@ -574,8 +581,14 @@ fn start_timers(shard: &Rc<Shard>) {
     .detach();
     let s = shard.clone();
     glommio::spawn_local(async move {
+        let mut lease_held = s.partitions.lease.holds();
         while !s.stopping.get() {
             s.disk.refresh(&s.config.data_dir, s.config.min_free_bytes);
+            let holds = s.partitions.lease.holds();
+            if holds != lease_held {
+                lease_held = holds;
+                s.lease_changed(holds);
+            }
             glommio::timer::sleep(crate::shard::disk::CHECK_EVERY).await;
         }
     })

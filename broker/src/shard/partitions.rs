@@ -25,6 +25,8 @@ use strand_storage::notify::Notify;
 use strand_storage::{FsyncPolicy, Log, LogConfig, Offset, ShardStorage};
 
 use crate::controller::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueSettings, NO_LEADER};
+pub use crate::lease::mono_ms;
+use crate::lease::OwnLease;
 use crate::replica::leader::{Holds, LeaderSettings, LeaderState, Position};
 use crate::routing::{shard_for, ShardId};
 
@@ -36,12 +38,6 @@ pub enum Role {
     /// It follows `leader` ([`NO_LEADER`]: the partition is offline) in
     /// leader epoch `epoch`.
     Follower { leader: NodeId, epoch: u32 },
-}
-
-/// Milliseconds on a monotonic clock (the replication rules' time).
-pub fn mono_ms() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64
 }
 
 /// An open partition.
@@ -62,6 +58,10 @@ pub struct Partition {
     /// the shard-wide `Partitions::new_data`: a high watermark moving on
     /// one partition must not wake every waiter of the shard.)
     pub acks: Notify,
+    /// This broker's lease with the controller: while it does not hold,
+    /// the high watermark consumers see stays where it is
+    /// (`crate::lease`).
+    lease: OwnLease,
 }
 
 impl Partition {
@@ -105,10 +105,12 @@ impl Partition {
         self.moved(hw, moved)
     }
 
-    /// Moves the log's high watermark to the leader's `hw`; wakes acks=all
-    /// waiters if either moved (`state_moved`: the leader's own).
+    /// Moves the log's high watermark to the leader's `hw` while this
+    /// broker holds its lease (without it, the controller may have given
+    /// the leadership to a replica that lacks those records); wakes
+    /// acks=all waiters if either moved (`state_moved`: the leader's own).
     fn moved(&self, hw: Offset, state_moved: bool) -> bool {
-        let moved = self.log.advance_high_watermark(hw) || state_moved;
+        let moved = (self.lease.holds() && self.log.advance_high_watermark(hw)) || state_moved;
         if moved {
             self.acks.notify_all();
         }
@@ -208,6 +210,8 @@ pub struct Partitions {
     pub roles_changed: Notify,
     /// A follower leaves the ISR after this long without catching up.
     replica_lag_time_max_ms: u64,
+    /// This broker's lease with the controller (`crate::lease`).
+    pub lease: OwnLease,
 }
 
 /// The log settings of a queue: its own, over the broker's `base`. A queue
@@ -235,7 +239,13 @@ pub fn log_config(settings: &QueueSettings, base: &LogConfig) -> LogConfig {
 }
 
 impl Partitions {
-    pub fn new(storage: ShardStorage, config: &crate::config::BrokerConfig, shard: ShardId, shards: u16) -> Partitions {
+    pub fn new(
+        storage: ShardStorage,
+        config: &crate::config::BrokerConfig,
+        shard: ShardId,
+        shards: u16,
+        lease: OwnLease,
+    ) -> Partitions {
         Partitions {
             storage,
             data_dir: config.data_dir.clone(),
@@ -249,6 +259,7 @@ impl Partitions {
             appended: Notify::default(),
             roles_changed: Notify::default(),
             replica_lag_time_max_ms: config.replica_lag_time_max_ms,
+            lease,
         }
     }
 
@@ -277,6 +288,20 @@ impl Partitions {
             .values()
             .flat_map(|parts| parts.values().cloned())
             .collect()
+    }
+
+    /// This broker's lease holds again after it had run out: every
+    /// partition it leads moves the high watermark consumers see to the
+    /// leader's, held back meanwhile (`Partition::moved`); wakes the long
+    /// polls if one moved.
+    pub fn lease_renewed(&self) {
+        let mut moved = false;
+        for part in self.logs() {
+            moved |= part.note_local();
+        }
+        if moved {
+            self.new_data.notify_all();
+        }
     }
 
     fn remove(&self, queue: &str, partition: u32) {
@@ -464,6 +489,7 @@ impl Partitions {
                 epoch: 0,
             }),
             acks: Notify::default(),
+            lease: self.lease.clone(),
         })
     }
 
