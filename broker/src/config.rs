@@ -58,7 +58,13 @@
 //! and fences (in the table, through Raft) a broker whose lease is older
 //! than `broker_session_ms`. A new leader gives every broker a whole
 //! session from its election, so a controller failover fences nobody.
-//! Six heartbeats per session leave room for a busy host.
+//! Six heartbeats per session leave room for a busy host. A broker also
+//! counts its own lease (`crate::lease`): without a renewal for 15/16 of
+//! a session its leaders take and acknowledge nothing, since the
+//! controller may have fenced it; a controller failover that takes longer
+//! than that (3.2–4.0 s above) refuses produce for the rest of it
+//! (clients retry). A longer session shortens that window and lengthens
+//! the time to fence a dead broker.
 //!
 //! `spin_before_park_us` is the latency/CPU trade of a thread-per-core
 //! broker: while a shard polls, a request is picked up without a wake-up

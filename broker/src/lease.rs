@@ -15,8 +15,8 @@
 //! So a broker counts its lease too, from its side:
 //!
 //! - A renewal that succeeded was granted by the controller leader after
-//!   it was sent, and the leader confirmed with a quorum that it still
-//!   led (`Controller::renew_lease`): the leader's lease for this broker
+//!   it was sent, and that leader then confirmed with a quorum that it
+//!   still led (`Controller::renew_lease`): its lease for this broker
 //!   runs at least until *send time + session*, and a newer leader gives
 //!   every broker a whole session from a first look that comes later.
 //!   The broker holds its lease until *send time + session − session/16*

@@ -50,8 +50,9 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use crate::controller::{Command, ControllerError, NodeId, ProposeError};
+use crate::lease::mono_ms;
 use crate::replica::fetch::{below_high_watermark, truncation_point};
-use crate::shard::partitions::{mono_ms, Partition, Role};
+use crate::shard::partitions::{Partition, Role};
 use crate::shard::Shard;
 
 /// Bytes a follower asks for per partition and fetch.

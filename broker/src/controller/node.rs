@@ -138,7 +138,9 @@ pub struct Controller {
     /// This broker's lease as it counts it (`crate::lease`): moved on by
     /// every renewal that succeeds.
     own_lease: OwnLease,
-    session_ms: u64,
+    /// How long another broker's renewal may take here (two of its beats:
+    /// it gives up on an answer after that).
+    renewal_within: Duration,
 }
 
 impl Controller {
@@ -198,7 +200,7 @@ impl Controller {
             incarnation: new_incarnation(),
             beating: std::cell::Cell::new(false),
             own_lease,
-            session_ms: settings.broker_session_ms,
+            renewal_within: Duration::from_millis(2 * settings.broker_heartbeat_ms),
         })
     }
 
@@ -373,7 +375,7 @@ impl Controller {
         let sent_ms = mono_ms();
         let renewed = self.heartbeat_once(settings, within).await;
         if renewed.is_ok() {
-            self.own_lease.renewed(sent_ms, self.session_ms);
+            self.own_lease.renewed(sent_ms, settings.broker_session_ms);
         }
         renewed
     }
@@ -390,7 +392,10 @@ impl Controller {
         let mut payload = None;
         while Instant::now() < deadline {
             match self.leader() {
-                Leader::Here => return self.renew_lease(&request).await,
+                Leader::Here => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    return self.renew_lease(&request, left).await;
+                }
                 Leader::At(addr) => {
                     let payload = payload.get_or_insert_with(|| to_json(&request));
                     match self
@@ -415,12 +420,14 @@ impl Controller {
 
     /// At the leader: renews broker `request.id`'s lease and registers it
     /// (alive) when the lease is new or the table does not show it alive at
-    /// that address. It answers only once a quorum has confirmed that this
-    /// member still leads (a committed registration, or a round of
-    /// heartbeats): a leader deposed without knowing it must not grant a
-    /// renewal, since the broker then holds its own lease (`crate::lease`)
-    /// past the session the new leader gives it.
-    async fn renew_lease(&self, request: &Heartbeat) -> Result<(), ProposeError> {
+    /// that address. It answers only once a quorum has confirmed, after the
+    /// lease was renewed here, that this member still leads (a round of
+    /// heartbeats, within `within`; also after a registration, which
+    /// `propose` may have had another leader commit): a leader deposed
+    /// without knowing it must not grant a renewal, since the broker then
+    /// holds its own lease (`crate::lease`) past the session the new leader
+    /// gives it.
+    async fn renew_lease(&self, request: &Heartbeat, within: Duration) -> Result<(), ProposeError> {
         // Refused before it takes a lease (the state machine refuses it too).
         if request.id == 0 {
             return Err(ProposeError::Refused(ControllerError::InvalidBrokerId));
@@ -449,9 +456,7 @@ impl Controller {
                 incarnation: request.incarnation,
             })
             .await?;
-            return Ok(());
         }
-        let within = Duration::from_millis(self.session_ms);
         match GlommioRuntime::timeout(within, self.raft.ensure_linearizable()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(ProposeError::Unavailable(format!(
@@ -787,7 +792,7 @@ impl Controller {
                 if !matches!(self.leader(), Leader::Here) {
                     return Err(self.not_leader(self.raft.metrics().borrow().current_leader));
                 }
-                match self.renew_lease(&request).await {
+                match self.renew_lease(&request, self.renewal_within).await {
                     Ok(()) => Ok(to_json(&Ok::<(), ControllerError>(()))),
                     Err(ProposeError::Refused(e)) => Ok(to_json(&Err::<(), ControllerError>(e))),
                     Err(ProposeError::Unavailable(message)) => Err(Refusal {

@@ -581,18 +581,13 @@ fn start_timers(shard: &Rc<Shard>) {
     .detach();
     let s = shard.clone();
     glommio::spawn_local(async move {
-        let mut lease_held = s.partitions.lease.holds();
         while !s.stopping.get() {
             s.disk.refresh(&s.config.data_dir, s.config.min_free_bytes);
-            let holds = s.partitions.lease.holds();
-            if holds != lease_held {
-                lease_held = holds;
-                s.lease_changed(holds);
-            }
             glommio::timer::sleep(crate::shard::disk::CHECK_EVERY).await;
         }
     })
     .detach();
+    glommio::spawn_local(shard.clone().watch_lease()).detach();
     let s = shard.clone();
     glommio::spawn_local(async move {
         while !s.stopping.get() {

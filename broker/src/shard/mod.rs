@@ -22,6 +22,7 @@
 //! of the layers above (groups, handlers, server).
 
 pub mod disk;
+mod lease;
 pub mod messages;
 mod metadata;
 pub mod partitions;

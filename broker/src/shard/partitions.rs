@@ -16,7 +16,7 @@
 //! again while this node was down has a new id, so its old data is removed
 //! instead of being served as the new queue's.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -25,8 +25,7 @@ use strand_storage::notify::Notify;
 use strand_storage::{FsyncPolicy, Log, LogConfig, Offset, ShardStorage};
 
 use crate::controller::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueSettings, NO_LEADER};
-pub use crate::lease::mono_ms;
-use crate::lease::OwnLease;
+use crate::lease::{mono_ms, OwnLease};
 use crate::replica::leader::{Holds, LeaderSettings, LeaderState, Position};
 use crate::routing::{shard_for, ShardId};
 
@@ -60,8 +59,9 @@ pub struct Partition {
     pub acks: Notify,
     /// This broker's lease with the controller: while it does not hold,
     /// the high watermark consumers see stays where it is
-    /// (`crate::lease`).
+    /// (`crate::lease`), and `held_back` (the shard's) is set.
     lease: OwnLease,
+    held_back: Rc<Cell<bool>>,
 }
 
 impl Partition {
@@ -110,7 +110,15 @@ impl Partition {
     /// the leadership to a replica that lacks those records); wakes
     /// acks=all waiters if either moved (`state_moved`: the leader's own).
     fn moved(&self, hw: Offset, state_moved: bool) -> bool {
-        let moved = (self.lease.holds() && self.log.advance_high_watermark(hw)) || state_moved;
+        let advanced = if self.lease.holds() {
+            self.log.advance_high_watermark(hw)
+        } else {
+            if hw > self.log.high_watermark() {
+                self.held_back.set(true);
+            }
+            false
+        };
+        let moved = advanced || state_moved;
         if moved {
             self.acks.notify_all();
         }
@@ -212,6 +220,9 @@ pub struct Partitions {
     replica_lag_time_max_ms: u64,
     /// This broker's lease with the controller (`crate::lease`).
     pub lease: OwnLease,
+    /// Set when a partition of this shard held its high watermark back
+    /// because the lease did not hold (`Partition::moved`).
+    held_back: Rc<Cell<bool>>,
 }
 
 /// The log settings of a queue: its own, over the broker's `base`. A queue
@@ -260,6 +271,7 @@ impl Partitions {
             roles_changed: Notify::default(),
             replica_lag_time_max_ms: config.replica_lag_time_max_ms,
             lease,
+            held_back: Rc::new(Cell::new(false)),
         }
     }
 
@@ -290,11 +302,14 @@ impl Partitions {
             .collect()
     }
 
-    /// This broker's lease holds again after it had run out: every
-    /// partition it leads moves the high watermark consumers see to the
-    /// leader's, held back meanwhile (`Partition::moved`); wakes the long
-    /// polls if one moved.
-    pub fn lease_renewed(&self) {
+    /// Once the lease holds, if a partition held its high watermark back
+    /// while it did not (`Partition::moved`): every partition this shard
+    /// leads moves the high watermark consumers see to the leader's, and
+    /// the long polls wake if one moved.
+    pub fn release_held_back(&self) {
+        if !self.lease.holds() || !self.held_back.replace(false) {
+            return;
+        }
         let mut moved = false;
         for part in self.logs() {
             moved |= part.note_local();
@@ -490,6 +505,7 @@ impl Partitions {
             }),
             acks: Notify::default(),
             lease: self.lease.clone(),
+            held_back: self.held_back.clone(),
         })
     }
 

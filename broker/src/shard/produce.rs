@@ -36,9 +36,7 @@ impl Shard {
         let Some(epoch) = part.leading() else {
             return Err(not_leader(part));
         };
-        if let Some(lapsed) = self.lease_lapsed() {
-            return Err(lapsed);
-        }
+        self.check_lease()?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         // Refused before anything is appended while too few replicas are in
         // sync: nothing stored that cannot be acknowledged.
@@ -94,6 +92,8 @@ impl Shard {
                 if part.leading() != Some(epoch) {
                     return Err(not_leader(part));
                 }
+                // And the lease may have run out.
+                self.check_lease()?;
                 append_once(part, batch, LeaderEpoch(epoch)).await?
             };
             // Followers waiting for records fetch them now.
@@ -139,6 +139,8 @@ impl Shard {
             commit.await.map_err(storage_error)?;
             if acks == -1 {
                 self.wait_replicated(part, epoch, last.last_offset, deadline).await?;
+            } else {
+                self.check_lease()?;
             }
         } else {
             glommio::spawn_local(async move {
@@ -185,7 +187,13 @@ impl Shard {
                 // Not answered as committed without the lease: the
                 // controller may have fenced this broker and elected a
                 // leader that lacks the records.
-                Ack::Committed => return self.lease_lapsed().map_or(Ok(()), Err),
+                Ack::Committed => {
+                    self.check_lease()?;
+                    // Consumers see them too (a high watermark held back
+                    // while the lease ran out moves on).
+                    self.partitions.release_held_back();
+                    return Ok(());
+                }
                 Ack::NotEnoughReplicas => return Err(check_insync(part).err().unwrap_or_else(|| not_leader(part))),
                 Ack::Waiting => {}
             }
@@ -206,49 +214,6 @@ impl Shard {
             })
             .await;
         }
-    }
-}
-
-impl Shard {
-    /// This broker's lease with the controller ran out (`holds` false) or
-    /// holds again: said once per node (by shard 0), and the high
-    /// watermarks held back meanwhile move on.
-    pub fn lease_changed(&self, holds: bool) {
-        if self.id.0 == 0 && self.serving.get() {
-            if holds {
-                tracing::info!("this broker's lease with the controller holds again: its leaders take records");
-            } else {
-                tracing::warn!(
-                    "this broker's lease with the controller ran out (no renewal within broker_session_ms): its \
-                     leaders take and acknowledge no records until it renews"
-                );
-            }
-        }
-        if holds {
-            self.partitions.lease_renewed();
-        }
-    }
-
-    /// `NotLeader` while this broker does not hold its lease with the
-    /// controller (`crate::lease`).
-    fn lease_lapsed(&self) -> Option<WireError> {
-        let lease = &self.partitions.lease;
-        let now = crate::lease::mono_ms();
-        if lease.holds_at(now) {
-            return None;
-        }
-        let since = match lease.until_ms() {
-            0 => "it has not renewed it since it started".to_string(),
-            until => format!("it ran out {} ms ago", now.saturating_sub(until)),
-        };
-        Some(WireError::new(
-            ErrorCode::NotLeader,
-            format!(
-                "broker {} does not hold its lease with the controller ({since}): its leaderships may have moved, \
-                 and it takes and acknowledges no records until it renews; retry",
-                self.config.node_id
-            ),
-        ))
     }
 }
 
