@@ -473,8 +473,12 @@ fn a_paused_voter_blocks_no_proposal_and_no_call() {
     let leader = agreed_leader(&c, &[1, 2, 3]);
     let others: Vec<u8> = (1..=3).filter(|id| *id != leader).collect();
     let paused = others[0];
-    // A queue with a partition on every node, the paused one's included.
+    // A queue with a partition on every node, the paused one's included,
+    // known to every node (the one asked below may apply it a moment after
+    // the leader answered).
     create_through(&c, leader, "spread", 3);
+    let leaders = metadata(&mut c.client(leader), Some("spread")).leaders;
+    until_all_see(&c, &[1, 2, 3], "spread", &leaders);
     c.node(paused).signal(libc::SIGSTOP);
     let result = std::panic::catch_unwind(|| {
         // A call that needs the paused node ends with an error within its

@@ -394,7 +394,13 @@ impl Controller {
             match self.leader() {
                 Leader::Here => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    return self.renew_lease(&request, left).await;
+                    match self.renew_lease(&request, left).await {
+                        // Not the leader after all (a member started again
+                        // believes its old term for a moment), or no quorum
+                        // yet: ask again, wherever the leader is then.
+                        Err(ProposeError::Unavailable(why)) => last_error = why,
+                        answered => return answered,
+                    }
                 }
                 Leader::At(addr) => {
                     let payload = payload.get_or_insert_with(|| to_json(&request));
