@@ -42,15 +42,47 @@ pub fn mono_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
-/// This broker's lease: until when it holds it, in [`mono_ms`]. Shared by
+/// This run's lease: the run (its incarnation, which the broker registers
+/// with) and until when it holds the lease, in [`mono_ms`]. Shared by
 /// every shard of the process (one atomic).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct OwnLease {
     /// Held before this millisecond; 0: never renewed.
     until_ms: Arc<AtomicU64>,
+    incarnation: u64,
+}
+
+impl Default for OwnLease {
+    fn default() -> OwnLease {
+        OwnLease::new()
+    }
+}
+
+/// A random id for this run of the broker process (never 0, which
+/// tables written before incarnations existed hold).
+fn new_incarnation() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mixed = (nanos ^ (u64::from(std::process::id()) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    mixed.max(1)
 }
 
 impl OwnLease {
+    /// A new run's lease, not held yet.
+    pub fn new() -> OwnLease {
+        OwnLease {
+            until_ms: Arc::new(AtomicU64::new(0)),
+            incarnation: new_incarnation(),
+        }
+    }
+
+    /// This run of the broker process (`BrokerRecord::incarnation` once
+    /// registered).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// A renewal sent at `sent_ms` succeeded: the lease holds until
     /// `sent_ms + session − session/16` (never earlier than an earlier
     /// renewal made it).

@@ -551,6 +551,17 @@ fn start_isr_upkeep(shard: &Rc<Shard>) {
                             *isr != now
                         })
                         .map(|isr| {
+                            tracing::info!(
+                                queue = %queue,
+                                partition,
+                                epoch = *epoch,
+                                partition_epoch = state.partition_epoch(),
+                                from = ?state.isr(),
+                                to = ?isr,
+                                high_watermark = state.high_watermark().0,
+                                followers = ?state.follower_positions(),
+                                "proposing an ISR change"
+                            );
                             state.proposing(isr.clone());
                             Command::AlterIsr {
                                 queue: queue.clone(),

@@ -85,16 +85,6 @@ enum Forwarded {
     AskAgain(String),
 }
 
-/// A random id for this run of the broker process (never 0, which
-/// tables written before incarnations existed hold).
-fn new_incarnation() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mixed = (nanos ^ (u64::from(std::process::id()) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    mixed.max(1)
-}
-
 /// How this node's member runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -197,7 +187,7 @@ impl Controller {
             sm,
             leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
             leaving: std::cell::Cell::new(false),
-            incarnation: new_incarnation(),
+            incarnation: own_lease.incarnation(),
             beating: std::cell::Cell::new(false),
             own_lease,
             renewal_within: Duration::from_millis(2 * settings.broker_heartbeat_ms),

@@ -175,6 +175,15 @@ impl LeaderState {
             .collect()
     }
 
+    /// What each follower holds as the leader last heard: (id, log end,
+    /// fdatasync'd), for the logs.
+    pub fn follower_positions(&self) -> Vec<(NodeId, u64, u64)> {
+        self.followers
+            .iter()
+            .map(|(id, f)| (*id, f.at.log_end.0, f.at.flushed.0))
+            .collect()
+    }
+
     /// The leader's own log moved (an append, a write, an fdatasync).
     /// Returns whether the high watermark moved.
     pub fn on_local(&mut self, at: Position) -> bool {

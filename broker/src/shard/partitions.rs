@@ -140,7 +140,14 @@ impl Partition {
     /// leader epoch makes a new role (a leader starts following its
     /// replicas afresh); the same epoch only brings the ISR up to date. A
     /// leader's high watermark then follows what its ISR holds.
-    fn adopt(&self, me: NodeId, record: &PartitionRecord, settings: &QueueSettings, lag_max_ms: u64) {
+    fn adopt(
+        &self,
+        name: (&str, u32),
+        me: NodeId,
+        record: &PartitionRecord,
+        settings: &QueueSettings,
+        lag_max_ms: u64,
+    ) {
         let epoch = record.leader_epoch;
         // The ISR, the minimum or the role may change: waiters look again.
         self.acks.notify_all();
@@ -148,6 +155,9 @@ impl Partition {
             let mut role = self.role.borrow_mut();
             match &mut *role {
                 Role::Leader { epoch: e, state } if *e == epoch && record.leader == me => {
+                    if record.partition_epoch > state.partition_epoch() {
+                        self.say_role(name, record, "leading: the ISR changed", state.high_watermark());
+                    }
                     state.set_min_insync(settings.min_insync());
                     state.set_replicas(&record.replicas, &record.isr, mono_ms());
                     state.on_partition(record.isr.clone(), record.partition_epoch);
@@ -176,9 +186,11 @@ impl Partition {
                         mono_ms(),
                     )
                     .at_partition_epoch(record.partition_epoch);
+                    self.say_role(name, record, "leading", self.log.high_watermark());
                     *role = Role::Leader { epoch, state };
                 }
                 _ => {
+                    self.say_role(name, record, "following", self.log.high_watermark());
                     *role = Role::Follower {
                         leader: record.leader,
                         epoch,
@@ -188,6 +200,24 @@ impl Partition {
             }
         }
         self.note_local();
+    }
+
+    /// Says (INFO) what this replica of `name` became under `record`: the
+    /// sequence strand-chaos's runs are read by.
+    fn say_role(&self, name: (&str, u32), record: &PartitionRecord, role: &'static str, high_watermark: Offset) {
+        let (queue, partition) = name;
+        tracing::info!(
+            queue,
+            partition,
+            epoch = record.leader_epoch,
+            partition_epoch = record.partition_epoch,
+            leader = record.leader,
+            isr = ?record.isr,
+            log_end = self.log.log_end().0,
+            flushed = self.log.flushed_offset().0,
+            high_watermark = high_watermark.0,
+            "{role}"
+        );
     }
 }
 
@@ -319,6 +349,28 @@ impl Partitions {
         }
     }
 
+    /// `record` as this run may act on it: a table that does not show this
+    /// run's registration (its incarnation) comes from before it — the
+    /// controller log replayed at start-up, applied by the shards a moment
+    /// later — and its leaderships of this node are not this run's (its
+    /// registration moves them). Led by this node there, the partition is
+    /// led by no one here until a table of this run's says otherwise.
+    /// (Taking the lead from such a table, a restarted node went through
+    /// an old ISR of itself alone and moved its high watermark over its
+    /// whole log, records the others never had included: strand-chaos,
+    /// seed 42, "truncating below the high watermark" after restarts.)
+    fn as_this_run(&self, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
+        let mut record = record.clone();
+        let registered = table
+            .brokers
+            .get(&self.node_id)
+            .is_some_and(|b| b.incarnation == self.lease.incarnation());
+        if record.leader == self.node_id && !registered {
+            record.leader = NO_LEADER;
+        }
+        record
+    }
+
     fn remove(&self, queue: &str, partition: u32) {
         let mut open = self.open.borrow_mut();
         if let Some(parts) = open.get_mut(queue) {
@@ -343,7 +395,10 @@ impl Partitions {
             for (p, record) in q.partitions.iter().enumerate() {
                 let p = p as u32;
                 if record.replicas.contains(&self.node_id) && shard_for(&q.name, p, self.shards) == self.shard {
-                    wanted.insert((q.name.clone(), p), (q.id, q.settings.clone(), record.clone()));
+                    wanted.insert(
+                        (q.name.clone(), p),
+                        (q.id, q.settings.clone(), self.as_this_run(table, record)),
+                    );
                 }
             }
         }
@@ -381,7 +436,13 @@ impl Partitions {
         }
         for ((queue, p), (id, settings, record)) in wanted {
             if let Some(part) = self.get(&queue, p) {
-                part.adopt(self.node_id, &record, &settings, self.replica_lag_time_max_ms);
+                part.adopt(
+                    (&queue, p),
+                    self.node_id,
+                    &record,
+                    &settings,
+                    self.replica_lag_time_max_ms,
+                );
                 continue;
             }
             match self.open_partition(&queue, p, id, &settings).await {
@@ -394,7 +455,13 @@ impl Partitions {
 
     /// Puts a partition just opened here, in the role `record` gives it.
     fn install(&self, queue: String, p: u32, part: Partition, record: &PartitionRecord) {
-        part.adopt(self.node_id, record, &part.settings, self.replica_lag_time_max_ms);
+        part.adopt(
+            (&queue, p),
+            self.node_id,
+            record,
+            &part.settings,
+            self.replica_lag_time_max_ms,
+        );
         self.open
             .borrow_mut()
             .entry(queue)
@@ -446,6 +513,7 @@ impl Partitions {
             .and_then(|q| Some((q, q.partitions.get(p as usize)?)))
             .filter(|(q, r)| q.id == part.queue_id && r.replicas.contains(&self.node_id))
             .ok_or("no longer a replica here")?;
+        let record = &self.as_this_run(table, record);
         self.close_partition(queue, p, &part, table).await;
         let reopened = self.open_partition(queue, p, q.id, &part.settings).await?;
         let end = reopened.log.log_end();
