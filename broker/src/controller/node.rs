@@ -121,12 +121,10 @@ pub struct Controller {
     /// more (a renewal would register it alive again after its
     /// `ShutdownBroker`).
     leaving: std::cell::Cell<bool>,
-    /// This run of the broker process (random, never 0).
-    incarnation: u64,
     /// A lease renewal of this broker's is on its way.
     beating: std::cell::Cell<bool>,
     /// This broker's lease as it counts it (`crate::lease`): moved on by
-    /// every renewal that succeeds.
+    /// every renewal that succeeds. Its incarnation is this run's.
     own_lease: OwnLease,
     /// How long another broker's renewal may take here (two of its beats:
     /// it gives up on an answer after that).
@@ -187,7 +185,6 @@ impl Controller {
             sm,
             leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
             leaving: std::cell::Cell::new(false),
-            incarnation: own_lease.incarnation(),
             beating: std::cell::Cell::new(false),
             own_lease,
             renewal_within: Duration::from_millis(2 * settings.broker_heartbeat_ms),
@@ -266,7 +263,7 @@ impl Controller {
         while !self.sm.with_table(|t| {
             t.brokers
                 .get(&self.node_id)
-                .is_some_and(|b| b.alive && b.address == address && b.incarnation == self.incarnation)
+                .is_some_and(|b| b.alive && b.address == address && b.incarnation == self.own_lease.incarnation())
         }) {
             if Instant::now() > deadline {
                 return Err(ProposeError::Unavailable(format!(
@@ -339,7 +336,7 @@ impl Controller {
         while self.beating.get() && Instant::now() < deadline {
             glommio::timer::sleep(Duration::from_millis(10)).await;
         }
-        self.incarnation
+        self.own_lease.incarnation()
     }
 
     /// Where the leader is, from this member's Raft metrics.
@@ -375,7 +372,7 @@ impl Controller {
             id: self.node_id,
             address: settings.advertised.to_string(),
             shards: settings.shards,
-            incarnation: self.incarnation,
+            incarnation: self.own_lease.incarnation(),
         };
         let deadline = Instant::now() + within;
         let mut last_error = String::from("no controller leader");

@@ -337,9 +337,11 @@ impl Partitions {
     /// leads moves the high watermark consumers see to the leader's, and
     /// the long polls wake if one moved.
     pub fn release_held_back(&self) {
-        if !self.lease.holds() || !self.held_back.replace(false) {
+        // The flag first: this runs for every acks=all answer.
+        if !self.held_back.get() || !self.lease.holds() {
             return;
         }
+        self.held_back.set(false);
         let mut moved = false;
         for part in self.logs() {
             moved |= part.note_local();

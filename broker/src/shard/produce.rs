@@ -36,7 +36,6 @@ impl Shard {
         let Some(epoch) = part.leading() else {
             return Err(not_leader(part));
         };
-        self.check_lease()?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         // Refused before anything is appended while too few replicas are in
         // sync: nothing stored that cannot be acknowledged.
@@ -92,7 +91,7 @@ impl Shard {
                 if part.leading() != Some(epoch) {
                     return Err(not_leader(part));
                 }
-                // And the lease may have run out.
+                // Nor without the lease (`crate::lease`).
                 self.check_lease()?;
                 append_once(part, batch, LeaderEpoch(epoch)).await?
             };
