@@ -362,15 +362,7 @@ impl Partitions {
     /// whole log, records the others never had included: strand-chaos,
     /// seed 42, "truncating below the high watermark" after restarts.)
     fn as_this_run(&self, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
-        let mut record = record.clone();
-        let registered = table
-            .brokers
-            .get(&self.node_id)
-            .is_some_and(|b| b.incarnation == self.lease.incarnation());
-        if record.leader == self.node_id && !registered {
-            record.leader = NO_LEADER;
-        }
-        record
+        as_run(self.node_id, self.lease.incarnation(), table, record)
     }
 
     fn remove(&self, queue: &str, partition: u32) {
@@ -599,5 +591,72 @@ impl Partitions {
                 tracing::warn!(queue = %queue, partition = p, "closing: {e}");
             }
         }
+    }
+}
+
+/// [`Partitions::as_this_run`] for node `node` in its run `incarnation`.
+fn as_run(node: NodeId, incarnation: u64, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
+    let mut record = record.clone();
+    let registered = table.brokers.get(&node).is_some_and(|b| b.incarnation == incarnation);
+    if record.leader == node && !registered {
+        record.leader = NO_LEADER;
+    }
+    record
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::BrokerRecord;
+
+    fn broker(id: NodeId, incarnation: u64) -> BrokerRecord {
+        BrokerRecord {
+            id,
+            address: format!("127.0.0.1:{}", 9400 + id),
+            shards: 1,
+            alive: true,
+            incarnation,
+            draining: false,
+            decommissioning: false,
+        }
+    }
+
+    fn led_by(leader: NodeId) -> PartitionRecord {
+        PartitionRecord {
+            replicas: vec![1, 2, 3],
+            leader,
+            leader_epoch: 7,
+            isr: vec![leader],
+            partition_epoch: 9,
+            target: None,
+        }
+    }
+
+    /// Bug 10 (strand-chaos, seed 42): a restarted node replays tables of
+    /// its earlier run in which it led with an ISR of itself alone; it must
+    /// not lead from them, or it moves its high watermark over records the
+    /// others never had.
+    #[test]
+    fn a_node_takes_no_leadership_from_a_table_of_an_earlier_run() {
+        let this_run = 0xBEEF;
+        let mut table = MetadataTable::default();
+        // Replayed: the node registered under its previous run.
+        table.brokers.insert(1, broker(1, 0xDEAD));
+        table.brokers.insert(2, broker(2, 5));
+        let seen = as_run(1, this_run, &table, &led_by(1));
+        assert_eq!(seen.leader, NO_LEADER);
+        assert_eq!(
+            (seen.leader_epoch, &seen.isr),
+            (7, &vec![1]),
+            "the rest as the table says"
+        );
+        // Another's leadership stands (the node follows it).
+        assert_eq!(as_run(1, this_run, &table, &led_by(2)), led_by(2));
+        // Not registered at all yet: no leadership either.
+        table.brokers.remove(&1);
+        assert_eq!(as_run(1, this_run, &table, &led_by(1)).leader, NO_LEADER);
+        // Once the table shows this run's registration, it leads.
+        table.brokers.insert(1, broker(1, this_run));
+        assert_eq!(as_run(1, this_run, &table, &led_by(1)), led_by(1));
     }
 }
