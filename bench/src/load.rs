@@ -177,6 +177,10 @@ pub struct Args {
     /// idempotent: at most 5, and a retry never reorders records).
     #[arg(long, default_value_t = strand_client::IDEMPOTENT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// Produce requests in flight per connection: batches for a connection
+    /// at its limit wait and go together, many partitions per request.
+    #[arg(long, default_value_t = strand_client::DEFAULT_MAX_REQUESTS_PER_CONNECTION)]
+    pub max_requests_per_connection: usize,
     /// Closed loop: records each producer may have unacknowledged (produce)
     /// or not yet received by the consumer (e2e, one producer); 1: one
     /// message in flight. Not with --rate.
@@ -385,6 +389,7 @@ fn run_producers(
                             batch_bytes: args.batch_bytes,
                             linger: Duration::from_millis(args.linger_ms),
                             max_in_flight_per_partition: args.max_in_flight.max(1),
+                            max_requests_per_connection: args.max_requests_per_connection.max(1),
                             ..ProducerConfig::default()
                         },
                     )
@@ -817,6 +822,7 @@ mod tests {
             count: Some(3000),
             rate: None,
             max_in_flight: 2,
+            max_requests_per_connection: strand_client::DEFAULT_MAX_REQUESTS_PER_CONNECTION,
             in_flight: None,
             broker_pid: None,
             passes: 1,

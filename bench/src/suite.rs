@@ -34,8 +34,9 @@
 //! where those are frequent, the latency tail is the machine's (see
 //! `baseline`'s CPU stalls); the records per produce request; the broker
 //! process's own busy cores (`/proc/PID/stat`, `sN_broker_cores`) beside
-//! the machine's; and its fdatasyncs per second
-//! (`strand_fsync_latency_seconds_count`, `sN_fsyncs_per_s`). It stops
+//! the machine's; and its flushes per second: fdatasyncs and write-through
+//! writes (`strand_fsync_latency_seconds_count` +
+//! `strand_write_through_writes_total`, `sN_fsyncs_per_s`). It stops
 //! the broker, removes its data, prints a markdown report and, last, one
 //! JSON line: `produce_vs_durable_limit` (= (1) MiB/s ÷ min(durable disk
 //! write, loopback): what the disk can take durably into new file space,
@@ -230,6 +231,7 @@ fn load_args(addr: &str) -> load::Args {
         count: None,
         rate: None,
         max_in_flight: strand_client::IDEMPOTENT_MAX_IN_FLIGHT,
+        max_requests_per_connection: strand_client::DEFAULT_MAX_REQUESTS_PER_CONNECTION,
         in_flight: None,
         broker_pid: None,
         passes: 1,
@@ -314,7 +316,8 @@ pub(crate) struct Counters {
     pub(crate) produce_requests: f64,
     /// `strand_produce_bytes_total`.
     produce_bytes: f64,
-    /// `strand_fsync_latency_seconds_count`: fdatasyncs of every log.
+    /// `strand_fsync_latency_seconds_count` + `strand_write_through_writes_total`:
+    /// every log's flushes, fdatasyncs and write-through writes.
     fsyncs: f64,
     /// The broker process's CPU seconds (not from its metrics: set by
     /// `OwnBroker::counters_and_cpu`).
@@ -328,7 +331,8 @@ impl Counters {
             stalls_off_cpu: sum_of(text, "strand_reactor_stalls_off_cpu_total"),
             produce_requests: sum_of(text, "strand_produce_requests_total"),
             produce_bytes: sum_of(text, "strand_produce_bytes_total"),
-            fsyncs: sum_of(text, "strand_fsync_latency_seconds_count"),
+            fsyncs: sum_of(text, "strand_fsync_latency_seconds_count")
+                + sum_of(text, "strand_write_through_writes_total"),
             cpu_s: 0.0,
         }
     }

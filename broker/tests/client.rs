@@ -536,6 +536,65 @@ fn acks_zero_gathers_a_stream_of_records_into_batches() {
 /// cross-thread wake path hung a shard for good. Many small pipelined
 /// requests over partitions on both shards, with long polls alongside, must
 /// all be answered.
+/// A connection at its request limit holds batches back; they then go
+/// together, many partitions of two queues in one request, and each
+/// record's acknowledgement names where it really is.
+#[test]
+fn batches_waiting_for_a_connection_go_together_and_each_is_answered_with_its_own_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let queues = ["wide-a", "wide-b"];
+    for q in queues {
+        create(&broker, q, 16);
+    }
+    let producer = Producer::new(
+        &broker.addr.to_string(),
+        ProducerConfig {
+            max_requests_per_connection: 1,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let (keys, rounds) = (64, 20);
+    let mut deliveries = Vec::new();
+    for round in 0..rounds {
+        for k in 0..keys {
+            let queue = queues[k % 2];
+            let key = format!("k{k}");
+            let v = format!("{key}:{round}");
+            let d = block_on(producer.enqueue(queue, Some(key.as_bytes()), v.as_bytes(), &[])).unwrap();
+            deliveries.push((queue, v, d));
+        }
+    }
+    let mut placed: HashMap<(&str, u32, u64), String> = HashMap::new();
+    for (queue, v, d) in deliveries {
+        let got = block_on(d).unwrap();
+        let key = v.split_once(':').unwrap().0;
+        assert_eq!(got.partition, partition_for_key(key.as_bytes(), 16), "{v}");
+        let earlier = placed.insert((queue, got.partition, got.offset.unwrap()), v.clone());
+        assert!(earlier.is_none(), "{v} acknowledged at the offset of {earlier:?}");
+    }
+    let stats = producer.stats();
+    assert!(
+        stats.requests < stats.batches,
+        "no request carried more than one partition: {stats:?}"
+    );
+    // Every record is where its acknowledgement said.
+    for q in queues {
+        let mut consumer = earliest_consumer(&broker, q);
+        let records = consume_n(&mut consumer, keys / 2 * rounds);
+        for r in &records {
+            assert_eq!(
+                placed.get(&(q, r.partition, r.offset)),
+                Some(&value(r)),
+                "{q}/{}@{}",
+                r.partition,
+                r.offset
+            );
+        }
+    }
+}
+
 #[test]
 fn cross_shard_load_is_always_answered() {
     let dir = tempfile::tempdir().unwrap();

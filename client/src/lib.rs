@@ -46,7 +46,8 @@ pub use group::{
     GroupStart, QueuePartition, Received, ResetTarget, Strategy,
 };
 pub use producer::{
-    Acks, Delivered, Delivery, Producer, ProducerConfig, ProducerStats, WhenFull, IDEMPOTENT_MAX_IN_FLIGHT,
+    Acks, Delivered, Delivery, Producer, ProducerConfig, ProducerStats, WhenFull, DEFAULT_MAX_REQUESTS_PER_CONNECTION,
+    IDEMPOTENT_MAX_IN_FLIGHT,
 };
 
 /// 64 random bits for ids and starting points that must differ between

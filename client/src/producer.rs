@@ -45,9 +45,17 @@
 //!    leader lives, duplicates them; across a leader restart delivery is at
 //!    least once. Without idempotence keep `max_in_flight_per_partition` at
 //!    1 where per-key order matters.
-//! 6. **Requests.** One batch per produce request (the broker appends a
-//!    request's batches one at a time, so only a lone batch's offsets follow
-//!    from the base it reports; the producer checks the count). A request
+//! 6. **Requests.** One batch per partition in a produce request (the
+//!    broker appends a partition's batches one at a time, so only a lone
+//!    batch's offsets follow from the base it reports; the producer checks
+//!    the count), and the batches of every partition whose leader is served
+//!    by the same connection ride in one request. A connection takes at most
+//!    [`ProducerConfig::max_requests_per_connection`] produce requests at a
+//!    time; batches for it wait meanwhile and go together in the next one,
+//!    so with many partitions the requests grow (and their number falls)
+//!    exactly as fast as the broker falls behind — a partition's batches
+//!    across requests, a connection's partitions within one (Kafka's
+//!    `max.in.flight.requests.per.connection`). A request
 //!    unanswered for [`crate::connection::RESPONSE_TIMEOUT`] fails its
 //!    connection, and with it every request on it, which are then retried.
 //!
@@ -154,6 +162,16 @@ pub struct ProducerConfig {
     /// [`IDEMPOTENT_MAX_IN_FLIGHT`]; without it, above 1 a retry may reorder
     /// records.
     pub max_in_flight_per_partition: usize,
+    /// Produce requests out per connection (one per broker shard, or per
+    /// lane). While a connection has this many unanswered, batches for the
+    /// partitions it serves wait, and then go together in one request: with
+    /// 100 partitions and records trickling into each, that is what keeps
+    /// the broker from handling (and answering) one request per record.
+    /// Partitions stay independent within a request: each is stored and
+    /// answered on its own. The count is read when a batch is taken, so a
+    /// request from the calling thread and one from the sender thread may
+    /// pass it together by one.
+    pub max_requests_per_connection: usize,
     /// Stamp batches with a producer id and per-partition sequences, so the
     /// partition's leader stores each batch once and in order whatever is
     /// retried or pipelined (see `strand_storage::producers`; not
@@ -186,6 +204,7 @@ impl Default for ProducerConfig {
             buffer_bytes: 64 << 20,
             when_full: WhenFull::Wait,
             max_in_flight_per_partition: IDEMPOTENT_MAX_IN_FLIGHT,
+            max_requests_per_connection: DEFAULT_MAX_REQUESTS_PER_CONNECTION,
             idempotence: true,
             retry_backoff: Duration::from_millis(50),
             retry_backoff_max: Duration::from_secs(1),
@@ -385,6 +404,9 @@ struct State {
     flush_until: u64,
     /// Queues whose metadata must be asked for again before sending.
     stale: HashSet<String>,
+    /// A batch could go but for its connection's request limit: the next
+    /// response wakes the sender thread.
+    waiting_for_connection: bool,
     stats: ProducerStats,
     closed: bool,
 }
@@ -395,10 +417,13 @@ struct State {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ProducerStats {
-    /// Produce requests sent, one batch each (resends included; a request
-    /// whose connection failed before it was written counts too).
+    /// Produce requests sent, each with the batches of one or more
+    /// partitions (resends included; a request whose connection failed
+    /// before it was written counts too).
     pub requests: u64,
-    /// Bytes of the batches in them.
+    /// Batches in them (one per partition and request).
+    pub batches: u64,
+    /// Bytes of the batches.
     pub batch_bytes: u64,
     /// Records in them (a resend counts its records again).
     pub records: u64,
@@ -407,11 +432,11 @@ pub struct ProducerStats {
 }
 
 impl ProducerStats {
-    /// The average batch of the requests between `earlier` and `self`, in
-    /// bytes (0 if none).
+    /// The average batch sent between `earlier` and `self`, in bytes (0 if
+    /// none).
     pub fn average_batch_bytes_since(&self, earlier: &ProducerStats) -> u64 {
-        let requests = self.requests.saturating_sub(earlier.requests);
-        self.batch_bytes.saturating_sub(earlier.batch_bytes) / requests.max(1)
+        let batches = self.batches.saturating_sub(earlier.batches);
+        self.batch_bytes.saturating_sub(earlier.batch_bytes) / batches.max(1)
     }
 }
 
@@ -437,6 +462,10 @@ struct PartState {
     /// and the next batch's base sequence; `None` until the first send, and
     /// again after a batch failed for good (the next send starts a new id).
     sequence: Option<(i64, i32)>,
+    /// The connection its last request went to: whether it may send now
+    /// depends on that connection's requests out (`Shared::may_send`). A
+    /// leader that moved is found again when the batch is written.
+    lane: Option<crate::connection::Connection>,
 }
 
 impl PartState {
@@ -563,6 +592,9 @@ struct Outgoing {
 /// a partition's leader remembers per producer to answer a retry.
 pub const IDEMPOTENT_MAX_IN_FLIGHT: usize = 5;
 
+/// [`ProducerConfig::max_requests_per_connection`]'s default.
+pub const DEFAULT_MAX_REQUESTS_PER_CONNECTION: usize = 5;
+
 /// Most a new batch allocates before its first record.
 const MAX_PREALLOCATED: usize = 4 << 20;
 
@@ -579,9 +611,15 @@ impl Producer {
     /// A producer for the cluster at `brokers` (`HOST:PORT[,HOST:PORT...]`).
     /// Connects on first use.
     pub fn new(brokers: &str, config: ProducerConfig) -> Result<Producer, ClientError> {
-        if config.batch_bytes == 0 || config.buffer_bytes == 0 || config.max_in_flight_per_partition == 0 {
+        if config.batch_bytes == 0
+            || config.buffer_bytes == 0
+            || config.max_in_flight_per_partition == 0
+            || config.max_requests_per_connection == 0
+        {
             return Err(ClientError::Invalid(
-                "batch_bytes, buffer_bytes and max_in_flight_per_partition must be above 0".into(),
+                "batch_bytes, buffer_bytes, max_in_flight_per_partition and max_requests_per_connection must be \
+                 above 0"
+                    .into(),
             ));
         }
         if config.idempotence && config.max_in_flight_per_partition > IDEMPOTENT_MAX_IN_FLIGHT {
@@ -750,7 +788,7 @@ impl Shared {
         };
         drop(st);
         if let Some(out) = inline {
-            self.dispatch(out);
+            self.dispatch(vec![out]);
         }
         Poll::Ready(Some(Ok(delivery)))
     }
@@ -886,9 +924,23 @@ impl Shared {
     /// leader keeps no order between two ids, so those must come back and be
     /// requeued in place first; their completion wakes the sender).
     fn may_send(&self, part: &PartState) -> bool {
+        self.partition_may_send(part) && self.connection_free(part)
+    }
+
+    /// [`Shared::may_send`] as far as the partition itself goes.
+    fn partition_may_send(&self, part: &PartState) -> bool {
         let cfg = &self.config;
         let draining = cfg.idempotence && cfg.acks != Acks::None && part.sequence.is_none() && part.in_flight > 0;
         part.in_flight < cfg.max_in_flight_per_partition && !part.writing && !draining
+    }
+
+    /// Whether the connection the partition last sent on takes another
+    /// request now (`max_requests_per_connection`). A failed connection
+    /// has none out.
+    fn connection_free(&self, part: &PartState) -> bool {
+        part.lane
+            .as_ref()
+            .is_none_or(|c| c.requests_out() < self.config.max_requests_per_connection)
     }
 
     /// The size of the batch a partition could send next, if it has a free
@@ -911,10 +963,15 @@ impl Shared {
         let cfg = &self.config;
         let qs = st.queues.get_mut(queue)?;
         let part = qs.parts.get_mut(partition as usize)?;
-        if !self.may_send(part) || part.ready.front().is_some_and(|b| b.not_before > now) {
+        if !self.partition_may_send(part) || part.ready.front().is_some_and(|b| b.not_before > now) {
             return None;
         }
-        // One batch per request: the broker appends a request's batches for
+        if !self.connection_free(part) {
+            // The next response wakes the sender thread for it.
+            st.waiting_for_connection = true;
+            return None;
+        }
+        // One batch of a partition per request: the broker appends a request's batches for
         // a partition one by one, so only a single batch's offsets follow
         // from the base offset it reports.
         let mut batch = None;
@@ -946,7 +1003,7 @@ impl Shared {
         }
         part.in_flight += 1;
         part.writing = true;
-        st.stats.requests += 1;
+        st.stats.batches += 1;
         st.stats.batch_bytes += batch.bytes.len() as u64;
         st.stats.records += batch.records as u64;
         st.stats.retries += u64::from(batch.attempts > 0);
@@ -997,73 +1054,146 @@ impl Shared {
         (out, next)
     }
 
-    /// Writes one partition's batches to its leader; the response completes
-    /// them on the connection's reader thread.
-    fn dispatch(self: &Arc<Self>, out: Outgoing) {
-        let (info, partition) = (out.info.clone(), out.partition);
-        self.write_request(out);
-        // Its bytes are in the socket (or it failed): the partition's next
-        // batch may go.
+    /// Writes the batches taken to their partitions' leaders, one request
+    /// per connection; the responses complete them on the connections'
+    /// reader threads.
+    fn dispatch(self: &Arc<Self>, outs: Vec<Outgoing>) {
+        let lanes = self.config.connections_per_broker;
+        let mut requests: Vec<(crate::connection::Connection, Vec<Outgoing>)> = Vec::new();
+        // What to mark once written: each batch's partition and its connection.
+        let mut sent = Vec::with_capacity(outs.len());
+        for out in outs {
+            match self.cluster.leader_lane(&out.info, out.partition, lanes) {
+                Ok(conn) => {
+                    sent.push((out.info.clone(), out.partition, Some(conn.clone())));
+                    match requests.iter_mut().find(|(c, _)| c.id() == conn.id()) {
+                        Some((_, batches)) => batches.push(out),
+                        None => requests.push((conn, vec![out])),
+                    }
+                }
+                Err(e) => {
+                    sent.push((out.info.clone(), out.partition, None));
+                    self.complete(out, Err(e));
+                }
+            }
+        }
+        let written = requests.len() as u64;
+        for (conn, batches) in requests {
+            self.write_request(&conn, batches);
+        }
+        // Their bytes are in the sockets (or failed): the partitions' next
+        // batches may go.
         let mut st = self.lock();
+        st.stats.requests += written;
         let mut more = false;
-        if let Some(part) = st
-            .queues
-            .get_mut(&info.name)
-            .and_then(|q| q.parts.get_mut(partition as usize))
-        {
-            part.writing = false;
-            more = !part.ready.is_empty() || part.open.is_some();
+        for (info, partition, conn) in sent {
+            if let Some(part) = st
+                .queues
+                .get_mut(&info.name)
+                .and_then(|q| q.parts.get_mut(partition as usize))
+            {
+                part.writing = false;
+                if conn.is_some() {
+                    part.lane = conn;
+                }
+                more |= !part.ready.is_empty() || part.open.is_some();
+            }
         }
         drop(st);
-        // (A futex call: only when something of the partition waits.)
+        // (A futex call: only when something of those partitions waits.)
         if more {
             self.wake.notify_one();
         }
     }
 
-    fn write_request(self: &Arc<Self>, out: Outgoing) {
-        let conn = match self
-            .cluster
-            .leader_lane(&out.info, out.partition, self.config.connections_per_broker)
-        {
-            Ok(c) => c,
-            Err(e) => return self.complete(out, Err(e)),
-        };
+    /// Writes one produce request with `batches` (one per partition) to
+    /// `conn`.
+    fn write_request(self: &Arc<Self>, conn: &crate::connection::Connection, batches: Vec<Outgoing>) {
         let acks = self.config.acks;
         // A record fails once its `delivery_timeout` is up: the request
-        // waits (at the broker, and here for its answer) no longer than the
-        // batch has left. (It waited the whole `request_timeout`, 30 s by
-        // default, past a 10 s delivery timeout: the 29.2 s without an ack
-        // in a 12-minute strand-chaos run was a produce held by a leader
-        // that had been replaced.)
-        let left = out.batch.deadline.saturating_duration_since(Instant::now());
+        // waits (at the broker, and here for its answer) no longer than its
+        // most urgent batch has left. (It waited the whole
+        // `request_timeout`, 30 s by default, past a 10 s delivery timeout:
+        // the 29.2 s without an ack in a 12-minute strand-chaos run was a
+        // produce held by a leader that had been replaced.)
+        let now = Instant::now();
+        let left = batches
+            .iter()
+            .map(|b| b.batch.deadline.saturating_duration_since(now))
+            .min()
+            .unwrap_or_default();
         let wait = self.config.request_timeout.min(left.max(Duration::from_millis(1)));
         let timeout_ms = wait.as_millis().min(u128::from(u32::MAX)) as u32;
-        let (body, tail) = requests::produce_with_timeout(
-            &out.info.name,
-            out.partition,
-            acks.wire(),
-            timeout_ms,
-            out.batch.bytes.clone(),
-        );
+        let (body, tail) = {
+            // Each queue once, with its partitions' batches.
+            let mut queues: Vec<(&str, Vec<(u32, Bytes)>)> = Vec::new();
+            for b in &batches {
+                let entry = (b.partition, b.batch.bytes.clone());
+                match queues.iter_mut().find(|(q, _)| *q == b.info.name) {
+                    Some((_, parts)) => parts.push(entry),
+                    None => queues.push((&b.info.name, vec![entry])),
+                }
+            }
+            requests::produce_many(&queues, acks.wire(), timeout_ms)
+        };
         if acks == Acks::None {
-            let sent = conn.send(Api::Produce, &body, tail, None).map(|()| None);
-            return self.complete(out, sent);
+            let sent = conn.send(Api::Produce, &body, tail, None);
+            for b in batches {
+                self.complete(b, sent.clone().map(|()| None));
+            }
+            return;
         }
-        let (me, slot) = (self.clone(), Arc::new(Mutex::new(Some(out))));
+        let (me, slot) = (self.clone(), Arc::new(Mutex::new(Some(batches))));
         let s = slot.clone();
         let on_response = Box::new(move |r: Result<strand_net::Frame, ClientError>| {
-            let out = s.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(out) = out {
-                me.complete(out, r.and_then(|f| requests::produced(&f)).map(Some));
+            let batches = s.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(batches) = batches {
+                me.complete_each(batches, r);
             }
         });
         let due = wait + crate::connection::RESPONSE_GRACE;
         if let Err(e) = conn.send_within(Api::Produce, &body, tail, Some(on_response), due) {
-            let out = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(out) = out {
-                self.complete(out, Err(e));
+            let batches = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            for b in batches.into_iter().flatten() {
+                self.complete(b, Err(e.clone()));
             }
+        }
+    }
+
+    /// Finishes every batch of a request from its response (or the failure
+    /// that replaced it): each by its own partition's answer.
+    fn complete_each(&self, batches: Vec<Outgoing>, response: Result<strand_net::Frame, ClientError>) {
+        let mut results: Vec<Option<Result<(u64, u64), ClientError>>> = batches.iter().map(|_| None).collect();
+        let whole = response.and_then(|frame| {
+            // The broker answers in the request's order: look there first.
+            let mut next = 0;
+            requests::produced_each(&frame, |queue, partition, result| {
+                let is = |i: usize| {
+                    batches
+                        .get(i)
+                        .is_some_and(|b| b.partition == partition && b.info.name == queue)
+                };
+                let at = if is(next) {
+                    Some(next)
+                } else {
+                    (0..batches.len()).find(|&i| is(i))
+                };
+                if let Some(i) = at {
+                    results[i].get_or_insert(result);
+                    next = i + 1;
+                }
+            })
+        });
+        for (b, result) in batches.into_iter().zip(results) {
+            let result = match (&whole, result) {
+                (Err(e), _) => Err(e.clone()),
+                (Ok(()), Some(r)) => r.map(Some),
+                (Ok(()), None) => Err(ClientError::Protocol(format!(
+                    "the produce response does not answer partition {} of {}",
+                    b.partition, b.info.name
+                ))),
+            };
+            self.complete(b, result);
         }
     }
 
@@ -1139,9 +1269,11 @@ impl Shared {
         let mut wake = Vec::new();
         // The sender thread is told only when this response gives it work:
         // a batch to retry, or the partition's next batch now that a request
-        // slot is free. (Waking it for every response cost a context switch
-        // each.)
-        let mut sender_has_work = finished.is_none();
+        // slot is free, or batches waiting for their connection's request
+        // slot (this response may have freed it). (Waking it for every
+        // response cost a context switch each.)
+        let for_connection = std::mem::take(&mut st.waiting_for_connection);
+        let mut sender_has_work = finished.is_none() || for_connection;
         if let Some((b, result)) = &finished {
             if let Some(part) = st
                 .queues
@@ -1149,7 +1281,7 @@ impl Shared {
                 .and_then(|q| q.parts.get_mut(out.partition as usize))
             {
                 part.in_flight = part.in_flight.saturating_sub(1);
-                sender_has_work = !part.ready.is_empty() || part.open.is_some();
+                sender_has_work |= !part.ready.is_empty() || part.open.is_some();
                 // A batch that failed for good leaves a gap the broker would
                 // refuse everything after: go on under a new producer id
                 // (batches sent under the old one are restamped on resend).
@@ -1277,8 +1409,8 @@ fn sender_loop(shared: &Arc<Shared>) {
                 Err(_) => {}
             }
         }
-        for out in outgoing {
-            shared.dispatch(out);
+        if !outgoing.is_empty() {
+            shared.dispatch(outgoing);
         }
     }
 }
@@ -1468,6 +1600,37 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_at_its_request_limit_holds_batches_back_and_says_so() {
+        // A broker that never answers: the request written stays out.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let conn = crate::connection::Connection::connect(&listener.local_addr().unwrap().to_string()).unwrap();
+        conn.send(
+            Api::Produce,
+            &[],
+            strand_net::message::TailBuilder::default(),
+            Some(Box::new(|_| {})),
+        )
+        .unwrap();
+        assert_eq!(conn.requests_out(), 1);
+        let with_limit = |max_requests_per_connection| {
+            shared_with(ProducerConfig {
+                max_requests_per_connection,
+                ..ProducerConfig::default()
+            })
+        };
+        let mut st = state_with(vec![ready(0, 1)]);
+        st.queues.get_mut("q").unwrap().parts[0].lane = Some(conn.clone());
+        let now = Instant::now();
+        assert!(with_limit(1).take_partition(&mut st, "q", 0, now).is_none());
+        assert!(st.waiting_for_connection, "the next response must wake the sender");
+        assert!(with_limit(1).sendable_bytes(&st.queues["q"].parts[0]).is_none());
+        // One more request allowed: it goes.
+        st.waiting_for_connection = false;
+        assert!(with_limit(2).take_partition(&mut st, "q", 0, now).is_some());
+        assert!(!st.waiting_for_connection);
+    }
+
+    #[test]
     fn stats_count_each_send_and_a_resend_as_a_retry() {
         let s = shared();
         let mut st = state_with(vec![ready(0, 2), ready(2, 3)]);
@@ -1487,10 +1650,11 @@ mod tests {
         st.queues.get_mut("q").unwrap().parts[0].writing = false;
         let second = s.take_partition(&mut st, "q", 0, Instant::now()).unwrap();
         let stats = st.stats;
-        assert_eq!((stats.requests, stats.retries, stats.records), (3, 1, 2 + 2 + 3));
+        // (Requests are counted when written: `dispatch`.)
+        assert_eq!((stats.batches, stats.retries, stats.records), (3, 1, 2 + 2 + 3));
         assert_eq!(stats.batch_bytes, 2 * len + second.batch.bytes.len() as u64);
         let earlier = ProducerStats {
-            requests: 2,
+            batches: 2,
             batch_bytes: 2 * len,
             ..ProducerStats::default()
         };

@@ -26,27 +26,44 @@ pub fn produce_with_timeout(
     timeout_ms: u32,
     records: Bytes,
 ) -> (Vec<u8>, TailBuilder) {
+    produce_many(&[(queue, vec![(partition, records)])], acks, timeout_ms)
+}
+
+/// A Produce request for several partitions, of one queue or several:
+/// each queue with its partitions and each partition's record-batch run
+/// (the tail holds the runs in this order). The broker stores the
+/// partitions in parallel and answers each on its own
+/// ([`produced_each`]).
+pub fn produce_many(queues: &[(&str, Vec<(u32, Bytes)>)], acks: i8, timeout_ms: u32) -> (Vec<u8>, TailBuilder) {
     let mut fbb = FlatBufferBuilder::new();
     let mut tail = TailBuilder::default();
-    let (records_offset, records_len) = tail.push(records);
-    let part = ProducePartition::create(
-        &mut fbb,
-        &ProducePartitionArgs {
-            partition,
-            records_offset,
-            records_len,
-        },
-    );
-    let parts = fbb.create_vector(&[part]);
-    let name = fbb.create_string(queue);
-    let q = ProduceQueue::create(
-        &mut fbb,
-        &ProduceQueueArgs {
-            name: Some(name),
-            partitions: Some(parts),
-        },
-    );
-    let queues = fbb.create_vector(&[q]);
+    let mut entries = Vec::with_capacity(queues.len());
+    for (queue, parts) in queues {
+        let parts: Vec<_> = parts
+            .iter()
+            .map(|(partition, records)| {
+                let (records_offset, records_len) = tail.push(records.clone());
+                ProducePartition::create(
+                    &mut fbb,
+                    &ProducePartitionArgs {
+                        partition: *partition,
+                        records_offset,
+                        records_len,
+                    },
+                )
+            })
+            .collect();
+        let parts = fbb.create_vector(&parts);
+        let name = fbb.create_string(queue);
+        entries.push(ProduceQueue::create(
+            &mut fbb,
+            &ProduceQueueArgs {
+                name: Some(name),
+                partitions: Some(parts),
+            },
+        ));
+    }
+    let queues = fbb.create_vector(&entries);
     let root = ProduceRequest::create(
         &mut fbb,
         &ProduceRequestArgs {
@@ -57,6 +74,25 @@ pub fn produce_with_timeout(
     );
     fbb.finish_minimal(root);
     (fbb.finished_data().to_vec(), tail)
+}
+
+/// Calls `each(queue, partition, result)` for every partition a Produce
+/// response answers: its (base offset, last offset), or its error. An
+/// error of the whole response (or an unreadable one) is returned instead.
+pub fn produced_each(
+    frame: &Frame,
+    mut each: impl FnMut(&str, u32, Result<(u64, u64), ClientError>),
+) -> Result<(), ClientError> {
+    let resp = read_body::<ProduceResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    ClientError::check(resp.error())?;
+    for q in resp.queues().iter().flatten() {
+        let name = q.name().unwrap_or_default();
+        for p in q.partitions().iter().flatten() {
+            let result = ClientError::check(p.error()).map(|()| (p.base_offset(), p.last_offset()));
+            each(name, p.partition(), result);
+        }
+    }
+    Ok(())
 }
 
 /// The (base offset, last offset) of the first partition in a Produce
