@@ -13,6 +13,7 @@
 //! default_retention_ms = 604800000
 //! spin_before_park_us = 50      # an idle shard polls this long before it sleeps
 //! recycle_segments = true       # a roll reuses the file of a segment retention frees
+//! write_through = true          # fsync=always queues write O_DSYNC instead of write + fdatasync
 //! segment_bytes = 1073741824    # a segment rolls before it grows past this (>= max_message_bytes)
 //! tail_cache_budget_bytes = 268435456  # per shard: recent batches kept in memory for consumers
 //! readahead_budget_bytes = 67108864    # per shard: blocks read ahead for consumers behind the tail
@@ -82,6 +83,12 @@
 //! 180–196 (the fdatasync's completion waits for a wake-up). 50 stays the
 //! default; 0 suits a broker sharing its cores with its clients.
 //!
+//! `write_through`: see `strand_storage::LogConfig::write_through` (the
+//! same durability; lower latency where io_uring's fdatasync round trip
+//! costs more than the kernel's flush on completion). Turn it off to
+//! compare, or on a file system whose O_DSYNC writes are slower than
+//! write + fdatasync.
+//!
 //! `recycle_segments`: see `strand_storage::LogConfig::recycle_segments`.
 //! Appends into a recycled file skip ext4's journal commits; the price is
 //! that expired records stay on disk (never readable) until written over.
@@ -144,6 +151,9 @@ pub struct BrokerConfig {
     /// Whether a roll writes the new segment into the file of a segment
     /// retention frees (every queue's logs).
     pub recycle_segments: bool,
+    /// Whether `fsync=always` logs write their active segment `O_DSYNC`
+    /// (durable as each write completes) instead of write + fdatasync.
+    pub write_through: bool,
     /// Largest segment of a partition log, in bytes ([64 KiB, 4 GiB)):
     /// retention deletes (and recycles) whole segments, so this is also its
     /// granularity.
@@ -241,6 +251,7 @@ impl Default for BrokerConfig {
             shard_channel_capacity: 1024,
             spin_before_park_us: 50,
             recycle_segments: true,
+            write_through: true,
             segment_bytes: 1 << 30,
             tail_cache_budget_bytes: ShardStorageConfig::default().tail_cache_budget_bytes,
             readahead_budget_bytes: ShardStorageConfig::default().readahead_budget_bytes,
@@ -362,6 +373,7 @@ impl BrokerConfig {
         strand_storage::LogConfig {
             segment_bytes_max: self.segment_bytes,
             recycle_segments: self.recycle_segments,
+            write_through: self.write_through,
             ..strand_storage::LogConfig::default()
         }
     }
@@ -536,7 +548,7 @@ mod tests {
         let file = dir.path().join("strand.toml");
         std::fs::write(
             &file,
-            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\nreadahead_budget_bytes = 1048576\nio_memory_bytes = 33554432\n",
+            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\nwrite_through = false\nreadahead_budget_bytes = 1048576\nio_memory_bytes = 33554432\n",
         )
         .unwrap();
         let flags = Overrides {
@@ -547,6 +559,7 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!((c.cores, c.node_id, c.spin_before_park_us), (Some(2), 5, 300));
         assert!(!c.recycle_segments && BrokerConfig::default().recycle_segments);
+        assert!(!c.log_base().write_through && BrokerConfig::default().log_base().write_through);
         let storage = c.shard_storage();
         assert_eq!(storage.readahead_budget_bytes, 1 << 20);
         assert_eq!(c.io_memory_bytes, 32 << 20);

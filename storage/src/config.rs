@@ -47,6 +47,13 @@ pub struct LogConfig {
     /// the largest of them as the new segment's file instead of deleting it
     /// and creating a fresh one (see `log::write`, "Recycling").
     pub recycle_segments: bool,
+    /// With `fsync: Always`, open the active segment with `O_DSYNC`: each
+    /// write is durable when it completes (the kernel flushes the device's
+    /// cache for it — a FUA write where the device has one — and commits the
+    /// file size or extents the write changed), so no fdatasync follows.
+    /// Off: each write is followed by an fdatasync. See `log::write`,
+    /// "Write-through".
+    pub write_through: bool,
 }
 
 pub const KIB: u64 = 1024;
@@ -69,6 +76,7 @@ impl Default for LogConfig {
             zero_ahead_bytes: MIB,
             log_append_time: false,
             recycle_segments: true,
+            write_through: true,
         }
     }
 }
@@ -80,6 +88,22 @@ impl LogConfig {
     /// stored under the old limit into "corruption".
     pub fn stored_batch_bytes_max(&self) -> usize {
         self.segment_bytes_max as usize
+    }
+
+    /// Whether the active segment is written through (`write_through`,
+    /// which only `fsync: Always` uses).
+    pub fn writes_through(&self) -> bool {
+        self.write_through && self.fsync == FsyncPolicy::Always
+    }
+
+    /// The open(2) flags the active segment gets beyond glommio's own
+    /// (`O_DIRECT`, read-write).
+    pub(crate) fn active_segment_flags(&self) -> i32 {
+        if self.writes_through() {
+            libc::O_DSYNC
+        } else {
+            0
+        }
     }
 
     /// Checks the relations between settings; the log refuses to open with a

@@ -52,53 +52,168 @@ fn append_read_and_reopen() {
     });
 }
 
+/// Group commit, with write + fdatasync and with write-through: 16
+/// producers waiting for durability share the flushes (fdatasyncs, or
+/// write-through writes), and the stats count each one.
 #[test]
-fn concurrent_producers_share_fdatasyncs() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    run(move || async move {
-        let (_shard, log) = open(&path, LogConfig::default()).await;
-        let log = Rc::new(log);
-        let mut tasks = Vec::new();
-        for producer in 0..16u64 {
-            let log = log.clone();
-            tasks.push(glommio::spawn_local(async move {
-                for i in 0..20u64 {
-                    let info = log
-                        .append(
-                            strand_storage::testkit::batch(producer * 1000 + i, 4, 200, TS),
-                            LeaderEpoch(1),
-                        )
-                        .await
-                        .unwrap();
-                    log.wait_durable(info.last_offset).await.unwrap();
-                    assert!(log.flushed_offset() > info.last_offset);
-                }
-            }));
+fn concurrent_producers_share_flushes() {
+    for write_through in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let config = LogConfig {
+                write_through,
+                ..LogConfig::default()
+            };
+            let (_shard, log) = open(&path, config).await;
+            let log = Rc::new(log);
+            let mut tasks = Vec::new();
+            for producer in 0..16u64 {
+                let log = log.clone();
+                tasks.push(glommio::spawn_local(async move {
+                    for i in 0..20u64 {
+                        let info = log
+                            .append(
+                                strand_storage::testkit::batch(producer * 1000 + i, 4, 200, TS),
+                                LeaderEpoch(1),
+                            )
+                            .await
+                            .unwrap();
+                        log.wait_durable(info.last_offset).await.unwrap();
+                        assert!(log.flushed_offset() > info.last_offset);
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await;
+            }
+            let stats = log.stats();
+            assert_eq!(log.log_end(), Offset(16 * 20 * 4));
+            // 320 acknowledged appends; group commit must have merged them.
+            let flushes = if write_through {
+                assert_eq!(stats.syncs, 0, "write-through needs no fdatasync: {stats:?}");
+                assert_eq!(stats.write_through_writes, stats.writes, "{stats:?}");
+                stats.write_through_writes
+            } else {
+                assert_eq!(stats.write_through_writes, 0, "{stats:?}");
+                stats.syncs
+            };
+            assert!(flushes > 0 && flushes < 320 / 2, "{write_through}: {stats:?}");
+            assert_eq!(read_all(&log).await.len(), 16 * 20 * 4);
+            // One more durable append: the difference of two snapshots is
+            // exactly its I/O.
+            let batch = strand_storage::testkit::batch(99_999, 4, 200, TS);
+            let len = batch.len() as u64;
+            let info = log.append(batch, LeaderEpoch(1)).await.unwrap();
+            log.wait_durable(info.last_offset).await.unwrap();
+            let more = log.stats().since(&stats);
+            let (syncs, through) = if write_through { (0, 1) } else { (1, 0) };
+            assert_eq!(
+                (
+                    more.writes,
+                    more.syncs,
+                    more.write_through_writes,
+                    more.bytes_written,
+                    more.rolls
+                ),
+                (1, syncs, through, len, 0),
+                "{more:?}"
+            );
+            assert_eq!(more.sync_buckets.iter().sum::<u64>(), syncs, "{more:?}");
+            if !write_through {
+                assert!(more.sync_ns > 0 && more.sync_ns < log.stats().sync_ns, "{more:?}");
+            }
+        });
+    }
+}
+
+/// The open(2) flags of this process's descriptors of `file`, from
+/// /proc/self/fdinfo.
+fn open_flags_of(file: &std::path::Path) -> Vec<i32> {
+    let mut flags = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").flatten() {
+        if std::fs::read_link(entry.path()).ok().as_deref() != Some(file) {
+            continue;
         }
-        for t in tasks {
-            t.await;
-        }
-        let stats = log.stats();
-        assert_eq!(log.log_end(), Offset(16 * 20 * 4));
-        // 320 acknowledged appends; group commit must have merged them.
-        assert!(stats.syncs < 320 / 2, "{stats:?}");
-        assert_eq!(read_all(&log).await.len(), 16 * 20 * 4);
-        // One more durable append: the difference of two snapshots is
-        // exactly its I/O.
-        let batch = strand_storage::testkit::batch(99_999, 4, 200, TS);
-        let len = batch.len() as u64;
-        let info = log.append(batch, LeaderEpoch(1)).await.unwrap();
-        log.wait_durable(info.last_offset).await.unwrap();
-        let more = log.stats().since(&stats);
-        assert_eq!(
-            (more.writes, more.syncs, more.bytes_written, more.rolls),
-            (1, 1, len, 0),
-            "{more:?}"
-        );
-        assert_eq!(more.sync_buckets.iter().sum::<u64>(), 1, "{more:?}");
-        assert!(more.sync_ns > 0 && more.sync_ns < log.stats().sync_ns, "{more:?}");
-    });
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", entry.file_name().to_string_lossy()));
+        let octal = info.ok().and_then(|i| {
+            i.lines()
+                .find_map(|l| l.strip_prefix("flags:").map(|f| f.trim().to_string()))
+        });
+        flags.extend(octal.and_then(|o| i32::from_str_radix(&o, 8).ok()));
+    }
+    flags
+}
+
+/// Write-through holds the active segment open O_DSYNC only on an
+/// `fsync=always` log with it on: through a roll (a new file) and a reopen
+/// (the existing one). An `fsync=interval` log never (its writes are
+/// cheap, and made durable by the interval's fdatasync).
+#[test]
+fn only_a_write_through_log_opens_its_active_segment_o_dsync() {
+    let cases = [
+        (FsyncPolicy::Always, true, true),
+        (FsyncPolicy::Always, false, false),
+        (
+            FsyncPolicy::Interval {
+                interval_ms: 50,
+                interval_bytes: 0,
+            },
+            true,
+            false,
+        ),
+    ];
+    for (fsync, write_through, dsync) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let config = LogConfig {
+                fsync,
+                write_through,
+                ..small_segments()
+            };
+            let (shard, log) = open(&path, config.clone()).await;
+            let active = |log: &strand_storage::Log| {
+                let dir = log_dir(&path);
+                let mut files: Vec<_> = std::fs::read_dir(&dir)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                    .collect();
+                files.sort();
+                assert!(log.segment_count() == files.len(), "{files:?}");
+                files.pop().unwrap()
+            };
+            let check = |file: std::path::PathBuf, when: &str| {
+                let flags = open_flags_of(&file);
+                assert!(!flags.is_empty(), "{when}: no descriptor of {}", file.display());
+                assert!(
+                    flags.iter().all(|f| (f & libc::O_DSYNC != 0) == dsync),
+                    "{when}: {fsync:?}, write_through {write_through}: flags {flags:?}"
+                );
+            };
+            check(active(&log), "new");
+            // Past a roll (64 KiB segments).
+            let mut last = Offset(0);
+            for tag in 0..100u64 {
+                last = log
+                    .append(strand_storage::testkit::batch(tag, 4, 1000, TS), LeaderEpoch(1))
+                    .await
+                    .unwrap()
+                    .last_offset;
+            }
+            log.flush().await.unwrap();
+            assert!(log.segment_count() > 1, "rolled");
+            assert!(log.flushed_offset() > last);
+            check(active(&log), "rolled");
+            log.close().await.unwrap();
+            drop(log);
+            let log = shard.open_log(log_dir(&path), config).await.unwrap();
+            check(active(&log), "reopened");
+            assert_eq!(read_all(&log).await.len(), 400);
+        });
+    }
 }
 
 #[test]

@@ -62,6 +62,9 @@
 //!   slept: the machine's doing, not a task's (the rest are the shard's own
 //!   work, or a host pause while it ran)
 //! - `strand_fsync_latency_seconds` histogram (every open log's fdatasyncs)
+//! - `strand_write_through_writes_total` {shard}: writes of `fsync=always`
+//!   logs durable as they completed (`write_through`: each is a flush of
+//!   its own, with no fdatasync after it)
 //! - `strand_segment_rolls_total` {shard}, `strand_segments_recycled_total`
 //!   {shard}: segments the shard's open logs rolled since they were opened,
 //!   and how many of those went into the file of a segment retention freed
@@ -390,6 +393,9 @@ pub struct ShardSnapshot {
     pub fsync_buckets: Vec<u64>,
     pub fsync_sum_secs: f64,
     pub fsync_count: u64,
+    /// Writes of this shard's open logs made durable as they completed
+    /// (write-through: no fdatasync after them).
+    pub write_through_writes: u64,
     /// Segment rolls of this shard's open logs, and those into recycled files.
     pub rolls: u64,
     pub recycled: u64,
@@ -741,6 +747,12 @@ impl Collector for Scrape {
             "strand_reactor_stalls_off_cpu",
             "Reactor stalls during which the shard's thread was mostly off the CPU (the OS or the host held it).",
             by_shard(&self.snapshots, |s| s.stalls_off_cpu),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_write_through_writes",
+            "Writes of the shard's open partition logs that were durable as they completed (O_DSYNC, no fdatasync after them).",
+            by_shard(&self.snapshots, |s| s.write_through_writes),
         )?;
         counter(
             &mut encoder,

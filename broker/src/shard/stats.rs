@@ -47,6 +47,7 @@ impl Shard {
             }
             snap.fsync_sum_secs += stats.sync_ns as f64 / 1e9;
             snap.fsync_count += stats.syncs;
+            snap.write_through_writes += stats.write_through_writes;
             snap.rolls += stats.rolls;
             snap.recycled += stats.recycled;
         }

@@ -112,6 +112,9 @@ pub struct LogStats {
     pub writes: u64,
     /// fdatasync calls on the active segment.
     pub syncs: u64,
+    /// Writes made durable as they completed (`LogConfig::write_through`):
+    /// each one a flush of its own, with no fdatasync after it.
+    pub write_through_writes: u64,
     /// Bytes of batches written.
     pub bytes_written: u64,
     /// Segments rolled.
@@ -142,6 +145,7 @@ impl LogStats {
         LogStats {
             writes: self.writes.saturating_sub(earlier.writes),
             syncs: self.syncs.saturating_sub(earlier.syncs),
+            write_through_writes: self.write_through_writes.saturating_sub(earlier.write_through_writes),
             bytes_written: self.bytes_written.saturating_sub(earlier.bytes_written),
             rolls: self.rolls.saturating_sub(earlier.rolls),
             recycled: self.recycled.saturating_sub(earlier.recycled),
@@ -534,6 +538,7 @@ async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Optio
         .read(true)
         .write(true)
         .create(true)
+        .custom_flags(config.active_segment_flags())
         .dma_open(path)
         .await
         .map_err(|e| StorageError::glommio("opening", path, e))?;
