@@ -331,9 +331,10 @@ impl AppendPhase {
     async fn report(self, what: &str, mib: usize) -> Result<(), String> {
         let stats = self.log.stats().since(&self.stats_from);
         eprintln!(
-            "{what}: {} writes ({:.0} us avg), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, {} rolls ({} into recycled files), shard thread busy {:.0}% of the time, {:.0} page faults per MiB",
+            "{what}: {} writes ({:.0} us avg; {} of them write-through), {} fdatasyncs ({:.0} us avg), {:.2} MiB per fdatasync, {} rolls ({} into recycled files), shard thread busy {:.0}% of the time, {:.0} page faults per MiB",
             stats.writes,
             stats.write_ns as f64 / 1e3 / stats.writes.max(1) as f64,
+            stats.write_through_writes,
             stats.syncs,
             stats.sync_ns as f64 / 1e3 / stats.syncs.max(1) as f64,
             mib_s(stats.bytes_written, stats.syncs.max(1) as f64),

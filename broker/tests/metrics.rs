@@ -80,11 +80,18 @@ fn series_follow_produce_and_consume() {
     assert!(value(&text, "strand_partition_stored_bytes{queue=\"m\",partition=\"0\"}").unwrap() > 0.0);
     assert!(text.contains("strand_request_latency_seconds_bucket"), "{text}");
     assert!(text.contains("strand_connections{shard=\"0\"}"));
-    // fsync=always: every produce was fdatasync'd.
-    assert!(
-        value(&text, "strand_fsync_latency_seconds_count").unwrap() >= 1.0,
-        "{text}"
-    );
+    // fsync=always: every produce was made durable, by write-through writes
+    // (the default: `write_through`), with no fdatasync after them.
+    let through: f64 = ["0", "1"]
+        .iter()
+        .filter_map(|shard| {
+            value(
+                &text,
+                &format!("strand_write_through_writes_total{{shard=\"{shard}\"}}"),
+            )
+        })
+        .sum();
+    assert!(through >= 1.0, "{text}");
     for shard in ["0", "1"] {
         assert!(value(&text, &format!("strand_shard_forward_queue_depth{{shard=\"{shard}\"}}")).is_some());
         let stalls = value(&text, &format!("strand_reactor_stalls_total{{shard=\"{shard}\"}}")).unwrap();

@@ -229,11 +229,6 @@ impl Connection {
         self.inner.writer.lock().ok()?.0.local_addr().ok()
     }
 
-    /// Requests written and not yet answered (nor failed).
-    pub fn requests_out(&self) -> usize {
-        self.inner.pending.lock().map_or(0, |p| p.waiting.len())
-    }
-
     /// Whether the connection has ended (its reader stopped).
     pub fn is_closed(&self) -> bool {
         self.inner.pending.lock().map_or(true, |p| p.closed.is_some())

@@ -407,6 +407,13 @@ struct State {
     /// A batch could go but for its connection's request limit: the next
     /// response wakes the sender thread.
     waiting_for_connection: bool,
+    /// This producer's produce requests written and not yet answered (nor
+    /// failed), per connection ([`crate::connection::Connection::id`]):
+    /// what `max_requests_per_connection` limits. Counted here, under the
+    /// state lock, so that every answer that frees a slot is seen
+    /// (`Shared::request_done`); a connection's other requests (metadata)
+    /// do not count. Entries go when they reach 0.
+    requests_out: HashMap<usize, usize>,
     stats: ProducerStats,
     closed: bool,
 }
@@ -462,10 +469,11 @@ struct PartState {
     /// and the next batch's base sequence; `None` until the first send, and
     /// again after a batch failed for good (the next send starts a new id).
     sequence: Option<(i64, i32)>,
-    /// The connection its last request went to: whether it may send now
-    /// depends on that connection's requests out (`Shared::may_send`). A
-    /// leader that moved is found again when the batch is written.
-    lane: Option<crate::connection::Connection>,
+    /// The connection its last request went to (its id): whether it may
+    /// send now depends on that connection's requests out
+    /// (`State::requests_out`). A leader that moved is found again when
+    /// the batch is written.
+    lane: Option<usize>,
 }
 
 impl PartState {
@@ -594,6 +602,16 @@ pub const IDEMPOTENT_MAX_IN_FLIGHT: usize = 5;
 
 /// [`ProducerConfig::max_requests_per_connection`]'s default.
 pub const DEFAULT_MAX_REQUESTS_PER_CONNECTION: usize = 5;
+
+/// Most bytes of batches one produce request carries (one batch at least,
+/// whatever its size): well inside a broker's frame limit (16 MiB by
+/// default), so that gathering many partitions' batches never makes a
+/// request the broker refuses.
+const REQUEST_BYTES_MAX: usize = 4 << 20;
+
+/// Most partitions one produce request carries (the broker takes up to
+/// 10,000).
+const REQUEST_PARTITIONS_MAX: usize = 1000;
 
 /// Most a new batch allocates before its first record.
 const MAX_PREALLOCATED: usize = 4 << 20;
@@ -911,7 +929,11 @@ impl Shared {
                 qs.sticky = (qs.sticky + 1) % partitions;
             }
         }
-        let sendable = self.sendable_bytes(part);
+        let sendable = self.sendable_bytes(&st.requests_out, part);
+        if sendable.is_none() && self.partition_may_send(part) && !self.connection_free(&st.requests_out, part) {
+            // It goes once its connection answers one of its requests.
+            st.waiting_for_connection = true;
+        }
         st.buffered += size;
         // The sender thread cares only when a batch starts (its linger
         // clock) or closes (it can go): not about every record.
@@ -923,8 +945,8 @@ impl Shared {
     /// a producer-id reset — no request still out under the retired id (the
     /// leader keeps no order between two ids, so those must come back and be
     /// requeued in place first; their completion wakes the sender).
-    fn may_send(&self, part: &PartState) -> bool {
-        self.partition_may_send(part) && self.connection_free(part)
+    fn may_send(&self, requests_out: &HashMap<usize, usize>, part: &PartState) -> bool {
+        self.partition_may_send(part) && self.connection_free(requests_out, part)
     }
 
     /// [`Shared::may_send`] as far as the partition itself goes.
@@ -935,18 +957,17 @@ impl Shared {
     }
 
     /// Whether the connection the partition last sent on takes another
-    /// request now (`max_requests_per_connection`). A failed connection
-    /// has none out.
-    fn connection_free(&self, part: &PartState) -> bool {
+    /// request now (`max_requests_per_connection`, against
+    /// `State::requests_out`).
+    fn connection_free(&self, requests_out: &HashMap<usize, usize>, part: &PartState) -> bool {
         part.lane
-            .as_ref()
-            .is_none_or(|c| c.requests_out() < self.config.max_requests_per_connection)
+            .is_none_or(|id| requests_out.get(&id).copied().unwrap_or(0) < self.config.max_requests_per_connection)
     }
 
     /// The size of the batch a partition could send next, if it has a free
     /// request slot and something to send.
-    fn sendable_bytes(&self, part: &PartState) -> Option<usize> {
-        if !self.may_send(part) {
+    fn sendable_bytes(&self, requests_out: &HashMap<usize, usize>, part: &PartState) -> Option<usize> {
+        if !self.may_send(requests_out, part) {
             return None;
         }
         match (part.ready.front(), &part.open) {
@@ -966,7 +987,7 @@ impl Shared {
         if !self.partition_may_send(part) || part.ready.front().is_some_and(|b| b.not_before > now) {
             return None;
         }
-        if !self.connection_free(part) {
+        if !self.connection_free(&st.requests_out, part) {
             // The next response wakes the sender thread for it.
             st.waiting_for_connection = true;
             return None;
@@ -1033,11 +1054,18 @@ impl Shared {
         }
         // The next moment something may become sendable.
         let mut next: Option<Instant> = None;
+        let mut blocked = false;
         for qs in st.queues.values() {
             for p in &qs.parts {
                 // (A partition being written is looked at again when its
                 // write ends: `dispatch` wakes the sender.)
-                if !self.may_send(p) {
+                if !self.partition_may_send(p) {
+                    continue;
+                }
+                // (One whose connection is at its limit, when that answers;
+                // a retry still backing off too.)
+                if !self.connection_free(&st.requests_out, p) {
+                    blocked |= p.open.is_some() || !p.ready.is_empty();
                     continue;
                 }
                 let t = match (p.ready.front(), &p.open) {
@@ -1051,24 +1079,45 @@ impl Shared {
                 };
             }
         }
+        if blocked {
+            st.waiting_for_connection = true;
+        }
         (out, next)
     }
 
     /// Writes the batches taken to their partitions' leaders, one request
-    /// per connection; the responses complete them on the connections'
-    /// reader threads.
+    /// per connection (more when they are over [`REQUEST_BYTES_MAX`] or
+    /// [`REQUEST_PARTITIONS_MAX`] together); the responses complete them on
+    /// the connections' reader threads. A batch already past its delivery
+    /// timeout fails here instead of going.
     fn dispatch(self: &Arc<Self>, outs: Vec<Outgoing>) {
         let lanes = self.config.connections_per_broker;
-        let mut requests: Vec<(crate::connection::Connection, Vec<Outgoing>)> = Vec::new();
+        let now = Instant::now();
+        let mut requests: Vec<(crate::connection::Connection, Vec<Outgoing>, usize)> = Vec::new();
         // What to mark once written: each batch's partition and its connection.
         let mut sent = Vec::with_capacity(outs.len());
         for out in outs {
+            if out.batch.deadline <= now {
+                sent.push((out.info.clone(), out.partition, None));
+                let late = ClientError::Timeout("the batch waited for its turn past its delivery timeout".into());
+                self.complete(out, Err(late));
+                continue;
+            }
             match self.cluster.leader_lane(&out.info, out.partition, lanes) {
                 Ok(conn) => {
-                    sent.push((out.info.clone(), out.partition, Some(conn.clone())));
-                    match requests.iter_mut().find(|(c, _)| c.id() == conn.id()) {
-                        Some((_, batches)) => batches.push(out),
-                        None => requests.push((conn, vec![out])),
+                    sent.push((out.info.clone(), out.partition, Some(conn.id())));
+                    let len = out.batch.bytes.len();
+                    let open = requests.iter_mut().find(|(c, batches, bytes)| {
+                        c.id() == conn.id()
+                            && batches.len() < REQUEST_PARTITIONS_MAX
+                            && bytes + len <= REQUEST_BYTES_MAX
+                    });
+                    match open {
+                        Some((_, batches, bytes)) => {
+                            batches.push(out);
+                            *bytes += len;
+                        }
+                        None => requests.push((conn, vec![out], len)),
                     }
                 }
                 Err(e) => {
@@ -1077,14 +1126,23 @@ impl Shared {
                 }
             }
         }
-        let written = requests.len() as u64;
-        for (conn, batches) in requests {
+        let answered = self.config.acks != Acks::None;
+        {
+            let mut st = self.lock();
+            st.stats.requests += requests.len() as u64;
+            // Counted before they are written: an answer may come first.
+            if answered {
+                for (conn, _, _) in &requests {
+                    *st.requests_out.entry(conn.id()).or_default() += 1;
+                }
+            }
+        }
+        for (conn, batches, _) in requests {
             self.write_request(&conn, batches);
         }
         // Their bytes are in the sockets (or failed): the partitions' next
         // batches may go.
         let mut st = self.lock();
-        st.stats.requests += written;
         let mut more = false;
         for (info, partition, conn) in sent {
             if let Some(part) = st
@@ -1107,20 +1165,22 @@ impl Shared {
     }
 
     /// Writes one produce request with `batches` (one per partition) to
-    /// `conn`.
+    /// `conn` (counted in `State::requests_out` if it will be answered).
     fn write_request(self: &Arc<Self>, conn: &crate::connection::Connection, batches: Vec<Outgoing>) {
         let acks = self.config.acks;
         // A record fails once its `delivery_timeout` is up: the request
-        // waits (at the broker, and here for its answer) no longer than its
-        // most urgent batch has left. (It waited the whole
-        // `request_timeout`, 30 s by default, past a 10 s delivery timeout:
-        // the 29.2 s without an ack in a 12-minute strand-chaos run was a
-        // produce held by a leader that had been replaced.)
+        // waits (at the broker, and here for its answer) no longer than the
+        // batch with the most time left has (the others are answered as
+        // late as that at worst; a batch already past its time does not go:
+        // `dispatch`). (A request waited the whole `request_timeout`, 30 s
+        // by default, past a 10 s delivery timeout: the 29.2 s without an
+        // ack in a 12-minute strand-chaos run was a produce held by a leader
+        // that had been replaced.)
         let now = Instant::now();
         let left = batches
             .iter()
             .map(|b| b.batch.deadline.saturating_duration_since(now))
-            .min()
+            .max()
             .unwrap_or_default();
         let wait = self.config.request_timeout.min(left.max(Duration::from_millis(1)));
         let timeout_ms = wait.as_millis().min(u128::from(u32::MAX)) as u32;
@@ -1143,19 +1203,37 @@ impl Shared {
             }
             return;
         }
+        let id = conn.id();
         let (me, slot) = (self.clone(), Arc::new(Mutex::new(Some(batches))));
         let s = slot.clone();
         let on_response = Box::new(move |r: Result<strand_net::Frame, ClientError>| {
             let batches = s.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(batches) = batches {
+                me.request_done(id);
                 me.complete_each(batches, r);
             }
         });
         let due = wait + crate::connection::RESPONSE_GRACE;
         if let Err(e) = conn.send_within(Api::Produce, &body, tail, Some(on_response), due) {
             let batches = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            for b in batches.into_iter().flatten() {
-                self.complete(b, Err(e.clone()));
+            if let Some(batches) = batches {
+                self.request_done(id);
+                for b in batches {
+                    self.complete(b, Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// A request on connection `id` was answered or failed: its slot is
+    /// free (the batches' completions then wake the sender thread for the
+    /// ones waiting for it).
+    fn request_done(&self, id: usize) {
+        let mut st = self.lock();
+        if let Some(n) = st.requests_out.get_mut(&id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                st.requests_out.remove(&id);
             }
         }
     }
@@ -1601,17 +1679,6 @@ mod tests {
 
     #[test]
     fn a_connection_at_its_request_limit_holds_batches_back_and_says_so() {
-        // A broker that never answers: the request written stays out.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let conn = crate::connection::Connection::connect(&listener.local_addr().unwrap().to_string()).unwrap();
-        conn.send(
-            Api::Produce,
-            &[],
-            strand_net::message::TailBuilder::default(),
-            Some(Box::new(|_| {})),
-        )
-        .unwrap();
-        assert_eq!(conn.requests_out(), 1);
         let with_limit = |max_requests_per_connection| {
             shared_with(ProducerConfig {
                 max_requests_per_connection,
@@ -1619,15 +1686,43 @@ mod tests {
             })
         };
         let mut st = state_with(vec![ready(0, 1)]);
-        st.queues.get_mut("q").unwrap().parts[0].lane = Some(conn.clone());
+        // The partition's connection (id 7) has one request of ours out.
+        st.queues.get_mut("q").unwrap().parts[0].lane = Some(7);
+        st.requests_out.insert(7, 1);
         let now = Instant::now();
         assert!(with_limit(1).take_partition(&mut st, "q", 0, now).is_none());
         assert!(st.waiting_for_connection, "the next response must wake the sender");
-        assert!(with_limit(1).sendable_bytes(&st.queues["q"].parts[0]).is_none());
-        // One more request allowed: it goes.
+        assert!(with_limit(1)
+            .sendable_bytes(&st.requests_out, &st.queues["q"].parts[0])
+            .is_none());
+        // Nor does the sender thread set a timer for it: the answer wakes it.
         st.waiting_for_connection = false;
-        assert!(with_limit(2).take_partition(&mut st, "q", 0, now).is_some());
-        assert!(!st.waiting_for_connection);
+        let (taken, next) = with_limit(1).take_sendable(&mut st, now);
+        assert!(taken.is_empty() && next.is_none());
+        assert!(st.waiting_for_connection);
+        // Answered: the slot is free and the batch goes.
+        let s = with_limit(1);
+        s.state.lock().unwrap().requests_out.insert(7, 1);
+        s.request_done(7);
+        assert!(
+            s.state.lock().unwrap().requests_out.is_empty(),
+            "a count at 0 is dropped"
+        );
+        st.requests_out.clear();
+        assert!(s.take_partition(&mut st, "q", 0, now).is_some());
+        // A record enqueued meanwhile says so too (nothing else would wake
+        // the sender thread for it).
+        let mut st = state_with(vec![]);
+        st.queues.get_mut("q").unwrap().parts[0].lane = Some(7);
+        st.requests_out.insert(7, 1);
+        let size = BatchBuilder::record_size(None, Some(b"v"), &[]);
+        let (_, _, _, sendable) = with_limit(1).append(&mut st, "q", None, b"v", &[], size).unwrap();
+        assert!(sendable.is_none() && st.waiting_for_connection);
+        // Another request allowed: it would have gone too.
+        let mut st = state_with(vec![ready(0, 1)]);
+        st.queues.get_mut("q").unwrap().parts[0].lane = Some(7);
+        st.requests_out.insert(7, 1);
+        assert!(with_limit(2).take_partition(&mut st, "q", 0, Instant::now()).is_some());
     }
 
     #[test]

@@ -84,22 +84,23 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
         })
         .await
     };
-    let mut results: Vec<Result<Produced, WireError>> = Vec::new();
-    if parts.len() == 1 {
-        // The common case: no task to spawn and schedule.
-        let records = records.into_iter().next().flatten();
-        results.push(ask_one(shard.clone(), parts[0].queue.clone(), parts[0].partition, records).await);
-    } else {
-        let tasks: Vec<_> = parts
-            .iter()
-            .zip(records)
-            .map(|(part, records)| {
-                glommio::spawn_local(ask_one(shard.clone(), part.queue.clone(), part.partition, records))
-            })
-            .collect();
-        for t in tasks {
-            results.push(t.await);
-        }
+    // A task per partition, for one partition too: the requests of a
+    // connection start in the order they came (a task each), and their
+    // partitions' appends must keep that order (a partition's next batch
+    // may come in the next request). Had a lone partition been appended
+    // inline, it would have overtaken the partitions an earlier request
+    // handed to tasks: an idempotent producer's batch refused as out of
+    // order, records reordered without idempotence.
+    let tasks: Vec<_> = parts
+        .iter()
+        .zip(records)
+        .map(|(part, records)| {
+            glommio::spawn_local(ask_one(shard.clone(), part.queue.clone(), part.partition, records))
+        })
+        .collect();
+    let mut results: Vec<Result<Produced, WireError>> = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        results.push(t.await);
     }
     // Counted per queue entry of the request (its parts are consecutive, as
     // the response groups them): linear, no allocation.

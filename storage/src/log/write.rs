@@ -45,9 +45,11 @@
 //! → 1.3 ms, p99 60 → 26 ms, and at 58,000/s p99 230 → 66 ms, at the same
 //! machine CPU (the flush work moves from the broker's io_uring workers to
 //! the kernel's), so the broker process's own CPU falls by a sixth to a
-//! quarter without the machine's doing so. Pre-zeroing writes go through too (off the
-//! commit path). A roll still fdatasyncs the sealed segment (its
-//! truncation), and a segment opened at start-up is made durable as before.
+//! quarter without the machine's doing so. Pre-zeroing writes go through
+//! too, in the background (a data write waits for one only when it
+//! reaches the zeroed range, or when the next is due before the last has
+//! landed). A roll still fdatasyncs the sealed segment (its truncation),
+//! and a segment opened at start-up is made durable as before.
 
 use std::path::Path;
 use std::rc::Rc;
