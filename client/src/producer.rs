@@ -510,6 +510,9 @@ struct ReadyBatch {
     attempts: u32,
     not_before: Instant,
     deadline: Instant,
+    /// Why its last attempt failed (it waits to be sent again): what its
+    /// failure says if its delivery timeout runs out before then.
+    last_error: Option<ClientError>,
 }
 
 impl ReadyBatch {
@@ -552,6 +555,7 @@ impl OpenBatch {
             accounted: self.accounted,
             attempts: 0,
             not_before: self.since,
+            last_error: None,
             deadline: self.deadline,
         }
     }
@@ -1099,7 +1103,9 @@ impl Shared {
         for out in outs {
             if out.batch.deadline <= now {
                 sent.push((out.info.clone(), out.partition, None));
-                let late = ClientError::Timeout("the batch waited for its turn past its delivery timeout".into());
+                let late = out.batch.last_error.clone().unwrap_or_else(|| {
+                    ClientError::Timeout("the batch waited for its turn past its delivery timeout".into())
+                });
                 self.complete(out, Err(late));
                 continue;
             }
@@ -1315,6 +1321,7 @@ impl Shared {
                     }
                 }
                 b.attempts += 1;
+                b.last_error = Some(e.clone());
                 b.not_before =
                     now + crate::retry::backoff(b.attempts, self.config.retry_backoff, self.config.retry_backoff_max);
                 if let Some(part) = st
