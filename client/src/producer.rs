@@ -407,15 +407,42 @@ struct State {
     /// A batch could go but for its connection's request limit: the next
     /// response wakes the sender thread.
     waiting_for_connection: bool,
-    /// This producer's produce requests written and not yet answered (nor
-    /// failed), per connection ([`crate::connection::Connection::id`]):
-    /// what `max_requests_per_connection` limits. Counted here, under the
-    /// state lock, so that every answer that frees a slot is seen
-    /// (`Shared::request_done`); a connection's other requests (metadata)
-    /// do not count. Entries go when they reach 0.
-    requests_out: HashMap<usize, usize>,
+    /// This producer's produce requests out per connection: what
+    /// `max_requests_per_connection` limits ([`RequestsOut`]).
+    requests_out: RequestsOut,
     stats: ProducerStats,
     closed: bool,
+}
+
+/// This producer's produce requests written and not yet answered (nor
+/// failed), per connection ([`crate::connection::Connection::id`]).
+/// Counted under the state lock, so every answer that frees a slot is seen
+/// (`Shared::finish`); a connection's other requests (metadata) do not
+/// count. A request is counted once written and uncounted when answered,
+/// and the answer may come first: a count may be -1 for a moment. Only
+/// connections with a count other than 0 have an entry (a handful: one per
+/// broker shard at most), so a linear search serves the per-record look.
+#[derive(Default)]
+struct RequestsOut(Vec<(usize, i64)>);
+
+impl RequestsOut {
+    /// Connection `id`'s requests out.
+    fn of(&self, id: usize) -> i64 {
+        self.0.iter().find(|(c, _)| *c == id).map_or(0, |(_, n)| *n)
+    }
+
+    /// Adds `n` (1: written, -1: answered) to connection `id`'s count.
+    fn add(&mut self, id: usize, n: i64) {
+        match self.0.iter().position(|(c, _)| *c == id) {
+            Some(i) => {
+                self.0[i].1 += n;
+                if self.0[i].1 == 0 {
+                    self.0.swap_remove(i);
+                }
+            }
+            None => self.0.push((id, n)),
+        }
+    }
 }
 
 /// What a producer has sent so far ([`Producer::stats`]): the batch size it
@@ -622,6 +649,15 @@ const MAX_PREALLOCATED: usize = 4 << 20;
 
 /// Largest batch the enqueuing thread writes to the socket itself.
 const INLINE_SEND_MAX: usize = 64 << 10;
+
+/// The size of the batch a partition would send next, if it has one.
+fn next_batch_bytes(part: &PartState) -> Option<usize> {
+    match (part.ready.front(), &part.open) {
+        (Some(b), _) => Some(b.bytes.len()),
+        (None, Some(o)) => Some(o.builder.size_bytes()),
+        (None, None) => None,
+    }
+}
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -842,7 +878,7 @@ impl Shared {
 
     /// Adds a record to its partition's open batch; returns the partition,
     /// the record's delivery, whether a batch started or closed, and what
-    /// the partition could send now ([`Shared::sendable_bytes`]); `None` if
+    /// the partition could send now (`next_batch_bytes`); `None` if
     /// the producer does not know the queue ([`Shared::install`]).
     fn append(
         &self,
@@ -933,27 +969,27 @@ impl Shared {
                 qs.sticky = (qs.sticky + 1) % partitions;
             }
         }
-        let sendable = self.sendable_bytes(&st.requests_out, part);
-        if sendable.is_none() && self.partition_may_send(part) && !self.connection_free(&st.requests_out, part) {
-            // It goes once its connection answers one of its requests.
-            st.waiting_for_connection = true;
-        }
+        let sendable = match self.partition_may_send(part) {
+            true if self.connection_free(&st.requests_out, part) => next_batch_bytes(part),
+            true => {
+                // It goes once its connection answers one of its requests.
+                st.waiting_for_connection = true;
+                None
+            }
+            false => None,
+        };
         st.buffered += size;
         // The sender thread cares only when a batch starts (its linger
         // clock) or closes (it can go): not about every record.
         Some((partition, delivery, new_batch || full, sendable))
     }
 
-    /// Whether the partition may send a request now (something to send
+    /// Whether the partition itself may send a request now (something to
+    /// send, and its connection's limit, [`Shared::connection_free`],
     /// aside): a free request slot, no batch of it being written, and — after
     /// a producer-id reset — no request still out under the retired id (the
     /// leader keeps no order between two ids, so those must come back and be
     /// requeued in place first; their completion wakes the sender).
-    fn may_send(&self, requests_out: &HashMap<usize, usize>, part: &PartState) -> bool {
-        self.partition_may_send(part) && self.connection_free(requests_out, part)
-    }
-
-    /// [`Shared::may_send`] as far as the partition itself goes.
     fn partition_may_send(&self, part: &PartState) -> bool {
         let cfg = &self.config;
         let draining = cfg.idempotence && cfg.acks != Acks::None && part.sequence.is_none() && part.in_flight > 0;
@@ -963,22 +999,9 @@ impl Shared {
     /// Whether the connection the partition last sent on takes another
     /// request now (`max_requests_per_connection`, against
     /// `State::requests_out`).
-    fn connection_free(&self, requests_out: &HashMap<usize, usize>, part: &PartState) -> bool {
+    fn connection_free(&self, requests_out: &RequestsOut, part: &PartState) -> bool {
         part.lane
-            .is_none_or(|id| requests_out.get(&id).copied().unwrap_or(0) < self.config.max_requests_per_connection)
-    }
-
-    /// The size of the batch a partition could send next, if it has a free
-    /// request slot and something to send.
-    fn sendable_bytes(&self, requests_out: &HashMap<usize, usize>, part: &PartState) -> Option<usize> {
-        if !self.may_send(requests_out, part) {
-            return None;
-        }
-        match (part.ready.front(), &part.open) {
-            (Some(b), _) => Some(b.bytes.len()),
-            (None, Some(o)) => Some(o.builder.size_bytes()),
-            (None, None) => None,
-        }
+            .is_none_or(|id| requests_out.of(id) < self.config.max_requests_per_connection as i64)
     }
 
     /// The batches of one partition that may go now, if any: ready ones
@@ -1132,23 +1155,22 @@ impl Shared {
                 }
             }
         }
-        let answered = self.config.acks != Acks::None;
-        {
-            let mut st = self.lock();
-            st.stats.requests += requests.len() as u64;
-            // Counted before they are written: an answer may come first.
-            if answered {
-                for (conn, _, _) in &requests {
-                    *st.requests_out.entry(conn.id()).or_default() += 1;
-                }
-            }
-        }
+        let written = requests.len() as u64;
+        let answered: Vec<usize> = match self.config.acks {
+            Acks::None => Vec::new(),
+            _ => requests.iter().map(|(conn, _, _)| conn.id()).collect(),
+        };
         for (conn, batches, _) in requests {
             self.write_request(&conn, batches);
         }
         // Their bytes are in the sockets (or failed): the partitions' next
-        // batches may go.
+        // batches may go, and the requests count against their connections
+        // (an answer that came first has taken its one off already).
         let mut st = self.lock();
+        st.stats.requests += written;
+        for id in answered {
+            st.requests_out.add(id, 1);
+        }
         let mut more = false;
         for (info, partition, conn) in sent {
             if let Some(part) = st
@@ -1171,7 +1193,7 @@ impl Shared {
     }
 
     /// Writes one produce request with `batches` (one per partition) to
-    /// `conn` (counted in `State::requests_out` if it will be answered).
+    /// `conn` (`dispatch` counts it against the connection).
     fn write_request(self: &Arc<Self>, conn: &crate::connection::Connection, batches: Vec<Outgoing>) {
         let acks = self.config.acks;
         // A record fails once its `delivery_timeout` is up: the request
@@ -1215,38 +1237,23 @@ impl Shared {
         let on_response = Box::new(move |r: Result<strand_net::Frame, ClientError>| {
             let batches = s.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(batches) = batches {
-                me.request_done(id);
-                me.complete_each(batches, r);
+                me.complete_each(batches, r, id);
             }
         });
         let due = wait + crate::connection::RESPONSE_GRACE;
         if let Err(e) = conn.send_within(Api::Produce, &body, tail, Some(on_response), due) {
             let batches = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(batches) = batches {
-                self.request_done(id);
-                for b in batches {
-                    self.complete(b, Err(e.clone()));
-                }
+            let mut freed = Some(id);
+            for b in batches.into_iter().flatten() {
+                self.finish(b, Err(e.clone()), freed.take());
             }
         }
     }
 
-    /// A request on connection `id` was answered or failed: its slot is
-    /// free (the batches' completions then wake the sender thread for the
-    /// ones waiting for it).
-    fn request_done(&self, id: usize) {
-        let mut st = self.lock();
-        if let Some(n) = st.requests_out.get_mut(&id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                st.requests_out.remove(&id);
-            }
-        }
-    }
-
-    /// Finishes every batch of a request from its response (or the failure
-    /// that replaced it): each by its own partition's answer.
-    fn complete_each(&self, batches: Vec<Outgoing>, response: Result<strand_net::Frame, ClientError>) {
+    /// Finishes every batch of a request on connection `conn` from its
+    /// response (or the failure that replaced it): each by its own
+    /// partition's answer; the request's slot is free.
+    fn complete_each(&self, batches: Vec<Outgoing>, response: Result<strand_net::Frame, ClientError>, conn: usize) {
         let mut results: Vec<Option<Result<(u64, u64), ClientError>>> = batches.iter().map(|_| None).collect();
         let whole = response.and_then(|frame| {
             // The broker answers in the request's order: look there first.
@@ -1268,6 +1275,7 @@ impl Shared {
                 }
             })
         });
+        let mut freed = Some(conn);
         for (b, result) in batches.into_iter().zip(results) {
             let result = match (&whole, result) {
                 (Err(e), _) => Err(e.clone()),
@@ -1277,13 +1285,20 @@ impl Shared {
                     b.partition, b.info.name
                 ))),
             };
-            self.complete(b, result);
+            self.finish(b, result, freed.take());
         }
     }
 
     /// Finishes a request: hands out offsets, or schedules a retry, or
     /// fails the records.
     fn complete(&self, out: Outgoing, result: Result<Option<(u64, u64)>, ClientError>) {
+        self.finish(out, result, None)
+    }
+
+    /// [`Shared::complete`], and with `freed` the request that carried the
+    /// batch is over: one fewer out on that connection (under the same
+    /// lock: the batches waiting for it are then looked at).
+    fn finish(&self, out: Outgoing, result: Result<Option<(u64, u64)>, ClientError>, freed: Option<usize>) {
         let now = Instant::now();
         let mut b = out.batch;
         let result = match result {
@@ -1293,6 +1308,9 @@ impl Shared {
             other => other.map(|r| r.map(|(base, _)| base)),
         };
         let mut st = self.lock();
+        if let Some(id) = freed {
+            st.requests_out.add(id, -1);
+        }
         let known = st
             .queues
             .get(&out.info.name)
@@ -1695,40 +1713,39 @@ mod tests {
         let mut st = state_with(vec![ready(0, 1)]);
         // The partition's connection (id 7) has one request of ours out.
         st.queues.get_mut("q").unwrap().parts[0].lane = Some(7);
-        st.requests_out.insert(7, 1);
+        st.requests_out.add(7, 1);
         let now = Instant::now();
         assert!(with_limit(1).take_partition(&mut st, "q", 0, now).is_none());
         assert!(st.waiting_for_connection, "the next response must wake the sender");
-        assert!(with_limit(1)
-            .sendable_bytes(&st.requests_out, &st.queues["q"].parts[0])
-            .is_none());
+        assert!(!with_limit(1).connection_free(&st.requests_out, &st.queues["q"].parts[0]));
         // Nor does the sender thread set a timer for it: the answer wakes it.
         st.waiting_for_connection = false;
         let (taken, next) = with_limit(1).take_sendable(&mut st, now);
         assert!(taken.is_empty() && next.is_none());
         assert!(st.waiting_for_connection);
         // Answered: the slot is free and the batch goes.
-        let s = with_limit(1);
-        s.state.lock().unwrap().requests_out.insert(7, 1);
-        s.request_done(7);
-        assert!(
-            s.state.lock().unwrap().requests_out.is_empty(),
-            "a count at 0 is dropped"
-        );
-        st.requests_out.clear();
-        assert!(s.take_partition(&mut st, "q", 0, now).is_some());
+        st.requests_out.add(7, -1);
+        assert!(st.requests_out.0.is_empty(), "a count at 0 is dropped");
+        assert!(with_limit(1).take_partition(&mut st, "q", 0, now).is_some());
+        // An answer counted before its write: the count dips below 0 and
+        // comes back.
+        let mut counts = RequestsOut::default();
+        counts.add(9, -1);
+        assert_eq!(counts.of(9), -1);
+        counts.add(9, 1);
+        assert!(counts.0.is_empty());
         // A record enqueued meanwhile says so too (nothing else would wake
         // the sender thread for it).
         let mut st = state_with(vec![]);
         st.queues.get_mut("q").unwrap().parts[0].lane = Some(7);
-        st.requests_out.insert(7, 1);
+        st.requests_out.add(7, 1);
         let size = BatchBuilder::record_size(None, Some(b"v"), &[]);
         let (_, _, _, sendable) = with_limit(1).append(&mut st, "q", None, b"v", &[], size).unwrap();
         assert!(sendable.is_none() && st.waiting_for_connection);
         // Another request allowed: it would have gone too.
         let mut st = state_with(vec![ready(0, 1)]);
         st.queues.get_mut("q").unwrap().parts[0].lane = Some(7);
-        st.requests_out.insert(7, 1);
+        st.requests_out.add(7, 1);
         assert!(with_limit(2).take_partition(&mut st, "q", 0, Instant::now()).is_some());
     }
 

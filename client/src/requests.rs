@@ -98,11 +98,11 @@ pub fn produced_each(
 /// The (base offset, last offset) of the first partition in a Produce
 /// response, or its error.
 pub fn produced(frame: &Frame) -> Result<(u64, u64), ClientError> {
-    let resp = read_body::<ProduceResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    ClientError::check(resp.error())?;
-    let part = first_partition(resp.queues(), |q| q.partitions(), "produce")?;
-    ClientError::check(part.error())?;
-    Ok((part.base_offset(), part.last_offset()))
+    let mut first = None;
+    produced_each(frame, |_, _, result| {
+        first.get_or_insert(result);
+    })?;
+    first.unwrap_or_else(|| Err(ClientError::Protocol("produce response without a partition".into())))
 }
 
 /// The first partition entry of the first queue entry of a response.
