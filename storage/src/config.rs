@@ -92,18 +92,8 @@ impl LogConfig {
 
     /// Whether the active segment is written through (`write_through`,
     /// which only `fsync: Always` uses).
-    pub fn writes_through(&self) -> bool {
+    pub(crate) fn writes_through(&self) -> bool {
         self.write_through && self.fsync == FsyncPolicy::Always
-    }
-
-    /// The open(2) flags the active segment gets beyond glommio's own
-    /// (`O_DIRECT`, read-write).
-    pub(crate) fn active_segment_flags(&self) -> i32 {
-        if self.writes_through() {
-            libc::O_DSYNC
-        } else {
-            0
-        }
     }
 
     /// Checks the relations between settings; the log refuses to open with a

@@ -76,7 +76,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use glommio::io::{DmaFile, OpenOptions};
+use glommio::io::DmaFile;
 use glommio::sync::Semaphore;
 use tracing::warn;
 
@@ -534,11 +534,8 @@ fn check_follows(prev: Option<&(PathBuf, Offset, u64)>, path: &Path, base: Offse
 /// batch (and anything from `limit` on), makes that durable, and reads the
 /// partial last block back into memory.
 async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Option<u64>) -> Result<ActiveSegment> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
+    let file = crate::segment::active::open_options(config)
         .create(true)
-        .custom_flags(config.active_segment_flags())
         .dma_open(path)
         .await
         .map_err(|e| StorageError::glommio("opening", path, e))?;

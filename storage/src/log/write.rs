@@ -55,16 +55,16 @@ use std::path::Path;
 use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
-use glommio::io::{DmaFile, OpenOptions};
+use glommio::io::DmaFile;
 use tracing::warn;
 
 use super::maintain::{remove_index_files, remove_segment_files};
 use super::{mono_ms, now_ms, AppendInfo, Log};
 use crate::batch::{RecordBatch, Stamp};
-use crate::config::FsyncPolicy;
+use crate::config::{FsyncPolicy, LogConfig};
 use crate::error::{Result, StorageError};
 use crate::index::SegmentIndex;
-use crate::segment::active::{ActiveSegment, Recovered};
+use crate::segment::active::{self, ActiveSegment, Recovered};
 use crate::segment::io::{sync_dir, write_small_file};
 use crate::segment::recover::write_index_files;
 use crate::segment::{index_path, log_file_name, time_index_path, OpenSegment};
@@ -323,21 +323,18 @@ impl Log {
             self.inner.state.borrow_mut().zeroing = Some((pos, zeroing));
         }
         {
-            let through = self.inner.config.writes_through();
             let mut st = self.inner.state.borrow_mut();
-            if through {
-                st.stats.write_through_writes += 1;
-            } else {
-                st.unsynced_bytes += job.done.bytes;
-            }
             st.stats.writes += 1;
             st.stats.write_ns += started.elapsed().as_nanos() as u64;
             st.stats.bytes_written += job.done.bytes;
-            let written = job.done.written_offset;
+            let (written, bytes) = (job.done.written_offset, job.done.bytes);
             st.active.finish_write(job.done);
-            if through {
+            if self.inner.config.writes_through() {
                 // Durable as it completed (O_DSYNC: "Write-through").
                 st.flushed = st.flushed.max(written);
+                st.stats.write_through_writes += 1;
+            } else {
+                st.unsynced_bytes += bytes;
             }
             st.cache.evict(written);
         }
@@ -508,7 +505,7 @@ impl Log {
                     remove_segment_files(&seg.path).await?;
                     continue;
                 }
-                match recycle(&seg.path, path, config.active_segment_flags()).await {
+                match recycle(&seg.path, path, config).await {
                     // Its indexes go after the rename: a reader opening the
                     // old segment now fails to find it instead of rebuilding
                     // its index from the file being written over.
@@ -526,12 +523,9 @@ impl Log {
                 return Ok(file);
             }
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
+        let file = active::open_options(config)
             .create(true)
             .truncate(true)
-            .custom_flags(config.active_segment_flags())
             .dma_open(path)
             .await
             .map_err(|e| StorageError::glommio("creating", path, e))?;
@@ -539,16 +533,14 @@ impl Log {
     }
 }
 
-/// Renames the segment file `old` to `new` and opens it for writing over
-/// (with `flags`: `LogConfig::active_segment_flags`).
-async fn recycle(old: &Path, new: &Path, flags: i32) -> std::result::Result<(DmaFile, u64), glommio::GlommioError<()>> {
+/// Renames the segment file `old` to `new` and opens it for writing over.
+async fn recycle(
+    old: &Path,
+    new: &Path,
+    config: &LogConfig,
+) -> std::result::Result<(DmaFile, u64), glommio::GlommioError<()>> {
     glommio::io::rename(old, new).await?;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(flags)
-        .dma_open(new)
-        .await?;
+    let file = active::open_options(config).dma_open(new).await?;
     let len = file.file_size().await?;
     Ok((file, len))
 }

@@ -31,7 +31,7 @@
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use glommio::io::{DmaBuffer, DmaFile};
+use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
 
 use super::io::{align_down, align_up};
 use super::SealedSegment;
@@ -39,6 +39,18 @@ use crate::batch::RecordBatch;
 use crate::config::LogConfig;
 use crate::index::SegmentIndex;
 use crate::Offset;
+
+/// How every open of an active segment's file for writing opens it (a new
+/// one, a recycled one, the one found at start-up): read-write, and
+/// `O_DSYNC` when the log writes through (`LogConfig::write_through`).
+pub(crate) fn open_options(config: &LogConfig) -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .write(true)
+        .custom_flags(if config.writes_through() { libc::O_DSYNC } else { 0 });
+    options
+}
 
 /// Smallest staging buffer: a few small batches fit before it must grow.
 const STAGING_MIN: u64 = 64 << 10;
