@@ -34,6 +34,10 @@ pub enum StorageError {
         position: u64,
         reason: String,
     },
+    /// The shard journal cannot be replayed without losing acknowledged
+    /// records (a needed frame is missing or damaged).
+    #[error("journal {dir}: {reason}")]
+    CorruptJournal { dir: PathBuf, reason: String },
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     #[error("the log was closed")]

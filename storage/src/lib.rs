@@ -24,6 +24,9 @@
 //! - [`epochs`]: the pure leader-epoch history (epoch → first offset, where
 //!   an epoch ends); [`checkpoint`]: its file and the high watermark's,
 //!   byte layouts and atomic writes.
+//! - [`journal`]: the shard journal: one write-ahead stream per shard that
+//!   makes every partition's appends of a round durable with one write
+//!   (format, group commit, recovery plan).
 //! - [`shard`]: per-shard resources shared by the logs of one shard: the
 //!   direct-I/O probe file, the file-descriptor cache for sealed segments and
 //!   the memory budgets ([`budget`]) of the tail caches and of read-ahead.
@@ -35,6 +38,7 @@ pub mod epochs;
 pub mod error;
 pub mod fuzzing;
 pub mod index;
+pub mod journal;
 pub mod log;
 pub mod notify;
 pub mod producers;

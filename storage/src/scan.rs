@@ -165,8 +165,7 @@ pub fn scan_all(buf: &[u8], start: u64, mut expected: Option<Offset>, batch_byte
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::{BatchBuilder, RecordBatch, Stamp};
-    use crate::LeaderEpoch;
+    use crate::batch::BatchBuilder;
 
     const MAX: usize = 1 << 20;
 
@@ -180,16 +179,7 @@ mod tests {
             for i in 0..n {
                 b.push(Some(&[i]), Some(&[n; 100]), &[], 1000 + i64::from(i));
             }
-            let batch = RecordBatch::stamped(
-                b.build(),
-                MAX,
-                Stamp {
-                    base_offset: Offset(next),
-                    leader_epoch: LeaderEpoch(1),
-                    log_append_time_ms: None,
-                },
-            )
-            .unwrap();
+            let batch = crate::testkit::stamp_at(b.build(), next);
             next = batch.next_offset().0;
             out.extend_from_slice(batch.bytes());
             ends.push(out.len() as u64);

@@ -21,6 +21,17 @@ pub fn batch(tag: u64, records: u32, value_len: usize, timestamp_ms: i64) -> Byt
     b.build()
 }
 
+/// `batch` as a log stores it: stamped with offsets from `base` on, in
+/// leader epoch 1.
+pub fn stamp_at(batch: BytesMut, base: u64) -> crate::batch::RecordBatch {
+    let stamp = crate::batch::Stamp {
+        base_offset: crate::Offset(base),
+        leader_epoch: crate::LeaderEpoch(1),
+        log_append_time_ms: None,
+    };
+    crate::batch::RecordBatch::stamped(batch, 1 << 24, stamp).expect("a valid batch stamps")
+}
+
 /// The value [`batch`] puts in record `index` of the batch tagged `tag`.
 pub fn fill_value(out: &mut [u8], tag: u64, index: u32) {
     let mut x = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(index).wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ 1;

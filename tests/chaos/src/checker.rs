@@ -46,6 +46,10 @@ pub struct History {
     pub acked: Vec<Acked>,
     /// Sends that failed (their outcome is unknown: they may be stored).
     pub failed: usize,
+    /// The failed sends by kind of error ([`failure_kind`]): how many, and
+    /// how long they took together (ms), to tell fast refusals from
+    /// sends that waited out their delivery timeout.
+    pub failures: BTreeMap<String, Failures>,
     /// Everything the cluster holds afterwards.
     pub stored: Vec<Stored>,
     /// Every value the consumer group delivered.
@@ -56,11 +60,48 @@ pub struct History {
     pub ended_ms: u64,
 }
 
+/// Failed sends of one kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Failures {
+    pub count: usize,
+    pub total_ms: u64,
+}
+
+/// The kind of a failed send, for counting: the broker's error code, or the
+/// client error's variant; a timeout names the last error it retried on
+/// when the message gives its code (`Timeout(NotLeader)`).
+pub fn failure_kind(e: &strand_client::ClientError) -> String {
+    use strand_client::ClientError as E;
+    match e {
+        E::Broker { code, .. } => format!("{code:?}"),
+        E::Io { .. } => "Io".into(),
+        E::Protocol(_) => "Protocol".into(),
+        E::Invalid(_) => "Invalid".into(),
+        E::MessageTooLarge { .. } => "MessageTooLarge".into(),
+        E::BufferFull { .. } => "BufferFull".into(),
+        E::Closed => "Closed".into(),
+        E::Timeout(message) => match last_code(message) {
+            Some(code) => format!("Timeout({code})"),
+            None if message.contains("(last error: connection to") => "Timeout(Io)".into(),
+            None => "Timeout".into(),
+        },
+    }
+}
+
+/// The error code at the end of a timeout's message, `... (last error: ...
+/// (Code))`: the broker error's `Display` ends with its code in brackets.
+fn last_code(message: &str) -> Option<&str> {
+    let rest = message.strip_suffix("))")?;
+    let (_, code) = rest.rsplit_once('(')?;
+    (!code.is_empty() && code.chars().all(|c| c.is_ascii_alphanumeric())).then_some(code)
+}
+
 /// The checker's findings.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Verdict {
     pub acked: usize,
     pub failed: usize,
+    pub failures: BTreeMap<String, Failures>,
     pub stored: usize,
     pub lost: usize,
     pub misplaced: usize,
@@ -98,6 +139,7 @@ pub fn check(h: &History) -> Verdict {
     let mut v = Verdict {
         acked: h.acked.len(),
         failed: h.failed,
+        failures: h.failures.clone(),
         stored: h.stored.len(),
         ..Verdict::default()
     };
@@ -388,6 +430,25 @@ mod tests {
         }
         h.positions = vec![(100, 0, 1), (200, 0, 3), (300, 0, 3)];
         h
+    }
+
+    #[test]
+    fn failures_are_counted_by_the_error_that_ended_them() {
+        use strand_client::ClientError;
+        use strand_wire::ErrorCode;
+        let refused = ClientError::broker(ErrorCode::StorageFull, "the disk is full");
+        assert_eq!(failure_kind(&refused), "StorageFull");
+        let timed_out = ClientError::Timeout(format!("not acknowledged within 10s (last error: {refused})"));
+        assert_eq!(failure_kind(&timed_out), "Timeout(StorageFull)");
+        let cut_off = ClientError::Io {
+            addr: "10.0.0.1:9092".into(),
+            message: "reset (by peer)".into(),
+        };
+        let timed_out = ClientError::Timeout(format!("not acknowledged within 10s (last error: {cut_off})"));
+        assert_eq!(failure_kind(&timed_out), "Timeout(Io)");
+        let waited = ClientError::Timeout("the batch waited for its turn past its delivery timeout".into());
+        assert_eq!(failure_kind(&waited), "Timeout");
+        assert_eq!(failure_kind(&cut_off), "Io");
     }
 
     #[test]

@@ -31,7 +31,7 @@
 //!
 //! The last line of stdout is one JSON object (a contract): `seed`,
 //! `nodes`, `duration_s`, `nemeses` (faults applied, by name), `acked`,
-//! `failed`, `stored`, `lost`, `misplaced`, `duplicates`, `reordered`,
+//! `failed`, `failed_by_kind` (error kind → count), `stored`, `lost`, `misplaced`, `duplicates`, `reordered`,
 //! `phantoms`, `commits_backwards`, `unconsumed`, `unavailable_s`,
 //! `violations` (of both workloads), and with the jobs workload `jobs_acked`,
 //! `jobs_poison`, `jobs_dead_lettered`, `jobs_good_dead_lettered`,
@@ -456,6 +456,14 @@ fn report(
         v.unavailable_ms as f64 / 1000.0,
         v.unavailable_from_ms as f64 / 1000.0
     );
+    if !v.failures.is_empty() {
+        let kinds: Vec<String> = v
+            .failures
+            .iter()
+            .map(|(kind, f)| format!("{kind} {} (mean {} ms)", f.count, f.total_ms / f.count.max(1) as u64))
+            .collect();
+        println!("failed by kind: {}", kinds.join(", "));
+    }
     for e in &v.examples {
         println!("  {e}");
     }
@@ -464,7 +472,9 @@ fn report(
     }
     let mut summary = serde_json::json!({
         "seed": args.seed, "nodes": args.nodes, "duration_s": args.duration.as_secs(),
-        "nemeses": applied, "acked": v.acked, "failed": v.failed, "stored": v.stored, "lost": v.lost,
+        "nemeses": applied, "acked": v.acked, "failed": v.failed,
+        "failed_by_kind": v.failures.iter().map(|(kind, f)| (kind.clone(), f.count)).collect::<BTreeMap<_, _>>(),
+        "stored": v.stored, "lost": v.lost,
         "misplaced": v.misplaced, "duplicates": v.duplicates, "reordered": v.reordered,
         "phantoms": v.phantoms, "commits_backwards": v.commits_backwards, "unconsumed": v.unconsumed,
         "unavailable_s": v.unavailable_ms as f64 / 1000.0, "truncated_below_hw": below_hw,

@@ -16,7 +16,7 @@ use strand_client::{
     ProducerConfig, Seek,
 };
 
-use crate::checker::{Acked, History, Stored};
+use crate::checker::{self, Acked, History, Stored};
 
 /// Keys per producer thread.
 const KEYS: usize = 8;
@@ -99,6 +99,7 @@ pub fn producers(
                     let value = format!("{}:{}", keys[k], seqs[k]);
                     shared.history().attempted.insert(value.clone());
                     let bytes = padded(&value, record_bytes);
+                    let sent_at = Instant::now();
                     match block_on(producer.send(&queue, Some(keys[k].as_bytes()), &bytes, &[])) {
                         Ok(d) => {
                             let acked = Acked {
@@ -109,7 +110,14 @@ pub fn producers(
                             };
                             shared.history().acked.push(acked);
                         }
-                        Err(_) => shared.history().failed += 1,
+                        Err(e) => {
+                            let took_ms = sent_at.elapsed().as_millis() as u64;
+                            let mut history = shared.history();
+                            history.failed += 1;
+                            let kind = history.failures.entry(checker::failure_kind(&e)).or_default();
+                            kind.count += 1;
+                            kind.total_ms += took_ms;
+                        }
                     }
                 }
             })

@@ -1,0 +1,496 @@
+//! The shard journal: one write-ahead file stream per shard that makes the
+//! appends of all its partitions durable together.
+//!
+//! Runs on: one shard (one glommio executor); every log of the shard that
+//! journals adds its batches here. `!Send`, like the logs.
+//!
+//! # Why
+//! With `fsync=always` a partition's append is durable only after a flush
+//! of its own segment. With many partitions and small batches (the daily
+//! load of issue 27: 100 partitions, 11,600 records/s) nearly every record
+//! costs its partition one write and one device flush, whatever is batched
+//! around it, and that bounds the broker's CPU and latency. The journal
+//! puts every partition's new batches of a round into one frame, written
+//! by one direct-I/O `O_DSYNC` write: one flush per round for the whole
+//! shard. The partition segments are then written behind, without a flush
+//! per append, and flushed at checkpoints (BookKeeper's journal,
+//! ScyllaDB's commitlog).
+//!
+//! # How
+//! - [`Journal::add`] copies an entry (a log's batches, or a truncation)
+//!   into the frame being gathered and returns that frame's LSN;
+//!   [`Journal::wait`] resolves once the frame is durable. The first waiter
+//!   whose frame is not yet written writes it (with everything gathered so
+//!   far) while the next round gathers: group commit, one frame in flight.
+//! - A log holds a [`JournalPin`] on the oldest frame whose entries its
+//!   segment has not yet made durable, and drops it after the fdatasync
+//!   that covers them. Each frame records *replay-from*, the oldest pinned
+//!   LSN: recovery replays from the newest frame's replay-from
+//!   (`recover.rs`).
+//! - Frames go into files of about [`JournalConfig::file_bytes`]; a file
+//!   whose frames are all below replay-from is renamed and written over as
+//!   a later file (its old frames read as stale), so frame writes overwrite
+//!   blocks instead of growing files; past [`JournalConfig::spare_files`]
+//!   spare files it is deleted.
+//! - A failed write fails the journal: every waiter gets the error and no
+//!   later frame is written (the kernel may have dropped the pages, so a
+//!   retry could report durable what is not).
+//!
+//! Byte layout: `format.rs`. Recovery: `recover.rs`; [`Journal::open`]
+//! returns the plan and a pin holding the replayed frames until the caller
+//! has applied them.
+
+pub mod format;
+pub mod recover;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use glommio::io::{DmaFile, OpenOptions};
+use glommio::sync::Semaphore;
+
+use crate::error::{Result, StorageError};
+use crate::notify::Notify;
+use crate::segment::io::sync_dir;
+use format::{Change, FileHeader, FrameHeader, FILE_HEADER_LEN};
+pub use recover::Plan;
+
+/// Settings of a shard's journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalConfig {
+    /// A file takes frames up to about this size (a frame never spans two;
+    /// a larger frame gets a file of its own).
+    pub file_bytes: u64,
+    /// Files no longer needed that are kept to be written over.
+    pub spare_files: usize,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            file_bytes: 64 << 20,
+            spare_files: 4,
+        }
+    }
+}
+
+impl JournalConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.file_bytes < (1 << 20) || self.file_bytes % crate::DMA_ALIGN != 0 {
+            return Err(StorageError::InvalidConfig(format!(
+                "journal file_bytes {} must be at least 1 MiB and a multiple of 4 KiB",
+                self.file_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The name of journal file `seq`.
+pub fn file_name(seq: u64) -> String {
+    format!("{seq:020}.journal")
+}
+
+fn parse_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".journal")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// Counters since the journal was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Frames written (each one write and one flush).
+    pub frames: u64,
+    /// Entries in them.
+    pub entries: u64,
+    /// Bytes written, padding included.
+    pub bytes: u64,
+    /// Files started, and how many of them were spare files written over.
+    pub files_started: u64,
+    pub files_recycled: u64,
+}
+
+/// A shard's journal. Cheap to clone (shared within the shard).
+#[derive(Clone)]
+pub struct Journal {
+    inner: Rc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    config: JournalConfig,
+    state: RefCell<State>,
+    /// One frame write at a time.
+    write_lock: Semaphore,
+    /// Woken after every frame write (and on failure).
+    written: Notify,
+}
+
+/// A file whose frames may still be replayed.
+struct OldFile {
+    path: PathBuf,
+    /// Its newest frame.
+    last_lsn: u64,
+}
+
+struct State {
+    /// The file frames go into: `None` until the first frame.
+    file: Option<OpenFile>,
+    old: VecDeque<OldFile>,
+    spare: Vec<PathBuf>,
+    next_file_seq: u64,
+    /// The LSN of the frame being gathered.
+    next_lsn: u64,
+    /// Every frame below this LSN is durable.
+    durable: u64,
+    gathering: Vec<u8>,
+    gathered: u32,
+    /// Pinned LSNs (with counts): replay must start at the oldest.
+    pins: BTreeMap<u64, usize>,
+    failed: Option<String>,
+    stats: JournalStats,
+}
+
+struct OpenFile {
+    file: Rc<DmaFile>,
+    path: PathBuf,
+    seq: u64,
+    /// Where its next frame goes.
+    pos: u64,
+}
+
+impl State {
+    fn replay_from(&self, lsn: u64) -> u64 {
+        self.pins.keys().next().map_or(lsn, |&oldest| oldest.min(lsn))
+    }
+}
+
+/// Holds frames from an LSN on for recovery: while it lives, every later
+/// frame says to replay from here at the latest. Dropped by a log once its
+/// segment's fdatasync covers its entries from that frame on.
+pub struct JournalPin {
+    inner: Rc<Inner>,
+    lsn: u64,
+}
+
+impl JournalPin {
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
+}
+
+impl Drop for JournalPin {
+    fn drop(&mut self) {
+        let mut st = self.inner.state.borrow_mut();
+        if let Some(n) = st.pins.get_mut(&self.lsn) {
+            *n -= 1;
+            if *n == 0 {
+                st.pins.remove(&self.lsn);
+            }
+        }
+    }
+}
+
+impl Journal {
+    /// Opens the journal in `dir` (created if missing): scans its files and
+    /// plans the replay. The pin returned holds the replayed frames (and
+    /// their files) until the caller has applied the plan's entries to the
+    /// logs and made them durable there. The writer starts a new file with
+    /// its first frame. Reads whole files: start-up only.
+    pub async fn open(dir: impl AsRef<Path>, config: JournalConfig) -> Result<(Journal, Plan, JournalPin)> {
+        config.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating", &dir, e))?;
+        let mut scans = Vec::new();
+        let mut spare = Vec::new();
+        let mut names: Vec<(u64, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
+            let entry = entry.map_err(|e| StorageError::io("listing", &dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(seq) = parse_file_name(&name) {
+                names.push((seq, entry.path()));
+            }
+        }
+        names.sort();
+        for (_, path) in &names {
+            let image = Bytes::from(std::fs::read(path).map_err(|e| StorageError::io("reading", path, e))?);
+            match recover::scan_file(&image) {
+                Ok(scan) => scans.push((path.display().to_string(), scan)),
+                // Created but never started, or not ours to read: reusable.
+                Err(_) => spare.push(path.clone()),
+            }
+        }
+        let plan = recover::plan(&scans).map_err(|reason| StorageError::CorruptJournal {
+            dir: dir.clone(),
+            reason,
+        })?;
+        // Files with frames from replay-from on stay until the replay is
+        // applied; the others are spare already.
+        let mut old = VecDeque::new();
+        for (name, scan) in &scans {
+            let path = PathBuf::from(name);
+            match scan.frames.last() {
+                Some(last) if last.header.lsn >= plan.replay_from => old.push_back(OldFile {
+                    path,
+                    last_lsn: last.header.lsn,
+                }),
+                _ => spare.push(path),
+            }
+        }
+        let next_file_seq = plan.next_file_seq.max(names.last().map_or(0, |(s, _)| s + 1));
+        let mut pins = BTreeMap::new();
+        pins.insert(plan.replay_from, 1);
+        let journal = Journal {
+            inner: Rc::new(Inner {
+                dir,
+                config,
+                state: RefCell::new(State {
+                    file: None,
+                    old,
+                    spare,
+                    next_file_seq,
+                    next_lsn: plan.next_lsn,
+                    durable: plan.next_lsn,
+                    gathering: Vec::new(),
+                    gathered: 0,
+                    pins,
+                    failed: None,
+                    stats: JournalStats::default(),
+                }),
+                write_lock: Semaphore::new(1),
+                written: Notify::default(),
+            }),
+        };
+        let pin = JournalPin {
+            inner: journal.inner.clone(),
+            lsn: plan.replay_from,
+        };
+        Ok((journal, plan, pin))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Gathers an entry into the next frame and returns that frame's LSN
+    /// (await [`Journal::wait`] with it). Refused after a failed write, or
+    /// for a directory name that [`format::check_dir`] refuses.
+    pub fn add(&self, dir: &str, log_id: u64, change: &Change) -> Result<u64> {
+        format::check_dir(dir).map_err(StorageError::InvalidConfig)?;
+        let mut st = self.inner.state.borrow_mut();
+        self.check(&st)?;
+        format::encode_entry(&mut st.gathering, dir, log_id, change);
+        st.gathered += 1;
+        Ok(st.next_lsn)
+    }
+
+    /// Pins `lsn` (see [`JournalPin`]).
+    pub fn pin(&self, lsn: u64) -> JournalPin {
+        *self.inner.state.borrow_mut().pins.entry(lsn).or_default() += 1;
+        JournalPin {
+            inner: self.inner.clone(),
+            lsn,
+        }
+    }
+
+    /// Resolves once frame `lsn` (from [`Journal::add`]) is durable.
+    pub async fn wait(&self, lsn: u64) -> Result<()> {
+        loop {
+            let seen = self.inner.written.epoch();
+            {
+                let st = self.inner.state.borrow();
+                self.check(&st)?;
+                if st.durable > lsn {
+                    return Ok(());
+                }
+            }
+            match self.inner.write_lock.try_acquire_permit(1) {
+                Ok(_permit) => {
+                    let result = self.write_frame().await;
+                    self.inner.written.notify_all();
+                    result?;
+                }
+                Err(_) => self.inner.written.wait(seen).await,
+            }
+        }
+    }
+
+    /// Every frame below this LSN is durable.
+    pub fn durable_lsn(&self) -> u64 {
+        self.inner.state.borrow().durable
+    }
+
+    /// The oldest pinned LSN, if any.
+    pub fn oldest_pin(&self) -> Option<u64> {
+        self.inner.state.borrow().pins.keys().next().copied()
+    }
+
+    /// Files holding frames that may still be replayed, the one being
+    /// written included: the logs pinning the oldest should flush once this
+    /// passes the spare files' count.
+    pub fn files_in_use(&self) -> usize {
+        let st = self.inner.state.borrow();
+        st.old.len() + usize::from(st.file.is_some())
+    }
+
+    pub fn stats(&self) -> JournalStats {
+        self.inner.state.borrow().stats
+    }
+
+    fn check(&self, st: &State) -> Result<()> {
+        match &st.failed {
+            Some(reason) => Err(StorageError::LogFailed {
+                dir: self.inner.dir.clone(),
+                reason: reason.clone(),
+                no_space: reason.contains("No space left"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes what is gathered as one frame. Holds: the write lock.
+    async fn write_frame(&self) -> Result<()> {
+        let (frame, lsn, count) = {
+            let mut st = self.inner.state.borrow_mut();
+            if st.gathered == 0 {
+                return Ok(());
+            }
+            let lsn = st.next_lsn;
+            st.next_lsn += 1;
+            let count = std::mem::take(&mut st.gathered);
+            let entries = std::mem::take(&mut st.gathering);
+            (entries, lsn, count)
+        };
+        let result = self.write_gathered(frame, lsn, count).await;
+        if let Err(e) = &result {
+            self.inner.state.borrow_mut().failed.get_or_insert(e.to_string());
+        }
+        result
+    }
+
+    async fn write_gathered(&self, entries: Vec<u8>, lsn: u64, count: u32) -> Result<()> {
+        let frame_len = format::padded_len(format::FRAME_HEADER_LEN + entries.len()) as u64;
+        let fits = {
+            let st = self.inner.state.borrow();
+            st.file
+                .as_ref()
+                .is_some_and(|f| f.pos == FILE_HEADER_LEN as u64 || f.pos + frame_len <= self.inner.config.file_bytes)
+        };
+        let mut start_header = None;
+        if !fits {
+            start_header = Some(self.start_file(lsn).await?);
+        }
+        let (file, path, seq, pos) = {
+            let st = self.inner.state.borrow();
+            let f = st.file.as_ref().expect("a file was started");
+            (f.file.clone(), f.path.clone(), f.seq, f.pos)
+        };
+        let replay_from = self.inner.state.borrow().replay_from(lsn);
+        let frame = format::encode_frame(
+            FrameHeader {
+                file_seq: seq,
+                lsn,
+                replay_from,
+            },
+            count,
+            &entries,
+        );
+        // A new file's header goes in the same write as its first frame.
+        let (write_pos, bytes) = match start_header {
+            Some(mut header) => {
+                header.extend_from_slice(&frame);
+                (0, header)
+            }
+            None => (pos, frame),
+        };
+        let len = bytes.len();
+        let mut buf = file.alloc_dma_buffer(len);
+        buf.as_bytes_mut().copy_from_slice(&bytes);
+        match file.write_at(buf, write_pos).await {
+            Ok(n) if n == len => {}
+            Ok(n) => {
+                let short = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write of {n} of {len}"));
+                return Err(StorageError::io("writing", &path, short));
+            }
+            Err(e) => return Err(StorageError::glommio("writing", &path, e)),
+        }
+        let doomed: Vec<PathBuf> = {
+            let mut st = self.inner.state.borrow_mut();
+            if let Some(f) = st.file.as_mut() {
+                f.pos = write_pos + len as u64;
+            }
+            st.durable = lsn + 1;
+            st.stats.frames += 1;
+            st.stats.entries += u64::from(count);
+            st.stats.bytes += len as u64;
+            // Files wholly before the replay-from this frame recorded are
+            // no longer needed. (Not the pins' oldest now: a pin dropped
+            // while the frame was in flight still holds what recovery from
+            // this frame would replay.)
+            while st.old.front().is_some_and(|f| f.last_lsn < replay_from) {
+                let done = st.old.pop_front().expect("checked");
+                st.spare.push(done.path);
+            }
+            let extra = st.spare.len().saturating_sub(self.inner.config.spare_files);
+            st.spare.drain(..extra).collect()
+        };
+        for path in doomed {
+            crate::segment::io::remove_file(&path).await?;
+        }
+        Ok(())
+    }
+
+    /// Moves to a new file whose first frame is `lsn`: a spare one renamed,
+    /// else a new one. Returns its header block, to be written with the
+    /// frame. Holds: the write lock.
+    async fn start_file(&self, lsn: u64) -> Result<Vec<u8>> {
+        let (seq, spare) = {
+            let mut st = self.inner.state.borrow_mut();
+            let seq = st.next_file_seq;
+            st.next_file_seq += 1;
+            (seq, st.spare.pop())
+        };
+        let path = self.inner.dir.join(file_name(seq));
+        let recycled = match &spare {
+            Some(old) => glommio::io::rename(old, &path).await.is_ok(),
+            None => false,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_DSYNC)
+            .dma_open(&path)
+            .await
+            .map_err(|e| StorageError::glommio("creating", &path, e))?;
+        // Its name must survive a crash before a frame in it is acknowledged.
+        sync_dir(&self.inner.dir).await?;
+        let mut st = self.inner.state.borrow_mut();
+        if let Some(prev) = st.file.take() {
+            // Its last frame is the one before this.
+            if lsn > 0 {
+                st.old.push_back(OldFile {
+                    path: prev.path,
+                    last_lsn: lsn - 1,
+                });
+            }
+        }
+        st.file = Some(OpenFile {
+            file: Rc::new(file),
+            path,
+            seq,
+            pos: FILE_HEADER_LEN as u64,
+        });
+        st.stats.files_started += 1;
+        st.stats.files_recycled += u64::from(recycled);
+        Ok(format::encode_file_header(FileHeader { seq, first_lsn: lsn }))
+    }
+}
+
+#[cfg(test)]
+mod tests;
