@@ -4,7 +4,8 @@
 # fsync=always queue, open loop) against broker configurations side by
 # side: for each round, each config file gets a fresh broker (2 shards, its
 # own data directory) and one run; prints per run the produce requests and
-# fdatasyncs + write-through writes the broker counted, and
+# flushes (fdatasyncs + write-through writes + shard journal frames) the
+# broker counted, and
 # strand-bench's JSON line (p50/p99/p99.9, broker_cores, cores_busy).
 # Usage: bench/scripts/daily-load-ab.sh SECONDS ROUNDS CONFIG.toml...
 #   RATE (default 11600) records/s; BENCH_ARGS more strand-bench flags.
@@ -31,12 +32,12 @@ for round in $(seq 1 "$rounds"); do
         trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
         for _ in $(seq 50); do curl -sf "127.0.0.1:$((port + 1))/health" > /dev/null && break; sleep 0.1; done
         requests=$(counter strand_produce_requests_total)
-        flushes=$(( $(counter strand_fsync_latency_seconds_count) + $(counter strand_write_through_writes_total) ))
+        flushes=$(( $(counter strand_fsync_latency_seconds_count) + $(counter strand_write_through_writes_total) + $(counter strand_journal_frames_total) ))
         result=$(timeout $((secs + 60)) "$bench" produce --brokers "127.0.0.1:$port" --partitions 100 --producers 2 \
             --keys uniform:10000 --rate "$rate" --message-bytes 1000 --seconds "$secs" --acks all \
             --broker-pid "$pid" ${BENCH_ARGS:-} | tail -1)
         requests=$(( $(counter strand_produce_requests_total) - requests ))
-        flushes=$(( $(counter strand_fsync_latency_seconds_count) + $(counter strand_write_through_writes_total) - flushes ))
+        flushes=$(( $(counter strand_fsync_latency_seconds_count) + $(counter strand_write_through_writes_total) + $(counter strand_journal_frames_total) - flushes ))
         echo "round $round $(basename "$config"): requests $requests, flushes $flushes: $result"
         kill "$pid"; wait "$pid" 2>/dev/null || true
         rm -rf "$dir"

@@ -34,9 +34,10 @@
 //! where those are frequent, the latency tail is the machine's (see
 //! `baseline`'s CPU stalls); the records per produce request; the broker
 //! process's own busy cores (`/proc/PID/stat`, `sN_broker_cores`) beside
-//! the machine's; and its flushes per second: fdatasyncs and write-through
-//! writes (`strand_fsync_latency_seconds_count` +
-//! `strand_write_through_writes_total`, `sN_fsyncs_per_s`). It stops
+//! the machine's; and its flushes per second: fdatasyncs, write-through
+//! writes and shard journal frames (`strand_fsync_latency_seconds_count` +
+//! `strand_write_through_writes_total` + `strand_journal_frames_total`,
+//! `sN_fsyncs_per_s`). It stops
 //! the broker, removes its data, prints a markdown report and, last, one
 //! JSON line: `produce_vs_durable_limit` (= (1) MiB/s ÷ min(durable disk
 //! write, loopback): what the disk can take durably into new file space,
@@ -316,8 +317,9 @@ pub(crate) struct Counters {
     pub(crate) produce_requests: f64,
     /// `strand_produce_bytes_total`.
     produce_bytes: f64,
-    /// `strand_fsync_latency_seconds_count` + `strand_write_through_writes_total`:
-    /// every log's flushes, fdatasyncs and write-through writes.
+    /// Every flush: fdatasyncs, write-through writes and shard journal
+    /// frames (`strand_fsync_latency_seconds_count`,
+    /// `strand_write_through_writes_total`, `strand_journal_frames_total`).
     fsyncs: f64,
     /// The broker process's CPU seconds (not from its metrics: set by
     /// `OwnBroker::counters_and_cpu`).
@@ -332,7 +334,8 @@ impl Counters {
             produce_requests: sum_of(text, "strand_produce_requests_total"),
             produce_bytes: sum_of(text, "strand_produce_bytes_total"),
             fsyncs: sum_of(text, "strand_fsync_latency_seconds_count")
-                + sum_of(text, "strand_write_through_writes_total"),
+                + sum_of(text, "strand_write_through_writes_total")
+                + sum_of(text, "strand_journal_frames_total"),
             cpu_s: 0.0,
         }
     }

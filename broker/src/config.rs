@@ -14,6 +14,9 @@
 //! spin_before_park_us = 50      # an idle shard polls this long before it sleeps
 //! recycle_segments = true       # a roll reuses the file of a segment retention frees
 //! write_through = true          # fsync=always queues write O_DSYNC instead of write + fdatasync
+//! journal = false               # fsync=always queues make appends durable through one journal per shard
+//! journal_file_bytes = 67108864 # the shard journal's files
+//! journal_checkpoint_ms = 1000  # a journaled partition's segment is fdatasync'd at least this often
 //! segment_bytes = 1073741824    # a segment rolls before it grows past this (>= max_message_bytes)
 //! tail_cache_budget_bytes = 268435456  # per shard: recent batches kept in memory for consumers
 //! readahead_budget_bytes = 67108864    # per shard: blocks read ahead for consumers behind the tail
@@ -89,6 +92,16 @@
 //! compare, or on a file system whose O_DSYNC writes are slower than
 //! write + fdatasync.
 //!
+//! `journal`: see `strand_storage::journal` and `strand_storage::log`'s
+//! `journaled.rs`: every shard writes the appends of all its `fsync=always`
+//! partitions into one journal (`<data_dir>/__journal/<shard>/`), one
+//! `O_DSYNC` write per round for all of them, and writes the partitions'
+//! segments behind, fdatasync'ing each at least every
+//! `journal_checkpoint_ms`. Same durability; fewer flushes when many
+//! partitions take small batches. At start-up shard 0 replays every
+//! journal (also with `journal = false`, and those of shards no longer
+//! run) before any shard serves.
+//!
 //! `recycle_segments`: see `strand_storage::LogConfig::recycle_segments`.
 //! Appends into a recycled file skip ext4's journal commits; the price is
 //! that expired records stay on disk (never readable) until written over.
@@ -154,6 +167,14 @@ pub struct BrokerConfig {
     /// Whether `fsync=always` logs write their active segment `O_DSYNC`
     /// (durable as each write completes) instead of write + fdatasync.
     pub write_through: bool,
+    /// Whether `fsync=always` logs make appends durable through the shard
+    /// journal (module doc).
+    pub journal: bool,
+    /// The shard journal's file size, in bytes (≥ 1 MiB, a multiple of 4 KiB).
+    pub journal_file_bytes: u64,
+    /// How old a journaled partition's oldest unflushed append may get
+    /// before its segment is written and fdatasync'd, in ms.
+    pub journal_checkpoint_ms: u64,
     /// Largest segment of a partition log, in bytes ([64 KiB, 4 GiB)):
     /// retention deletes (and recycles) whole segments, so this is also its
     /// granularity.
@@ -252,6 +273,9 @@ impl Default for BrokerConfig {
             spin_before_park_us: 50,
             recycle_segments: true,
             write_through: true,
+            journal: false,
+            journal_file_bytes: strand_storage::journal::JournalConfig::default().file_bytes,
+            journal_checkpoint_ms: strand_storage::journal::JournalConfig::default().checkpoint_ms,
             segment_bytes: 1 << 30,
             tail_cache_budget_bytes: ShardStorageConfig::default().tail_cache_budget_bytes,
             readahead_budget_bytes: ShardStorageConfig::default().readahead_budget_bytes,
@@ -378,6 +402,16 @@ impl BrokerConfig {
         }
     }
 
+    /// The shard journal's settings (also used to replay journals when
+    /// `journal` is off).
+    pub fn journal_config(&self) -> strand_storage::journal::JournalConfig {
+        strand_storage::journal::JournalConfig {
+            file_bytes: self.journal_file_bytes,
+            checkpoint_ms: self.journal_checkpoint_ms,
+            ..strand_storage::journal::JournalConfig::default()
+        }
+    }
+
     /// What each shard's storage shares among its logs.
     pub fn shard_storage(&self) -> ShardStorageConfig {
         ShardStorageConfig {
@@ -420,6 +454,9 @@ impl BrokerConfig {
         }
         if self.advertise.is_some_and(|a| a.port() == 0) {
             return bad("advertise needs a port (not 0)".into());
+        }
+        if let Err(e) = self.journal_config().validate() {
+            return bad(e.to_string());
         }
         if let Some(me) = self.controller_voters.iter().find(|v| v.id == self.node_id) {
             // A `:0` listen port is known only once bound.
@@ -548,7 +585,7 @@ mod tests {
         let file = dir.path().join("strand.toml");
         std::fs::write(
             &file,
-            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\nwrite_through = false\nreadahead_budget_bytes = 1048576\nio_memory_bytes = 33554432\n",
+            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\nwrite_through = false\nreadahead_budget_bytes = 1048576\nio_memory_bytes = 33554432\njournal = true\njournal_checkpoint_ms = 500\n",
         )
         .unwrap();
         let flags = Overrides {
@@ -559,6 +596,13 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!((c.cores, c.node_id, c.spin_before_park_us), (Some(2), 5, 300));
         assert!(!c.recycle_segments && BrokerConfig::default().recycle_segments);
+        assert!(c.journal && !BrokerConfig::default().journal);
+        assert_eq!(c.journal_config().checkpoint_ms, 500);
+        let small = BrokerConfig {
+            journal_file_bytes: 4096,
+            ..BrokerConfig::default()
+        };
+        assert!(small.validate().is_err(), "a journal file under 1 MiB");
         assert!(!c.log_base().write_through && BrokerConfig::default().log_base().write_through);
         let storage = c.shard_storage();
         assert_eq!(storage.readahead_budget_bytes, 1 << 20);

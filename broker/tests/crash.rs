@@ -5,7 +5,9 @@
 //! every acknowledged record is there, intact, at its offset. (acks=1 on an
 //! fsync=interval queue is answered before the write, and may lose the
 //! last milliseconds: not tested here, by design.) Also with small segments
-//! and size retention, where segments roll into recycled files.
+//! and size retention, where segments roll into recycled files, and with
+//! the shard journal (checkpoints a minute apart: what was acknowledged is
+//! in the journal alone when the broker dies, and the restart replays it).
 
 #![allow(clippy::unwrap_used)] // the crash helper runs outside #[test] fns
 
@@ -62,21 +64,42 @@ impl Sending {
 #[test]
 fn acknowledged_records_survive_kill_9() {
     for seed in 1..=3u64 {
-        crash_once(seed, strand_client::FsyncSpec::Always, 1);
+        crash_once(seed, strand_client::FsyncSpec::Always, 1, "");
     }
 }
 
 #[test]
 fn acks_all_on_interval_queues_survive_kill_9() {
     for seed in 4..=5u64 {
-        crash_once(seed, strand_client::FsyncSpec::Interval { ms: 1000, bytes: 0 }, -1);
+        crash_once(seed, strand_client::FsyncSpec::Interval { ms: 1000, bytes: 0 }, -1, "");
     }
 }
 
-fn crash_once(seed: u64, fsync: strand_client::FsyncSpec, acks: i8) {
+#[test]
+fn acknowledged_records_survive_kill_9_with_the_shard_journal() {
+    // acks=1 and acks=all (the high watermark follows the journal).
+    for (seed, acks) in [(8u64, 1i8), (9, -1)] {
+        crash_once(
+            seed,
+            strand_client::FsyncSpec::Always,
+            acks,
+            "journal = true\njournal_checkpoint_ms = 60000\n",
+        );
+    }
+}
+
+/// `config`: the broker's settings file, if not empty.
+fn crash_once(seed: u64, fsync: strand_client::FsyncSpec, acks: i8, config: &str) {
     {
         let dir = tempfile::tempdir().unwrap();
-        let broker = Broker::start(dir.path());
+        let settings = dir.path().join("strand.toml");
+        std::fs::write(&settings, config).unwrap();
+        let args: &[&str] = match config {
+            "" => &[],
+            _ => &["--config", settings.to_str().unwrap()],
+        };
+        let data = dir.path().join("data");
+        let broker = Broker::start_with(&data, args);
         let admin = strand_client::Admin::connect(&broker.addr.to_string()).unwrap();
         let spec = strand_client::QueueSpec {
             partitions: Some(2),
@@ -107,6 +130,10 @@ fn crash_once(seed: u64, fsync: strand_client::FsyncSpec, acks: i8) {
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(10 + (seed * 7919) % 200));
+        if config.contains("journal = true") {
+            let frames = total(&scrape(&broker), "strand_journal_frames_total");
+            assert!(frames > 0.0, "seed {seed}: the journal wrote no frame");
+        }
         broker.kill9();
         stop.store(true, Ordering::SeqCst);
         for p in producers {
@@ -115,7 +142,7 @@ fn crash_once(seed: u64, fsync: strand_client::FsyncSpec, acks: i8) {
         let acked = acked.lock().unwrap().clone();
         assert!(acked.len() >= 20);
 
-        let broker = Broker::start(dir.path());
+        let broker = Broker::start_with(&data, args);
         let mut c = broker.client();
         for p in 0..2 {
             let records = c.fetch_all("durable", p, 0);

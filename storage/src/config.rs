@@ -54,6 +54,11 @@ pub struct LogConfig {
     /// Off: each write is followed by an fdatasync. See `log::write`,
     /// "Write-through".
     pub write_through: bool,
+    /// With `fsync: Always` and a shard journal (`ShardStorage::start_journal`),
+    /// make appends durable through the journal, one write for all of the
+    /// shard's logs, and write the segment behind (`log::journaled`). Then
+    /// `write_through` does not apply. Without a shard journal: no effect.
+    pub journal: bool,
 }
 
 pub const KIB: u64 = 1024;
@@ -77,6 +82,7 @@ impl Default for LogConfig {
             log_append_time: false,
             recycle_segments: true,
             write_through: true,
+            journal: true,
         }
     }
 }

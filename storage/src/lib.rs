@@ -26,7 +26,8 @@
 //!   byte layouts and atomic writes.
 //! - [`journal`]: the shard journal: one write-ahead stream per shard that
 //!   makes every partition's appends of a round durable with one write
-//!   (format, group commit, recovery plan).
+//!   (format, group commit, recovery plan); [`replay`]: its replay into the
+//!   logs at start-up; `log::journaled`: a log's side of it.
 //! - [`shard`]: per-shard resources shared by the logs of one shard: the
 //!   direct-I/O probe file, the file-descriptor cache for sealed segments and
 //!   the memory budgets ([`budget`]) of the tail caches and of read-ahead.
@@ -42,6 +43,7 @@ pub mod journal;
 pub mod log;
 pub mod notify;
 pub mod producers;
+pub mod replay;
 pub mod retention;
 pub mod scan;
 pub mod segment;

@@ -39,7 +39,8 @@ use glommio::io::{DmaFile, OpenOptions};
 use crate::budget::ByteBudget;
 use crate::config::LogConfig;
 use crate::error::{Result, StorageError};
-use crate::log::Log;
+use crate::journal::{Journal, JournalConfig};
+use crate::log::{Log, WeakLog};
 use crate::segment::recover::load_sealed;
 use crate::segment::{OpenSegment, SealedSegment};
 use crate::DMA_ALIGN;
@@ -90,6 +91,10 @@ struct Inner {
     open: RefCell<SegmentLru>,
     budget: Rc<ByteBudget>,
     readahead_budget: Rc<ByteBudget>,
+    /// The shard journal, once started (`start_journal`).
+    journal: RefCell<Option<Journal>>,
+    /// The logs that journal, for the checkpointer.
+    journaled: RefCell<Vec<WeakLog>>,
 }
 
 #[derive(Default)]
@@ -126,6 +131,8 @@ impl ShardStorage {
                 config,
                 _probe: probe,
                 open: RefCell::new(SegmentLru::default()),
+                journal: RefCell::new(None),
+                journaled: RefCell::new(Vec::new()),
             }),
         })
     }
@@ -232,6 +239,79 @@ impl ShardStorage {
                 None => break,
             };
         }
+    }
+
+    /// The shard journal, if started.
+    pub fn journal(&self) -> Option<Journal> {
+        self.inner.journal.borrow().clone()
+    }
+
+    /// Starts the shard journal in `dir`: logs opened from now on with
+    /// `fsync=always` (and `LogConfig::journal`) journal their appends
+    /// (`log::journaled`), and a background task checkpoints them
+    /// (`JournalConfig::checkpoint_ms`). Whatever the journal held must
+    /// have been replayed first ([`ShardStorage::replay_journal`]): a
+    /// journal with entries to replay is refused.
+    pub async fn start_journal(&self, dir: &Path, config: JournalConfig) -> Result<Journal> {
+        let (journal, plan, _replayed) = Journal::open(dir, config).await?;
+        if !plan.entries.is_empty() {
+            return Err(StorageError::CorruptJournal {
+                dir: dir.to_path_buf(),
+                reason: format!(
+                    "{} entries from frame {} on are not replayed yet",
+                    plan.entries.len(),
+                    plan.replay_from
+                ),
+            });
+        }
+        *self.inner.journal.borrow_mut() = Some(journal.clone());
+        let weak = Rc::downgrade(&self.inner);
+        glommio::spawn_local(async move {
+            let tick = std::time::Duration::from_millis((config.checkpoint_ms / 4).clamp(10, 250));
+            loop {
+                glommio::timer::sleep(tick).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                ShardStorage { inner }.checkpoint_pass().await;
+            }
+        })
+        .detach();
+        Ok(journal)
+    }
+
+    /// One pass of the journal checkpointer: checkpoints the logs that are
+    /// due, then lets the journal record the newer replay-from.
+    async fn checkpoint_pass(&self) {
+        let Some(journal) = self.journal() else {
+            return;
+        };
+        let config = *journal.config();
+        let pressed = journal.files_in_use() > config.spare_files;
+        let logs: Vec<Log> = {
+            let mut weak = self.inner.journaled.borrow_mut();
+            weak.retain(|w| w.upgrade().is_some());
+            weak.iter().filter_map(WeakLog::upgrade).collect()
+        };
+        let mut released = false;
+        for log in logs {
+            if log.journal_checkpoint_due(config.checkpoint_ms, pressed) {
+                match log.checkpoint_journal().await {
+                    Ok(dropped) => released |= dropped,
+                    Err(e) => tracing::warn!(log = %log.dir().display(), "journal checkpoint: {e}"),
+                }
+            }
+        }
+        if released {
+            if let Err(e) = journal.checkpoint().await {
+                tracing::warn!("journal checkpoint frame: {e}");
+            }
+        }
+    }
+
+    /// Notes a log that journals (for the checkpointer).
+    pub(crate) fn note_journaled(&self, log: WeakLog) {
+        self.inner.journaled.borrow_mut().push(log);
     }
 
     /// Forgets a segment (deleted by retention or truncation).

@@ -5,7 +5,10 @@
 //! segments are written into recycled files (older batches of the same log
 //! lie past the end of the active one). The leader-epoch history recovered
 //! must match the batches, and the high watermark must be at least the
-//! last one the child checkpointed.
+//! last one the child checkpointed. The same with the shard journal: the
+//! parent replays it before opening the log.
+
+#![allow(clippy::unwrap_used)] // the crash check runs outside #[test] fns
 
 mod common;
 
@@ -27,11 +30,12 @@ struct Acked {
 /// Runs the child until it has acknowledged a few batches, then kills it
 /// after a seeded random delay; returns the batches it acknowledged and the
 /// last high watermark it checkpointed.
-fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool) -> (Vec<Acked>, u64) {
+fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool, journal: bool) -> (Vec<Acked>, u64) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_strand-storage-crash-writer"))
         .arg(dir)
         .arg(seed.to_string())
         .args(recycle.then_some("recycle"))
+        .args(journal.then_some("journal"))
         .stdout(Stdio::piped())
         .spawn()
         .expect("starting the crash writer");
@@ -97,18 +101,28 @@ fn run_child_and_kill(dir: &std::path::Path, seed: u64, recycle: bool) -> (Vec<A
 
 #[test]
 fn every_acknowledged_batch_survives_kill_9() {
+    kill_and_check(1..=6, false);
+}
+
+#[test]
+fn every_acknowledged_batch_survives_kill_9_with_the_shard_journal() {
+    kill_and_check(11..=14, true);
+}
+
+fn kill_and_check(seeds: std::ops::RangeInclusive<u64>, journal: bool) {
     let mut epochs_moved_in_some_run = false;
-    for seed in 1..=6u64 {
+    let mut replayed_in_some_run = false;
+    for seed in seeds {
         let recycle = seed % 2 == 0;
         let dir = tempfile::tempdir().unwrap();
-        let (acked, high_watermark) = run_child_and_kill(dir.path(), seed, recycle);
+        let (acked, high_watermark) = run_child_and_kill(dir.path(), seed, recycle, journal);
         assert!(
             acked.len() >= 20,
             "seed {seed}: the child acknowledged only {} batches",
             acked.len()
         );
         let path = dir.path().to_path_buf();
-        let moved = run(move || async move {
+        let (moved, replayed) = run(move || async move {
             let config = strand_storage::LogConfig {
                 segment_bytes_max: 256 << 10,
                 batch_bytes_max: 64 << 10,
@@ -116,6 +130,18 @@ fn every_acknowledged_batch_survives_kill_9() {
                 retention_ms: None,
                 ..Default::default()
             };
+            let mut replayed = false;
+            if journal {
+                let shard = strand_storage::ShardStorage::open(&path, Default::default())
+                    .await
+                    .unwrap();
+                let report = shard
+                    .replay_journal(&path.join("__journal"), Default::default(), &config)
+                    .await
+                    .expect("replaying the journal");
+                // (Nothing, if the kill came right after a checkpoint.)
+                replayed = report.appended > 0;
+            }
             let (_shard, log) = open(&path, config).await;
             let max_last = acked.iter().map(|a| a.last).max().unwrap();
             // Retention moved the start up (so files were recycled), and
@@ -179,9 +205,13 @@ fn every_acknowledged_batch_survives_kill_9() {
             let epoch = log.latest_epoch().unwrap_or_default();
             let info = log.append(testkit::batch(1, 1, 10, TS), epoch).await.unwrap();
             assert_eq!(info.base_offset, end);
-            epochs_moved
+            (epochs_moved, replayed)
         });
         epochs_moved_in_some_run |= moved;
+        replayed_in_some_run |= replayed;
     }
     assert!(epochs_moved_in_some_run, "no run got to a second leader epoch");
+    // The journal's runs were killed with acknowledged batches only the
+    // journal held (the segment is written behind): replay put them back.
+    assert_eq!(replayed_in_some_run, journal, "replayed batches in some run");
 }

@@ -65,6 +65,10 @@
 //! - `strand_write_through_writes_total` {shard}: writes of `fsync=always`
 //!   logs durable as they completed (`write_through`: each is a flush of
 //!   its own, with no fdatasync after it)
+//! - `strand_journal_frames_total` {shard}, `strand_journal_bytes_total`
+//!   {shard}: frames the shard journal wrote (each one `O_DSYNC` write: a
+//!   flush for every partition's appends in it) and their bytes (`journal
+//!   = true`; 0 without)
 //! - `strand_segment_rolls_total` {shard}, `strand_segments_recycled_total`
 //!   {shard}: segments the shard's open logs rolled since they were opened,
 //!   and how many of those went into the file of a segment retention freed
@@ -396,6 +400,9 @@ pub struct ShardSnapshot {
     /// Writes of this shard's open logs made durable as they completed
     /// (write-through: no fdatasync after them).
     pub write_through_writes: u64,
+    /// Frames the shard journal wrote, and their bytes.
+    pub journal_frames: u64,
+    pub journal_bytes: u64,
     /// Segment rolls of this shard's open logs, and those into recycled files.
     pub rolls: u64,
     pub recycled: u64,
@@ -753,6 +760,18 @@ impl Collector for Scrape {
             "strand_write_through_writes",
             "Writes of the shard's open partition logs that were durable as they completed (O_DSYNC, no fdatasync after them).",
             by_shard(&self.snapshots, |s| s.write_through_writes),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_journal_frames",
+            "Frames the shard journal wrote: each one O_DSYNC write that makes every partition's appends in it durable.",
+            by_shard(&self.snapshots, |s| s.journal_frames),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_journal_bytes",
+            "Bytes of the frames the shard journal wrote (padding included).",
+            by_shard(&self.snapshots, |s| s.journal_bytes),
         )?;
         counter(
             &mut encoder,

@@ -282,6 +282,49 @@ fn next_startup_event(
     }
 }
 
+/// Where shard `shard`'s journal lives.
+fn journal_dir(config: &BrokerConfig, shard: u16) -> std::path::PathBuf {
+    config.data_dir.join("__journal").join(shard.to_string())
+}
+
+/// Replays every shard journal in the data directory into the logs
+/// (`strand_storage::replay`), on shard 0 before the shards join: a
+/// partition may have moved shards since (another `cores`), and journals
+/// of shards that no longer run, or all of them with `journal = false`,
+/// are removed once replayed.
+async fn replay_journals(storage: &ShardStorage, config: &BrokerConfig, shards: u16) -> Result<(), String> {
+    let root = config.data_dir.join("__journal");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(());
+    };
+    let mut found: Vec<u16> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    found.sort();
+    for shard in found {
+        let dir = journal_dir(config, shard);
+        let report = storage
+            .replay_journal(&dir, config.journal_config(), &config.log_base())
+            .await
+            .map_err(|e| format!("replaying {}: {e}", dir.display()))?;
+        if report.entries > 0 {
+            tracing::info!(
+                journal = %dir.display(),
+                entries = report.entries,
+                logs = report.logs,
+                appended = report.appended,
+                cuts = report.cuts,
+                skipped_logs = report.skipped_logs,
+                "replayed the shard journal"
+            );
+        }
+        if shard >= shards || !config.journal {
+            std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+        }
+    }
+    Ok(())
+}
+
 async fn shard_main(
     id: ShardId,
     shards: u16,
@@ -299,7 +342,17 @@ async fn shard_main(
     let storage = ShardStorage::open(&config.data_dir, config.shard_storage())
         .await
         .map_err(|e| e.to_string())?;
+    if id.0 == 0 {
+        // Before any shard serves (the others wait in the join below).
+        replay_journals(&storage, &config, shards).await?;
+    }
     let (senders, receivers) = mesh.join().await.map_err(|_| "joining the shard mesh".to_string())?;
+    if config.journal {
+        storage
+            .start_journal(&journal_dir(&config, id.0), config.journal_config())
+            .await
+            .map_err(|e| format!("starting the shard journal: {e}"))?;
+    }
     let partitions = Partitions::new(storage, &config, id, shards, lifecycle.lease.clone());
     let shard = Rc::new(Shard::new(
         id,

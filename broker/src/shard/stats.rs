@@ -87,6 +87,10 @@ impl Shard {
         snap.tail_cache_bytes = storage.tail_cache_bytes() as u64;
         snap.readahead_bytes = storage.readahead_bytes() as u64;
         snap.readahead_refused = storage.readahead_refused();
+        if let Some(journal) = storage.journal() {
+            let stats = journal.stats();
+            (snap.journal_frames, snap.journal_bytes) = (stats.frames, stats.bytes);
+        }
         self.metrics.fill(&mut snap);
         snap.busy_ratio = self
             .metrics

@@ -1,4 +1,4 @@
-//! `strand-storage-crash-writer DIR SEED [recycle]`: the child process of
+//! `strand-storage-crash-writer DIR SEED [recycle] [journal]`: the child process of
 //! the crash test (`tests/crash.rs`). Appends to the log in `DIR/p0` with
 //! `fsync=always` from four concurrent producers and prints one line per
 //! batch once it is durable: `<base offset> <last offset> <tag>`. The
@@ -8,7 +8,9 @@
 //! random moment and checks that every printed batch survived, that the
 //! epoch history matches the batches, and that the high watermark is at
 //! least the last one printed. With `recycle`, size retention keeps about three
-//! segments, so most segments are written into recycled files. Exits by
+//! segments, so most segments are written into recycled files. With
+//! `journal`, the shard journal (`DIR/__journal`, checkpoints every 50 ms)
+//! makes the appends durable and the segment is written behind. Exits by
 //! itself after 20 s so it can never be left running.
 
 use std::cell::Cell;
@@ -16,20 +18,34 @@ use std::io::Write;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use strand_storage::journal::JournalConfig;
 use strand_storage::shard::ShardStorageConfig;
 use strand_storage::{testkit, FsyncPolicy, LeaderEpoch, LogConfig, ShardStorage, StorageError};
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(dir), Some(seed)) = (args.next(), args.next().and_then(|s| s.parse::<u64>().ok())) else {
-        eprintln!("usage: strand-storage-crash-writer DIR SEED [recycle]");
+        eprintln!("usage: strand-storage-crash-writer DIR SEED [recycle] [journal]");
         std::process::exit(2);
     };
-    let recycle = args.next().as_deref() == Some("recycle");
+    let flags: Vec<String> = args.collect();
+    let recycle = flags.iter().any(|f| f == "recycle");
+    let journal = flags.iter().any(|f| f == "journal");
     testkit::run_on_executor(move || async move {
         let shard = ShardStorage::open(&dir, ShardStorageConfig::default())
             .await
             .expect("opening the shard");
+        if journal {
+            let config = JournalConfig {
+                file_bytes: 1 << 20,
+                spare_files: 2,
+                checkpoint_ms: 50,
+            };
+            shard
+                .start_journal(std::path::Path::new(&format!("{dir}/__journal")), config)
+                .await
+                .expect("starting the journal");
+        }
         let config = LogConfig {
             fsync: FsyncPolicy::Always,
             segment_bytes_max: 256 << 10,
@@ -48,6 +64,7 @@ fn main() {
                 .await
                 .expect("opening the log"),
         );
+        assert_eq!(log.journaled(), journal);
         let deadline = Instant::now() + Duration::from_secs(20);
         let epoch = Rc::new(Cell::new(1u32));
         let mut producers = Vec::new();

@@ -27,7 +27,7 @@
 //! | 8..16  | the sequence number of the file it is in (u64): a frame left over from the file's previous use has an older one |
 //! | 16..24 | its LSN (u64): frames are numbered 0, 1, 2 … across files, without gaps |
 //! | 24..32 | replay-from LSN (u64, ≤ its LSN): every entry of a frame before this one is durable in its log's segments, so recovery starts there |
-//! | 32..36 | N, the entry count (u32, ≥ 1)                              |
+//! | 32..36 | N, the entry count (u32; 0 in a frame written only to record a newer replay-from) |
 //! | 36..40 | CRC-32 of bytes 0..36 and of the P bytes of entries        |
 //! | 40..40+P | N entries, back to back                                  |
 //! | to the next 4 KiB boundary | zero                                   |
@@ -299,9 +299,9 @@ pub fn decode_frame(buf: &Bytes, file_seq: u64, lsn: u64) -> Result<Frame, Frame
             lsn: header.lsn,
         });
     }
-    if header.replay_from > header.lsn || count == 0 {
+    if header.replay_from > header.lsn {
         return Err(FrameError::Corrupt(format!(
-            "frame {lsn}: replay from {} with {count} entries",
+            "frame {lsn}: replay from {}, after itself",
             header.replay_from
         )));
     }

@@ -66,6 +66,10 @@ pub struct JournalConfig {
     pub file_bytes: u64,
     /// Files no longer needed that are kept to be written over.
     pub spare_files: usize,
+    /// A log's segment is written and fdatasync'd (its pins dropped) once
+    /// its oldest pinned frame is this old (ms); sooner for every log while
+    /// the journal holds more files than `spare_files`.
+    pub checkpoint_ms: u64,
 }
 
 impl Default for JournalConfig {
@@ -73,6 +77,7 @@ impl Default for JournalConfig {
         JournalConfig {
             file_bytes: 64 << 20,
             spare_files: 4,
+            checkpoint_ms: 1_000,
         }
     }
 }
@@ -84,6 +89,9 @@ impl JournalConfig {
                 "journal file_bytes {} must be at least 1 MiB and a multiple of 4 KiB",
                 self.file_bytes
             )));
+        }
+        if self.checkpoint_ms == 0 {
+            return Err(StorageError::InvalidConfig("journal checkpoint_ms must be > 0".into()));
         }
         Ok(())
     }
@@ -152,6 +160,8 @@ struct State {
     gathered: u32,
     /// Pinned LSNs (with counts): replay must start at the oldest.
     pins: BTreeMap<u64, usize>,
+    /// The replay-from the newest durable frame records.
+    recorded_from: u64,
     failed: Option<String>,
     stats: JournalStats,
 }
@@ -259,6 +269,7 @@ impl Journal {
                     gathering: Vec::new(),
                     gathered: 0,
                     pins,
+                    recorded_from: plan.replay_from,
                     failed: None,
                     stats: JournalStats::default(),
                 }),
@@ -275,6 +286,10 @@ impl Journal {
 
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    pub fn config(&self) -> &JournalConfig {
+        &self.inner.config
     }
 
     /// Gathers an entry into the next frame and returns that frame's LSN
@@ -311,13 +326,42 @@ impl Journal {
             }
             match self.inner.write_lock.try_acquire_permit(1) {
                 Ok(_permit) => {
-                    let result = self.write_frame().await;
+                    let result = self.write_frame(false).await;
                     self.inner.written.notify_all();
                     result?;
                 }
                 Err(_) => self.inner.written.wait(seen).await,
             }
         }
+    }
+
+    /// Makes the journal record that recovery may start later than its
+    /// newest frame says, once pins dropped since (a log's checkpoint, the
+    /// replay at start-up): writes a frame with no entries if nothing else
+    /// is gathered. Without it, a quiet journal would replay, after a
+    /// crash, entries that its logs hold durably already — harmless for
+    /// them (replay skips what is there), but it keeps old truncations
+    /// around for logs that stopped journaling since.
+    pub async fn checkpoint(&self) -> Result<()> {
+        let _permit = self
+            .inner
+            .write_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        let lsn = {
+            let st = self.inner.state.borrow();
+            self.check(&st)?;
+            if st.replay_from(st.next_lsn) <= st.recorded_from {
+                return Ok(());
+            }
+            st.next_lsn
+        };
+        let result = self.write_frame(true).await;
+        self.inner.written.notify_all();
+        result?;
+        debug_assert!(self.durable_lsn() > lsn);
+        Ok(())
     }
 
     /// Every frame below this LSN is durable.
@@ -353,11 +397,12 @@ impl Journal {
         }
     }
 
-    /// Writes what is gathered as one frame. Holds: the write lock.
-    async fn write_frame(&self) -> Result<()> {
+    /// Writes what is gathered as one frame (`even_empty`: also with
+    /// nothing gathered). Holds: the write lock.
+    async fn write_frame(&self, even_empty: bool) -> Result<()> {
         let (frame, lsn, count) = {
             let mut st = self.inner.state.borrow_mut();
-            if st.gathered == 0 {
+            if st.gathered == 0 && !even_empty {
                 return Ok(());
             }
             let lsn = st.next_lsn;
@@ -425,6 +470,7 @@ impl Journal {
                 f.pos = write_pos + len as u64;
             }
             st.durable = lsn + 1;
+            st.recorded_from = replay_from;
             st.stats.frames += 1;
             st.stats.entries += u64::from(count);
             st.stats.bytes += len as u64;

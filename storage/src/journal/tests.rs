@@ -407,6 +407,7 @@ fn small() -> JournalConfig {
     JournalConfig {
         file_bytes: 1 << 20,
         spare_files: 2,
+        checkpoint_ms: 100,
     }
 }
 

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use super::{mono_ms, open_active, Log};
 use crate::error::Result;
+use crate::journal::format::Change;
 use crate::retention::{cut_offset, RetentionPolicy, SegmentSummary};
 use crate::scan::{scan_one_with, ScanStep};
 use crate::segment::io::{read_range, remove_file, sync_dir};
@@ -50,6 +51,13 @@ impl Log {
         if offset >= log_end && !start_over {
             return Ok(log_end);
         }
+        // The cut is durable in the journal before any file changes: a
+        // replay after a crash part-way must not bring back what it cuts.
+        let change = match start_over {
+            true => Change::StartOver { at: offset },
+            false => Change::Truncation { log_end: offset },
+        };
+        let _cut_pin = self.journal_cut(change).await?;
         let config = &self.inner.config;
         let (keep_base, cut_pos, doomed) = if offset <= log_start || start_over {
             // Start over at `offset` in a fresh segment.
@@ -101,6 +109,9 @@ impl Log {
                 st.cache.truncate(end);
             }
             st.flushed = end;
+            st.journal.cut(end);
+            // Everything before the cut was synced above.
+            st.journal.frames.clear();
             st.high_watermark = if start_over { end } else { st.high_watermark.min(end) };
             if start_over {
                 // None of the epochs the log held has a batch any more.
@@ -320,6 +331,13 @@ impl Log {
             self.write_locked().await?;
             self.finish_zeroing().await;
             self.sync_held().await?;
+            // The segment holds everything: the journal need not.
+            let flushed = self.inner.state.borrow().flushed;
+            if self.inner.state.borrow_mut().journal.release_below(flushed) {
+                if let Some(j) = &self.inner.journal {
+                    j.journal.checkpoint().await?;
+                }
+            }
             self.persist_index_locked(true).await?;
             self.save_epochs_locked().await?;
             // The high watermark as it is now (the next open starts from it).

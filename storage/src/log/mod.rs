@@ -63,10 +63,13 @@
 //! open (as Kafka trusts what precedes its recovery point); reads check
 //! framing and offsets, and consumers check each batch's CRC.
 
+mod journaled;
 mod maintain;
 mod producers;
 mod read;
 mod readahead;
+pub(crate) use journaled::read_journal_id;
+pub use journaled::JOURNAL_ID_FILE;
 pub use readahead::foreign_drops;
 mod replica;
 mod write;
@@ -170,10 +173,23 @@ pub struct Log {
     inner: Rc<Inner>,
 }
 
+/// A log that is not kept open by being referred to (the shard's list of
+/// journaling logs).
+pub(crate) struct WeakLog(std::rc::Weak<Inner>);
+
+impl WeakLog {
+    pub fn upgrade(&self) -> Option<Log> {
+        self.0.upgrade().map(|inner| Log { inner })
+    }
+}
+
 struct Inner {
     dir: PathBuf,
     config: LogConfig,
     shard: ShardStorage,
+    /// Set when the shard journal makes this log's appends durable
+    /// (`journaled.rs`).
+    journal: Option<journaled::LogJournal>,
     state: RefCell<State>,
     io_lock: Semaphore,
     /// Serialises fdatasync. Taken after `io_lock` when both are needed, so
@@ -233,11 +249,18 @@ struct State {
     /// Why the log takes no more writes, and whether the disk was full.
     failed: Option<(String, bool)>,
     closed: bool,
+    /// What the shard journal holds of this log (`journaled.rs`).
+    journal: journaled::JournalState,
 }
 
 impl State {
     fn log_end(&self) -> Offset {
         self.active.next_offset()
+    }
+
+    /// Every offset below it is durable, in the segment or the journal.
+    fn durable(&self) -> Offset {
+        self.flushed.max(self.journal.journaled)
     }
 
     fn check_usable(&self, dir: &Path) -> Result<()> {
@@ -301,9 +324,24 @@ impl Log {
     /// Opens the log in `dir` (created if missing): checks the sealed
     /// segments, recovers the active one (truncating a torn or corrupt
     /// tail), rebuilds missing or damaged indexes.
-    pub(crate) async fn open(shard: ShardStorage, dir: PathBuf, config: LogConfig) -> Result<Log> {
+    pub(crate) async fn open(shard: ShardStorage, dir: PathBuf, mut config: LogConfig) -> Result<Log> {
         config.validate()?;
         std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating", &dir, e))?;
+        let journal = match (config.journal && config.fsync == FsyncPolicy::Always, shard.journal()) {
+            (true, Some(journal)) => match journal_dir_name(shard.data_dir(), &dir) {
+                Some(name) => Some(journaled::LogJournal {
+                    journal,
+                    dir: name,
+                    id: journaled::journal_id(&dir)?,
+                }),
+                None => None,
+            },
+            _ => None,
+        };
+        if journal.is_some() {
+            // The journal makes appends durable; the segment is written behind.
+            config.write_through = false;
+        }
         let mut bases = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| StorageError::io("listing", &dir, e))? {
             let entry = entry.map_err(|e| StorageError::io("listing", &dir, e))?;
@@ -377,12 +415,14 @@ impl Log {
             stats: LogStats::default(),
             failed: None,
             closed: false,
+            journal: Default::default(),
         };
         let log = Log {
             inner: Rc::new(Inner {
                 dir,
                 config,
                 shard,
+                journal,
                 state: RefCell::new(state),
                 io_lock: Semaphore::new(1),
                 sync_lock: Semaphore::new(1),
@@ -392,6 +432,9 @@ impl Log {
         };
         log.load_replication_state().await?;
         log.rebuild_producers(false).await?;
+        if log.journaled() {
+            log.inner.shard.note_journaled(WeakLog(Rc::downgrade(&log.inner)));
+        }
         Ok(log)
     }
 
@@ -407,24 +450,31 @@ impl Log {
     pub fn log_end(&self) -> Offset {
         self.inner.state.borrow().log_end()
     }
-    /// Every offset below this one is durable (fdatasync'd).
+    /// Every offset below this one is durable: fdatasync'd (or written
+    /// through) in the segment, or in a durable frame of the shard journal.
     pub fn flushed_offset(&self) -> Offset {
-        self.inner.state.borrow().flushed
+        self.inner.state.borrow().durable()
     }
     /// Whether the log takes no more writes because the disk was full
     /// (ENOSPC): closing it and opening it again recovers it once space is
-    /// back.
+    /// back. Never for a journaling log: its memory held batches that only
+    /// the journal has made durable, and an open gets them back only from
+    /// the start-up replay (the broker restarts for that).
     pub fn failed_for_space(&self) -> bool {
-        self.inner
-            .state
-            .borrow()
-            .failed
-            .as_ref()
-            .is_some_and(|(_, no_space)| *no_space)
+        !self.journaled()
+            && self
+                .inner
+                .state
+                .borrow()
+                .failed
+                .as_ref()
+                .is_some_and(|(_, no_space)| *no_space)
     }
-    /// Every offset below this one has been written to the disk.
+    /// Every offset below this one has been written to the disk: to the
+    /// segment, or (a journaling log) in a durable journal frame.
     pub fn written_offset(&self) -> Offset {
-        self.inner.state.borrow().active.written_offset()
+        let st = self.inner.state.borrow();
+        st.active.written_offset().max(st.journal.journaled)
     }
     pub fn high_watermark(&self) -> Offset {
         self.inner.state.borrow().high_watermark
@@ -507,6 +557,14 @@ impl Log {
             notify: &self.inner.io_done,
         })
     }
+}
+
+/// A log directory's name in journal entries: its path relative to the
+/// data directory, if it lies inside it and the name is one an entry can
+/// carry.
+fn journal_dir_name(data_dir: &Path, dir: &Path) -> Option<String> {
+    let name = dir.strip_prefix(data_dir).ok()?.to_str()?.to_string();
+    crate::journal::format::check_dir(&name).ok().map(|()| name)
 }
 
 /// Segments tile the offsets: each starts exactly where the one before it

@@ -156,6 +156,12 @@ impl Log {
                     st.active.push(&rb, config.index_interval_bytes, now);
                     let written = st.active.written_offset();
                     st.cache.push(&rb, written);
+                    if let Err(e) = self.journal_append(&mut st, rb.base_offset(), rb.bytes(), rb.next_offset()) {
+                        // Queued but never to be durable: the log stops, as
+                        // after a failed write.
+                        drop(st);
+                        return Err(self.fail(e));
+                    }
                     return Ok(AppendInfo {
                         base_offset: rb.base_offset(),
                         last_offset: rb.last_offset(),
@@ -181,6 +187,10 @@ impl Log {
     /// per the fsync policy: fdatasync'd for `Always`; written to the disk,
     /// and fdatasync'd if the interval has run out, for `Interval`.
     pub async fn wait_durable(&self, last_offset: Offset) -> Result<()> {
+        if let Some(j) = &self.inner.journal {
+            self.durable_enough(last_offset, FsyncPolicy::Always)?;
+            return self.wait_journaled(j, last_offset).await;
+        }
         let policy = self.inner.config.fsync;
         loop {
             if self.durable_enough(last_offset, policy)? {
@@ -213,7 +223,7 @@ impl Log {
             });
         }
         Ok(match policy {
-            FsyncPolicy::Always => st.flushed > last_offset,
+            FsyncPolicy::Always => st.durable() > last_offset,
             FsyncPolicy::Interval { .. } => st.active.written_offset() > last_offset && !st.sync_due(policy, mono_ms()),
         })
     }

@@ -1,0 +1,226 @@
+//! A log whose appends the shard journal makes durable (`crate::journal`).
+//!
+//! Runs on: the shard that owns the log, with the shard's journal.
+//!
+//! A log journals when its policy is `fsync=always`, `LogConfig::journal`
+//! is on and its shard has a journal (`ShardStorage::start_journal`). Then:
+//! - every append (a producer's or a replica's) also goes into the journal,
+//!   in the same step that queues it for the segment, so the journal holds
+//!   the log's batches in log order;
+//! - [`Log::wait_durable`] waits for the journal frame holding the batch,
+//!   not for a write and flush of the segment: the *journaled* offset moves,
+//!   and [`Log::flushed_offset`] (what replication and acks go by) is the
+//!   larger of it and the segment's flushed offset;
+//! - the segment is written behind, without `O_DSYNC`: when its staging
+//!   buffer passes `pending_bytes_max`, and at a checkpoint
+//!   ([`Log::checkpoint_journal`]: write, fdatasync, then drop the pins);
+//!   the shard's checkpointer calls it once a log's oldest pin is older than
+//!   the checkpoint interval, or for every log when the journal holds more
+//!   files than its spare count;
+//! - a truncation or start-over is journaled and durable before the log is
+//!   cut, so recovery never brings back what it cut (`maintain.rs`);
+//! - the log's directory holds `.journal-id`, a random id that names this
+//!   log in journal entries (a log created again in the same directory
+//!   gets another, so entries of the old one are not replayed into it).
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+
+use super::{mono_ms, Log};
+use crate::error::{Result, StorageError};
+use crate::journal::format::Change;
+use crate::journal::{Journal, JournalPin};
+use crate::Offset;
+
+/// The file holding a log's journal id (16 hex digits).
+pub const JOURNAL_ID_FILE: &str = ".journal-id";
+
+/// How a log names itself in its shard's journal.
+pub(super) struct LogJournal {
+    pub journal: Journal,
+    /// The log's directory, relative to the data directory.
+    pub dir: String,
+    pub id: u64,
+}
+
+/// A journal frame this log has entries in that its segment has not yet
+/// made durable.
+pub(super) struct PinnedFrame {
+    pub lsn: u64,
+    /// The offset after this log's last batch in the frame.
+    pub end: Offset,
+    /// When the first entry went in (mono ms).
+    pub since_ms: u64,
+    _pin: JournalPin,
+}
+
+/// The journal bookkeeping in the log's state.
+#[derive(Default)]
+pub(super) struct JournalState {
+    /// Every offset below it is durable in the journal.
+    pub journaled: Offset,
+    /// Oldest first.
+    pub frames: VecDeque<PinnedFrame>,
+}
+
+impl JournalState {
+    /// Notes an entry of this log ending at `end` in frame `lsn`.
+    fn note(&mut self, journal: &Journal, lsn: u64, end: Offset) {
+        match self.frames.back_mut() {
+            Some(last) if last.lsn == lsn => last.end = end,
+            _ => self.frames.push_back(PinnedFrame {
+                lsn,
+                end,
+                since_ms: mono_ms(),
+                _pin: journal.pin(lsn),
+            }),
+        }
+    }
+
+    /// Drops the pins of frames whose entries are all below `flushed`
+    /// (durable in the segment).
+    pub fn release_below(&mut self, flushed: Offset) -> bool {
+        let before = self.frames.len();
+        while self.frames.front().is_some_and(|f| f.end <= flushed) {
+            self.frames.pop_front();
+        }
+        self.frames.len() != before
+    }
+
+    /// After a cut to `end`: nothing past it is journaled any more.
+    pub fn cut(&mut self, end: Offset) {
+        self.journaled = self.journaled.min(end);
+    }
+}
+
+/// The journal id in `dir`, created (durably) if there is none.
+pub(super) fn journal_id(dir: &Path) -> Result<u64> {
+    let path = dir.join(JOURNAL_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => u64::from_str_radix(text.trim(), 16).map_err(|_| StorageError::CorruptSegment {
+            path: path.clone(),
+            position: 0,
+            reason: format!("not a journal id: {text:?}"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = std::collections::hash_map::RandomState::new().build_hasher().finish();
+            let tmp = dir.join(format!("{JOURNAL_ID_FILE}.tmp"));
+            let write = || -> std::io::Result<()> {
+                std::fs::write(&tmp, format!("{id:016x}\n"))?;
+                std::fs::File::open(&tmp)?.sync_all()?;
+                std::fs::rename(&tmp, &path)?;
+                std::fs::File::open(dir)?.sync_all()
+            };
+            write().map_err(|e| StorageError::io("writing", &path, e))?;
+            Ok(id)
+        }
+        Err(e) => Err(StorageError::io("reading", &path, e)),
+    }
+}
+
+/// The journal id in `dir`, if it has one that reads (replay).
+pub(crate) fn read_journal_id(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join(JOURNAL_ID_FILE)).ok()?;
+    u64::from_str_radix(text.trim(), 16).ok()
+}
+
+impl Log {
+    /// Whether this log's appends go through the shard journal.
+    pub fn journaled(&self) -> bool {
+        self.inner.journal.is_some()
+    }
+
+    /// Adds a just-queued batch to the journal. Called in the same borrow
+    /// as the queueing: journal order is log order.
+    pub(super) fn journal_append(
+        &self,
+        st: &mut super::State,
+        base: Offset,
+        bytes: &bytes::Bytes,
+        end: Offset,
+    ) -> Result<()> {
+        let Some(j) = &self.inner.journal else {
+            return Ok(());
+        };
+        let change = Change::Batches {
+            base,
+            bytes: bytes.clone(),
+        };
+        let lsn = j.journal.add(&j.dir, j.id, &change)?;
+        st.journal.note(&j.journal, lsn, end);
+        Ok(())
+    }
+
+    /// Journals a cut of the log (a truncation or a start-over) and waits
+    /// until it is durable. Holds: the I/O lock.
+    pub(super) async fn journal_cut(&self, change: Change) -> Result<Option<JournalPin>> {
+        let Some(j) = &self.inner.journal else {
+            return Ok(None);
+        };
+        let lsn = j.journal.add(&j.dir, j.id, &change).map_err(|e| self.fail(e))?;
+        let pin = j.journal.pin(lsn);
+        j.journal.wait(lsn).await.map_err(|e| self.fail(e))?;
+        Ok(Some(pin))
+    }
+
+    /// `wait_durable` for a journaling log: waits for the frame holding
+    /// `last_offset`.
+    pub(super) async fn wait_journaled(&self, j: &LogJournal, last_offset: Offset) -> Result<()> {
+        loop {
+            let lsn = {
+                let st = self.inner.state.borrow();
+                st.check_usable(&self.inner.dir)?;
+                if st.flushed.max(st.journal.journaled) > last_offset {
+                    return Ok(());
+                }
+                st.journal.frames.iter().find(|f| f.end > last_offset).map(|f| f.lsn)
+            };
+            let Some(lsn) = lsn else {
+                // Not in the journal (appended before the log journaled):
+                // through the segment.
+                return self.flush().await;
+            };
+            j.journal.wait(lsn).await.map_err(|e| self.fail(e))?;
+            let durable = j.journal.durable_lsn();
+            let mut st = self.inner.state.borrow_mut();
+            let end = st
+                .journal
+                .frames
+                .iter()
+                .take_while(|f| f.lsn < durable)
+                .map(|f| f.end)
+                .max();
+            if let Some(end) = end {
+                st.journal.journaled = st.journal.journaled.max(end);
+            }
+        }
+    }
+
+    /// Whether the checkpointer should checkpoint this log now: its oldest
+    /// pinned frame is older than `interval_ms`, or `pressed` (the journal
+    /// is over its files) and it pins any.
+    pub fn journal_checkpoint_due(&self, interval_ms: u64, pressed: bool) -> bool {
+        let st = self.inner.state.borrow();
+        st.failed.is_none()
+            && !st.closed
+            && st
+                .journal
+                .frames
+                .front()
+                .is_some_and(|f| pressed || mono_ms().saturating_sub(f.since_ms) >= interval_ms)
+    }
+
+    /// Writes what the segment lacks, fdatasyncs it and drops the journal
+    /// pins that covers. Returns whether any pin was dropped.
+    pub async fn checkpoint_journal(&self) -> Result<bool> {
+        {
+            let _permit = self.lock().await?;
+            self.write_locked().await?;
+        }
+        self.sync_locked().await?;
+        let mut st = self.inner.state.borrow_mut();
+        let flushed = st.flushed;
+        Ok(st.journal.release_below(flushed))
+    }
+}
