@@ -318,3 +318,82 @@ fn the_checkpointer_writes_segments_behind_and_the_journal_stays_small() {
         assert!(journal.stats().files_recycled >= 1, "{:?}", journal.stats());
     });
 }
+
+#[test]
+fn a_cut_inside_a_batch_is_journaled_where_the_log_really_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        {
+            // Another log's entry, never checkpointed, keeps the replay
+            // starting before everything below.
+            let (shard, _other) = journaled_with(&path, "q/1", 100..101).await;
+            // Batches of 2 records: tags 0..6 at offsets 0, 2, … 10.
+            let log = shard.open_log(path.join("q/0"), no_time_retention()).await.unwrap();
+            for tag in 0..6 {
+                append_durably(&log, tag).await;
+            }
+            // Offset 7 is inside the batch at 6: the whole batch goes, and
+            // the log ends at 6; the new leader's batches follow from there.
+            assert_eq!(log.truncate_to(Offset(7)).await.unwrap(), Offset(6));
+            for tag in 10..13 {
+                append_durably(&log, tag).await;
+            }
+        }
+        replay(&path).await;
+        let (_shard, log) = open_at(&path, "q/0").await;
+        let want: Vec<String> = [0, 1, 2, 10, 11, 12].iter().map(|t| format!("k{t}")).collect();
+        assert_eq!(tags(&log).await, want);
+        assert_eq!(log.log_end(), Offset(12));
+    });
+}
+
+#[test]
+fn a_cleanly_closed_logs_entries_are_not_replayed_onto_what_it_holds_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (shard, other) = {
+            // Another log's entry, never checkpointed, keeps the replay
+            // starting before everything below.
+            let (shard, other) = journaled_with(&path, "q/1", 100..101).await;
+            let log = shard.open_log(path.join("q/0"), no_time_retention()).await.unwrap();
+            for tag in 0..6 {
+                append_durably(&log, tag).await;
+            }
+            log.truncate_to(Offset(6)).await.unwrap();
+            for tag in 10..13 {
+                append_durably(&log, tag).await;
+            }
+            log.close().await.unwrap();
+            (shard, other)
+        };
+        {
+            // Opened again without the journal (its queue went to
+            // fsync=interval): appends past the journal's truncation.
+            let interval = LogConfig {
+                fsync: strand_storage::FsyncPolicy::Interval {
+                    interval_ms: 1000,
+                    interval_bytes: 0,
+                },
+                ..no_time_retention()
+            };
+            let log = shard.open_log(path.join("q/0"), interval).await.unwrap();
+            assert!(!log.journaled());
+            for tag in 20..23 {
+                append(&log, tag, 2, 100).await;
+            }
+            log.flush().await.unwrap();
+            // The crash: not closed.
+        }
+        drop((shard, other));
+        let report = replay(&path).await;
+        assert_eq!((report.cuts, report.skipped_logs), (0, 1), "{report:?}");
+        let (_shard, log) = open_at(&path, "q/0").await;
+        let want: Vec<String> = [0, 1, 2, 10, 11, 12, 20, 21, 22]
+            .iter()
+            .map(|t| format!("k{t}"))
+            .collect();
+        assert_eq!(tags(&log).await, want);
+    });
+}

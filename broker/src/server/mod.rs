@@ -353,6 +353,7 @@ async fn shard_main(
             .await
             .map_err(|e| format!("starting the shard journal: {e}"))?;
     }
+    let journal = storage.journal();
     let partitions = Partitions::new(storage, &config, id, shards, lifecycle.lease.clone());
     let shard = Rc::new(Shard::new(
         id,
@@ -363,6 +364,9 @@ async fn shard_main(
         lifecycle.controller_leader.clone(),
     ));
     shard::set_current(&shard);
+    if let Some(journal) = journal {
+        supervise_journal(&shard, journal, lifecycle.stop.clone());
+    }
     mesh::start_receivers(&shard, receivers);
     crate::groups::start(&shard);
     // Accepting from now on: the other nodes' controller members must
@@ -485,8 +489,31 @@ impl ControllerMember {
 }
 
 /// The exit status of a broker whose controller member stopped on a
-/// storage error (EX_TEMPFAIL: start it again).
+/// storage error, or one of whose shard journals (or journaled partition
+/// logs) failed (EX_TEMPFAIL: start it again).
 pub const CONTROLLER_STOPPED_EXIT: i32 = 75;
+
+/// Exits the broker ([`CONTROLLER_STOPPED_EXIT`]) once the shard's journal
+/// fails: every journaled partition of the shard then takes no more
+/// writes, and their memory held batches only the journal made durable,
+/// which only the start-up replay brings back. A restart (the supervisor's
+/// `Restart=`) is that way back, as for the controller member.
+fn supervise_journal(shard: &Rc<Shard>, journal: strand_storage::journal::Journal, stop: Arc<AtomicBool>) {
+    let shard = shard.clone();
+    glommio::spawn_local(async move {
+        let reason = journal.failure().await;
+        if stop.load(Ordering::SeqCst) || shard.stopping.get() {
+            return;
+        }
+        tracing::error!(
+            journal = %journal.dir().display(),
+            "the shard journal failed ({reason}): exiting, to be started again once the cause (a full disk) is \
+             fixed; the start-up replay brings back every acknowledged record"
+        );
+        std::process::exit(CONTROLLER_STOPPED_EXIT);
+    })
+    .detach();
+}
 
 /// Accepts connections (for the whole life of the shard).
 ///

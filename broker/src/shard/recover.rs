@@ -24,6 +24,10 @@
 //!   controller cannot be reached, the next round asks again; the log
 //!   stays failed (produce answers `StorageFull`) until then.
 //!
+//! A journaled partition (`journal = true`) is not reopened: the broker
+//! exits to be started again, and the start-up replay of the shard
+//! journal brings back what only the journal held.
+//!
 //! Runs on: every shard, for the partitions it owns (a timer started by
 //! `server`).
 
@@ -42,6 +46,26 @@ impl Shard {
         let Some(space) = self.disk.space().filter(|s| !s.low()) else {
             return;
         };
+        // A journaled log that failed is not reopened here: its memory held
+        // batches only the shard journal made durable, which only the
+        // start-up replay brings back. The broker restarts, as when the
+        // journal itself fails (`server::supervise_journal`).
+        if let Some(((queue, p), _)) = self
+            .partitions
+            .all()
+            .into_iter()
+            .find(|(_, part)| part.log.journaled() && part.log.failed())
+        {
+            if !self.stopping.get() {
+                tracing::error!(
+                    queue = %queue,
+                    partition = p,
+                    "a journaled partition log failed: exiting, to be started again (its records come back from the \
+                     shard journal)"
+                );
+                std::process::exit(crate::server::CONTROLLER_STOPPED_EXIT);
+            }
+        }
         let failed: Vec<_> = self
             .partitions
             .all()

@@ -180,6 +180,20 @@ impl State {
     }
 }
 
+/// Holding the write lock; releasing it wakes every waiter (one that
+/// found the lock taken sleeps until then, whoever held it and whether or
+/// not a frame was written).
+struct WriteGuard<'a> {
+    _permit: glommio::sync::Permit<'a>,
+    written: &'a Notify,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.written.notify_all();
+    }
+}
+
 /// Holds frames from an LSN on for recovery: while it lives, every later
 /// frame says to replay from here at the latest. Dropped by a log once its
 /// segment's fdatasync covers its entries from that frame on.
@@ -314,6 +328,12 @@ impl Journal {
     }
 
     /// Resolves once frame `lsn` (from [`Journal::add`]) is durable.
+    ///
+    /// Not cancel-safe while it writes a frame: a future dropped mid-write
+    /// would leave that frame's LSN unwritten and the next one written in
+    /// its place (which recovery reads as stale). Callers await it to the
+    /// end (the broker's produce and replication tasks are never timed
+    /// out around it).
     pub async fn wait(&self, lsn: u64) -> Result<()> {
         loop {
             let seen = self.inner.written.epoch();
@@ -325,10 +345,12 @@ impl Journal {
                 }
             }
             match self.inner.write_lock.try_acquire_permit(1) {
-                Ok(_permit) => {
-                    let result = self.write_frame(false).await;
-                    self.inner.written.notify_all();
-                    result?;
+                Ok(permit) => {
+                    let _guard = WriteGuard {
+                        _permit: permit,
+                        written: &self.inner.written,
+                    };
+                    self.write_frame(false).await?;
                 }
                 Err(_) => self.inner.written.wait(seen).await,
             }
@@ -343,12 +365,10 @@ impl Journal {
     /// them (replay skips what is there), but it keeps old truncations
     /// around for logs that stopped journaling since.
     pub async fn checkpoint(&self) -> Result<()> {
-        let _permit = self
-            .inner
-            .write_lock
-            .acquire_permit(1)
-            .await
-            .map_err(|_| StorageError::Closed)?;
+        let _guard = WriteGuard {
+            _permit: (self.inner.write_lock.acquire_permit(1).await).map_err(|_| StorageError::Closed)?,
+            written: &self.inner.written,
+        };
         let lsn = {
             let st = self.inner.state.borrow();
             self.check(&st)?;
@@ -357,11 +377,29 @@ impl Journal {
             }
             st.next_lsn
         };
-        let result = self.write_frame(true).await;
-        self.inner.written.notify_all();
-        result?;
+        self.write_frame(true).await?;
         debug_assert!(self.durable_lsn() > lsn);
         Ok(())
+    }
+
+    /// Holds frame `lsn` and every later one for recovery until the
+    /// process ends: a journaled log that failed holds what its segment
+    /// lacks this way, for the start-up replay (it may be dropped before
+    /// the broker restarts, and its pins with it).
+    pub fn hold_until_restart(&self, lsn: u64) {
+        *self.inner.state.borrow_mut().pins.entry(lsn).or_default() += 1;
+    }
+
+    /// Resolves, with the reason, once a frame write has failed (the
+    /// journal then takes nothing more: see the module doc).
+    pub async fn failure(&self) -> String {
+        loop {
+            let seen = self.inner.written.epoch();
+            if let Some(reason) = &self.inner.state.borrow().failed {
+                return reason.clone();
+            }
+            self.inner.written.wait(seen).await;
+        }
     }
 
     /// Every frame below this LSN is durable.

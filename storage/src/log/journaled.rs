@@ -21,7 +21,16 @@
 //!   cut, so recovery never brings back what it cut (`maintain.rs`);
 //! - the log's directory holds `.journal-id`, a random id that names this
 //!   log in journal entries (a log created again in the same directory
-//!   gets another, so entries of the old one are not replayed into it).
+//!   gets another, so entries of the old one are not replayed into it); a
+//!   clean close that made everything durable in the segment gives the
+//!   directory a new one, so that the old entries (their truncations
+//!   above all) are never applied to what a later open appends, journaled
+//!   or not;
+//! - a log that fails has the journal hold its oldest pinned frame until
+//!   the process ends (`Journal::hold_until_restart`): the log may be
+//!   dropped before the broker restarts (which it does: `strand-broker`'s
+//!   `server::supervise_journal` and `shard::recover`), and the start-up
+//!   replay must still find what only the journal held.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
@@ -62,11 +71,14 @@ pub(super) struct JournalState {
     pub journaled: Offset,
     /// Oldest first.
     pub frames: VecDeque<PinnedFrame>,
+    /// Whether this open added anything to the journal.
+    pub used: bool,
 }
 
 impl JournalState {
     /// Notes an entry of this log ending at `end` in frame `lsn`.
     fn note(&mut self, journal: &Journal, lsn: u64, end: Offset) {
+        self.used = true;
         match self.frames.back_mut() {
             Some(last) if last.lsn == lsn => last.end = end,
             _ => self.frames.push_back(PinnedFrame {
@@ -103,20 +115,26 @@ pub(super) fn journal_id(dir: &Path) -> Result<u64> {
             position: 0,
             reason: format!("not a journal id: {text:?}"),
         }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let id = std::collections::hash_map::RandomState::new().build_hasher().finish();
-            let tmp = dir.join(format!("{JOURNAL_ID_FILE}.tmp"));
-            let write = || -> std::io::Result<()> {
-                std::fs::write(&tmp, format!("{id:016x}\n"))?;
-                std::fs::File::open(&tmp)?.sync_all()?;
-                std::fs::rename(&tmp, &path)?;
-                std::fs::File::open(dir)?.sync_all()
-            };
-            write().map_err(|e| StorageError::io("writing", &path, e))?;
-            Ok(id)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => new_journal_id(dir),
         Err(e) => Err(StorageError::io("reading", &path, e)),
     }
+}
+
+/// Gives `dir` a new random journal id, durably (written whole to a
+/// temporary file, fsync'd, renamed over the old one, the directory
+/// fsync'd).
+fn new_journal_id(dir: &Path) -> Result<u64> {
+    let path = dir.join(JOURNAL_ID_FILE);
+    let id = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let tmp = dir.join(format!("{JOURNAL_ID_FILE}.tmp"));
+    let write = || -> std::io::Result<()> {
+        std::fs::write(&tmp, format!("{id:016x}\n"))?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| StorageError::io("writing", &path, e))?;
+    Ok(id)
 }
 
 /// The journal id in `dir`, if it has one that reads (replay).
@@ -159,6 +177,7 @@ impl Log {
             return Ok(None);
         };
         let lsn = j.journal.add(&j.dir, j.id, &change).map_err(|e| self.fail(e))?;
+        self.inner.state.borrow_mut().journal.used = true;
         let pin = j.journal.pin(lsn);
         j.journal.wait(lsn).await.map_err(|e| self.fail(e))?;
         Ok(Some(pin))
@@ -168,18 +187,19 @@ impl Log {
     /// `last_offset`.
     pub(super) async fn wait_journaled(&self, j: &LogJournal, last_offset: Offset) -> Result<()> {
         loop {
+            // Usable, in range (a truncation may have cut it), durable?
+            if self.durable_enough(last_offset, crate::FsyncPolicy::Always)? {
+                return Ok(());
+            }
             let lsn = {
                 let st = self.inner.state.borrow();
-                st.check_usable(&self.inner.dir)?;
-                if st.flushed.max(st.journal.journaled) > last_offset {
-                    return Ok(());
-                }
                 st.journal.frames.iter().find(|f| f.end > last_offset).map(|f| f.lsn)
             };
             let Some(lsn) = lsn else {
                 // Not in the journal (appended before the log journaled):
                 // through the segment.
-                return self.flush().await;
+                self.flush().await?;
+                continue;
             };
             j.journal.wait(lsn).await.map_err(|e| self.fail(e))?;
             let durable = j.journal.durable_lsn();
@@ -195,6 +215,33 @@ impl Log {
                 st.journal.journaled = st.journal.journaled.max(end);
             }
         }
+    }
+
+    /// At a clean close, with everything written and fdatasync'd: drops
+    /// the pins, has the journal record that, and — if this log journaled
+    /// anything since it opened — gives its directory a new journal id, so
+    /// that no replay applies this log's old entries again (their
+    /// truncations would cut what a later open, maybe not journaling,
+    /// appends). Holds: the I/O and sync locks.
+    pub(super) async fn detach_from_journal(&self) -> Result<()> {
+        let Some(j) = &self.inner.journal else {
+            return Ok(());
+        };
+        let used = {
+            let mut st = self.inner.state.borrow_mut();
+            let flushed = st.flushed;
+            st.journal.release_below(flushed);
+            debug_assert!(
+                st.journal.frames.is_empty(),
+                "closing with journal entries the segment lacks"
+            );
+            st.journal.used
+        };
+        if used {
+            new_journal_id(&self.inner.dir)?;
+            j.journal.checkpoint().await?;
+        }
+        Ok(())
     }
 
     /// Whether the checkpointer should checkpoint this log now: its oldest

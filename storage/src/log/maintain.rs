@@ -51,19 +51,9 @@ impl Log {
         if offset >= log_end && !start_over {
             return Ok(log_end);
         }
-        // The cut is durable in the journal before any file changes: a
-        // replay after a crash part-way must not bring back what it cuts.
-        let change = match start_over {
-            true => Change::StartOver { at: offset },
-            false => Change::Truncation { log_end: offset },
-        };
-        let _cut_pin = self.journal_cut(change).await?;
-        let config = &self.inner.config;
-        let (keep_base, cut_pos, doomed) = if offset <= log_start || start_over {
+        let (keep_base, cut_pos, new_end) = if offset <= log_start || start_over {
             // Start over at `offset` in a fresh segment.
-            let mut doomed = paths(self.take_sealed(|_| true));
-            doomed.push(self.inner.state.borrow().active.path.clone());
-            (offset, None, doomed)
+            (offset, None, offset)
         } else {
             let keep_base = if offset >= active_base {
                 active_base
@@ -75,14 +65,55 @@ impl Log {
                     .map(|(b, _)| b)
                     .unwrap_or(&active_base)
             };
-            let pos = self.batch_position(keep_base, offset).await?;
-            let mut doomed = paths(self.take_sealed(|b| b >= keep_base));
-            if keep_base != active_base {
-                doomed.retain(|p| *p != self.inner.dir.join(log_file_name(keep_base)));
-                doomed.push(self.inner.state.borrow().active.path.clone());
-            }
-            (keep_base, Some(pos), doomed)
+            // A batch is never split: the log ends where the batch holding
+            // `offset` begins.
+            let (pos, end) = self.batch_position(keep_base, offset).await?;
+            (keep_base, Some(pos), end)
         };
+        // The cut, with where the log will end, is durable in the journal
+        // before any file changes: a replay after a crash part-way must not
+        // bring back what it cuts. From here on a failure fails a journaled
+        // log: the journal says the cut happened.
+        let change = match start_over {
+            true => Change::StartOver { at: offset },
+            false => Change::Truncation { log_end: new_end },
+        };
+        let _cut_pin = self.journal_cut(change).await?;
+        let result = self.cut_files(offset, start_over, keep_base, cut_pos).await;
+        match (&self.inner.journal, result) {
+            (Some(_), Err(e)) => Err(self.fail(e)),
+            (_, result) => result,
+        }
+    }
+
+    /// Removes the segments past the cut and reopens the one it falls in
+    /// (`cut_pos`: the position in the segment at `keep_base`; `None`: start
+    /// over, empty, at `keep_base`). Holds: the I/O and sync locks.
+    async fn cut_files(
+        &self,
+        offset: Offset,
+        start_over: bool,
+        keep_base: Offset,
+        cut_pos: Option<u64>,
+    ) -> Result<Offset> {
+        let config = &self.inner.config;
+        let doomed = match cut_pos {
+            None => {
+                let mut doomed = paths(self.take_sealed(|_| true));
+                doomed.push(self.inner.state.borrow().active.path.clone());
+                doomed
+            }
+            Some(_) => {
+                let active_base = self.inner.state.borrow().active.base;
+                let mut doomed = paths(self.take_sealed(|b| b >= keep_base));
+                if keep_base != active_base {
+                    doomed.retain(|p| *p != self.inner.dir.join(log_file_name(keep_base)));
+                    doomed.push(self.inner.state.borrow().active.path.clone());
+                }
+                doomed
+            }
+        };
+        debug_assert!(cut_pos.is_some() || keep_base == offset);
         // Newest first: a crash part-way leaves a shorter log, never a gap.
         let mut doomed = doomed;
         doomed.sort();
@@ -144,8 +175,10 @@ impl Log {
         gone.into_values().collect()
     }
 
-    /// File position of the batch holding `offset` in the segment at `base`.
-    async fn batch_position(&self, base: Offset, offset: Offset) -> Result<u64> {
+    /// File position of the batch holding `offset` in the segment at
+    /// `base`, and that batch's base offset (where a cut there leaves the
+    /// log's end); the segment's end and next offset if no batch holds it.
+    async fn batch_position(&self, base: Offset, offset: Offset) -> Result<(u64, Offset)> {
         let path = self.inner.dir.join(log_file_name(base));
         let rel = (offset.0 - base.0) as u32;
         let active = {
@@ -182,12 +215,12 @@ impl Log {
                 self.inner.config.stored_batch_bytes_max(),
                 false,
             ) {
-                ScanStep::Batch(b) if b.header.next_offset() > offset => return Ok(pos),
+                ScanStep::Batch(b) if b.header.next_offset() > offset => return Ok((pos, b.header.base_offset)),
                 ScanStep::Batch(b) => {
                     pos = b.end();
                     expected = b.header.next_offset();
                 }
-                _ if pos >= end => return Ok(end),
+                _ if pos >= end => return Ok((end, expected)),
                 other => {
                     return Err(crate::StorageError::CorruptSegment {
                         path,
@@ -320,6 +353,17 @@ impl Log {
         if self.inner.state.borrow().closed {
             return Ok(());
         }
+        // Appends wait for the I/O lock from here on, and then find the log
+        // closed: none is taken (and journaled, and acknowledged) after the
+        // last write.
+        self.inner.state.borrow_mut().reshaping = true;
+        let result = self.close_locked().await;
+        self.inner.state.borrow_mut().reshaping = false;
+        result
+    }
+
+    /// `close` once it holds the I/O lock.
+    async fn close_locked(&self) -> Result<()> {
         let _sync = self.lock_sync().await?;
         if self.inner.state.borrow().failed.is_some() {
             self.finish_zeroing().await;
@@ -332,12 +376,7 @@ impl Log {
             self.finish_zeroing().await;
             self.sync_held().await?;
             // The segment holds everything: the journal need not.
-            let flushed = self.inner.state.borrow().flushed;
-            if self.inner.state.borrow_mut().journal.release_below(flushed) {
-                if let Some(j) = &self.inner.journal {
-                    j.journal.checkpoint().await?;
-                }
-            }
+            self.detach_from_journal().await?;
             self.persist_index_locked(true).await?;
             self.save_epochs_locked().await?;
             // The high watermark as it is now (the next open starts from it).

@@ -470,6 +470,11 @@ impl Log {
                 .as_ref()
                 .is_some_and(|(_, no_space)| *no_space)
     }
+    /// Whether the log takes no more writes (a failed write or fdatasync,
+    /// whatever the cause).
+    pub fn failed(&self) -> bool {
+        self.inner.state.borrow().failed.is_some()
+    }
     /// Every offset below this one has been written to the disk: to the
     /// segment, or (a journaling log) in a durable journal frame.
     pub fn written_offset(&self) -> Offset {
@@ -520,6 +525,14 @@ impl Log {
     fn fail(&self, e: StorageError) -> StorageError {
         let (reason, no_space) = (e.to_string(), e.is_no_space());
         let mut st = self.inner.state.borrow_mut();
+        if st.failed.is_none() {
+            // What only the journal holds of this log must stay replayable
+            // after this log (and its pins) is dropped: until the restart
+            // (`journaled.rs`).
+            if let (Some(j), Some(oldest)) = (&self.inner.journal, st.journal.frames.front()) {
+                j.journal.hold_until_restart(oldest.lsn);
+            }
+        }
         st.failed.get_or_insert((reason.clone(), no_space));
         StorageError::LogFailed {
             dir: self.inner.dir.clone(),

@@ -188,7 +188,6 @@ impl Log {
     /// and fdatasync'd if the interval has run out, for `Interval`.
     pub async fn wait_durable(&self, last_offset: Offset) -> Result<()> {
         if let Some(j) = &self.inner.journal {
-            self.durable_enough(last_offset, FsyncPolicy::Always)?;
             return self.wait_journaled(j, last_offset).await;
         }
         let policy = self.inner.config.fsync;
@@ -212,7 +211,7 @@ impl Log {
         }
     }
 
-    fn durable_enough(&self, last_offset: Offset, policy: FsyncPolicy) -> Result<bool> {
+    pub(super) fn durable_enough(&self, last_offset: Offset, policy: FsyncPolicy) -> Result<bool> {
         let st = self.inner.state.borrow();
         st.check_usable(&self.inner.dir)?;
         if last_offset >= st.log_end() {

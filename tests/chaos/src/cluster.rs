@@ -45,7 +45,8 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts `n` nodes and waits until each is ready.
-    /// With `disks`, each node's directory is a file system of its own.
+    /// With `disks`, each node's directory is a file system of its own;
+    /// `settings`: more lines of every node's config file.
     pub fn start(
         strand: &Path,
         dir: &Path,
@@ -53,8 +54,12 @@ impl Cluster {
         port: u16,
         network: Option<Network>,
         disks: bool,
+        settings: &[String],
     ) -> Result<Cluster, String> {
-        std::fs::write(dir.join("node.toml"), SETTINGS).map_err(|e| format!("writing the settings: {e}"))?;
+        let file: String = std::iter::once(SETTINGS.to_string())
+            .chain(settings.iter().map(|s| format!("{s}\n")))
+            .collect();
+        std::fs::write(dir.join("node.toml"), file).map_err(|e| format!("writing the settings: {e}"))?;
         let mut c = Cluster {
             strand: strand.to_path_buf(),
             dir: dir.to_path_buf(),

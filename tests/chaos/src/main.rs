@@ -29,6 +29,10 @@
 //! - `netem`: one node's link slowed and lossy (see `network.rs`);
 //! - `disk-full`: one node's data file system filled (`disk.rs`).
 //!
+//! `--broker-setting KEY=VALUE` (repeatable) adds a line to every node's
+//! config file: `--broker-setting journal=true` runs the schedule on the
+//! shard journal.
+//!
 //! The last line of stdout is one JSON object (a contract): `seed`,
 //! `nodes`, `duration_s`, `nemeses` (faults applied, by name), `acked`,
 //! `failed`, `failed_by_kind` (error kind → count), `stored`, `lost`, `misplaced`, `duplicates`, `reordered`,
@@ -115,6 +119,20 @@ struct RunArgs {
     /// default when not root); only `kill` and `pause` then.
     #[arg(long)]
     loopback: bool,
+    /// A broker setting for every node, `KEY=VALUE` as a line of its
+    /// config file (a TOML value: `journal=true`); repeatable.
+    #[arg(long = "broker-setting", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    broker_settings: Vec<String>,
+}
+
+/// `KEY=VALUE` as a TOML line `KEY = VALUE`.
+fn parse_setting(s: &str) -> Result<String, String> {
+    let (key, value) = s.split_once('=').ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    let (key, value) = (key.trim(), value.trim());
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || value.is_empty() {
+        return Err(format!("{s:?} is not KEY=VALUE"));
+    }
+    Ok(format!("{key} = {value}"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -216,7 +234,7 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     let names: Vec<&str> = nemeses.iter().map(|n| n.name()).collect();
     println!(
         "replay: strand-chaos run --nodes {} --seed {} --duration {}s --nemesis {} --record-bytes {} --producers {} \
-         --consumers {}{}",
+         --consumers {}{}{}",
         args.nodes,
         args.seed,
         args.duration.as_secs(),
@@ -224,7 +242,11 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         args.record_bytes,
         args.producers,
         args.consumers,
-        if loopback { " --loopback" } else { "" }
+        if loopback { " --loopback" } else { "" },
+        args.broker_settings
+            .iter()
+            .map(|s| format!(" --broker-setting {}", s.replace(" = ", "=")))
+            .collect::<String>()
     );
     println!("run directory: {}; {} faults scheduled", dir.display(), faults.len());
 
@@ -233,7 +255,7 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         false => (9092, Some(network::Network::create(args.nodes)?)),
     };
     let disks = nemeses.contains(&Nemesis::DiskFull);
-    let mut cluster = cluster::Cluster::start(&strand, &dir, args.nodes, port, network, disks)?;
+    let mut cluster = cluster::Cluster::start(&strand, &dir, args.nodes, port, network, disks, &args.broker_settings)?;
     let bootstrap = cluster.bootstrap();
     let admin = strand_client::Admin::connect(&bootstrap).map_err(|e| e.to_string())?;
     let spec = strand_client::QueueSpec {
