@@ -152,12 +152,20 @@ pub fn padded_len(len: usize) -> usize {
 /// The file header block.
 pub fn encode_file_header(header: FileHeader) -> Vec<u8> {
     let mut out = vec![0u8; FILE_HEADER_LEN];
+    write_file_header(&mut out, header);
+    out
+}
+
+/// Writes the file header block into `out` (at least [`FILE_HEADER_LEN`]
+/// bytes; the block's tail is zeroed).
+pub fn write_file_header(out: &mut [u8], header: FileHeader) {
+    let out = &mut out[..FILE_HEADER_LEN];
     out[0..4].copy_from_slice(FILE_MAGIC);
     out[4..12].copy_from_slice(&header.seq.to_le_bytes());
     out[12..20].copy_from_slice(&header.first_lsn.to_le_bytes());
     let crc = crc32fast::hash(&out[0..20]);
     out[20..24].copy_from_slice(&crc.to_le_bytes());
-    out
+    out[24..].fill(0);
 }
 
 /// Reads a file header from the first bytes of a file.
@@ -232,21 +240,28 @@ pub fn check_dir(dir: &str) -> Result<(), String> {
 /// A whole frame, padded: the header (with `header`'s fields, the count and
 /// the CRC) before the gathered `entries` (`count` of them).
 pub fn encode_frame(header: FrameHeader, count: u32, entries: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; padded_len(FRAME_HEADER_LEN + entries.len())];
+    write_frame(&mut out, header, count, entries);
+    out
+}
+
+/// Writes a whole frame into `out`, which is exactly its padded length
+/// (the journal's direct-I/O buffer: the entries are copied once).
+pub fn write_frame(out: &mut [u8], header: FrameHeader, count: u32, entries: &[u8]) {
     let len = FRAME_HEADER_LEN + entries.len();
-    let mut out = Vec::with_capacity(padded_len(len));
-    out.extend_from_slice(FRAME_MAGIC);
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    out.extend_from_slice(&header.file_seq.to_le_bytes());
-    out.extend_from_slice(&header.lsn.to_le_bytes());
-    out.extend_from_slice(&header.replay_from.to_le_bytes());
-    out.extend_from_slice(&count.to_le_bytes());
+    assert_eq!(out.len(), padded_len(len), "a frame fills its padded length");
+    out[0..4].copy_from_slice(FRAME_MAGIC);
+    out[4..8].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    out[8..16].copy_from_slice(&header.file_seq.to_le_bytes());
+    out[16..24].copy_from_slice(&header.lsn.to_le_bytes());
+    out[24..32].copy_from_slice(&header.replay_from.to_le_bytes());
+    out[32..36].copy_from_slice(&count.to_le_bytes());
     let mut crc = crc32fast::Hasher::new();
     crc.update(&out[0..36]);
     crc.update(entries);
-    out.extend_from_slice(&crc.finalize().to_le_bytes());
-    out.extend_from_slice(entries);
-    out.resize(padded_len(len), 0);
-    out
+    out[36..40].copy_from_slice(&crc.finalize().to_le_bytes());
+    out[FRAME_HEADER_LEN..len].copy_from_slice(entries);
+    out[len..].fill(0);
 }
 
 /// A decoded frame and the bytes it takes on disk (padding included).

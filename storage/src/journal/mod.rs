@@ -97,6 +97,9 @@ impl JournalConfig {
     }
 }
 
+/// Largest gathering buffer kept for reuse after its frame is written.
+const GATHER_KEEP: usize = 4 << 20;
+
 /// The name of journal file `seq`.
 pub fn file_name(seq: u64) -> String {
     format!("{seq:020}.journal")
@@ -158,6 +161,9 @@ struct State {
     durable: u64,
     gathering: Vec<u8>,
     gathered: u32,
+    /// The buffer of the frame last written, emptied, for the next one to
+    /// gather into (no regrowing a fresh one per frame).
+    spare_gathering: Vec<u8>,
     /// Pinned LSNs (with counts): replay must start at the oldest.
     pins: BTreeMap<u64, usize>,
     /// The replay-from the newest durable frame records.
@@ -282,6 +288,7 @@ impl Journal {
                     durable: plan.next_lsn,
                     gathering: Vec::new(),
                     gathered: 0,
+                    spare_gathering: Vec::new(),
                     pins,
                     recorded_from: plan.replay_from,
                     failed: None,
@@ -307,10 +314,11 @@ impl Journal {
     }
 
     /// Gathers an entry into the next frame and returns that frame's LSN
-    /// (await [`Journal::wait`] with it). Refused after a failed write, or
-    /// for a directory name that [`format::check_dir`] refuses.
+    /// (await [`Journal::wait`] with it). Refused after a failed write.
+    /// `dir` must be one [`format::check_dir`] takes (a log checks its name
+    /// once, when it opens).
     pub fn add(&self, dir: &str, log_id: u64, change: &Change) -> Result<u64> {
-        format::check_dir(dir).map_err(StorageError::InvalidConfig)?;
+        debug_assert!(format::check_dir(dir).is_ok(), "{dir:?}");
         let mut st = self.inner.state.borrow_mut();
         self.check(&st)?;
         format::encode_entry(&mut st.gathering, dir, log_id, change);
@@ -446,7 +454,8 @@ impl Journal {
             let lsn = st.next_lsn;
             st.next_lsn += 1;
             let count = std::mem::take(&mut st.gathered);
-            let entries = std::mem::take(&mut st.gathering);
+            let spare = std::mem::take(&mut st.spare_gathering);
+            let entries = std::mem::replace(&mut st.gathering, spare);
             (entries, lsn, count)
         };
         let result = self.write_gathered(frame, lsn, count).await;
@@ -464,36 +473,34 @@ impl Journal {
                 .as_ref()
                 .is_some_and(|f| f.pos == FILE_HEADER_LEN as u64 || f.pos + frame_len <= self.inner.config.file_bytes)
         };
-        let mut start_header = None;
-        if !fits {
-            start_header = Some(self.start_file(lsn).await?);
-        }
+        let new_file = match fits {
+            true => None,
+            false => Some(self.start_file(lsn).await?),
+        };
         let (file, path, seq, pos) = {
             let st = self.inner.state.borrow();
             let f = st.file.as_ref().expect("a file was started");
             (f.file.clone(), f.path.clone(), f.seq, f.pos)
         };
         let replay_from = self.inner.state.borrow().replay_from(lsn);
-        let frame = format::encode_frame(
-            FrameHeader {
-                file_seq: seq,
-                lsn,
-                replay_from,
-            },
-            count,
-            &entries,
-        );
-        // A new file's header goes in the same write as its first frame.
-        let (write_pos, bytes) = match start_header {
-            Some(mut header) => {
-                header.extend_from_slice(&frame);
-                (0, header)
-            }
-            None => (pos, frame),
+        let header = FrameHeader {
+            file_seq: seq,
+            lsn,
+            replay_from,
         };
-        let len = bytes.len();
+        // A new file's header goes in the same write as its first frame;
+        // the entries are copied once, into the direct-I/O buffer.
+        let (write_pos, head) = match new_file {
+            Some(_) => (0, FILE_HEADER_LEN),
+            None => (pos, 0),
+        };
+        let len = head + frame_len as usize;
         let mut buf = file.alloc_dma_buffer(len);
-        buf.as_bytes_mut().copy_from_slice(&bytes);
+        if let Some(file_header) = new_file {
+            format::write_file_header(buf.as_bytes_mut(), file_header);
+        }
+        format::write_frame(&mut buf.as_bytes_mut()[head..], header, count, &entries);
+        self.give_back_gathering(entries);
         match file.write_at(buf, write_pos).await {
             Ok(n) if n == len => {}
             Ok(n) => {
@@ -529,10 +536,19 @@ impl Journal {
         Ok(())
     }
 
+    /// Keeps a written frame's gathering buffer for a later frame (unless
+    /// it grew large: a burst's buffer is not held on to).
+    fn give_back_gathering(&self, mut entries: Vec<u8>) {
+        if entries.capacity() <= GATHER_KEEP {
+            entries.clear();
+            self.inner.state.borrow_mut().spare_gathering = entries;
+        }
+    }
+
     /// Moves to a new file whose first frame is `lsn`: a spare one renamed,
-    /// else a new one. Returns its header block, to be written with the
-    /// frame. Holds: the write lock.
-    async fn start_file(&self, lsn: u64) -> Result<Vec<u8>> {
+    /// else a new one. Returns its header, to be written with the frame.
+    /// Holds: the write lock.
+    async fn start_file(&self, lsn: u64) -> Result<FileHeader> {
         let (seq, spare) = {
             let mut st = self.inner.state.borrow_mut();
             let seq = st.next_file_seq;
@@ -572,7 +588,7 @@ impl Journal {
         });
         st.stats.files_started += 1;
         st.stats.files_recycled += u64::from(recycled);
-        Ok(format::encode_file_header(FileHeader { seq, first_lsn: lsn }))
+        Ok(FileHeader { seq, first_lsn: lsn })
     }
 }
 

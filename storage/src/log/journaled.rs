@@ -191,9 +191,12 @@ impl Log {
             if self.durable_enough(last_offset, crate::FsyncPolicy::Always)? {
                 return Ok(());
             }
+            // Frames are in order of LSN and of end offset alike.
             let lsn = {
-                let st = self.inner.state.borrow();
-                st.journal.frames.iter().find(|f| f.end > last_offset).map(|f| f.lsn)
+                let frames = &self.inner.state.borrow().journal.frames;
+                frames
+                    .get(frames.partition_point(|f| f.end <= last_offset))
+                    .map(|f| f.lsn)
             };
             let Some(lsn) = lsn else {
                 // Not in the journal (appended before the log journaled):
@@ -204,13 +207,11 @@ impl Log {
             j.journal.wait(lsn).await.map_err(|e| self.fail(e))?;
             let durable = j.journal.durable_lsn();
             let mut st = self.inner.state.borrow_mut();
-            let end = st
-                .journal
-                .frames
-                .iter()
-                .take_while(|f| f.lsn < durable)
-                .map(|f| f.end)
-                .max();
+            let frames = &st.journal.frames;
+            let end = frames
+                .partition_point(|f| f.lsn < durable)
+                .checked_sub(1)
+                .map(|last| frames[last].end);
             if let Some(end) = end {
                 st.journal.journaled = st.journal.journaled.max(end);
             }
