@@ -397,3 +397,22 @@ fn a_cleanly_closed_logs_entries_are_not_replayed_onto_what_it_holds_later() {
         assert_eq!(tags(&log).await, want);
     });
 }
+
+#[test]
+fn appends_that_nobody_waits_for_do_not_gather_without_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (shard, log) = journaled(&path, "q/0").await;
+        // 24 MiB appended, none waited for (acks=0): the journal writes a
+        // frame once 16 MiB are gathered, before taking more.
+        for tag in 0..24 {
+            log.append(strand_storage::testkit::batch(tag, 1, 1 << 20, TS), LeaderEpoch(1))
+                .await
+                .unwrap();
+        }
+        let journal = shard.journal().unwrap();
+        assert!(journal.stats().frames >= 1, "{:?}", journal.stats());
+        assert!(journal.gathering_full().is_none());
+    });
+}

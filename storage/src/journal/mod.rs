@@ -97,6 +97,10 @@ impl JournalConfig {
     }
 }
 
+/// Bytes of entries a frame gathers before appends wait for it to be
+/// written ([`Journal::gathering_full`]).
+pub const GATHER_MAX: usize = 16 << 20;
+
 /// Largest gathering buffer kept for reuse after its frame is written.
 const GATHER_KEEP: usize = 4 << 20;
 
@@ -324,6 +328,15 @@ impl Journal {
         format::encode_entry(&mut st.gathering, dir, log_id, change);
         st.gathered += 1;
         Ok(st.next_lsn)
+    }
+
+    /// The LSN of the frame being gathered when it holds [`GATHER_MAX`]
+    /// bytes or more: appends wait for it to be written before adding
+    /// more (the gathering buffer, and a frame, stay bounded however fast
+    /// producers that do not wait for acknowledgements append).
+    pub fn gathering_full(&self) -> Option<u64> {
+        let st = self.inner.state.borrow();
+        (st.gathering.len() >= GATHER_MAX).then_some(st.next_lsn)
     }
 
     /// Pins `lsn` (see [`JournalPin`]).

@@ -77,6 +77,9 @@ enum Blocked {
     Roll,
     Write,
     Reshaping,
+    /// The shard journal gathers more than it may for its next frame:
+    /// wait for that frame to be written.
+    Journal(u64),
 }
 
 impl Log {
@@ -142,6 +145,8 @@ impl Log {
                     Blocked::Roll
                 } else if st.active.pending_bytes() > 0 && st.active.pending_bytes() + len > config.pending_bytes_max {
                     Blocked::Write
+                } else if let Some(lsn) = self.inner.journal.as_ref().and_then(|j| j.journal.gathering_full()) {
+                    Blocked::Journal(lsn)
                 } else {
                     let Some(bytes) = batch.take() else {
                         unreachable!("the batch is taken only when appended")
@@ -170,6 +175,12 @@ impl Log {
                     });
                 }
             };
+            if let Blocked::Journal(lsn) = blocked {
+                if let Some(j) = &self.inner.journal {
+                    j.journal.wait(lsn).await.map_err(|e| self.fail(e))?;
+                }
+                continue;
+            }
             let _permit = self.lock().await?;
             match blocked {
                 // Another producer may have rolled while this one waited.
@@ -178,7 +189,7 @@ impl Log {
                 }
                 Blocked::Roll => {}
                 Blocked::Write => self.write_locked().await?,
-                Blocked::Reshaping => {}
+                Blocked::Reshaping | Blocked::Journal(_) => {}
             }
         }
     }
