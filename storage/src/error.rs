@@ -38,6 +38,18 @@ pub enum StorageError {
     /// records (a needed frame is missing or damaged).
     #[error("journal {dir}: {reason}")]
     CorruptJournal { dir: PathBuf, reason: String },
+    /// A frame write of the shard journal failed: the journal, and every
+    /// log of the shard that journals, takes no more writes. What it had
+    /// made durable comes back with the start-up replay.
+    #[error(
+        "the shard journal {dir} takes no more writes after a failed write ({reason}); its partitions take none \
+         either until the broker restarts, which replays what was acknowledged"
+    )]
+    JournalFailed {
+        dir: PathBuf,
+        reason: String,
+        no_space: bool,
+    },
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     #[error("the log was closed")]
@@ -80,7 +92,7 @@ impl StorageError {
     pub fn is_no_space(&self) -> bool {
         match self {
             StorageError::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
-            StorageError::LogFailed { no_space, .. } => *no_space,
+            StorageError::LogFailed { no_space, .. } | StorageError::JournalFailed { no_space, .. } => *no_space,
             _ => false,
         }
     }

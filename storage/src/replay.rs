@@ -17,7 +17,7 @@ use std::path::Path;
 
 use crate::config::{FsyncPolicy, LogConfig};
 use crate::error::{Result, StorageError};
-use crate::journal::recover::{items_of, replay_actions, Action};
+use crate::journal::recover::{by_log, items_of, replay_actions, Action};
 use crate::journal::{Journal, JournalConfig};
 use crate::log::read_journal_id;
 use crate::shard::ShardStorage;
@@ -53,13 +53,6 @@ impl ShardStorage {
             entries: plan.entries.len(),
             ..ReplayReport::default()
         };
-        // Each log's entries, in journal order, logs in order of first entry.
-        let mut logs: Vec<(&str, u64)> = Vec::new();
-        for (_, e) in &plan.entries {
-            if !logs.contains(&(e.dir.as_str(), e.log_id)) {
-                logs.push((e.dir.as_str(), e.log_id));
-            }
-        }
         let replay_config = LogConfig {
             segment_bytes_max: u64::from(u32::MAX) & !(crate::DMA_ALIGN - 1),
             batch_bytes_max: (u32::MAX as usize) & !(crate::DMA_ALIGN as usize - 1),
@@ -67,13 +60,14 @@ impl ShardStorage {
             journal: false,
             ..log_config.clone()
         };
-        for (name, id) in logs {
+        for log in by_log(&plan) {
+            let name = log.dir;
             let log_dir = self.data_dir().join(name);
-            if !log_dir.is_dir() || read_journal_id(&log_dir) != Some(id) {
+            if !log_dir.is_dir() || read_journal_id(&log_dir) != Some(log.log_id) {
                 report.skipped_logs += 1;
                 continue;
             }
-            let (items, bytes) = items_of(crate::journal::recover::entries_of(&plan, name, id));
+            let (items, bytes) = items_of(log.changes);
             let log = self.open_log(&log_dir, replay_config.clone()).await?;
             let actions = replay_actions(log.log_end(), &items).map_err(|why| StorageError::CorruptJournal {
                 dir: dir.to_path_buf(),

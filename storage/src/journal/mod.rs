@@ -172,7 +172,8 @@ struct State {
     pins: BTreeMap<u64, usize>,
     /// The replay-from the newest durable frame records.
     recorded_from: u64,
-    failed: Option<String>,
+    /// Why a frame write failed, and whether the disk was full.
+    failed: Option<(String, bool)>,
     stats: JournalStats,
 }
 
@@ -416,7 +417,7 @@ impl Journal {
     pub async fn failure(&self) -> String {
         loop {
             let seen = self.inner.written.epoch();
-            if let Some(reason) = &self.inner.state.borrow().failed {
+            if let Some((reason, _)) = &self.inner.state.borrow().failed {
                 return reason.clone();
             }
             self.inner.written.wait(seen).await;
@@ -447,10 +448,10 @@ impl Journal {
 
     fn check(&self, st: &State) -> Result<()> {
         match &st.failed {
-            Some(reason) => Err(StorageError::LogFailed {
+            Some((reason, no_space)) => Err(StorageError::JournalFailed {
                 dir: self.inner.dir.clone(),
                 reason: reason.clone(),
-                no_space: reason.contains("No space left"),
+                no_space: *no_space,
             }),
             None => Ok(()),
         }
@@ -473,7 +474,8 @@ impl Journal {
         };
         let result = self.write_gathered(frame, lsn, count).await;
         if let Err(e) = &result {
-            self.inner.state.borrow_mut().failed.get_or_insert(e.to_string());
+            let failure = (e.to_string(), e.is_no_space());
+            self.inner.state.borrow_mut().failed.get_or_insert(failure);
         }
         result
     }

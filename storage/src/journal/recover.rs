@@ -275,10 +275,30 @@ pub fn items_of<'a>(changes: impl IntoIterator<Item = &'a Change>) -> (Vec<Item>
     (items, bytes)
 }
 
-/// The entries of `plan` for one log (directory and id), in order.
-pub fn entries_of<'a>(plan: &'a Plan, dir: &'a str, log_id: u64) -> impl Iterator<Item = &'a Change> + 'a {
-    plan.entries
-        .iter()
-        .filter(move |(_, e)| e.dir == dir && e.log_id == log_id)
-        .map(|(_, e)| &e.change)
+/// One log's entries in a plan.
+#[derive(Debug)]
+pub struct LogEntries<'a> {
+    pub dir: &'a str,
+    pub log_id: u64,
+    /// In journal order.
+    pub changes: Vec<&'a Change>,
+}
+
+/// The entries of `plan` grouped by log (directory and id), logs in the
+/// order of their first entry: one pass, however many logs.
+pub fn by_log(plan: &Plan) -> Vec<LogEntries<'_>> {
+    let mut at: std::collections::HashMap<(&str, u64), usize> = std::collections::HashMap::new();
+    let mut logs: Vec<LogEntries<'_>> = Vec::new();
+    for (_, e) in &plan.entries {
+        let i = *at.entry((e.dir.as_str(), e.log_id)).or_insert_with(|| {
+            logs.push(LogEntries {
+                dir: &e.dir,
+                log_id: e.log_id,
+                changes: Vec::new(),
+            });
+            logs.len() - 1
+        });
+        logs[i].changes.push(&e.change);
+    }
+    logs
 }
