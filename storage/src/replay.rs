@@ -9,8 +9,9 @@
 //! log was deleted (or created again) after them. Otherwise the log is
 //! opened (recovering its segments as always), the entries become appends,
 //! truncations and start-overs ([`crate::journal::recover::replay_actions`])
-//! applied through the log's own API, and the log is closed, which writes
-//! and fdatasyncs it. Then the journal records that nothing before its end
+//! applied through the log's own API, its checkpointed high watermark is
+//! restored (opening clamped it to what the segments held), and the log is
+//! closed, which writes and fdatasyncs it and saves the high watermark. Then the journal records that nothing before its end
 //! needs replaying again.
 
 use std::path::Path;
@@ -68,6 +69,12 @@ impl ShardStorage {
                 continue;
             }
             let (items, bytes) = items_of(log.changes);
+            // The high watermark checkpointed may lie past what the
+            // segments hold (the journal held the rest): opening clamps it
+            // to the log's end, so it is set again once the replay is in.
+            let checkpointed = std::fs::read(log_dir.join(crate::checkpoint::HIGH_WATERMARK_FILE))
+                .ok()
+                .and_then(|bytes| crate::checkpoint::decode_high_watermark(&bytes).ok());
             let log = self.open_log(&log_dir, replay_config.clone()).await?;
             let actions = replay_actions(log.log_end(), &items).map_err(|why| StorageError::CorruptJournal {
                 dir: dir.to_path_buf(),
@@ -89,6 +96,9 @@ impl ShardStorage {
                         report.cuts += 1;
                     }
                 }
+            }
+            if let Some(hw) = checkpointed {
+                log.advance_high_watermark(hw);
             }
             // Written and fdatasync'd: the journal need not hold it.
             log.close().await?;

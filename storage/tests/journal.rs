@@ -416,3 +416,21 @@ fn appends_that_nobody_waits_for_do_not_gather_without_bound() {
         assert!(journal.gathering_full().is_none());
     });
 }
+
+#[test]
+fn a_high_watermark_past_what_the_segment_held_survives_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        {
+            let (_shard, log) = journaled_with(&path, "q/0", 0..5).await;
+            // Committed up to the end; the segment holds none of it yet.
+            log.advance_high_watermark(log.log_end());
+            log.checkpoint().await.unwrap();
+            assert_eq!(log.stats().writes, 0);
+        }
+        replay(&path).await;
+        let (_shard, log) = open_at(&path, "q/0").await;
+        assert_eq!((log.log_end(), log.high_watermark()), (Offset(10), Offset(10)));
+    });
+}
