@@ -7,7 +7,9 @@
 # flushes (fdatasyncs + write-through writes + shard journal frames) the
 # broker counted, and
 # strand-bench's JSON line (p50/p99/p99.9, broker_cores, cores_busy).
-# Usage: bench/scripts/daily-load-ab.sh SECONDS ROUNDS CONFIG.toml...
+# Usage: bench/scripts/daily-load-ab.sh SECONDS ROUNDS CONFIG.toml[@BINARY]...
+#   CONFIG.toml@BINARY runs that broker binary (two builds side by side:
+#   copy one aside before rebuilding); without, target/release/strand.
 #   RATE (default 11600) records/s; BENCH_ARGS more strand-bench flags.
 # Example (write_through off against on):
 #   printf 'write_through = false\n' > /tmp/off.toml; printf '' > /tmp/on.toml
@@ -20,11 +22,13 @@ rounds=$2
 shift 2
 rate=${RATE:-11600}
 port=${PORT:-29460}
-bin=target/release/strand
 bench=target/release/strand-bench
 counter() { curl -s "127.0.0.1:$((port + 1))/metrics" | awk -v m="$1" '$1 ~ "^"m {s+=$2} END {print s+0}'; }
 for round in $(seq 1 "$rounds"); do
-    for config in "$@"; do
+    for arg in "$@"; do
+        config=${arg%%@*}
+        bin=target/release/strand
+        [[ $arg == *@* ]] && bin=${arg#*@}
         dir=$(mktemp -d)
         "$bin" serve --config "$config" --cores 2 --data-dir "$dir/data" --listen "127.0.0.1:$port" \
             --metrics-listen "127.0.0.1:$((port + 1))" > "$dir/broker.log" 2>&1 &
@@ -38,7 +42,7 @@ for round in $(seq 1 "$rounds"); do
             --broker-pid "$pid" ${BENCH_ARGS:-} | tail -1)
         requests=$(( $(counter strand_produce_requests_total) - requests ))
         flushes=$(( $(counter strand_fsync_latency_seconds_count) + $(counter strand_write_through_writes_total) + $(counter strand_journal_frames_total) - flushes ))
-        echo "round $round $(basename "$config"): requests $requests, flushes $flushes: $result"
+        echo "round $round $(basename "$arg"): requests $requests, flushes $flushes: $result"
         kill "$pid"; wait "$pid" 2>/dev/null || true
         rm -rf "$dir"
         trap - EXIT

@@ -17,6 +17,7 @@
 //! journal = false               # fsync=always queues make appends durable through one journal per shard
 //! journal_file_bytes = 67108864 # the shard journal's files
 //! journal_checkpoint_ms = 1000  # a journaled partition's segment is fdatasync'd at least this often
+//! journal_frame_spacing_us = 1000  # under concurrent appends, a journal frame at most this often
 //! segment_bytes = 1073741824    # a segment rolls before it grows past this (>= max_message_bytes)
 //! tail_cache_budget_bytes = 268435456  # per shard: recent batches kept in memory for consumers
 //! readahead_budget_bytes = 67108864    # per shard: blocks read ahead for consumers behind the tail
@@ -175,6 +176,11 @@ pub struct BrokerConfig {
     /// How old a journaled partition's oldest unflushed append may get
     /// before its segment is written and fdatasync'd, in ms.
     pub journal_checkpoint_ms: u64,
+    /// While appends arrive faster than journal frames are written, a
+    /// frame starts at least this long after the one before (µs, ≤
+    /// 1,000,000; 0: at once): fewer, fuller frames, for up to this much
+    /// more latency.
+    pub journal_frame_spacing_us: u64,
     /// Largest segment of a partition log, in bytes ([64 KiB, 4 GiB)):
     /// retention deletes (and recycles) whole segments, so this is also its
     /// granularity.
@@ -276,6 +282,7 @@ impl Default for BrokerConfig {
             journal: false,
             journal_file_bytes: strand_storage::journal::JournalConfig::default().file_bytes,
             journal_checkpoint_ms: strand_storage::journal::JournalConfig::default().checkpoint_ms,
+            journal_frame_spacing_us: strand_storage::journal::JournalConfig::default().frame_spacing_us,
             segment_bytes: 1 << 30,
             tail_cache_budget_bytes: ShardStorageConfig::default().tail_cache_budget_bytes,
             readahead_budget_bytes: ShardStorageConfig::default().readahead_budget_bytes,
@@ -408,6 +415,7 @@ impl BrokerConfig {
         strand_storage::journal::JournalConfig {
             file_bytes: self.journal_file_bytes,
             checkpoint_ms: self.journal_checkpoint_ms,
+            frame_spacing_us: self.journal_frame_spacing_us,
             ..strand_storage::journal::JournalConfig::default()
         }
     }
@@ -585,7 +593,7 @@ mod tests {
         let file = dir.path().join("strand.toml");
         std::fs::write(
             &file,
-            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\nwrite_through = false\nreadahead_budget_bytes = 1048576\nio_memory_bytes = 33554432\njournal = true\njournal_checkpoint_ms = 500\n",
+            "listen = \"127.0.0.1:7000\"\ncores = 3\nnode_id = 5\nspin_before_park_us = 300\nrecycle_segments = false\nwrite_through = false\nreadahead_budget_bytes = 1048576\nio_memory_bytes = 33554432\njournal = true\njournal_checkpoint_ms = 500\njournal_frame_spacing_us = 2000\n",
         )
         .unwrap();
         let flags = Overrides {
@@ -598,6 +606,7 @@ mod tests {
         assert!(!c.recycle_segments && BrokerConfig::default().recycle_segments);
         assert!(c.journal && !BrokerConfig::default().journal);
         assert_eq!(c.journal_config().checkpoint_ms, 500);
+        assert_eq!(c.journal_config().frame_spacing_us, 2000);
         let small = BrokerConfig {
             journal_file_bytes: 4096,
             ..BrokerConfig::default()

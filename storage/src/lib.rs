@@ -48,6 +48,7 @@ pub mod retention;
 pub mod scan;
 pub mod segment;
 pub mod shard;
+pub mod space;
 mod tail_cache;
 pub mod testkit;
 

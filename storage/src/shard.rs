@@ -249,7 +249,9 @@ impl ShardStorage {
     /// Starts the shard journal in `dir`: logs opened from now on with
     /// `fsync=always` (and `LogConfig::journal`) journal their appends
     /// (`log::journaled`), and a background task checkpoints them
-    /// (`JournalConfig::checkpoint_ms`). Whatever the journal held must
+    /// (`JournalConfig::checkpoint_ms`) and keeps a zero-filled spare file
+    /// ready (`Journal::prepare_spare`; the first one before this
+    /// returns). Whatever the journal held must
     /// have been replayed first ([`ShardStorage::replay_journal`]): a
     /// journal with entries to replay is refused.
     pub async fn start_journal(&self, dir: &Path, config: JournalConfig) -> Result<Journal> {
@@ -265,15 +267,28 @@ impl ShardStorage {
             });
         }
         *self.inner.journal.borrow_mut() = Some(journal.clone());
+        // The first frame's file must not be one that grows with every
+        // frame (each write would then sync the file's size too): a fresh
+        // journal zero-fills its first file before anything is appended.
+        if let Err(e) = journal.prepare_spare().await {
+            tracing::warn!(journal = %dir.display(), "journal spare file: {e}");
+        }
         let weak = Rc::downgrade(&self.inner);
         glommio::spawn_local(async move {
             let tick = std::time::Duration::from_millis((config.checkpoint_ms / 4).clamp(10, 250));
             loop {
-                glommio::timer::sleep(tick).await;
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                ShardStorage { inner }.checkpoint_pass().await;
+                let shard = ShardStorage { inner };
+                shard.checkpoint_pass().await;
+                if let Some(journal) = shard.journal() {
+                    if let Err(e) = journal.prepare_spare().await {
+                        tracing::warn!(journal = %journal.dir().display(), "journal spare file: {e}");
+                    }
+                }
+                drop(shard);
+                glommio::timer::sleep(tick).await;
             }
         })
         .detach();

@@ -20,6 +20,7 @@ fn journal_config() -> JournalConfig {
         spare_files: 2,
         // Long: the tests checkpoint by hand unless they say otherwise.
         checkpoint_ms: 60_000,
+        ..JournalConfig::default()
     }
 }
 

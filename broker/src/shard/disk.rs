@@ -50,25 +50,7 @@ pub fn threshold(min_free_bytes: Option<u64>, total: u64) -> u64 {
     min_free_bytes.unwrap_or_else(|| DEFAULT_MIN_FREE.min(total / 100 * DEFAULT_MIN_FREE_PERCENT))
 }
 
-/// The file system holding `dir`: (bytes available to unprivileged
-/// writers, size).
-pub fn statvfs(dir: &Path) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: `path` is a NUL-terminated string and `st` room for one
-    // `statvfs`, which the call fills when it returns 0.
-    if unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: filled by the successful call above.
-    let st = unsafe { st.assume_init() };
-    // The fields' C types are 64 bits here, narrower on some platforms.
-    #[allow(clippy::unnecessary_cast)]
-    let (block, available, blocks) = (st.f_frsize as u64, st.f_bavail as u64, st.f_blocks as u64);
-    Ok((available * block, blocks * block))
-}
+pub use strand_storage::space::statvfs;
 
 /// One shard's last look at the data directory's space.
 #[derive(Debug, Default)]

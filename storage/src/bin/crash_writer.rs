@@ -40,6 +40,7 @@ fn main() {
                 file_bytes: 1 << 20,
                 spare_files: 2,
                 checkpoint_ms: 50,
+                ..JournalConfig::default()
             };
             shard
                 .start_journal(std::path::Path::new(&format!("{dir}/__journal")), config)

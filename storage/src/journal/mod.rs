@@ -31,7 +31,9 @@
 //!   whose frames are all below replay-from is renamed and written over as
 //!   a later file (its old frames read as stale), so frame writes overwrite
 //!   blocks instead of growing files; past [`JournalConfig::spare_files`]
-//!   spare files it is deleted.
+//!   spare files it is deleted. Until files come free that way (a new
+//!   journal), [`Journal::prepare_spare`] zero-fills one ahead, so frames
+//!   never allocate blocks as they are written.
 //! - A failed write fails the journal: every waiter gets the error and no
 //!   later frame is written (the kernel may have dropped the pages, so a
 //!   retry could report durable what is not).
@@ -70,6 +72,13 @@ pub struct JournalConfig {
     /// its oldest pinned frame is this old (ms); sooner for every log while
     /// the journal holds more files than `spare_files`.
     pub checkpoint_ms: u64,
+    /// While frames carry more than one entry (appends arrive faster than
+    /// frames are written), a frame starts at least this long (µs) after
+    /// the one before, gathering meanwhile: fewer, fuller frames, and
+    /// fewer wake-ups of everything that waits on them, for up to this
+    /// much more latency. A frame of one entry (a lone producer waiting
+    /// for each answer) lets the next go at once. 0: never waits.
+    pub frame_spacing_us: u64,
 }
 
 impl Default for JournalConfig {
@@ -78,6 +87,7 @@ impl Default for JournalConfig {
             file_bytes: 64 << 20,
             spare_files: 4,
             checkpoint_ms: 1_000,
+            frame_spacing_us: 1_000,
         }
     }
 }
@@ -93,13 +103,31 @@ impl JournalConfig {
         if self.checkpoint_ms == 0 {
             return Err(StorageError::InvalidConfig("journal checkpoint_ms must be > 0".into()));
         }
+        if self.frame_spacing_us > FRAME_SPACING_MAX_US {
+            return Err(StorageError::InvalidConfig(format!(
+                "journal frame_spacing_us {} is over {FRAME_SPACING_MAX_US}",
+                self.frame_spacing_us
+            )));
+        }
         Ok(())
     }
 }
 
+/// Largest [`JournalConfig::frame_spacing_us`]: the spacing is added to
+/// acknowledgements' latency.
+pub const FRAME_SPACING_MAX_US: u64 = 1_000_000;
+
 /// Bytes of entries a frame gathers before appends wait for it to be
 /// written ([`Journal::gathering_full`]).
 pub const GATHER_MAX: usize = 16 << 20;
+
+/// [`Journal::prepare_spare`] zero-fills a file only while the disk keeps
+/// this many times `file_bytes` free beside it: the zeros must never take
+/// the room a segment or a frame needs.
+const PREPARE_ROOM_FILES: u64 = 4;
+
+/// Zeros per write when preparing a spare file.
+const PREPARE_CHUNK: usize = 1 << 20;
 
 /// Largest gathering buffer kept for reuse after its frame is written.
 const GATHER_KEEP: usize = 4 << 20;
@@ -128,6 +156,8 @@ pub struct JournalStats {
     /// Files started, and how many of them were spare files written over.
     pub files_started: u64,
     pub files_recycled: u64,
+    /// Spare files zero-filled ahead ([`Journal::prepare_spare`]).
+    pub files_prepared: u64,
 }
 
 /// A shard's journal. Cheap to clone (shared within the shard).
@@ -174,6 +204,11 @@ struct State {
     recorded_from: u64,
     /// Why a frame write failed, and whether the disk was full.
     failed: Option<(String, bool)>,
+    /// A spare file is being zero-filled.
+    preparing: bool,
+    /// When the last frame write started, and how many entries it carried
+    /// ([`JournalConfig::frame_spacing_us`]).
+    last_frame: Option<(std::time::Instant, u32)>,
     stats: JournalStats,
 }
 
@@ -297,6 +332,8 @@ impl Journal {
                     pins,
                     recorded_from: plan.replay_from,
                     failed: None,
+                    preparing: false,
+                    last_frame: None,
                     stats: JournalStats::default(),
                 }),
                 write_lock: Semaphore::new(1),
@@ -372,6 +409,7 @@ impl Journal {
                         _permit: permit,
                         written: &self.inner.written,
                     };
+                    self.space_frame().await;
                     self.write_frame(false).await?;
                 }
                 Err(_) => self.inner.written.wait(seen).await,
@@ -446,6 +484,52 @@ impl Journal {
         self.inner.state.borrow().stats
     }
 
+    /// With no spare file to go to next, zero-fills a new one of
+    /// `file_bytes` and fdatasyncs it, so that the frames written into it
+    /// later overwrite allocated blocks: an `O_DSYNC` write that allocates
+    /// (a fresh file) commits the file system's metadata journal and runs
+    /// on a kernel worker thread, one that overwrites is a plain device
+    /// write and flush. Spares of files written before do this already;
+    /// this covers a journal that has not yet wrapped around (a new broker,
+    /// or a load growing). Skipped while the disk has less than
+    /// [`PREPARE_ROOM_FILES`] files' worth free. Runs beside the writer
+    /// (the checkpointer calls it); returns whether it prepared one.
+    pub async fn prepare_spare(&self) -> Result<bool> {
+        let seq = {
+            let mut st = self.inner.state.borrow_mut();
+            if !st.spare.is_empty() || st.failed.is_some() || st.preparing {
+                return Ok(false);
+            }
+            let room = self.inner.config.file_bytes.saturating_mul(PREPARE_ROOM_FILES);
+            if crate::space::statvfs(&self.inner.dir).map_or(true, |(free, _)| free < room) {
+                return Ok(false);
+            }
+            st.preparing = true;
+            // Its name is taken now: a frame's new file gets a later one.
+            let seq = st.next_file_seq;
+            st.next_file_seq += 1;
+            seq
+        };
+        let path = self.inner.dir.join(file_name(seq));
+        let result = zero_fill(&path, self.inner.config.file_bytes).await;
+        let mut st = self.inner.state.borrow_mut();
+        st.preparing = false;
+        match result {
+            Ok(()) => {
+                st.spare.push(path);
+                st.stats.files_prepared += 1;
+                Ok(true)
+            }
+            Err(e) => {
+                drop(st);
+                // A half-filled file is no use; recovery would take it as a
+                // spare (it has no header) if this fails too.
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
     fn check(&self, st: &State) -> Result<()> {
         match &st.failed {
             Some((reason, no_space)) => Err(StorageError::JournalFailed {
@@ -454,6 +538,20 @@ impl Journal {
                 no_space: *no_space,
             }),
             None => Ok(()),
+        }
+    }
+
+    /// Waits out [`JournalConfig::frame_spacing_us`] since the last frame
+    /// started, if that frame carried more than one entry. Holds: the
+    /// write lock (appends keep gathering into the frame meanwhile).
+    async fn space_frame(&self) {
+        let spacing = std::time::Duration::from_micros(self.inner.config.frame_spacing_us);
+        let since = match self.inner.state.borrow().last_frame {
+            Some((started, entries)) if entries > 1 => started.elapsed(),
+            _ => return,
+        };
+        if since < spacing {
+            glommio::timer::sleep(spacing - since).await;
         }
     }
 
@@ -468,6 +566,7 @@ impl Journal {
             let lsn = st.next_lsn;
             st.next_lsn += 1;
             let count = std::mem::take(&mut st.gathered);
+            st.last_frame = Some((std::time::Instant::now(), count));
             let spare = std::mem::take(&mut st.spare_gathering);
             let entries = std::mem::replace(&mut st.gathering, spare);
             (entries, lsn, count)
@@ -516,14 +615,7 @@ impl Journal {
         }
         format::write_frame(&mut buf.as_bytes_mut()[head..], header, count, &entries);
         self.give_back_gathering(entries);
-        match file.write_at(buf, write_pos).await {
-            Ok(n) if n == len => {}
-            Ok(n) => {
-                let short = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write of {n} of {len}"));
-                return Err(StorageError::io("writing", &path, short));
-            }
-            Err(e) => return Err(StorageError::glommio("writing", &path, e)),
-        }
+        write_whole(&file, buf, write_pos, &path, "writing").await?;
         let doomed: Vec<PathBuf> = {
             let mut st = self.inner.state.borrow_mut();
             if let Some(f) = st.file.as_mut() {
@@ -605,6 +697,52 @@ impl Journal {
         st.stats.files_recycled += u64::from(recycled);
         Ok(FileHeader { seq, first_lsn: lsn })
     }
+}
+
+/// Writes all of `buf` at `pos` (a short write is an error: direct I/O
+/// writes whole blocks or fails).
+async fn write_whole(
+    file: &DmaFile,
+    buf: glommio::io::DmaBuffer,
+    pos: u64,
+    path: &Path,
+    what: &'static str,
+) -> Result<()> {
+    let len = buf.len();
+    match file.write_at(buf, pos).await {
+        Ok(n) if n == len => Ok(()),
+        Ok(n) => {
+            let short = std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write of {n} of {len}"));
+            Err(StorageError::io(what, path, short))
+        }
+        Err(e) => Err(StorageError::glommio(what, path, e)),
+    }
+}
+
+/// Creates `path` holding `len` zero bytes, written and fdatasync'd.
+async fn zero_fill(path: &Path, len: u64) -> Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .dma_open(path)
+        .await
+        .map_err(|e| StorageError::glommio("creating", path, e))?;
+    let mut pos = 0;
+    while pos < len {
+        let n = PREPARE_CHUNK.min((len - pos) as usize);
+        let mut buf = file.alloc_dma_buffer(n);
+        buf.as_bytes_mut().fill(0);
+        write_whole(&file, buf, pos, path, "zero-filling").await?;
+        pos += n as u64;
+    }
+    file.fdatasync()
+        .await
+        .map_err(|e| StorageError::glommio("syncing", path, e))?;
+    file.close()
+        .await
+        .map_err(|e| StorageError::glommio("closing", path, e))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -416,6 +416,7 @@ fn small() -> JournalConfig {
         file_bytes: 1 << 20,
         spare_files: 2,
         checkpoint_ms: 100,
+        ..JournalConfig::default()
     }
 }
 
@@ -555,5 +556,87 @@ fn a_missing_needed_file_fails_the_open() {
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("opened without a needed file"),
         }
+    });
+}
+
+#[test]
+fn a_prepared_spare_is_zero_filled_then_written_over_and_a_reopen_takes_it_as_spare() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (journal, _, replay_pin) = Journal::open(&path, small()).await.unwrap();
+        drop(replay_pin);
+        assert!(journal.prepare_spare().await.unwrap());
+        assert!(!journal.prepare_spare().await.unwrap(), "one spare is enough");
+        let prepared: Vec<_> = std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(prepared.len(), 1);
+        let image = std::fs::read(&prepared[0]).unwrap();
+        assert_eq!(image.len() as u64, small().file_bytes);
+        assert!(image.iter().all(|&b| b == 0));
+        // The first frame's file is the prepared one, renamed.
+        let lsn = journal.add("q/0", 1, &batches_change(0, 2)).unwrap();
+        let pin = journal.pin(lsn);
+        journal.wait(lsn).await.unwrap();
+        let stats = journal.stats();
+        assert_eq!(
+            (stats.files_started, stats.files_recycled, stats.files_prepared),
+            (1, 1, 1)
+        );
+        assert!(!prepared[0].exists());
+        // A spare prepared and never used reads as a spare after a reopen.
+        assert!(journal.prepare_spare().await.unwrap());
+        drop(pin);
+        drop(journal);
+        let (journal, plan, _pin) = Journal::open(&path, small()).await.unwrap();
+        assert_eq!(plan.entries.len(), 1);
+        assert!(
+            !journal.prepare_spare().await.unwrap(),
+            "the reopened journal has its spare"
+        );
+        let lsn = journal.add("q/0", 1, &batches_change(2, 1)).unwrap();
+        journal.wait(lsn).await.unwrap();
+        assert_eq!(journal.stats().files_recycled, 1);
+    });
+}
+
+#[test]
+fn a_frame_after_one_of_several_entries_waits_out_the_spacing_and_one_after_a_lone_entry_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let spacing = Duration::from_secs(1);
+        let config = JournalConfig {
+            frame_spacing_us: spacing.as_micros() as u64,
+            ..small()
+        };
+        let (journal, _, replay_pin) = Journal::open(&path, config).await.unwrap();
+        drop(replay_pin);
+        let started = std::time::Instant::now();
+        let a = journal.add("q/0", 1, &batches_change(0, 1)).unwrap();
+        assert_eq!(journal.add("q/1", 2, &batches_change(0, 1)).unwrap(), a);
+        journal.wait(a).await.unwrap();
+        // Frame `a` carried two entries: the next starts `spacing` after it,
+        // and what arrives meanwhile rides along.
+        let b = journal.add("q/0", 1, &batches_change(1, 1)).unwrap();
+        let other = journal.clone();
+        let rider = glommio::spawn_local(async move {
+            glommio::timer::sleep(Duration::from_millis(100)).await;
+            let lsn = other.add("q/1", 2, &batches_change(1, 1)).unwrap();
+            other.wait(lsn).await.unwrap();
+            lsn
+        });
+        journal.wait(b).await.unwrap();
+        assert!(started.elapsed() >= spacing, "{:?}", started.elapsed());
+        assert_eq!(rider.await, b, "gathered while the frame waited");
+        assert_eq!(journal.stats().entries, 4);
+        // Frame `b` carried two as well; a lone entry's frame after it
+        // waits, and the one after that lone one goes at once.
+        let c = journal.add("q/0", 1, &batches_change(2, 1)).unwrap();
+        journal.wait(c).await.unwrap();
+        let lone = std::time::Instant::now();
+        let d = journal.add("q/0", 1, &batches_change(3, 1)).unwrap();
+        journal.wait(d).await.unwrap();
+        assert!(lone.elapsed() < spacing / 2, "{:?}", lone.elapsed());
+        assert_eq!(journal.stats().frames, 4);
     });
 }
