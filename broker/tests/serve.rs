@@ -598,3 +598,67 @@ fn a_peer_link_fails_at_its_deadline_while_the_peer_is_paused() {
         .unwrap();
     assert!(broker.terminate().success());
 }
+
+/// Answers ready at the same moment go out together (one send, up to 64
+/// KiB; a larger one on its own): many pipelined requests of one
+/// connection, answers of a few hundred bytes, of ~20 KB and of more than
+/// 64 KiB interleaved, all come back whole and in request order.
+#[test]
+fn pipelined_answers_come_back_whole_and_in_order_whatever_their_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path());
+    let mut admin = broker.client();
+    assert_eq!(admin.create_queue("mixed", 1), ErrorCode::None);
+    // Eight batches of 20 records of 1,000 bytes (~20 KB each).
+    let value = vec![b'v'; 1000];
+    for i in 0..8i64 {
+        let mut b = strand_storage::batch::BatchBuilder::new();
+        for _ in 0..20 {
+            b.push(None, Some(&value), &[], TS + i);
+        }
+        admin.produce("mixed", 0, b.build().freeze(), 1).unwrap();
+    }
+    let mut c = broker.client();
+    let mut sent = Vec::new();
+    for i in 0..90u64 {
+        let (id, want) = match i % 3 {
+            0 => {
+                let (body, tail) = strand_client::requests::produce("mixed", 0, 1, batch("small", 1, TS));
+                (c.send_body(strand_wire::Api::Produce, &body, tail), None)
+            }
+            // One ~20 KB batch from offset (i % 8) * 20.
+            1 => {
+                let at = (i % 8) * 20;
+                (
+                    c.send_fetch("mixed", &[(0, at)], 30_000, 0, 1, false),
+                    Some((at, 100_000)),
+                )
+            }
+            // Everything from 0: over 64 KiB.
+            _ => (
+                c.send_fetch("mixed", &[(0, 0)], 1 << 20, 0, 1, false),
+                Some((0, 70_000)),
+            ),
+        };
+        sent.push((id, want));
+    }
+    for (id, want) in sent {
+        let f = c.recv();
+        assert_eq!(f.header.correlation_id, id, "answers in request order");
+        match want {
+            None => {
+                strand_client::requests::produced(&f).unwrap();
+            }
+            Some((at, bound)) => {
+                let (batches, _) = fetched(&f).unwrap();
+                assert_eq!(batches[0].base_offset().0, at);
+                let bytes: usize = batches.iter().map(|b| b.len()).sum();
+                if at == 0 && bound == 70_000 {
+                    assert!(bytes > bound, "{bytes}");
+                } else {
+                    assert!(bytes < bound, "{bytes}");
+                }
+            }
+        }
+    }
+}

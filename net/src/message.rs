@@ -160,6 +160,15 @@ pub struct OutFrame {
 }
 
 impl OutFrame {
+    /// Appends its bytes on the wire to `out` (to send several frames in
+    /// one write).
+    pub fn copy_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.head);
+        for piece in &self.tail {
+            out.extend_from_slice(piece);
+        }
+    }
+
     /// Frames a finished flatbuffer `body` with a tail.
     pub fn new(header: FrameHeader, body: &[u8], tail: TailBuilder) -> OutFrame {
         let mut head = BytesMut::new();
@@ -190,12 +199,9 @@ impl OutFrame {
 
     /// The whole frame in one buffer (a copy; for tests and small frames).
     pub fn to_bytes(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(self.len());
-        out.extend_from_slice(&self.head);
-        for t in &self.tail {
-            out.extend_from_slice(t);
-        }
-        out.freeze()
+        let mut out = Vec::with_capacity(self.len());
+        self.copy_into(&mut out);
+        Bytes::from(out)
     }
 }
 
