@@ -17,7 +17,7 @@
 //! journal = false               # fsync=always queues make appends durable through one journal per shard
 //! journal_file_bytes = 67108864 # the shard journal's files
 //! journal_checkpoint_ms = 1000  # a journaled partition's segment is fdatasync'd at least this often
-//! journal_frame_spacing_us = 1000  # under concurrent appends, a journal frame at most this often
+//! journal_frame_spacing_us = 1000  # a journal frame after a full one gathers as much, or this long
 //! segment_bytes = 1073741824    # a segment rolls before it grows past this (>= max_message_bytes)
 //! tail_cache_budget_bytes = 268435456  # per shard: recent batches kept in memory for consumers
 //! readahead_budget_bytes = 67108864    # per shard: blocks read ahead for consumers behind the tail
@@ -176,10 +176,11 @@ pub struct BrokerConfig {
     /// How old a journaled partition's oldest unflushed append may get
     /// before its segment is written and fdatasync'd, in ms.
     pub journal_checkpoint_ms: u64,
-    /// While appends arrive faster than journal frames are written, a
-    /// frame starts at least this long after the one before (µs, ≤
-    /// 1,000,000; 0: at once): fewer, fuller frames, for up to this much
-    /// more latency.
+    /// After a journal frame of several entries, the next gathers until
+    /// it holds as many or this long has passed since the last started
+    /// (µs, ≤ 1,000,000; 0: never waits): fewer, fuller frames under a
+    /// steady stream, for up to this much more latency
+    /// (`strand_storage::journal::JournalConfig::frame_spacing_us`).
     pub journal_frame_spacing_us: u64,
     /// Largest segment of a partition log, in bytes ([64 KiB, 4 GiB)):
     /// retention deletes (and recycles) whole segments, so this is also its

@@ -72,12 +72,15 @@ pub struct JournalConfig {
     /// its oldest pinned frame is this old (ms); sooner for every log while
     /// the journal holds more files than `spare_files`.
     pub checkpoint_ms: u64,
-    /// While frames carry more than one entry (appends arrive faster than
-    /// frames are written), a frame starts at least this long (µs) after
-    /// the one before, gathering meanwhile: fewer, fuller frames, and
-    /// fewer wake-ups of everything that waits on them, for up to this
-    /// much more latency. A frame of one entry (a lone producer waiting
-    /// for each answer) lets the next go at once. 0: never waits.
+    /// After a frame of more than one entry (appends arrive faster than
+    /// frames are written), the next one gathers until it holds as many
+    /// entries or this long (µs) has passed since the last started,
+    /// whichever comes first: fewer, fuller frames under a steady stream,
+    /// and fewer wake-ups of everything that waits on them, for up to this
+    /// much more latency. A few clients that each wait for their answer
+    /// are all in the next frame as soon as they have sent again; after a
+    /// frame of one entry (a lone one) the next goes at once. 0: never
+    /// waits.
     pub frame_spacing_us: u64,
 }
 
@@ -174,6 +177,8 @@ struct Inner {
     write_lock: Semaphore,
     /// Woken after every frame write (and on failure).
     written: Notify,
+    /// Woken when an entry is added while a frame waits out its spacing.
+    added: Notify,
 }
 
 /// A file whose frames may still be replayed.
@@ -338,6 +343,7 @@ impl Journal {
                 }),
                 write_lock: Semaphore::new(1),
                 written: Notify::default(),
+                added: Notify::default(),
             }),
         };
         let pin = JournalPin {
@@ -365,6 +371,9 @@ impl Journal {
         self.check(&st)?;
         format::encode_entry(&mut st.gathering, dir, log_id, change);
         st.gathered += 1;
+        if self.inner.added.waiters() > 0 {
+            self.inner.added.notify_all();
+        }
         Ok(st.next_lsn)
     }
 
@@ -541,17 +550,34 @@ impl Journal {
         }
     }
 
-    /// Waits out [`JournalConfig::frame_spacing_us`] since the last frame
-    /// started, if that frame carried more than one entry. Holds: the
+    /// If the last frame carried more than one entry, waits until this
+    /// one has gathered as many or [`JournalConfig::frame_spacing_us`] has
+    /// passed since the last started, whichever comes first. Holds: the
     /// write lock (appends keep gathering into the frame meanwhile).
+    ///
+    /// Waiting for as many entries as last time keeps a few clients that
+    /// each wait for their answer (the same entries come back every round)
+    /// from waiting out the spacing once they are all in; under a steady
+    /// stream of appends each frame gathers at least as many as the last,
+    /// so frames fill up until the spacing is what ends the wait.
     async fn space_frame(&self) {
         let spacing = std::time::Duration::from_micros(self.inner.config.frame_spacing_us);
-        let since = match self.inner.state.borrow().last_frame {
-            Some((started, entries)) if entries > 1 => started.elapsed(),
+        let (started, expected) = match self.inner.state.borrow().last_frame {
+            Some((started, entries)) if entries > 1 => (started, entries),
             _ => return,
         };
-        if since < spacing {
-            glommio::timer::sleep(spacing - since).await;
+        loop {
+            let seen = self.inner.added.epoch();
+            let since = started.elapsed();
+            if since >= spacing || self.inner.state.borrow().gathered >= expected {
+                return;
+            }
+            // Woken by an add, or timed out at the spacing: either way, look again.
+            let _ = glommio::timer::timeout(spacing - since, async {
+                self.inner.added.wait(seen).await;
+                Ok(())
+            })
+            .await;
         }
     }
 
