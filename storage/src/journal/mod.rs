@@ -177,8 +177,9 @@ struct Inner {
     write_lock: Semaphore,
     /// Woken after every frame write (and on failure).
     written: Notify,
-    /// Woken when an entry is added while a frame waits out its spacing.
-    added: Notify,
+    /// Woken when the frame being gathered reaches the entries a frame
+    /// waiting out its spacing awaits (`State::awaited_entries`).
+    gathered_enough: Notify,
 }
 
 /// A file whose frames may still be replayed.
@@ -214,6 +215,9 @@ struct State {
     /// When the last frame write started, and how many entries it carried
     /// ([`JournalConfig::frame_spacing_us`]).
     last_frame: Option<(std::time::Instant, u32)>,
+    /// The entries a frame waiting out its spacing waits for (0: none
+    /// waits): the add that brings `gathered` to it wakes that frame.
+    awaited_entries: u32,
     stats: JournalStats,
 }
 
@@ -339,11 +343,12 @@ impl Journal {
                     failed: None,
                     preparing: false,
                     last_frame: None,
+                    awaited_entries: 0,
                     stats: JournalStats::default(),
                 }),
                 write_lock: Semaphore::new(1),
                 written: Notify::default(),
-                added: Notify::default(),
+                gathered_enough: Notify::default(),
             }),
         };
         let pin = JournalPin {
@@ -371,8 +376,8 @@ impl Journal {
         self.check(&st)?;
         format::encode_entry(&mut st.gathering, dir, log_id, change);
         st.gathered += 1;
-        if self.inner.added.waiters() > 0 {
-            self.inner.added.notify_all();
+        if st.gathered == st.awaited_entries {
+            self.inner.gathered_enough.notify_all();
         }
         Ok(st.next_lsn)
     }
@@ -521,19 +526,18 @@ impl Journal {
         };
         let path = self.inner.dir.join(file_name(seq));
         let result = zero_fill(&path, self.inner.config.file_bytes).await;
-        let mut st = self.inner.state.borrow_mut();
-        st.preparing = false;
+        self.inner.state.borrow_mut().preparing = false;
         match result {
             Ok(()) => {
+                let mut st = self.inner.state.borrow_mut();
                 st.spare.push(path);
                 st.stats.files_prepared += 1;
                 Ok(true)
             }
             Err(e) => {
-                drop(st);
                 // A half-filled file is no use; recovery would take it as a
                 // spare (it has no header) if this fails too.
-                let _ = std::fs::remove_file(&path);
+                let _ = crate::segment::io::remove_file(&path).await;
                 Err(e)
             }
         }
@@ -566,19 +570,23 @@ impl Journal {
             Some((started, entries)) if entries > 1 => (started, entries),
             _ => return,
         };
-        loop {
-            let seen = self.inner.added.epoch();
-            let since = started.elapsed();
-            if since >= spacing || self.inner.state.borrow().gathered >= expected {
+        let since = started.elapsed();
+        let seen = self.inner.gathered_enough.epoch();
+        {
+            let mut st = self.inner.state.borrow_mut();
+            if since >= spacing || st.gathered >= expected {
                 return;
             }
-            // Woken by an add, or timed out at the spacing: either way, look again.
-            let _ = glommio::timer::timeout(spacing - since, async {
-                self.inner.added.wait(seen).await;
-                Ok(())
-            })
-            .await;
+            st.awaited_entries = expected;
         }
+        // Woken by the add that brings the frame to `expected` entries, or
+        // timed out at the spacing: either way the frame goes.
+        let _ = glommio::timer::timeout(spacing - since, async {
+            self.inner.gathered_enough.wait(seen).await;
+            Ok(())
+        })
+        .await;
+        self.inner.state.borrow_mut().awaited_entries = 0;
     }
 
     /// Writes what is gathered as one frame (`even_empty`: also with
