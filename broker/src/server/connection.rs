@@ -52,7 +52,8 @@ const READ_CHUNK: usize = 64 << 10;
 /// Most the read buffer grows by in one read.
 const READ_GROW: usize = 1 << 20;
 /// Responses ready at the same moment are written together up to this
-/// many bytes (a larger one is written on its own, its batches uncopied).
+/// many bytes (`gathered` never holds more; a larger response, or one
+/// with nothing ready behind it, is written on its own, uncopied).
 const COALESCE_BYTES: usize = 64 << 10;
 /// Requests of one connection served at once; the reader waits when this
 /// many are unanswered (backpressure to the client through TCP).
@@ -141,6 +142,7 @@ async fn write_responses(
     peer: String,
 ) {
     let mut carried: Option<Pending> = None;
+    let mut together: Vec<OutFrame> = Vec::new();
     let mut gathered: Vec<u8> = Vec::new();
     loop {
         let next = match carried.take() {
@@ -158,41 +160,49 @@ async fn write_responses(
         if failed.get() {
             continue; // drain the rest so every handler finishes
         }
-        let result = if out.len() > COALESCE_BYTES {
-            crate::frame_io::write_frame(&mut writer, &out).await
-        } else {
-            gathered.clear();
-            out.copy_into(&mut gathered);
-            while gathered.len() < COALESCE_BYTES {
-                let Some(Some(next)) = futures_lite::future::poll_once(responses.recv()).await else {
+        // The responses ready right behind it, while they fit.
+        let mut size = out.len();
+        together.push(out);
+        while size < COALESCE_BYTES {
+            let Some(Some(next)) = futures_lite::future::poll_once(responses.recv()).await else {
+                break;
+            };
+            match ready_now(next).await {
+                Ok(None) => {}
+                Ok(Some(out)) if size + out.len() <= COALESCE_BYTES => {
+                    size += out.len();
+                    together.push(out);
+                }
+                Ok(Some(out)) => {
+                    carried = Some(Pending::Ready(out));
                     break;
-                };
-                match ready_now(next).await {
-                    Ok(None) => {}
-                    Ok(Some(out)) if gathered.len() + out.len() <= COALESCE_BYTES => out.copy_into(&mut gathered),
-                    Ok(Some(out)) => {
-                        carried = Some(Pending::Ready(out));
-                        break;
-                    }
-                    Err(not_yet) => {
-                        carried = Some(not_yet);
-                        break;
-                    }
+                }
+                Err(not_yet) => {
+                    carried = Some(not_yet);
+                    break;
                 }
             }
-            match writer.write_all(&gathered).await {
-                Ok(()) => writer.flush().await,
-                Err(e) => Err(e),
+        }
+        // Alone, a response is written as it is (its batches uncopied);
+        // several are copied into one buffer, for one send.
+        let result = match together.as_slice() {
+            [alone] => crate::frame_io::write_frame(&mut writer, alone).await,
+            several => {
+                gathered.clear();
+                for out in several {
+                    out.copy_into(&mut gathered);
+                }
+                match writer.write_all(&gathered).await {
+                    Ok(()) => writer.flush().await,
+                    Err(e) => Err(e),
+                }
             }
         };
+        together.clear();
         if let Err(e) = result {
             tracing::debug!(%peer, "write failed: {e}");
             failed.set(true);
             let _ = writer.close().await;
-        }
-        // A burst's buffer is not kept.
-        if gathered.capacity() > 2 * COALESCE_BYTES {
-            gathered = Vec::new();
         }
     }
 }
