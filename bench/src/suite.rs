@@ -20,7 +20,10 @@
 //! 6. the daily load (issue 27): a billion 1 KB records a day, 11,600/s
 //!    open loop, keyed (10,000 uniform keys) over 100 partitions of an
 //!    `fsync=always` queue, 2 producers, linger 0, acks=all, for 60 s (30 s
-//!    with `--quick`); then the same at five times the rate (`s6x5`);
+//!    with `--quick`); then the same at five times the rate (`s6x5`), and
+//!    at the daily rate with a linger of [`DAILY_LINGER_MS`] (Kafka 4's
+//!    default: each connection's lingering batches ride in one request,
+//!    `s6L`);
 //!
 //! and, first of all, the broker's RSS before and after creating 1,000
 //! partitions. Each scenario's row also gives the average produce request
@@ -241,6 +244,8 @@ fn load_args(addr: &str) -> load::Args {
 
 /// The daily load of scenario (6): a billion 1 KB records a day.
 const DAILY_RATE: u64 = 11_600;
+/// Scenario (6L)'s linger: Kafka 4's default `linger.ms`.
+const DAILY_LINGER_MS: u64 = 5;
 
 /// Scenario (6)'s load at `rate` records/s: 100 partitions of a fresh
 /// `fsync=always` queue, 2 producers, 10,000 uniform keys, linger 0,
@@ -507,18 +512,21 @@ pub fn run(args: Args) -> Result<(), String> {
             ..load_args(&addr)
         })
     })?;
-    let daily = |rate: u64| {
+    let daily = |rate: u64, linger_ms: u64| {
         broker.measure_during(|| {
             load::produce(&load::Args {
                 seconds: daily_secs,
+                linger_ms,
                 ..daily_load_args(&addr, rate)
             })
         })
     };
     eprintln!("suite: (6) the daily load: {DAILY_RATE}/s over 100 partitions, acks=all, fsync=always");
-    let (six, six_broker) = daily(DAILY_RATE)?;
+    let (six, six_broker) = daily(DAILY_RATE, 0)?;
     eprintln!("suite: (6×5) the same at {}/s", 5 * DAILY_RATE);
-    let (six_x5, six_x5_broker) = daily(5 * DAILY_RATE)?;
+    let (six_x5, six_x5_broker) = daily(5 * DAILY_RATE, 0)?;
+    eprintln!("suite: (6L) the daily load with linger {DAILY_LINGER_MS} ms");
+    let (six_linger, six_linger_broker) = daily(DAILY_RATE, DAILY_LINGER_MS)?;
     drop(broker);
 
     let produce_limit = limits.disk_write_mib_s.min(limits.loopback_mib_s);
@@ -562,6 +570,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "(6) daily load: 1 KB records keyed uniform:10,000 at {DAILY_RATE}/s (open loop) over 100 partitions, \
          2 producers, linger 0, acks=all, fsync=always"
     );
+    let six_linger_label = format!("(6L) as (6), linger {DAILY_LINGER_MS} ms");
     let scenarios = [
         ("s1", one_label.as_str(), &one, one_broker),
         ("s2", "(2) as (1), 8 partitions, 4 producers", &two, two_broker),
@@ -591,6 +600,7 @@ pub fn run(args: Args) -> Result<(), String> {
         ),
         ("s6", six_label.as_str(), &six, six_broker),
         ("s6x5", "(6×5) as (6) at five times the rate", &six_x5, six_x5_broker),
+        ("s6L", six_linger_label.as_str(), &six_linger, six_linger_broker),
     ];
     md.push_str(
         "## Scenarios\n\n| scenario | msg/s | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | KiB per produce request \

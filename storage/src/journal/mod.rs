@@ -423,6 +423,10 @@ impl Journal {
                         _permit: permit,
                         written: &self.inner.written,
                     };
+                    // The tasks already runnable add first: the other
+                    // partitions of the request whose append got here
+                    // first join this frame rather than the next.
+                    yield_once().await;
                     self.space_frame().await;
                     self.write_frame(false).await?;
                 }
@@ -777,6 +781,22 @@ async fn zero_fill(path: &Path, len: u64) -> Result<()> {
         .await
         .map_err(|e| StorageError::glommio("closing", path, e))?;
     Ok(())
+}
+
+/// Puts the calling task at the back of its queue once: the executor runs
+/// the tasks runnable before it first (at once when there are none).
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -649,3 +649,32 @@ fn after_a_frame_of_several_entries_the_next_waits_for_as_many_or_the_spacing_an
         assert_eq!((stats.frames, stats.entries), (4, 6));
     });
 }
+
+#[test]
+fn appends_runnable_together_share_one_frame_when_the_first_of_them_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (journal, _, replay_pin) = Journal::open(&path, small()).await.unwrap();
+        drop(replay_pin);
+        // A produce request's partitions, a task each, spawned together:
+        // the first to run adds and writes, the rest have not added yet.
+        let tasks: Vec<_> = (0..5u64)
+            .map(|i| {
+                let journal = journal.clone();
+                glommio::spawn_local(async move {
+                    let lsn = journal.add(&format!("q/{i}"), i, &batches_change(0, 1)).unwrap();
+                    journal.wait(lsn).await.unwrap();
+                    lsn
+                })
+            })
+            .collect();
+        let mut lsns = Vec::new();
+        for t in tasks {
+            lsns.push(t.await);
+        }
+        assert!(lsns.windows(2).all(|w| w[0] == w[1]), "one frame: {lsns:?}");
+        let stats = journal.stats();
+        assert_eq!((stats.frames, stats.entries), (1, 5));
+    });
+}
