@@ -101,7 +101,8 @@
 //! `journal_checkpoint_ms`. Same durability; fewer flushes when many
 //! partitions take small batches. At start-up shard 0 replays every
 //! journal (also with `journal = false`, and those of shards no longer
-//! run) before any shard serves.
+//! run) before any shard serves; after a full disk a shard replays its
+//! own in place once there is room again (`shard/recover.rs`).
 //!
 //! `recycle_segments`: see `strand_storage::LogConfig::recycle_segments`.
 //! Appends into a recycled file skip ext4's journal commits; the price is
@@ -419,6 +420,11 @@ impl BrokerConfig {
             frame_spacing_us: self.journal_frame_spacing_us,
             ..strand_storage::journal::JournalConfig::default()
         }
+    }
+
+    /// Where shard `shard`'s journal lives.
+    pub fn journal_dir(&self, shard: u16) -> std::path::PathBuf {
+        self.data_dir.join("__journal").join(shard.to_string())
     }
 
     /// What each shard's storage shares among its logs.

@@ -93,6 +93,9 @@ struct Inner {
     readahead_budget: Rc<ByteBudget>,
     /// The shard journal, once started (`start_journal`).
     journal: RefCell<Option<Journal>>,
+    /// Counts the journals started: a checkpointer stops once its
+    /// journal is no longer the current one (`stop_journal`).
+    journal_starts: std::cell::Cell<u64>,
     /// The logs that journal, for the checkpointer.
     journaled: RefCell<Vec<WeakLog>>,
 }
@@ -132,6 +135,7 @@ impl ShardStorage {
                 _probe: probe,
                 open: RefCell::new(SegmentLru::default()),
                 journal: RefCell::new(None),
+                journal_starts: std::cell::Cell::new(0),
                 journaled: RefCell::new(Vec::new()),
             }),
         })
@@ -267,6 +271,8 @@ impl ShardStorage {
             });
         }
         *self.inner.journal.borrow_mut() = Some(journal.clone());
+        let start = self.inner.journal_starts.get() + 1;
+        self.inner.journal_starts.set(start);
         // The first frame's file must not be one that grows with every
         // frame (each write would then sync the file's size too): a fresh
         // journal zero-fills its first file before anything is appended.
@@ -281,11 +287,15 @@ impl ShardStorage {
                     return;
                 };
                 let shard = ShardStorage { inner };
-                shard.checkpoint_pass().await;
-                if let Some(journal) = shard.journal() {
-                    if let Err(e) = journal.prepare_spare().await {
-                        tracing::warn!(journal = %journal.dir().display(), "journal spare file: {e}");
-                    }
+                if shard.inner.journal_starts.get() != start {
+                    return;
+                }
+                let Some(journal) = shard.journal() else {
+                    return;
+                };
+                shard.checkpoint_pass(&journal).await;
+                if let Err(e) = journal.prepare_spare().await {
+                    tracing::warn!(journal = %journal.dir().display(), "journal spare file: {e}");
                 }
                 drop(shard);
                 glommio::timer::sleep(tick).await;
@@ -295,12 +305,23 @@ impl ShardStorage {
         Ok(journal)
     }
 
+    /// Stops the shard journal (`Journal::stop`) and forgets it: logs
+    /// opened from now on do not journal, and its checkpointer ends. The
+    /// logs that journaled must be closed before its files are replayed
+    /// ([`ShardStorage::replay_journal`]) and a journal is started again:
+    /// how the broker brings a shard's journaled partitions back after a
+    /// full disk without a restart.
+    pub async fn stop_journal(&self, reason: &str) {
+        let journal = self.inner.journal.borrow_mut().take();
+        self.inner.journal_starts.set(self.inner.journal_starts.get() + 1);
+        if let Some(journal) = journal {
+            journal.stop(reason).await;
+        }
+    }
+
     /// One pass of the journal checkpointer: checkpoints the logs that are
     /// due, then lets the journal record the newer replay-from.
-    async fn checkpoint_pass(&self) {
-        let Some(journal) = self.journal() else {
-            return;
-        };
+    async fn checkpoint_pass(&self, journal: &Journal) {
         let config = *journal.config();
         let pressed = journal.files_in_use() > config.spare_files;
         let logs: Vec<Log> = {

@@ -282,11 +282,6 @@ fn next_startup_event(
     }
 }
 
-/// Where shard `shard`'s journal lives.
-fn journal_dir(config: &BrokerConfig, shard: u16) -> std::path::PathBuf {
-    config.data_dir.join("__journal").join(shard.to_string())
-}
-
 /// Replays every shard journal in the data directory into the logs
 /// (`strand_storage::replay`), on shard 0 before the shards join: a
 /// partition may have moved shards since (another `cores`), and journals
@@ -302,22 +297,15 @@ async fn replay_journals(storage: &ShardStorage, config: &BrokerConfig, shards: 
         .collect();
     found.sort();
     for shard in found {
-        let dir = journal_dir(config, shard);
-        let report = storage
-            .replay_journal(&dir, config.journal_config(), &config.log_base())
-            .await
-            .map_err(|e| format!("replaying {}: {e}", dir.display()))?;
-        if report.entries > 0 {
-            tracing::info!(
-                journal = %dir.display(),
-                entries = report.entries,
-                logs = report.logs,
-                appended = report.appended,
-                cuts = report.cuts,
-                skipped_logs = report.skipped_logs,
-                "replayed the shard journal"
-            );
-        }
+        let dir = config.journal_dir(shard);
+        crate::shard::recover::replay_journal(
+            storage,
+            &dir,
+            config.journal_config(),
+            &config.log_base(),
+            "at start-up",
+        )
+        .await?;
         if shard >= shards || !config.journal {
             std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
         }
@@ -349,11 +337,10 @@ async fn shard_main(
     let (senders, receivers) = mesh.join().await.map_err(|_| "joining the shard mesh".to_string())?;
     if config.journal {
         storage
-            .start_journal(&journal_dir(&config, id.0), config.journal_config())
+            .start_journal(&config.journal_dir(id.0), config.journal_config())
             .await
             .map_err(|e| format!("starting the shard journal: {e}"))?;
     }
-    let journal = storage.journal();
     let partitions = Partitions::new(storage, &config, id, shards, lifecycle.lease.clone());
     let shard = Rc::new(Shard::new(
         id,
@@ -364,9 +351,6 @@ async fn shard_main(
         lifecycle.controller_leader.clone(),
     ));
     shard::set_current(&shard);
-    if let Some(journal) = journal {
-        supervise_journal(&shard, journal, lifecycle.stop.clone());
-    }
     mesh::start_receivers(&shard, receivers);
     crate::groups::start(&shard);
     // Accepting from now on: the other nodes' controller members must
@@ -489,31 +473,8 @@ impl ControllerMember {
 }
 
 /// The exit status of a broker whose controller member stopped on a
-/// storage error, or one of whose shard journals (or journaled partition
-/// logs) failed (EX_TEMPFAIL: start it again).
+/// storage error (EX_TEMPFAIL: start it again).
 pub const CONTROLLER_STOPPED_EXIT: i32 = 75;
-
-/// Exits the broker ([`CONTROLLER_STOPPED_EXIT`]) once the shard's journal
-/// fails: every journaled partition of the shard then takes no more
-/// writes, and their memory held batches only the journal made durable,
-/// which only the start-up replay brings back. A restart (the supervisor's
-/// `Restart=`) is that way back, as for the controller member.
-fn supervise_journal(shard: &Rc<Shard>, journal: strand_storage::journal::Journal, stop: Arc<AtomicBool>) {
-    let shard = shard.clone();
-    glommio::spawn_local(async move {
-        let reason = journal.failure().await;
-        if stop.load(Ordering::SeqCst) || shard.stopping.get() {
-            return;
-        }
-        tracing::error!(
-            journal = %journal.dir().display(),
-            "the shard journal failed ({reason}): exiting, to be started again once the cause (a full disk) is \
-             fixed; the start-up replay brings back every acknowledged record"
-        );
-        std::process::exit(CONTROLLER_STOPPED_EXIT);
-    })
-    .detach();
-}
 
 /// Accepts connections (for the whole life of the shard).
 ///

@@ -27,7 +27,7 @@ pub mod messages;
 mod metadata;
 pub mod partitions;
 mod produce;
-mod recover;
+pub(crate) mod recover;
 pub use recover::RECOVER_EVERY;
 mod serve;
 mod stats;

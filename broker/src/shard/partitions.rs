@@ -516,6 +516,62 @@ impl Partitions {
         Ok(end)
     }
 
+    /// Brings this shard's journaled partitions back after their journal
+    /// stopped (a full disk), as a restart of the broker would, without
+    /// one: stops the shard journal (`ShardStorage::stop_journal`; nothing
+    /// it started lands in its files afterwards), closes every journaled
+    /// partition (one whose log still works writes and fdatasyncs all it
+    /// holds), replays the journal's files into their directories, starts
+    /// a journal again and reopens them in the roles `table` gives them.
+    /// Leaders must have handed their leadership over first
+    /// (`shard/recover.rs`): a log that failed held batches in memory the
+    /// replay does not bring back. Returns how many it reopened. An error
+    /// (the replay, or the new journal, failed) leaves the partitions
+    /// closed: the caller restarts the broker.
+    pub async fn restart_journal(
+        &self,
+        table: &MetadataTable,
+        dir: &std::path::Path,
+        config: strand_storage::journal::JournalConfig,
+        reason: &str,
+    ) -> Result<usize, String> {
+        self.storage.stop_journal(reason).await;
+        let journaled: Vec<_> = self
+            .all()
+            .into_iter()
+            .filter(|(_, part)| part.log.journaled())
+            .collect();
+        for ((queue, p), part) in &journaled {
+            self.close_partition(queue, *p, part, table).await;
+        }
+        super::recover::replay_journal(&self.storage, dir, config, &self.log_base, "in place").await?;
+        self.storage
+            .start_journal(dir, config)
+            .await
+            .map_err(|e| format!("starting the shard journal again: {e}"))?;
+        let mut reopened = 0;
+        for ((queue, p), part) in journaled {
+            let Some((q, record)) = table
+                .queues
+                .get(&queue)
+                .and_then(|q| Some((q, q.partitions.get(p as usize)?)))
+                .filter(|(q, r)| q.id == part.queue_id && r.replicas.contains(&self.node_id))
+            else {
+                continue;
+            };
+            let record = self.as_this_run(table, record);
+            match self.open_partition(&queue, p, q.id, &part.settings).await {
+                Ok(open) => {
+                    self.install(queue, p, open, &record);
+                    reopened += 1;
+                }
+                Err(e) => tracing::error!(queue = %queue, partition = p, "reopening after the journal's replay: {e}"),
+            }
+        }
+        self.roles_may_have_changed();
+        Ok(reopened)
+    }
+
     async fn open_partition(
         &self,
         queue: &str,

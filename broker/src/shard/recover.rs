@@ -24,9 +24,25 @@
 //!   controller cannot be reached, the next round asks again; the log
 //!   stays failed (produce answers `StorageFull`) until then.
 //!
-//! A journaled partition (`journal = true`) is not reopened: the broker
-//! exits to be started again, and the start-up replay of the shard
-//! journal brings back what only the journal held.
+//! **Journaled partitions** (`journal = true`) come back together, a
+//! shard at a time, once the shard's journal failed (a frame write met
+//! ENOSPC) or any of its journaled logs did (a segment written behind
+//! did), and the disk has room for a journal file and a segment:
+//! 1. the shard journal stops (`Journal::stop`): nothing more becomes
+//!    durable in it, and every journaled log of the shard refuses appends
+//!    (an append fails its log in the same step, before any reader sees
+//!    the batch);
+//! 2. every journaled partition this shard leads hands its leadership over
+//!    (`Command::LeaderLostWrites`, as above): a log's memory may hold
+//!    batches of a frame that never became durable, which followers may
+//!    have fetched. If the controller cannot be reached, the next round
+//!    tries again (the journal stays stopped meanwhile);
+//! 3. `Partitions::restart_journal`: the journaled partitions close (a log
+//!    that still works writes and fdatasyncs what it holds), the journal's
+//!    files are replayed into their directories as at start-up, a journal
+//!    starts again and the partitions reopen in the roles the table gives
+//!    them. Should that fail, the broker exits (status 75) to be started
+//!    again, and the start-up replay does the same.
 //!
 //! Runs on: every shard, for the partitions it owns (a timer started by
 //! `server`).
@@ -46,48 +62,30 @@ impl Shard {
         let Some(space) = self.disk.space().filter(|s| !s.low()) else {
             return;
         };
-        // A journaled log that failed is not reopened here: its memory held
-        // batches only the shard journal made durable, which only the
-        // start-up replay brings back. The broker restarts, as when the
-        // journal itself fails (`server::supervise_journal`).
-        if let Some(((queue, p), _)) = self
-            .partitions
-            .all()
-            .into_iter()
-            .find(|(_, part)| part.log.journaled() && part.log.failed())
-        {
-            if !self.stopping.get() {
-                tracing::error!(
-                    queue = %queue,
-                    partition = p,
-                    "a journaled partition log failed: exiting, to be started again (its records come back from the \
-                     shard journal)"
-                );
-                std::process::exit(crate::server::CONTROLLER_STOPPED_EXIT);
+        if let Some(reason) = self.journal_restart_reason() {
+            let journaled = self
+                .partitions
+                .all()
+                .into_iter()
+                .filter(|(_, part)| part.log.journaled());
+            let segment = journaled
+                .map(|(_, part)| self.partitions.segment_bytes(&part.settings))
+                .max()
+                .unwrap_or(0);
+            if space.free >= segment + self.config.journal_file_bytes && !self.stopping.get() {
+                self.restart_journal(&reason).await;
             }
         }
         let failed: Vec<_> = self
             .partitions
             .all()
             .into_iter()
-            .filter(|(_, part)| part.log.failed_for_space())
+            .filter(|(_, part)| !part.log.journaled() && part.log.failed_for_space())
             .filter(|(_, part)| space.free >= self.partitions.segment_bytes(&part.settings))
             .collect();
         for ((queue, p), part) in failed {
             if let Some(epoch) = part.leading() {
-                let command = Command::LeaderLostWrites {
-                    queue: queue.clone(),
-                    partition: p,
-                    leader: self.config.node_id,
-                    leader_epoch: epoch,
-                };
-                if let Err(e) = crate::router::propose(self, command).await {
-                    tracing::warn!(
-                        queue = %queue,
-                        partition = p,
-                        "a log failed on a full disk: handing its leadership over before reopening it: {e} (asked \
-                         again in {RECOVER_EVERY:?})"
-                    );
+                if !self.hand_over(&queue, p, epoch, "a log failed on a full disk").await {
                     continue;
                 }
             }
@@ -111,4 +109,112 @@ impl Shard {
             }
         }
     }
+
+    /// Has the controller take the leadership of `queue`/`p` (led here in
+    /// `epoch`) before its log is opened again from the disk
+    /// (`Command::LeaderLostWrites`); whether it did (`why` goes into the
+    /// warning when not: the next round asks again).
+    async fn hand_over(self: &Rc<Self>, queue: &str, p: u32, epoch: u32, why: &str) -> bool {
+        let command = Command::LeaderLostWrites {
+            queue: queue.to_string(),
+            partition: p,
+            leader: self.config.node_id,
+            leader_epoch: epoch,
+        };
+        match crate::router::propose(self, command).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    queue,
+                    partition = p,
+                    "{why}: handing its leadership over before reopening it: {e} (asked again in {RECOVER_EVERY:?})"
+                );
+                false
+            }
+        }
+    }
+
+    /// Why this shard's journaled partitions must come back through a
+    /// replay of its journal, if they must: the journal failed (or was
+    /// stopped by a round that could not finish), or a journaled log did.
+    fn journal_restart_reason(&self) -> Option<String> {
+        if let Some(why) = self.partitions.storage().journal().and_then(|j| j.failed()) {
+            return Some(format!("the shard journal failed: {why}"));
+        }
+        let all = self.partitions.all();
+        let ((queue, p), part) = all.iter().find(|(_, part)| part.log.journaled() && part.log.failed())?;
+        Some(format!(
+            "the journaled log of {queue}/{p} failed: {}",
+            part.log.failure().unwrap_or_default()
+        ))
+    }
+
+    /// Steps 1 to 3 of the module doc.
+    async fn restart_journal(self: &Rc<Self>, reason: &str) {
+        let Some(journal) = self.partitions.storage().journal() else {
+            return;
+        };
+        journal.stop(reason).await;
+        for ((queue, p), part) in self.partitions.all() {
+            let Some(epoch) = part.leading().filter(|_| part.log.journaled()) else {
+                continue;
+            };
+            if !self.hand_over(&queue, p, epoch, "the shard journal stopped").await {
+                return;
+            }
+        }
+        // Tables apply one at a time, and not while the partitions reopen.
+        let Ok(_turn) = self.applying.acquire_permit(1).await else {
+            return;
+        };
+        let table = self.table.borrow().clone();
+        let dir = self.config.journal_dir(self.id.0);
+        match self
+            .partitions
+            .restart_journal(&table, &dir, self.config.journal_config(), reason)
+            .await
+        {
+            Ok(reopened) => tracing::info!(
+                journal = %dir.display(),
+                reopened,
+                "the shard journal stopped ({reason}) and is replayed and started again: its partitions take writes"
+            ),
+            Err(e) => {
+                tracing::error!(
+                    journal = %dir.display(),
+                    "bringing the journaled partitions back in place failed ({e}): exiting, to be started again (the \
+                     start-up replay brings back every acknowledged record)"
+                );
+                std::process::exit(crate::server::CONTROLLER_STOPPED_EXIT);
+            }
+        }
+    }
+}
+
+/// Replays the shard journal in `dir` into the logs under `storage`'s
+/// data directory (`ShardStorage::replay_journal`), saying what it did
+/// (`when`: at start-up, or in place after a full disk).
+pub async fn replay_journal(
+    storage: &strand_storage::ShardStorage,
+    dir: &std::path::Path,
+    config: strand_storage::journal::JournalConfig,
+    log_base: &strand_storage::LogConfig,
+    when: &str,
+) -> Result<strand_storage::replay::ReplayReport, String> {
+    let report = storage
+        .replay_journal(dir, config, log_base)
+        .await
+        .map_err(|e| format!("replaying {}: {e}", dir.display()))?;
+    if report.entries > 0 {
+        tracing::info!(
+            journal = %dir.display(),
+            entries = report.entries,
+            logs = report.logs,
+            appended = report.appended,
+            cuts = report.cuts,
+            skipped_logs = report.skipped_logs,
+            "replayed the shard journal {when}"
+        );
+    }
+    Ok(report)
 }

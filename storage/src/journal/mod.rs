@@ -468,6 +468,29 @@ impl Journal {
         *self.inner.state.borrow_mut().pins.entry(lsn).or_default() += 1;
     }
 
+    /// Stops the journal for good, to be replayed from its files and
+    /// started again (the broker's in-place recovery after a full disk):
+    /// fails it with `reason` if no frame write has failed it yet (every
+    /// add and wait is refused from now on, and [`Journal::failure`]
+    /// resolves), then waits until no frame write and no spare's
+    /// zero-fill is in flight, so that nothing this instance started
+    /// lands in its files after this returns.
+    pub async fn stop(&self, reason: &str) {
+        self.inner
+            .state
+            .borrow_mut()
+            .failed
+            .get_or_insert_with(|| (reason.to_string(), false));
+        self.inner.written.notify_all();
+        self.inner.gathered_enough.notify_all();
+        if let Ok(permit) = self.inner.write_lock.acquire_permit(1).await {
+            drop(permit);
+        }
+        while self.inner.state.borrow().preparing {
+            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// Resolves, with the reason, once a frame write has failed (the
     /// journal then takes nothing more: see the module doc).
     pub async fn failure(&self) -> String {
@@ -478,6 +501,17 @@ impl Journal {
             }
             self.inner.written.wait(seen).await;
         }
+    }
+
+    /// Why the journal takes nothing more, if it does not (a frame write
+    /// failed, or [`Journal::stop`]).
+    pub fn failed(&self) -> Option<String> {
+        self.inner
+            .state
+            .borrow()
+            .failed
+            .as_ref()
+            .map(|(reason, _)| reason.clone())
     }
 
     /// Every frame below this LSN is durable.

@@ -678,3 +678,35 @@ fn appends_runnable_together_share_one_frame_when_the_first_of_them_writes() {
         assert_eq!((stats.frames, stats.entries), (1, 5));
     });
 }
+
+#[test]
+fn a_stopped_journal_refuses_adds_and_waits_and_returns_only_once_no_write_is_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (journal, _, replay_pin) = Journal::open(&path, small()).await.unwrap();
+        drop(replay_pin);
+        let lsn = journal.add("q/0", 1, &batches_change(0, 1)).unwrap();
+        // A frame write in flight when the journal is stopped.
+        let writer = journal.clone();
+        let write = glommio::spawn_local(async move { writer.wait(lsn).await });
+        // (It takes the write lock, yields once, and is in its write.)
+        super::yield_once().await;
+        super::yield_once().await;
+        journal.stop("restarting").await;
+        assert!(journal.failed().is_some_and(|why| why == "restarting"));
+        // The write in flight had ended when stop returned: the frame is
+        // counted, and its waiter is refused all the same.
+        assert_eq!(journal.stats().frames, 1);
+        assert!(write.await.is_err());
+        assert!(journal.add("q/0", 1, &batches_change(1, 1)).is_err(), "adds refused");
+        assert!(journal.wait(journal.durable_lsn()).await.is_err(), "waits refused");
+        assert!(journal.checkpoint().await.is_err(), "no frame after it");
+        let frames = journal.stats().frames;
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+        assert_eq!(journal.stats().frames, frames, "nothing written after stop");
+        // A frame write failure stays the reason: stop does not replace it.
+        journal.stop("again").await;
+        assert_eq!(journal.failed().as_deref(), Some("restarting"));
+    });
+}

@@ -27,10 +27,12 @@
 //!   above all) are never applied to what a later open appends, journaled
 //!   or not;
 //! - a log that fails has the journal hold its oldest pinned frame until
-//!   the process ends (`Journal::hold_until_restart`): the log may be
-//!   dropped before the broker restarts (which it does: `strand-broker`'s
-//!   `server::supervise_journal` and `shard::recover`), and the start-up
-//!   replay must still find what only the journal held.
+//!   the journal is replayed (`Journal::hold_until_restart`): the log may
+//!   be dropped first, and the replay must still find what only the
+//!   journal held. That replay is the start-up one, or the broker's
+//!   in-place one once the disk has room again (`strand-broker`'s
+//!   `shard::recover`: the shard's journal stopped, its journaled logs
+//!   closed, the journal replayed and started again, the logs reopened).
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
@@ -240,7 +242,13 @@ impl Log {
         };
         if used {
             new_journal_id(&self.inner.dir)?;
-            j.journal.checkpoint().await?;
+            // A journal stopped or failed meanwhile is replayed before it
+            // starts again, and the new id makes that replay skip this
+            // log's entries: the close stands without the frame.
+            match j.journal.checkpoint().await {
+                Err(StorageError::JournalFailed { .. }) | Ok(()) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

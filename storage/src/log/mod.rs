@@ -278,14 +278,14 @@ impl State {
     }
 
     /// Where reads end: the log end; after a failed write what was written
-    /// before it (memory may hold batches the disk does not). Refused once
-    /// closed.
+    /// before it, to the segment or in a durable journal frame (memory may
+    /// hold batches the disk does not). Refused once closed.
     fn readable_end(&self) -> Result<Offset> {
         if self.closed {
             return Err(StorageError::Closed);
         }
         Ok(match self.failed {
-            Some(_) => self.active.written_offset(),
+            Some(_) => self.active.written_offset().max(self.journal.journaled),
             None => self.log_end(),
         })
     }
@@ -474,6 +474,15 @@ impl Log {
     /// whatever the cause).
     pub fn failed(&self) -> bool {
         self.inner.state.borrow().failed.is_some()
+    }
+    /// Why the log takes no more writes, if it does not.
+    pub fn failure(&self) -> Option<String> {
+        self.inner
+            .state
+            .borrow()
+            .failed
+            .as_ref()
+            .map(|(reason, _)| reason.clone())
     }
     /// Every offset below this one has been written to the disk: to the
     /// segment, or (a journaling log) in a durable journal frame.
