@@ -322,6 +322,11 @@ impl ShardStorage {
     /// One pass of the journal checkpointer: checkpoints the logs that are
     /// due, then lets the journal record the newer replay-from.
     async fn checkpoint_pass(&self, journal: &Journal) {
+        if journal.failed().is_some() {
+            // Its logs take nothing more, and its frames nothing at all:
+            // the broker brings them back through a replay (or a restart).
+            return;
+        }
         let config = *journal.config();
         let pressed = journal.files_in_use() > config.spare_files;
         let logs: Vec<Log> = {
