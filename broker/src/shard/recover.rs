@@ -27,7 +27,9 @@
 //! **Journaled partitions** (`journal = true`) come back together, a
 //! shard at a time, once the shard's journal failed (a frame write met
 //! ENOSPC) or any of its journaled logs did (a segment written behind
-//! did), and the disk has room for a journal file and a segment:
+//! did), and the disk has room for what its logs had not written to
+//! their segments (the replay writes it), a segment and the journal's
+//! spare files:
 //! 1. the shard journal stops (`Journal::stop`): nothing more becomes
 //!    durable in it, and every journaled log of the shard refuses appends
 //!    (an append fails its log in the same step, before any reader sees
@@ -63,16 +65,28 @@ impl Shard {
             return;
         };
         if let Some(reason) = self.journal_restart_reason() {
-            let journaled = self
+            let journaled: Vec<_> = self
                 .partitions
                 .all()
                 .into_iter()
-                .filter(|(_, part)| part.log.journaled());
+                .filter(|(_, part)| part.log.journaled())
+                .collect();
             let segment = journaled
+                .iter()
                 .map(|(_, part)| self.partitions.segment_bytes(&part.settings))
                 .max()
                 .unwrap_or(0);
-            if space.free >= segment + self.config.journal_file_bytes && !self.stopping.get() {
+            // The replay writes into segments what their logs had not
+            // written (a block more each, rewritten), one may roll, and
+            // the new journal prepares its files only with room for
+            // `PREPARE_ROOM_FILES` of them (else its frames allocate).
+            let unwritten: u64 = journaled
+                .iter()
+                .map(|(_, part)| part.log.unwritten_bytes() + strand_storage::DMA_ALIGN)
+                .sum();
+            let journal_room = self.config.journal_file_bytes * strand_storage::journal::PREPARE_ROOM_FILES;
+            let needed = unwritten + segment + journal_room;
+            if space.free >= needed && !self.stopping.get() {
                 self.restart_journal(&reason).await;
             }
         }

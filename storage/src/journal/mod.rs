@@ -127,7 +127,7 @@ pub const GATHER_MAX: usize = 16 << 20;
 /// [`Journal::prepare_spare`] zero-fills a file only while the disk keeps
 /// this many times `file_bytes` free beside it: the zeros must never take
 /// the room a segment or a frame needs.
-const PREPARE_ROOM_FILES: u64 = 4;
+pub const PREPARE_ROOM_FILES: u64 = 4;
 
 /// Zeros per write when preparing a spare file.
 const PREPARE_CHUNK: usize = 1 << 20;

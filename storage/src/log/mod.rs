@@ -475,6 +475,12 @@ impl Log {
     pub fn failed(&self) -> bool {
         self.inner.state.borrow().failed.is_some()
     }
+    /// Bytes appended but not yet written to the segment (for a journaled
+    /// log, what a replay of its journal would write at most, besides a
+    /// partial block).
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.inner.state.borrow().active.pending_bytes() as u64
+    }
     /// Why the log takes no more writes, if it does not.
     pub fn failure(&self) -> Option<String> {
         self.inner
