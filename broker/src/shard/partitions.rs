@@ -495,23 +495,34 @@ impl Partitions {
         log_config(settings, &self.log_base).segment_bytes_max
     }
 
+    /// The table's record of partition `p` of `queue` (as this run of the
+    /// node sees it), if it still names this node a replica of `part`'s
+    /// queue (the same queue id): what a partition closed to be opened
+    /// again from its directory is reopened in.
+    fn still_here(&self, table: &MetadataTable, queue: &str, p: u32, part: &Partition) -> Option<PartitionRecord> {
+        let record = table
+            .queues
+            .get(queue)
+            .filter(|q| q.id == part.queue_id)?
+            .partitions
+            .get(p as usize)
+            .filter(|r| r.replicas.contains(&self.node_id))?;
+        Some(self.as_this_run(table, record))
+    }
+
     /// Closes partition `p` of `queue` and opens it again from what its
     /// directory holds (as a restart would), in the role `table` gives it:
     /// how a log that failed on a full disk comes back once space is
     /// (`shard/recover.rs`). Returns the reopened log's end.
     pub async fn reopen(&self, queue: &str, p: u32, table: &MetadataTable) -> Result<Offset, String> {
         let part = self.get(queue, p).ok_or("not open here")?;
-        let (q, record) = table
-            .queues
-            .get(queue)
-            .and_then(|q| Some((q, q.partitions.get(p as usize)?)))
-            .filter(|(q, r)| q.id == part.queue_id && r.replicas.contains(&self.node_id))
+        let record = self
+            .still_here(table, queue, p, &part)
             .ok_or("no longer a replica here")?;
-        let record = &self.as_this_run(table, record);
         self.close_partition(queue, p, &part, table).await;
-        let reopened = self.open_partition(queue, p, q.id, &part.settings).await?;
+        let reopened = self.open_partition(queue, p, part.queue_id, &part.settings).await?;
         let end = reopened.log.log_end();
-        self.install(queue.to_string(), p, reopened, record);
+        self.install(queue.to_string(), p, reopened, &record);
         self.roles_may_have_changed();
         Ok(end)
     }
@@ -551,16 +562,10 @@ impl Partitions {
             .map_err(|e| format!("starting the shard journal again: {e}"))?;
         let mut reopened = 0;
         for ((queue, p), part) in journaled {
-            let Some((q, record)) = table
-                .queues
-                .get(&queue)
-                .and_then(|q| Some((q, q.partitions.get(p as usize)?)))
-                .filter(|(q, r)| q.id == part.queue_id && r.replicas.contains(&self.node_id))
-            else {
+            let Some(record) = self.still_here(table, &queue, p, &part) else {
                 continue;
             };
-            let record = self.as_this_run(table, record);
-            match self.open_partition(&queue, p, q.id, &part.settings).await {
+            match self.open_partition(&queue, p, part.queue_id, &part.settings).await {
                 Ok(open) => {
                     self.install(queue, p, open, &record);
                     reopened += 1;
