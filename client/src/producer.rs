@@ -158,9 +158,9 @@ pub struct ProducerConfig {
     /// ride in it at once (Kafka's drain): with many partitions each
     /// receiving a record now and then, a linger of a few milliseconds
     /// makes one request per connection per linger, not one per record —
-    /// the daily load (100 partitions, 11,600 records/s) went from 11,100
-    /// produce requests a second to 750 with 5 ms, its broker from 1.15 to
-    /// 0.36 cores (bench/README.md (6)).
+    /// the daily load (100 partitions, 11,600 records/s) went from 11,000
+    /// produce requests a second to 740 with 5 ms, its journal broker from
+    /// 1.16 to 0.41 cores (medians of three: bench/README.md (6)).
     pub linger: Duration,
     /// Bytes of records enqueued but not yet acknowledged, at most. Open
     /// batches also reserve their memory up front within this budget (all

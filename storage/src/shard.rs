@@ -91,11 +91,9 @@ struct Inner {
     open: RefCell<SegmentLru>,
     budget: Rc<ByteBudget>,
     readahead_budget: Rc<ByteBudget>,
-    /// The shard journal, once started (`start_journal`).
+    /// The shard journal, once started (`start_journal`); its
+    /// checkpointer stops once it is no longer this one (`stop_journal`).
     journal: RefCell<Option<Journal>>,
-    /// Counts the journals started: a checkpointer stops once its
-    /// journal is no longer the current one (`stop_journal`).
-    journal_starts: std::cell::Cell<u64>,
     /// The logs that journal, for the checkpointer.
     journaled: RefCell<Vec<WeakLog>>,
 }
@@ -135,7 +133,6 @@ impl ShardStorage {
                 _probe: probe,
                 open: RefCell::new(SegmentLru::default()),
                 journal: RefCell::new(None),
-                journal_starts: std::cell::Cell::new(0),
                 journaled: RefCell::new(Vec::new()),
             }),
         })
@@ -271,8 +268,6 @@ impl ShardStorage {
             });
         }
         *self.inner.journal.borrow_mut() = Some(journal.clone());
-        let start = self.inner.journal_starts.get() + 1;
-        self.inner.journal_starts.set(start);
         // The first frame's file must not be one that grows with every
         // frame (each write would then sync the file's size too): a fresh
         // journal zero-fills its first file before anything is appended.
@@ -280,6 +275,7 @@ impl ShardStorage {
             tracing::warn!(journal = %dir.display(), "journal spare file: {e}");
         }
         let weak = Rc::downgrade(&self.inner);
+        let own = journal.clone();
         glommio::spawn_local(async move {
             let tick = std::time::Duration::from_millis((config.checkpoint_ms / 4).clamp(10, 250));
             loop {
@@ -287,15 +283,12 @@ impl ShardStorage {
                     return;
                 };
                 let shard = ShardStorage { inner };
-                if shard.inner.journal_starts.get() != start {
+                if !shard.journal().is_some_and(|current| current.same(&own)) {
                     return;
                 }
-                let Some(journal) = shard.journal() else {
-                    return;
-                };
-                shard.checkpoint_pass(&journal).await;
-                if let Err(e) = journal.prepare_spare().await {
-                    tracing::warn!(journal = %journal.dir().display(), "journal spare file: {e}");
+                shard.checkpoint_pass(&own).await;
+                if let Err(e) = own.prepare_spare().await {
+                    tracing::warn!(journal = %own.dir().display(), "journal spare file: {e}");
                 }
                 drop(shard);
                 glommio::timer::sleep(tick).await;
@@ -313,7 +306,6 @@ impl ShardStorage {
     /// full disk without a restart.
     pub async fn stop_journal(&self, reason: &str) {
         let journal = self.inner.journal.borrow_mut().take();
-        self.inner.journal_starts.set(self.inner.journal_starts.get() + 1);
         if let Some(journal) = journal {
             journal.stop(reason).await;
         }

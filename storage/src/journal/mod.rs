@@ -175,7 +175,8 @@ struct Inner {
     state: RefCell<State>,
     /// One frame write at a time.
     write_lock: Semaphore,
-    /// Woken after every frame write (and on failure).
+    /// Woken after every frame write (and on failure), and when a spare's
+    /// zero-fill ends.
     written: Notify,
     /// Woken when the frame being gathered reaches the entries a frame
     /// waiting out its spacing awaits (`State::awaited_entries`).
@@ -471,8 +472,8 @@ impl Journal {
     /// Stops the journal for good, to be replayed from its files and
     /// started again (the broker's in-place recovery after a full disk):
     /// fails it with `reason` if no frame write has failed it yet (every
-    /// add and wait is refused from now on, and [`Journal::failure`]
-    /// resolves), then waits until no frame write and no spare's
+    /// add and wait is refused from now on, and [`Journal::failed`] says
+    /// why), then waits until no frame write and no spare's
     /// zero-fill is in flight, so that nothing this instance started
     /// lands in its files after this returns.
     pub async fn stop(&self, reason: &str) {
@@ -486,21 +487,20 @@ impl Journal {
         if let Ok(permit) = self.inner.write_lock.acquire_permit(1).await {
             drop(permit);
         }
-        while self.inner.state.borrow().preparing {
-            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        loop {
+            let seen = self.inner.written.epoch();
+            if !self.inner.state.borrow().preparing {
+                return;
+            }
+            // (`prepare_spare` notifies when it ends.)
+            self.inner.written.wait(seen).await;
         }
     }
 
-    /// Resolves, with the reason, once a frame write has failed (the
-    /// journal then takes nothing more: see the module doc).
-    pub async fn failure(&self) -> String {
-        loop {
-            let seen = self.inner.written.epoch();
-            if let Some((reason, _)) = &self.inner.state.borrow().failed {
-                return reason.clone();
-            }
-            self.inner.written.wait(seen).await;
-        }
+    /// Whether `other` is this very journal (not another one opened in
+    /// the same directory).
+    pub fn same(&self, other: &Journal) -> bool {
+        Rc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Why the journal takes nothing more, if it does not (a frame write
@@ -565,6 +565,8 @@ impl Journal {
         let path = self.inner.dir.join(file_name(seq));
         let result = zero_fill(&path, self.inner.config.file_bytes).await;
         self.inner.state.borrow_mut().preparing = false;
+        // (A `stop` may wait for it.)
+        self.inner.written.notify_all();
         match result {
             Ok(()) => {
                 let mut st = self.inner.state.borrow_mut();
