@@ -116,8 +116,10 @@ fn send_until_refused(producer: &Producer, queue: &str, value: &[u8], pause: Dur
 }
 
 /// The offsets of `fill`/0 read from its log start (each record's value
-/// checked against `value`).
-fn read_offsets(addr: &str, value: &[u8]) -> Vec<u64> {
+/// checked against `value`): until an empty poll once it has read at
+/// least `at_least` (a poll may come back empty before the end while the
+/// disk is full: stopping at the first one read too few now and then).
+fn read_offsets(addr: &str, value: &[u8], at_least: u64) -> Vec<u64> {
     let config = ConsumerConfig {
         start: Seek::Earliest,
         max_wait: Duration::from_millis(100),
@@ -129,7 +131,7 @@ fn read_offsets(addr: &str, value: &[u8]) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         let records = block_on(consumer.poll()).unwrap();
-        if records.is_empty() && !offsets.is_empty() {
+        if records.is_empty() && !offsets.is_empty() && offsets.len() as u64 >= at_least {
             break;
         }
         for r in records {
@@ -158,7 +160,7 @@ fn a_full_disk_refuses_produce_keeps_reads_and_resumes_once_space_is_freed() {
     assert!(refusal.to_string().contains("node 1"), "names the node: {refusal}");
     assert!(acked > 300, "refused early: after {acked} records");
     assert_eq!(
-        read_offsets(&addr, &value),
+        read_offsets(&addr, &value, acked),
         (0..acked).collect::<Vec<_>>(),
         "reads while the disk is full"
     );
@@ -178,7 +180,8 @@ fn a_full_disk_refuses_produce_keeps_reads_and_resumes_once_space_is_freed() {
     };
     assert_eq!(resumed_at, acked, "the log goes on where it stopped");
     assert_eq!(
-        read_offsets(&addr, &value).last(),
+        // (Retention cut the log's start: how many it holds is not known.)
+        read_offsets(&addr, &value, 1).last(),
         Some(&acked),
         "the newest record is read"
     );
@@ -241,8 +244,12 @@ fn enospc_then_space_freed(journal: bool) {
     // log failed on a segment write before it was answered): the outcome
     // of a failed send is unknown, so records after the acknowledged ones
     // may follow.
-    let stored = read_offsets(&addr, &value);
-    assert_eq!(&stored[..acked as usize], (0..acked).collect::<Vec<_>>(), "while full");
+    let stored = read_offsets(&addr, &value, acked);
+    assert_eq!(
+        stored.get(..acked as usize),
+        Some(&(0..acked).collect::<Vec<_>>()[..]),
+        "while full"
+    );
     assert!(
         stored.len() as u64 == acked || journal,
         "only the acknowledged: {} of {acked}",
@@ -274,7 +281,7 @@ fn enospc_then_space_freed(journal: bool) {
         end == acked || (journal && end >= acked),
         "the log goes on after the acknowledged records: {end} after {acked}"
     );
-    assert_eq!(read_offsets(&addr, &value), (0..=end).collect::<Vec<_>>());
+    assert_eq!(read_offsets(&addr, &value, end + 1), (0..=end).collect::<Vec<_>>());
     drop(producer);
     // The same process all along (not one started again), and a restart
     // finds every record.
@@ -283,7 +290,7 @@ fn enospc_then_space_freed(journal: bool) {
     let producer = Producer::new(&addr, ProducerConfig::default()).unwrap();
     let d = block_on(producer.send("fill", None, &value, &[])).unwrap();
     assert_eq!(d.offset, Some(end + 1), "the log goes on after every record it held");
-    assert_eq!(read_offsets(&addr, &value), (0..=end + 1).collect::<Vec<_>>());
+    assert_eq!(read_offsets(&addr, &value, end + 2), (0..=end + 1).collect::<Vec<_>>());
     drop(broker);
 }
 
