@@ -1,12 +1,13 @@
 //! Queue administration: create, delete, alter, describe, list.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use strand_net::message::{read_body, TailBuilder};
 use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Timeouts};
 use crate::connection::Connection;
 use crate::error::ClientError;
 use crate::group::{self, GroupDescription, GroupListing, ResetTarget};
@@ -74,6 +75,34 @@ pub struct PartitionDescription {
     pub isr: Vec<u32>,
     /// Bumped on every change of leader.
     pub leader_epoch: u32,
+    /// Offline because this broker, its last in-sync replica, came back
+    /// with another data directory (a wiped or replaced disk): the
+    /// partition waits for it with its old one, or an unclean election
+    /// ([`Admin::elect_unclean`]).
+    pub lost_replica: Option<u32>,
+}
+
+impl PartitionDescription {
+    /// Why the partition has no leader, for people; `None` while it has one.
+    pub fn offline_reason(&self) -> Option<String> {
+        offline_reason(self.leader, &self.isr, self.lost_replica)
+    }
+}
+
+/// The words `queue describe` and `cluster status` use for a partition
+/// without a leader.
+pub fn offline_reason(leader: u32, isr: &[u32], lost_replica: Option<u32>) -> Option<String> {
+    if leader != 0 {
+        return None;
+    }
+    let elect = "or `strand queue elect --unclean` to accept loss";
+    Some(match lost_replica {
+        Some(b) => format!(
+            "offline: waiting for a replica with the data (broker {b}, the last in sync, came back with an empty or \
+             another data directory), {elect}"
+        ),
+        None => format!("offline: waiting for a replica with the data (in-sync replicas {isr:?}, all down), {elect}"),
+    })
 }
 
 /// A queue's settings and partitions.
@@ -128,6 +157,15 @@ pub struct PartitionPlacement {
     /// A reassignment in progress: the replicas it ends with. It completes
     /// once all of them are in the ISR.
     pub target: Option<Vec<u32>>,
+    /// As [`PartitionDescription::lost_replica`].
+    pub lost_replica: Option<u32>,
+}
+
+impl PartitionPlacement {
+    /// Why the partition has no leader, for people; `None` while it has one.
+    pub fn offline_reason(&self) -> Option<String> {
+        offline_reason(self.leader, &self.isr, self.lost_replica)
+    }
 }
 
 /// A broker's data directory's file system, as it reports it.
@@ -179,11 +217,18 @@ impl Admin {
     }
 
     /// Connects to the first broker of `brokers` (`HOST:PORT[,HOST:PORT...]`)
-    /// that answers.
+    /// that answers (within [`Timeouts`]' metadata timeout: a paused broker
+    /// listed first costs that long, not a call's whole deadline).
     pub fn connect(brokers: &str) -> Result<Admin, ClientError> {
-        let cluster = Cluster::new(brokers)?;
+        Self::connect_with(brokers, Timeouts::default())
+    }
+
+    /// [`Admin::connect`] with other timeouts.
+    pub fn connect_with(brokers: &str, timeouts: Timeouts) -> Result<Admin, ClientError> {
+        let cluster = Cluster::with_settings(brokers, Duration::ZERO, timeouts)?;
+        let addr = crate::block_on(cluster.live_broker())?;
         Ok(Admin {
-            conn: cluster.any_connection()?,
+            conn: cluster.connection_to(&addr)?,
             cluster,
         })
     }
@@ -319,6 +364,7 @@ impl Admin {
                     replicas: p.replicas().iter().flatten().collect(),
                     isr: p.isr().iter().flatten().collect(),
                     leader_epoch: p.leader_epoch(),
+                    lost_replica: p.lost_replica(),
                 })
                 .collect(),
             retention_ms: config.retention_ms().unwrap_or(-1),
@@ -381,6 +427,7 @@ impl Admin {
                     replicas: ids(p.replicas()).unwrap_or_default(),
                     isr: ids(p.isr()).unwrap_or_default(),
                     target: ids(p.target_replicas()),
+                    lost_replica: p.lost_replica(),
                 });
             }
         }
@@ -392,7 +439,10 @@ impl Admin {
                 let holds = p.replicas.contains(&b.id);
                 b.leaders += usize::from(p.leader == b.id);
                 b.replicas += usize::from(holds);
-                b.under_replicated += usize::from(p.leader == b.id && p.isr.len() < p.replicas.len());
+                // A move in progress counts only below its target's size
+                // (the replicas it adds are not missing ones).
+                let wanted = p.target.as_ref().map_or(p.replicas.len(), Vec::len);
+                b.under_replicated += usize::from(p.leader == b.id && p.isr.len() < wanted);
                 b.moving_off += usize::from(holds && p.target.as_ref().is_some_and(|t| !t.contains(&b.id)));
             }
         }
@@ -451,6 +501,32 @@ impl Admin {
         fbb.finish_minimal(root);
         let f = self.call(Api::ReassignPartition, &fbb).await?;
         ClientError::check(response::<ReassignPartitionResponse>(&f)?.error())
+    }
+
+    /// An unclean election: offline partition `partition` of `queue` (or
+    /// every offline partition of it) gets a leader although no alive
+    /// replica is known to hold everything it acknowledged — `replica`, or
+    /// the first alive replica that did not lose its data. Records only
+    /// the missing replicas held are lost for good. Refused for a partition
+    /// that has a leader.
+    pub async fn elect_unclean(
+        &self,
+        queue: &str,
+        partition: Option<u32>,
+        replica: Option<u32>,
+    ) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let queue = fbb.create_string(queue);
+        let args = ElectLeadersRequestArgs {
+            queue: Some(queue),
+            partition,
+            replica: replica.map(u64::from),
+            unclean: true,
+        };
+        let root = ElectLeadersRequest::create(&mut fbb, &args);
+        fbb.finish_minimal(root);
+        let f = self.call(Api::ElectLeaders, &fbb).await?;
+        ClientError::check(response::<ElectLeadersResponse>(&f)?.error())
     }
 
     /// The broker at `address` about itself: its data directory's space.

@@ -88,11 +88,32 @@ impl QueueInfo {
     }
 }
 
+/// How long the client waits on a broker before it tries another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A TCP connect (a host down or cut off never answers the handshake).
+    pub connect: Duration,
+    /// A metadata request, and the first answer of a new connection (a
+    /// paused broker's kernel completes the handshake, and nothing more):
+    /// past it, the next known broker is asked.
+    pub metadata: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Timeouts {
+        Timeouts {
+            connect: Duration::from_secs(2),
+            metadata: Duration::from_secs(2),
+        }
+    }
+}
+
 /// Connections and metadata for a list of bootstrap brokers.
 pub struct Cluster {
     bootstrap: Vec<String>,
     /// The readers' busy poll (see [`Connection::connect_with`]).
     busy_poll: Duration,
+    timeouts: Timeouts,
     state: Mutex<State>,
 }
 
@@ -103,6 +124,11 @@ enum Route {
     Lane(usize),
     /// The connection served by `shard` of a broker with `shards` shards.
     Shard { shard: u16, shards: u16 },
+    /// Metadata and first-answer checks alone: answered at once by a
+    /// broker that runs, so a slow answer means a paused or cut-off one —
+    /// never a long call queued before it on a shared connection (a broker
+    /// answers a connection's requests in order).
+    Metadata,
     /// A consumer's fetches, apart from everything else: a broker answers
     /// a connection's requests in order, and a fetch may wait in it for
     /// data (a long poll, and a chained one behind it), which a group
@@ -123,6 +149,10 @@ struct State {
     /// Where the next metadata attempt starts among the known brokers
     /// (moves on when one fails or answers with stale metadata).
     next_broker: usize,
+    /// Connections (by id) that answered once: a broker that accepts a
+    /// connection may still be paused, so [`Cluster::live_connection`]
+    /// asks a new one first.
+    answered: std::collections::HashSet<usize>,
 }
 
 /// A broker's metadata answer about one queue.
@@ -165,11 +195,22 @@ impl Cluster {
     /// The same, with connections whose readers busy-poll for up to
     /// `busy_poll` while responses are due.
     pub fn with_busy_poll(brokers: &str, busy_poll: Duration) -> Result<Arc<Cluster>, ClientError> {
+        Self::with_settings(brokers, busy_poll, Timeouts::default())
+    }
+
+    /// The same, with `timeouts` for connects and metadata.
+    pub fn with_settings(brokers: &str, busy_poll: Duration, timeouts: Timeouts) -> Result<Arc<Cluster>, ClientError> {
         Ok(Arc::new(Cluster {
             bootstrap: parse_brokers(brokers)?,
             busy_poll,
+            timeouts,
             state: Mutex::default(),
         }))
+    }
+
+    /// Its connect and metadata timeouts.
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -205,7 +246,7 @@ impl Cluster {
             Route::Shard { shard, shards } | Route::Fetches { shard, shards } if shards > 0 => Some((shard, shards)),
             _ => None,
         };
-        let c = Connection::connect_placed(addr, self.busy_poll, placement)?;
+        let c = Connection::connect_placed_within(addr, self.busy_poll, placement, self.timeouts.connect)?;
         let mut st = self.state();
         // Another thread may have connected meanwhile: keep one connection
         // (dropping the other closes it before it carried anything).
@@ -253,11 +294,68 @@ impl Cluster {
         Err(last.unwrap_or_else(|| ClientError::Invalid("no broker address given".into())))
     }
 
-    /// The next metadata request goes to another broker (this one failed
-    /// or was behind).
-    fn skip_broker(&self) {
-        let mut st = self.state();
-        st.next_broker = st.next_broker.wrapping_add(1);
+    /// A connection for metadata (its own route, see `Route::Metadata`) to
+    /// a broker that answers: the known ones in turn
+    /// ([`Cluster::known_brokers`], from after the last that failed), a new
+    /// connection first asked for its API versions within the metadata
+    /// timeout — a paused broker (its kernel accepts, it answers nothing)
+    /// costs that long, not a request's whole deadline.
+    pub async fn live_connection(&self) -> Result<Connection, ClientError> {
+        let known = self.known_brokers();
+        let start = self.state().next_broker;
+        let mut last = None;
+        for i in 0..known.len() {
+            let addr = &known[(start + i) % known.len()];
+            let answered = match self.route_to(addr, Route::Metadata) {
+                Ok(c) if self.state().answered.contains(&c.id()) => Ok(c),
+                Ok(c) => self.ask_versions(&c).await.map(|()| c),
+                Err(e) => Err(e),
+            };
+            match answered {
+                Ok(c) => {
+                    self.state().answered.insert(c.id());
+                    return Ok(c);
+                }
+                Err(e) => {
+                    self.state().next_broker = start + i + 1;
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Invalid("no broker address given".into())))
+    }
+
+    /// The address of a broker that answers ([`Cluster::live_connection`]).
+    pub async fn live_broker(&self) -> Result<String, ClientError> {
+        self.live_connection().await.map(|c| c.addr().to_string())
+    }
+
+    /// One ApiVersions round trip on `conn`, within the metadata timeout;
+    /// a broker that does not answer in time has its connection failed.
+    async fn ask_versions(&self, conn: &Connection) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let root = ApiVersionsRequest::create(&mut fbb, &ApiVersionsRequestArgs { client_name: None });
+        fbb.finish_minimal(root);
+        let frame = conn
+            .request_within(
+                Api::ApiVersions,
+                fbb.finished_data(),
+                TailBuilder::default(),
+                self.timeouts.metadata,
+            )
+            .await
+            .inspect_err(|_| conn.abandon("no answer within the metadata timeout (the broker may be paused)"))?;
+        let resp = read_body::<ApiVersionsResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        ClientError::check(resp.error())
+    }
+
+    /// Fails the open connection `id`, if there is one (see
+    /// [`Connection::abandon`]).
+    pub fn abandon_connection(&self, id: usize, why: &str) {
+        let conn = self.state().connections.values().find(|c| c.id() == id).cloned();
+        if let Some(c) = conn {
+            c.abandon(why);
+        }
     }
 
     /// The connection to the leader of `partition`.
@@ -373,10 +471,24 @@ impl Cluster {
     /// the next request goes to another broker.
     pub async fn refresh(&self, name: &str) -> Result<Arc<QueueInfo>, ClientError> {
         validate_queue_name(name).map_err(|e| ClientError::broker(ErrorCode::InvalidQueueName, e))?;
-        let conn = self.any_connection()?;
-        let answer = self.ask_metadata(&conn, name).await;
-        if answer.as_ref().is_err_and(|e| e.is_io()) {
-            self.skip_broker();
+        // Every known broker in turn, each within the metadata timeout,
+        // until one answers.
+        let mut answer = Err(ClientError::Invalid("no broker address given".into()));
+        for _ in 0..self.known_brokers().len() {
+            answer = match self.live_connection().await {
+                Ok(conn) => {
+                    let asked = self.ask_metadata(&conn, name).await;
+                    if asked.as_ref().is_err_and(|e| e.is_io()) {
+                        let mut st = self.state();
+                        st.next_broker = st.next_broker.wrapping_add(1);
+                    }
+                    asked
+                }
+                Err(e) => Err(e),
+            };
+            if !answer.as_ref().is_err_and(|e| e.is_io()) {
+                break;
+            }
         }
         let Answered {
             queue,
@@ -420,8 +532,18 @@ impl Cluster {
         let root = MetadataRequest::create(&mut fbb, &MetadataRequestArgs { queues: Some(list) });
         fbb.finish_minimal(root);
         let frame = conn
-            .request(Api::Metadata, fbb.finished_data(), TailBuilder::default())
-            .await?;
+            .request_within(
+                Api::Metadata,
+                fbb.finished_data(),
+                TailBuilder::default(),
+                self.timeouts.metadata,
+            )
+            .await
+            .inspect_err(|e| {
+                if e.is_io() {
+                    conn.abandon("no metadata within the metadata timeout (the broker may be paused)");
+                }
+            })?;
         let resp = read_body::<MetadataResponse>(&frame.body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         ClientError::check(resp.error())?;
         // An unspecified advertised host (0.0.0.0) means "the host you reached me on".

@@ -81,6 +81,16 @@ const PLACED_PORT_TRIES: u32 = 4096;
 /// skipped. If none is free (or a NAT rewrites the port) the connection is
 /// an ordinary one, served by whichever shard — slower, never wrong.
 pub fn connect_to_shard(sock: SocketAddr, shard: u16, shards: u16) -> std::io::Result<TcpStream> {
+    connect_to_shard_within(sock, shard, shards, CONNECT_TIMEOUT)
+}
+
+/// [`connect_to_shard`], each connect attempt bounded by `timeout`.
+pub fn connect_to_shard_within(
+    sock: SocketAddr,
+    shard: u16,
+    shards: u16,
+    timeout: Duration,
+) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Protocol, Socket, Type};
     let (low, high) = ephemeral_ports();
     let span = u32::from(high.saturating_sub(low)) + 1;
@@ -98,7 +108,7 @@ pub fn connect_to_shard(sock: SocketAddr, shard: u16, shards: u16) -> std::io::R
         if socket.bind(&local.into()).is_err() {
             continue; // in use
         }
-        match socket.connect_timeout(&sock.into(), CONNECT_TIMEOUT) {
+        match socket.connect_timeout(&sock.into(), timeout) {
             Ok(()) => return Ok(socket.into()),
             // This 4-tuple is taken (a closing connection): the next port.
             Err(e)
@@ -109,7 +119,7 @@ pub fn connect_to_shard(sock: SocketAddr, shard: u16, shards: u16) -> std::io::R
             Err(e) => return Err(e),
         }
     }
-    TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT)
+    TcpStream::connect_timeout(&sock, timeout)
 }
 
 /// The system's ephemeral port range (Linux's default if unreadable).
@@ -148,6 +158,9 @@ pub struct Connection {
 struct Inner {
     addr: String,
     writer: Mutex<(TcpStream, u32)>,
+    /// A second handle on the socket, to shut it down while a writer holds
+    /// `writer` (blocked on a broker that reads nothing).
+    shutter: TcpStream,
     pending: Pending,
 }
 
@@ -181,6 +194,18 @@ impl Connection {
         busy_poll: Duration,
         placement: Option<(u16, u16)>,
     ) -> Result<Connection, ClientError> {
+        Self::connect_placed_within(addr, busy_poll, placement, CONNECT_TIMEOUT)
+    }
+
+    /// [`Connection::connect_placed`], giving up on the connect after
+    /// `connect_timeout` (a host that is down or cut off drops the
+    /// handshake; a paused broker's kernel still completes it).
+    pub fn connect_placed_within(
+        addr: &str,
+        busy_poll: Duration,
+        placement: Option<(u16, u16)>,
+        connect_timeout: Duration,
+    ) -> Result<Connection, ClientError> {
         let io = |e: std::io::Error| ClientError::Io {
             addr: addr.to_string(),
             message: e.to_string(),
@@ -191,13 +216,14 @@ impl Connection {
             .next()
             .ok_or_else(|| ClientError::Invalid(format!("{addr} resolves to no address")))?;
         let stream = match placement {
-            Some((shard, shards)) if shards > 1 => connect_to_shard(sock, shard, shards),
-            _ => TcpStream::connect_timeout(&sock, CONNECT_TIMEOUT),
+            Some((shard, shards)) if shards > 1 => connect_to_shard_within(sock, shard, shards, connect_timeout),
+            _ => TcpStream::connect_timeout(&sock, connect_timeout),
         }
         .map_err(io)?;
         stream.set_read_timeout(Some(OVERDUE_CHECK)).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
         let reader = stream.try_clone().map_err(io)?;
+        let shutter = stream.try_clone().map_err(io)?;
         let pending: Pending = Arc::default();
         let p = pending.clone();
         let name = addr.to_string();
@@ -209,6 +235,7 @@ impl Connection {
             inner: Arc::new(Inner {
                 addr: addr.to_string(),
                 writer: Mutex::new((stream, 1)),
+                shutter,
                 pending,
             }),
         })
@@ -227,6 +254,28 @@ impl Connection {
     /// This end's address (its port says which shard serves it).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.inner.writer.lock().ok()?.0.local_addr().ok()
+    }
+
+    /// Fails the connection now, and with it every request waiting on it
+    /// (their handlers get an I/O error saying `why`): a client that learnt
+    /// the broker is paused or no longer leads stops waiting for it. Later
+    /// requests fail at once; the next use opens a new connection.
+    pub fn abandon(&self, why: &str) {
+        let err = ClientError::Io {
+            addr: self.inner.addr.clone(),
+            message: why.to_string(),
+        };
+        let waiting: Vec<OnResponse> = match self.inner.pending.lock() {
+            Ok(mut p) => {
+                p.closed.get_or_insert(err.clone());
+                p.waiting.drain().map(|(_, (_, w))| w).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        let _ = self.inner.shutter.shutdown(std::net::Shutdown::Both);
+        for w in waiting {
+            w(Err(err.clone()));
+        }
     }
 
     /// Whether the connection has ended (its reader stopped).
@@ -466,7 +515,8 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
     let err = ClientError::Io { addr, message: failure };
     let waiting: Vec<OnResponse> = match pending.lock() {
         Ok(mut p) => {
-            p.closed = Some(err.clone());
+            // (Abandoned: the reason given then stands.)
+            p.closed.get_or_insert(err.clone());
             p.waiting.drain().map(|(_, (_, w))| w).collect()
         }
         Err(_) => Vec::new(),
@@ -486,14 +536,7 @@ mod tests {
     /// sent with the default deadline on the same connection fails with it.
     #[test]
     fn a_request_unanswered_past_its_deadline_fails_the_connection() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        // Accepts and reads, never answers; ends when the client closes.
-        let silent = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let mut sink = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut s, &mut sink);
-        });
+        let (addr, silent) = silent_server();
         let conn = Connection::connect(&addr).unwrap();
         let patient = conn.request(Api::Metadata, b"", TailBuilder::default());
         let started = Instant::now();
@@ -503,6 +546,39 @@ mod tests {
         assert!(err.to_string().contains("past their deadline"), "{err}");
         assert!(started.elapsed() < RESPONSE_TIMEOUT / 2, "{:?}", started.elapsed());
         assert!(crate::block_on(patient).unwrap_err().is_io());
+        assert!(conn.is_closed());
+        drop(conn);
+        silent.join().unwrap();
+    }
+
+    /// A server that accepts one connection and reads, never answering;
+    /// it ends when the client closes.
+    fn silent_server() -> (String, std::thread::JoinHandle<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let silent = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+        });
+        (addr, silent)
+    }
+
+    /// A connection abandoned (its broker paused, or no longer the
+    /// leader) fails what waits on it at once, with the reason given, and
+    /// takes nothing more.
+    #[test]
+    fn an_abandoned_connection_fails_its_requests_at_once() {
+        let (addr, silent) = silent_server();
+        let conn = Connection::connect(&addr).unwrap();
+        let waiting = conn.request(Api::Metadata, b"", TailBuilder::default());
+        let started = Instant::now();
+        conn.abandon("the leader moved");
+        let err = crate::block_on(waiting).unwrap_err();
+        assert!(err.is_io() && err.to_string().contains("the leader moved"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        let later = crate::block_on(conn.request(Api::Metadata, b"", TailBuilder::default())).unwrap_err();
+        assert!(later.to_string().contains("the leader moved"), "{later}");
         assert!(conn.is_closed());
         drop(conn);
         silent.join().unwrap();

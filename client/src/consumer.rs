@@ -89,6 +89,11 @@ pub struct ConsumerConfig {
     /// a broker unreachable; see [`crate::retry::retriable`]) before it
     /// returns the error.
     pub retry_timeout: Duration,
+    /// See [`crate::ProducerConfig::connect_timeout`].
+    pub connect_timeout: Duration,
+    /// A metadata request (and a new connection's first answer) gives up
+    /// on a broker after this and asks the next one it knows.
+    pub metadata_timeout: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -103,6 +108,8 @@ impl Default for ConsumerConfig {
             busy_poll: Duration::ZERO,
             pipeline_fetches: true,
             retry_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(2),
+            metadata_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -163,7 +170,8 @@ pub struct Consumer {
     /// Positions moved by `reset_out_of_range`, not yet taken.
     resets: Vec<OutOfRangeReset>,
     /// A partition's leader moved in the last poll (and no hint said
-    /// where): if the poll got nothing, it backs off.
+    /// where), or could not be asked where its positions are: if the poll
+    /// got nothing, it backs off.
     moved: Option<ClientError>,
     /// The retriable failures since the last poll that went through.
     failing: Failing,
@@ -186,8 +194,12 @@ pub struct OutOfRangeReset {
 impl Consumer {
     /// A consumer for the cluster at `brokers` (`HOST:PORT[,HOST:PORT...]`).
     pub fn new(brokers: &str, config: ConsumerConfig) -> Result<Consumer, ClientError> {
+        let timeouts = crate::Timeouts {
+            connect: config.connect_timeout,
+            metadata: config.metadata_timeout,
+        };
         Ok(Consumer::with_cluster(
-            Cluster::with_busy_poll(brokers, config.busy_poll)?,
+            Cluster::with_settings(brokers, config.busy_poll, timeouts)?,
             config,
         ))
     }
@@ -359,10 +371,12 @@ impl Consumer {
         let leaders_known = self.positions.keys().all(|k| self.cluster.cached(&k.0).is_some());
         if leaders_known && self.positions.values().all(|p| matches!(p, Position::At(_))) {
             if self.in_flight.is_empty() {
-                self.in_flight.extend(self.send_fetch(false).ok());
+                let next = self.send_fetch(false).ok();
+                self.in_flight.extend(next);
             }
             if self.config.pipeline_fetches && self.in_flight.len() == 1 {
-                self.in_flight.extend(self.send_fetch(true).ok());
+                let chained = self.send_fetch(true).ok();
+                self.in_flight.extend(chained);
             }
         }
         let mut records = Vec::new();
@@ -410,19 +424,35 @@ impl Consumer {
         // Each partition's leader knows its offsets.
         let mut by_conn: HashMap<usize, (Connection, Vec<(Key, Seek)>)> = HashMap::new();
         for (key, seek) in pending {
-            let conn = self.leader_of(&key.0, key.1, false)?;
+            let conn = match self.leader_of(&key.0, key.1, false) {
+                Ok(conn) => conn,
+                Err(e) if retriable(&e) => {
+                    self.moved.get_or_insert(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             by_conn
                 .entry(conn.id())
                 .or_insert_with(|| (conn, Vec::new()))
                 .1
                 .push((key, seek));
         }
+        // A leader that fails (offline, moved, unreachable) holds back only
+        // its own partitions: the others are read meanwhile, and the poll
+        // backs off only if it gets nothing ([`Consumer::poll`]).
         for (_, (conn, seeks)) in by_conn {
-            let found = list_offsets(&conn, &seeks)
-                .await
-                .inspect_err(|e| self.forget_if_moved(e, &seeks))?;
-            for (key, offset) in found {
-                self.positions.insert(key, Position::At(offset));
+            match list_offsets(&conn, &seeks).await {
+                Ok(found) => {
+                    for (key, offset) in found {
+                        self.positions.insert(key, Position::At(offset));
+                    }
+                }
+                Err(e) if retriable(&e) => {
+                    self.forget_if_moved(&e, &seeks);
+                    self.moved.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(())
@@ -442,12 +472,21 @@ impl Consumer {
     /// Sends one fetch per leader for every assigned partition, from the
     /// positions, or — `chained` — from where the fetch in flight from the
     /// positions ends.
-    fn send_fetch(&self, chained: bool) -> Result<InFlight, ClientError> {
+    /// A partition whose leader cannot be reached is left out (and the poll
+    /// backs off if it gets nothing): the others are read meanwhile.
+    fn send_fetch(&mut self, chained: bool) -> Result<InFlight, ClientError> {
         let mut by_conn: HashMap<usize, (Connection, Vec<(Key, u64)>)> = HashMap::new();
         let mut asked = Vec::new();
         for (key, pos) in &self.positions {
             let Position::At(offset) = *pos else { continue };
-            let conn = self.leader_of(&key.0, key.1, true)?;
+            let conn = match self.leader_of(&key.0, key.1, true) {
+                Ok(conn) => conn,
+                Err(e) if retriable(&e) => {
+                    self.moved.get_or_insert(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             by_conn
                 .entry(conn.id())
                 .or_insert_with(|| (conn, Vec::new()))

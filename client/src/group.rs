@@ -503,7 +503,11 @@ impl GroupConsumer {
         if queues.is_empty() {
             return Err(ClientError::Invalid("subscribe to at least one queue".into()));
         }
-        let cluster = Cluster::with_busy_poll(brokers, config.consumer.busy_poll)?;
+        let timeouts = crate::Timeouts {
+            connect: config.consumer.connect_timeout,
+            metadata: config.consumer.metadata_timeout,
+        };
+        let cluster = Cluster::with_settings(brokers, config.consumer.busy_poll, timeouts)?;
         // A member's calls retry for one heartbeat interval (a third of the
         // session): the heartbeat thread, which also wakes waiting polls
         // and runs the leave at close, must not sit in one call for a

@@ -37,7 +37,7 @@ pub use admin::{
     Admin, BrokerDescription, BrokerDisk, ClusterDescription, FsyncSpec, PartitionDescription, PartitionPlacement,
     QueueDescription, QueueSpec,
 };
-pub use cluster::{parse_brokers, Cluster, QueueInfo, METADATA_MAX_AGE};
+pub use cluster::{parse_brokers, Cluster, QueueInfo, Timeouts, METADATA_MAX_AGE};
 pub use connection::Connection;
 pub use consumer::{ConsumedRecord, Consumer, ConsumerConfig, OutOfRangeReset, Seek};
 pub use error::{ClientError, ErrorCodeName, LeaderHint};

@@ -195,6 +195,16 @@ pub struct ProducerConfig {
     /// The broker's time limit for a request (replication waits); never
     /// past what the batch has left of its `delivery_timeout`.
     pub request_timeout: Duration,
+    /// A connect gives up on a broker after this and tries the next one
+    /// it knows (see [`crate::Timeouts`]).
+    pub connect_timeout: Duration,
+    /// A metadata request (and a new connection's first answer) gives up
+    /// on a broker after this and asks the next one it knows; a produce
+    /// request out this long has its queue's metadata asked for again, and
+    /// goes to the new leader if the old one was replaced meanwhile (a
+    /// paused or cut-off leader answers nothing: waiting for the request's
+    /// own timeout held every produce for it).
+    pub metadata_timeout: Duration,
     /// Connections to a broker that does not report its shards; partition
     /// `p` uses connection `p mod connections_per_broker`. (A broker that
     /// does gets one connection per shard, each served by its shard: see
@@ -221,6 +231,8 @@ impl Default for ProducerConfig {
             retry_backoff_max: Duration::from_secs(1),
             delivery_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(2),
+            metadata_timeout: Duration::from_secs(2),
             connections_per_broker: 1,
             busy_poll: Duration::ZERO,
         }
@@ -415,6 +427,9 @@ struct State {
     flush_until: u64,
     /// Queues whose metadata must be asked for again before sending.
     stale: HashSet<String>,
+    /// When a queue's metadata was last asked for because a request of it
+    /// waited past the metadata timeout (at most once per timeout).
+    watched: HashMap<String, Instant>,
     /// A batch could go but for its connection's request limit: the next
     /// response wakes the sender thread.
     waiting_for_connection: bool,
@@ -512,6 +527,11 @@ struct PartState {
     /// (`State::requests_out`). A leader that moved is found again when
     /// the batch is written.
     lane: Option<usize>,
+    /// When each request in flight was taken, oldest first: one out past
+    /// the metadata timeout has the queue's metadata asked for again, and
+    /// a leader that moved meanwhile has its connection abandoned
+    /// (`sender_loop`).
+    sent_at: VecDeque<Instant>,
 }
 
 impl PartState {
@@ -707,7 +727,14 @@ impl Producer {
             )));
         }
         let shared = Arc::new(Shared {
-            cluster: Cluster::with_busy_poll(brokers, config.busy_poll)?,
+            cluster: Cluster::with_settings(
+                brokers,
+                config.busy_poll,
+                crate::Timeouts {
+                    connect: config.connect_timeout,
+                    metadata: config.metadata_timeout,
+                },
+            )?,
             config,
             state: Mutex::default(),
             wake: Condvar::new(),
@@ -1077,6 +1104,7 @@ impl Shared {
             }
         }
         part.in_flight += 1;
+        part.sent_at.push_back(now);
         part.writing = true;
         st.stats.batches += 1;
         st.stats.batch_bytes += batch.bytes.len() as u64;
@@ -1393,6 +1421,7 @@ impl Shared {
                     .and_then(|q| q.parts.get_mut(out.partition as usize))
                 {
                     part.in_flight = part.in_flight.saturating_sub(1);
+                    part.sent_at.pop_front();
                     // Back in record order (ahead of everything after it,
                     // which may have been sent meanwhile and fail too):
                     // nothing of this partition overtakes it.
@@ -1429,6 +1458,7 @@ impl Shared {
                 .and_then(|q| q.parts.get_mut(out.partition as usize))
             {
                 part.in_flight = part.in_flight.saturating_sub(1);
+                part.sent_at.pop_front();
                 sender_has_work |= !part.ready.is_empty() || part.open.is_some();
                 // A batch that failed for good leaves a gap the broker would
                 // refuse everything after: go on under a new producer id
@@ -1455,6 +1485,66 @@ impl Shared {
         for w in wake {
             w.wake();
         }
+    }
+
+    /// Queues with a request out longer than the metadata timeout, not
+    /// looked at for as long (their metadata is asked for again: a leader
+    /// paused or cut off answers nothing, while the others name its
+    /// successor), and when the next one will be due.
+    fn overdue(&self, st: &mut State, now: Instant) -> (Vec<String>, Option<Instant>) {
+        let after = self.config.metadata_timeout;
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for (name, qs) in &st.queues {
+            let Some(oldest) = qs.parts.iter().filter_map(|p| p.sent_at.front()).min() else {
+                continue;
+            };
+            let at = match st.watched.get(name) {
+                Some(last) => (*oldest + after).max(*last + after),
+                None => *oldest + after,
+            };
+            if at <= now {
+                due.push(name.clone());
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        for name in &due {
+            st.watched.insert(name.clone(), now);
+        }
+        (due, next)
+    }
+
+    /// The connections to abandon now that `info` is the queue's metadata:
+    /// those of partitions with requests out whose leader moved to another
+    /// broker in a newer leader epoch (the old one is paused, cut off or
+    /// replaced: its answer may never come, and the new leader takes the
+    /// resend — the idempotent producer's sequence makes it no duplicate).
+    fn moved_leaders(&self, st: &State, info: &QueueInfo) -> Vec<(usize, String)> {
+        let Some(qs) = st.queues.get(&info.name) else {
+            return Vec::new();
+        };
+        let mut moved = Vec::new();
+        for (p, part) in qs.parts.iter().enumerate() {
+            let (Some(conn), true) = (part.lane, part.in_flight > 0) else {
+                continue;
+            };
+            let was = (qs.info.leaders.get(p), qs.info.leader_epochs.get(p));
+            let now = (info.leaders.get(p), info.leader_epochs.get(p));
+            if let ((Some(&old), Some(&old_epoch)), (Some(&new), Some(&epoch))) = (was, now) {
+                if new != old && epoch > old_epoch && !moved.iter().any(|(c, _)| *c == conn) {
+                    moved.push((
+                        conn,
+                        format!(
+                            "{}/{p} is led by broker {new} now (leader epoch {epoch}), not {old}: its requests there \
+                             are sent again",
+                            info.name
+                        ),
+                    ));
+                }
+            }
+        }
+        moved
     }
 
     /// Fails every record not yet sent (the producer is gone).
@@ -1512,6 +1602,10 @@ fn sender_loop(shared: &Arc<Shared>) {
                     st.stale.extend(names);
                     last_refresh = Instant::now();
                 }
+                // A request out past the metadata timeout: has its leader
+                // moved?
+                let (overdue, watch) = shared.overdue(&mut st, Instant::now());
+                st.stale.extend(overdue);
                 // Metadata first: batches taken now would hold their
                 // partitions' write turn through the refresh.
                 let stale: Vec<String> = st.stale.drain().collect();
@@ -1522,7 +1616,14 @@ fn sender_loop(shared: &Arc<Shared>) {
                 if !out.is_empty() {
                     break (out, stale);
                 }
-                let until = next.map_or(refresh_due, |t| t.min(refresh_due));
+                // (At least every metadata timeout: a request written by a
+                // calling thread does not wake this one, and is watched
+                // from its next look.)
+                let look = Instant::now() + shared.config.metadata_timeout;
+                let until = [next, watch, Some(look)]
+                    .into_iter()
+                    .flatten()
+                    .fold(refresh_due, Instant::min);
                 let wait = until
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_micros(50));
@@ -1538,7 +1639,17 @@ fn sender_loop(shared: &Arc<Shared>) {
             match crate::block_on(shared.cluster.refresh(&queue)) {
                 // (`append` gives new partitions their state when a record
                 // first goes to them.)
-                Ok(info) => shared.install(&mut shared.lock(), &info),
+                Ok(info) => {
+                    let moved = {
+                        let mut st = shared.lock();
+                        let moved = shared.moved_leaders(&st, &info);
+                        shared.install(&mut st, &info);
+                        moved
+                    };
+                    for (conn, why) in moved {
+                        shared.cluster.abandon_connection(conn, &why);
+                    }
+                }
                 // A deleted queue with nothing left to send is forgotten, so
                 // the producer's state does not grow with every queue it
                 // ever wrote to; the next send to it asks again.
@@ -1622,6 +1733,52 @@ mod tests {
             },
         );
         st
+    }
+
+    /// Issue 41, item 2: a request out past the metadata timeout has its
+    /// queue looked up again (at most once per timeout), and a leader that
+    /// moved to another broker in a newer epoch has the old connection
+    /// abandoned — not a move back, nor a new epoch on the same broker.
+    #[test]
+    fn a_request_out_too_long_looks_its_leader_up_and_a_moved_one_is_abandoned() {
+        let shared = shared();
+        let after = shared.config.metadata_timeout;
+        let mut st = state_with(Vec::new());
+        let now = Instant::now();
+        assert_eq!(shared.overdue(&mut st, now), (Vec::new(), None), "nothing out");
+        {
+            let part = &mut st.queues.get_mut("q").unwrap().parts[0];
+            part.in_flight = 1;
+            part.lane = Some(7);
+            part.sent_at.push_back(now);
+        }
+        assert_eq!(shared.overdue(&mut st, now), (Vec::new(), Some(now + after)));
+        let late = now + after;
+        assert_eq!(shared.overdue(&mut st, late), (vec!["q".to_string()], None));
+        assert_eq!(
+            shared.overdue(&mut st, late + after / 2),
+            (Vec::new(), Some(late + after)),
+            "not again before another timeout"
+        );
+        let info = |leader: u32, epoch: u32| QueueInfo {
+            name: "q".into(),
+            leaders: vec![leader],
+            leader_epochs: vec![epoch],
+            ..QueueInfo::default()
+        };
+        st.queues.get_mut("q").unwrap().info = Arc::new(info(1, 4));
+        let moved = shared.moved_leaders(&st, &info(2, 5));
+        assert_eq!(moved.len(), 1);
+        assert_eq!(moved[0].0, 7);
+        assert!(
+            moved[0].1.contains("led by broker 2 now (leader epoch 5), not 1"),
+            "{}",
+            moved[0].1
+        );
+        assert!(shared.moved_leaders(&st, &info(1, 5)).is_empty(), "the same leader");
+        assert!(shared.moved_leaders(&st, &info(2, 3)).is_empty(), "an older answer");
+        st.queues.get_mut("q").unwrap().parts[0].in_flight = 0;
+        assert!(shared.moved_leaders(&st, &info(2, 5)).is_empty(), "nothing out there");
     }
 
     #[test]

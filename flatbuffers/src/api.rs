@@ -36,11 +36,14 @@ pub enum Api {
     DecommissionBroker = 24,
     /// Move a partition's replicas to other brokers.
     ReassignPartition = 25,
+    /// Unclean leader elections of offline partitions (an operator accepts
+    /// losing records).
+    ElectLeaders = 26,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 26] = [
+    pub const ALL: [Api; 27] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -67,6 +70,7 @@ impl Api {
         Api::DescribeBroker,
         Api::DecommissionBroker,
         Api::ReassignPartition,
+        Api::ElectLeaders,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -113,6 +117,7 @@ impl Api {
             Api::DescribeBroker => "DescribeBroker",
             Api::DecommissionBroker => "DecommissionBroker",
             Api::ReassignPartition => "ReassignPartition",
+            Api::ElectLeaders => "ElectLeaders",
         }
     }
 }

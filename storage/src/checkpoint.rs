@@ -38,6 +38,17 @@
 //! Producers appear least recently used first, each once; sequences are
 //! non-negative, and every batch lies below the snapshot's offset.
 //!
+//! # `__directory` (the data directory's id)
+//! 16 bytes: magic `SDI1` (0..4), the id (u64, little-endian, 4..12, never
+//! 0), CRC-32 of bytes 0..12 (12..16). Written once, when a broker first
+//! starts on an empty data directory, durably (the same temporary file,
+//! fdatasync, rename and directory fsync as below). The controller
+//! records each broker's id and takes a new one for a lost disk (KIP-858's
+//! directory ids): every replica the broker held is gone. Unlike the
+//! files above, one that fails its checks is not read as absent: the
+//! broker refuses to start and names it (a new id would declare the
+//! directory's data lost).
+//!
 //! # Writing
 //! Whole, to `NAME.tmp`, then renamed over `NAME`. The epoch history is
 //! written durably (the temporary file fdatasync'd before the rename, the
@@ -65,6 +76,10 @@ pub const HIGH_WATERMARK_FILE: &str = "high-watermark";
 const EPOCHS_MAGIC: &[u8; 4] = b"SLE1";
 const HIGH_WATERMARK_MAGIC: &[u8; 4] = b"SHW1";
 const PRODUCERS_MAGIC: &[u8; 4] = b"SPT1";
+const DIRECTORY_ID_MAGIC: &[u8; 4] = b"SDI1";
+
+/// The data directory id's file name (in the data directory itself).
+pub const DIRECTORY_ID_FILE: &str = "__directory";
 
 /// The file name of the producer snapshot taken at log end `offset`.
 pub fn producers_file_name(offset: Offset) -> String {
@@ -127,6 +142,28 @@ pub fn decode_high_watermark(bytes: &[u8]) -> Result<Offset, String> {
         return Err(format!("{} bytes, not 16", bytes.len()));
     }
     Ok(Offset(u64::from_le_bytes(long(body, 4))))
+}
+
+/// The `__directory` file's bytes for id `id`.
+pub fn encode_directory_id(id: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(DIRECTORY_ID_MAGIC);
+    out.extend_from_slice(&id.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Reads a `__directory` file's bytes, or says why they are not one.
+pub fn decode_directory_id(bytes: &[u8]) -> Result<u64, String> {
+    let body = checked_body(bytes, DIRECTORY_ID_MAGIC, 16)?;
+    if body.len() != 12 {
+        return Err(format!("{} bytes, not 16", bytes.len()));
+    }
+    match u64::from_le_bytes(long(body, 4)) {
+        0 => Err("id 0 (never written)".into()),
+        id => Ok(id),
+    }
 }
 
 /// A producer snapshot's bytes: `table` as it stood at log end `offset`.
@@ -285,6 +322,32 @@ pub(crate) async fn read<T>(dir: &Path, name: &str, decode: fn(&[u8]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn directory_ids_round_trip_and_every_corruption_is_caught() {
+        let bytes = encode_directory_id(0x0123_4567_89ab_cdef);
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(&bytes[..12], b"SDI1\xef\xcd\xab\x89\x67\x45\x23\x01");
+        assert_eq!(decode_directory_id(&bytes), Ok(0x0123_4567_89ab_cdef));
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut bad = bytes.clone();
+                bad[i] ^= 1 << bit;
+                assert!(decode_directory_id(&bad).is_err(), "byte {i} bit {bit}");
+            }
+        }
+        for len in 0..bytes.len() {
+            assert!(decode_directory_id(&bytes[..len]).is_err(), "cut at {len}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_directory_id(&longer).is_err());
+        assert!(decode_directory_id(&encode_directory_id(0))
+            .unwrap_err()
+            .contains("id 0"));
+        // Another checkpoint's bytes are not a directory id.
+        assert!(decode_directory_id(&encode_high_watermark(Offset(5))).is_err());
+    }
 
     #[test]
     fn epochs_round_trip_and_every_corruption_is_caught() {

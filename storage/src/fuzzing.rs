@@ -63,6 +63,9 @@ pub fn checkpoints(data: &[u8]) {
     if let Ok((offset, table)) = crate::checkpoint::decode_producers(data) {
         assert_eq!(crate::checkpoint::encode_producers(offset, &table), data);
     }
+    if let Ok(id) = crate::checkpoint::decode_directory_id(data) {
+        assert_eq!(crate::checkpoint::encode_directory_id(id), data);
+    }
 }
 
 /// A journal file image (`crate::journal::format`): the scan never panics,
@@ -184,6 +187,7 @@ mod tests {
                 crate::checkpoint::encode_epochs(&history),
                 crate::checkpoint::encode_high_watermark(Offset(hw)),
                 crate::checkpoint::encode_producers(Offset(sorted.len() as u64 * 3), &producers),
+                crate::checkpoint::encode_directory_id(hw | 1),
             ] {
                 checkpoints(&file);
                 for (at, v) in &edits {

@@ -8,7 +8,9 @@
 //! "under_replicated": N}]}` (`controller` 0: the node knows no leader
 //! now; `under_replicated`: partitions the broker leads with fewer in-sync
 //! replicas than replicas; `offline_partitions`: partitions with no
-//! leader).
+//! leader), plus, only while some partition is offline, `"offline":
+//! [{"queue": Q, "partition": N, "reason": TEXT, "lost_replica":
+//! ID|null}]`, each partition without a leader and why.
 
 use clap::Subcommand;
 use strand_client::{block_on, ClusterDescription};
@@ -36,6 +38,11 @@ pub fn run(command: ClusterCommand, brokers: &str, json: bool) -> Result<(), Str
                 out!("controller leader: {controller}");
                 if cluster.offline > 0 {
                     out!("offline partitions (no leader): {}", cluster.offline);
+                    for p in &cluster.partitions {
+                        if let Some(why) = p.offline_reason() {
+                            out!("  {}/{}: {why}", p.queue, p.partition);
+                        }
+                    }
                 }
                 let width = cluster
                     .brokers
@@ -83,9 +90,25 @@ pub fn status_json(cluster: &ClusterDescription) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({
+    let offline: Vec<_> = cluster
+        .partitions
+        .iter()
+        .filter_map(|p| {
+            let reason = p.offline_reason()?;
+            Some(serde_json::json!({
+                "queue": p.queue, "partition": p.partition, "reason": reason, "lost_replica": p.lost_replica,
+            }))
+        })
+        .collect();
+    let mut doc = serde_json::json!({
         "controller": cluster.controller, "offline_partitions": cluster.offline, "brokers": brokers,
-    })
+    });
+    // Only while some partition is offline: a healthy cluster's document
+    // stays as it was.
+    if !offline.is_empty() {
+        doc["offline"] = serde_json::Value::Array(offline);
+    }
+    doc
 }
 
 #[cfg(test)]
@@ -108,15 +131,50 @@ mod tests {
                 under_replicated: 1,
                 moving_off: 0,
             }],
-            offline: 4,
-            partitions: Vec::new(),
+            offline: 1,
+            partitions: vec![
+                strand_client::PartitionPlacement {
+                    queue: "orders".into(),
+                    partition: 3,
+                    leader: 0,
+                    replicas: vec![1, 2],
+                    isr: vec![],
+                    target: None,
+                    lost_replica: Some(1),
+                },
+                strand_client::PartitionPlacement {
+                    queue: "orders".into(),
+                    partition: 4,
+                    leader: 2,
+                    replicas: vec![2, 1],
+                    isr: vec![2],
+                    target: None,
+                    lost_replica: None,
+                },
+            ],
         };
+        let mut healthy = cluster.clone();
+        healthy.offline = 0;
+        healthy.partitions.remove(0);
+        assert!(
+            status_json(&healthy).get("offline").is_none(),
+            "no key while none is offline"
+        );
+        let reason = cluster.partitions[0].offline_reason().unwrap();
+        assert!(
+            reason.starts_with("offline: waiting for a replica with the data"),
+            "{reason}"
+        );
+        assert!(
+            reason.ends_with("or `strand queue elect --unclean` to accept loss"),
+            "{reason}"
+        );
         assert_eq!(
             status_json(&cluster),
-            serde_json::json!({"controller": 2, "offline_partitions": 4, "brokers": [
+            serde_json::json!({"controller": 2, "offline_partitions": 1, "brokers": [
                 {"id": 1, "address": "10.0.0.1:9400", "alive": false, "leaders": 3, "replicas": 5,
                  "under_replicated": 1}
-            ]})
+            ], "offline": [{"queue": "orders", "partition": 3, "reason": reason, "lost_replica": 1}]})
         );
     }
 }

@@ -276,6 +276,7 @@ mod tests {
             replicas: vec![2, 3, 4, 1],
             isr: vec![2, 3, 1],
             target: Some(vec![2, 3, 4]),
+            lost_replica: None,
         };
         assert_eq!(move_state(&p, 1), "moving off");
         assert_eq!(move_state(&p, 2), "joined, waiting for the others");

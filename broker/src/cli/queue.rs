@@ -1,4 +1,4 @@
-//! `strand queue create|list|describe|alter|delete`.
+//! `strand queue create|list|describe|alter|delete|reassign|elect`.
 
 use clap::{Args, Subcommand};
 use strand_client::{block_on, FsyncSpec, QueueSpec};
@@ -121,6 +121,25 @@ pub enum QueueCommand {
         #[arg(long, value_delimiter = ',', required = true)]
         replicas: Vec<u32>,
     },
+    /// Give offline partitions a leader although no alive replica is known
+    /// to hold every record they acknowledged (an unclean election: what
+    /// only the missing replicas held is lost for good). For a partition
+    /// whose last in-sync replica died, or came back with a wiped disk;
+    /// `queue describe` says why a partition is offline.
+    Elect {
+        /// The queue.
+        name: String,
+        /// Only this partition [default: every offline partition].
+        #[arg(long)]
+        partition: Option<u32>,
+        /// The broker to lead [default: the first alive replica that did
+        /// not lose its data].
+        #[arg(long)]
+        replica: Option<u32>,
+        /// Required: says you accept losing records.
+        #[arg(long, required = true)]
+        unclean: bool,
+    },
 }
 
 /// Runs a queue command; `json` selects machine output.
@@ -186,6 +205,7 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                             "log_end": p.log_end, "high_watermark": p.high_watermark,
                             "stored_bytes": p.stored_bytes, "segments": p.segments,
                             "replicas": p.replicas, "isr": p.isr, "leader_epoch": p.leader_epoch,
+                            "lost_replica": p.lost_replica, "offline_reason": p.offline_reason(),
                         })
                     })
                     .collect();
@@ -257,6 +277,34 @@ pub fn run(command: QueueCommand, brokers: &str, json: bool) -> Result<(), Strin
                         p.segments
                     );
                 }
+                for p in &d.partitions {
+                    if let Some(why) = p.offline_reason() {
+                        out!("partition {}: {why}", p.partition);
+                    }
+                }
+            }
+        }
+        QueueCommand::Elect {
+            name,
+            partition,
+            replica,
+            unclean,
+        } => {
+            if !unclean {
+                return Err("only unclean elections: give --unclean".into());
+            }
+            block_on(admin.elect_unclean(&name, partition, replica)).map_err(e)?;
+            let which = partition.map_or_else(|| "every offline partition".to_string(), |p| format!("partition {p}"));
+            if json {
+                out!(
+                    "{}",
+                    serde_json::json!({"queue": name, "partition": partition, "elected": true, "unclean": true})
+                );
+            } else {
+                out!(
+                    "{name}: {which} has a leader again (an unclean election: records only the missing replicas \
+                     held are lost); `strand queue describe {name}` shows which"
+                );
             }
         }
         QueueCommand::Reassign {

@@ -165,6 +165,7 @@ mod tests {
                     incarnation: 1,
                     draining: false,
                     decommissioning: false,
+                    directory: 1,
                 },
             );
         }

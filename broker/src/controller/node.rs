@@ -6,7 +6,20 @@
 //!
 //! Voters are static (KRaft-style): every voter starts with the same list
 //! and initialises the group with it on its first start (openraft accepts
-//! the same initial membership from every voter). A single node is a
+//! the same initial membership from every voter).
+//!
+//! A voter that starts without a Raft log may be new or may have lost its
+//! disk (KIP-853's concern): a voter that forgot its log and its vote could
+//! vote twice in one term, or for a candidate that lacks entries only the
+//! lost log and the others held — a committed entry lost. So before it
+//! initialises, it asks the other voters (`ControllerOp::Status`): while a
+//! majority (itself included) says no leader was ever elected, it is a new
+//! group and it initialises; once one says the group exists, it *rejoins*:
+//! it does not initialise, takes no part in elections (neither votes nor
+//! campaigns) and answers no vote, until it holds the log the leader held
+//! when it first asked (a leader elected without its vote holds everything
+//! committed). A marker file (`rejoining`) keeps it so across a restart
+//! meanwhile. A single node is a
 //! one-voter group, elected at once. A node that is not a voter (an
 //! observer broker) asks the voters to add it as a learner: it receives
 //! the log and applies it, and votes in nothing. A proposal made where the
@@ -52,6 +65,20 @@ pub struct Voter {
     pub address: SocketAddr,
 }
 
+/// A member's answer to `ControllerOp::Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct MemberStatus {
+    /// Its log goes past the initial membership: a leader was elected.
+    holds_cluster: bool,
+    last_log_index: Option<u64>,
+    leader: Option<u64>,
+}
+
+/// The file, in the member's directory, that says it rejoins (see the
+/// module doc): made before it takes part in the group without a log,
+/// removed once it caught up.
+const REJOINING_FILE: &str = "rejoining";
+
 /// A learner's request to join (`ControllerOp::AddLearner`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct LearnerRequest {
@@ -68,6 +95,10 @@ struct Heartbeat {
     /// This run of the broker process (`BrokerRecord::incarnation`).
     #[serde(default)]
     incarnation: u64,
+    /// Its data directory's id (`BrokerRecord::directory`; 0 from brokers
+    /// that predate directory ids).
+    #[serde(default)]
+    directory: u64,
 }
 
 /// Where the controller leader is, as this member knows it.
@@ -95,6 +126,9 @@ pub struct Settings {
     pub voters: Vec<Voter>,
     /// This node's shard count (registered with the broker).
     pub shards: u16,
+    /// This node's data directory id (registered with the broker; see
+    /// `BrokerRecord::directory`).
+    pub directory: u64,
     pub heartbeat_ms: u64,
     pub election_min_ms: u64,
     pub election_max_ms: u64,
@@ -113,6 +147,11 @@ pub struct Settings {
 pub struct Controller {
     raft: Raft<TypeConfig>,
     node_id: u64,
+    /// Its state's directory.
+    dir: std::path::PathBuf,
+    /// A voter that lost its log catching up: it answers no vote and
+    /// campaigns not (see the module doc).
+    rejoining: std::cell::Cell<bool>,
     links: Links,
     sm: StateMachineStore,
     /// Every broker's lease, while this member leads.
@@ -132,10 +171,10 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Opens the member with its state in `dir` and, on the first start of
-    /// a voter, initialises the group with the voters. It serves the other
+    /// Opens the member with its state in `dir`. It serves the other
     /// members from now on ([`Controller::serve`]); [`Controller::join`]
-    /// then waits until it can be used.
+    /// then initialises the group (a voter's first start) or rejoins it,
+    /// and waits until it can be used.
     pub async fn open(
         dir: &Path,
         settings: &Settings,
@@ -162,25 +201,11 @@ impl Controller {
         let raft = Raft::new(node_id, Arc::new(config), links.clone(), log, sm.clone())
             .await
             .map_err(|e| unavailable("starting Raft", &e))?;
-        let initialized = raft
-            .is_initialized()
-            .await
-            .map_err(|e| unavailable("reading the Raft state", &e))?;
-        let voter = settings.voters.iter().any(|v| v.id == node_id);
-        if !initialized && voter {
-            let members: BTreeMap<u64, BasicNode> = settings
-                .voters
-                .iter()
-                .map(|v| (v.id, BasicNode::new(v.address.to_string())))
-                .collect();
-            match raft.initialize(members).await {
-                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(unavailable("initialising the Raft group", &e)),
-            }
-        }
         Ok(Controller {
             raft,
             node_id,
+            dir: dir.to_path_buf(),
+            rejoining: std::cell::Cell::new(false),
             links,
             sm,
             leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
@@ -197,7 +222,9 @@ impl Controller {
     pub async fn join(&self, settings: &Settings) -> Result<(), ProposeError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
         let (raft, node_id) = (&self.raft, self.node_id);
-        if !settings.voters.iter().any(|v| v.id == node_id) {
+        if settings.voters.iter().any(|v| v.id == node_id) {
+            self.initialize_or_rejoin(settings).await?;
+        } else {
             self.join_as_learner(settings).await?;
         }
         let wait = |secs| raft.wait(Some(Duration::from_secs(secs)));
@@ -227,7 +254,156 @@ impl Controller {
             )
             .await
             .map_err(|e| unavailable("replaying the controller log", &e))?;
+        if self.rejoining.get() {
+            self.catch_up(settings).await?;
+        }
         self.register(settings).await
+    }
+
+    /// A voter without a Raft log: initialises the group if it is new, or
+    /// rejoins it (see the module doc). A voter with a log, or marked as
+    /// rejoining by an earlier run, skips the question.
+    async fn initialize_or_rejoin(&self, settings: &Settings) -> Result<(), ProposeError> {
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
+        if self.dir.join(REJOINING_FILE).exists() {
+            return self.rejoin();
+        }
+        let initialized = self
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| unavailable("reading the Raft state", &e))?;
+        if initialized {
+            return Ok(());
+        }
+        let others: Vec<Voter> = settings
+            .voters
+            .iter()
+            .copied()
+            .filter(|v| v.id != self.node_id)
+            .collect();
+        let majority = settings.voters.len() / 2 + 1;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut said = Instant::now();
+        loop {
+            let mut fresh = 1;
+            for v in &others {
+                let answer = self
+                    .links
+                    .call(v.address, ControllerOp::Status, b"{}", Duration::from_secs(1))
+                    .await;
+                let Ok(Ok(payload)) = answer else { continue };
+                let status: MemberStatus = serde_json::from_slice(&payload)
+                    .map_err(|e| unavailable(&format!("a malformed status from voter {}", v.id), &e))?;
+                if status.holds_cluster {
+                    tracing::warn!(
+                        "this voter has no controller log, and voter {} says the controller group exists: its log \
+                         was lost (a wiped or new disk); it takes no part in elections until it holds the leader's log",
+                        v.id
+                    );
+                    return self.rejoin();
+                }
+                fresh += 1;
+            }
+            if fresh >= majority {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(ProposeError::Unavailable(format!(
+                    "this voter has no controller log, and a majority of the voters did not say within 60 s whether \
+                     the controller group exists ({fresh} of {} did)",
+                    settings.voters.len()
+                )));
+            }
+            if said.elapsed() > Duration::from_secs(5) {
+                said = Instant::now();
+                tracing::info!("waiting for a majority of the voters to say whether the controller group exists");
+            }
+            glommio::timer::sleep(Duration::from_millis(200)).await;
+        }
+        let members: BTreeMap<u64, BasicNode> = settings
+            .voters
+            .iter()
+            .map(|v| (v.id, BasicNode::new(v.address.to_string())))
+            .collect();
+        match self.raft.initialize(members).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(unavailable("initialising the Raft group", &e)),
+        }
+    }
+
+    /// Takes this member out of elections until [`Controller::catch_up`],
+    /// durably (the marker file).
+    fn rejoin(&self) -> Result<(), ProposeError> {
+        let marker = self.dir.join(REJOINING_FILE);
+        let made = std::fs::write(
+            &marker,
+            b"this voter lost its Raft log and catches up before it votes\n",
+        )
+        .and_then(|()| std::fs::File::open(&self.dir)?.sync_all());
+        made.map_err(|e| ProposeError::Unavailable(format!("writing {}: {e}", marker.display())))?;
+        self.raft.runtime_config().elect(false);
+        self.rejoining.set(true);
+        Ok(())
+    }
+
+    /// A rejoining voter: asks the leader how far its log goes, waits until
+    /// its own log holds that much, and takes part in elections again.
+    async fn catch_up(&self, settings: &Settings) -> Result<(), ProposeError> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut target = None;
+        while Instant::now() < deadline {
+            let (leader, last) = {
+                let m = self.raft.metrics().borrow().clone();
+                (m.current_leader, m.last_log_index)
+            };
+            let asked = match (target, leader) {
+                (Some(t), _) => Some(t),
+                (None, Some(l)) if l != self.node_id => match settings.voters.iter().find(|v| v.id == l) {
+                    Some(v) => match self
+                        .links
+                        .call(v.address, ControllerOp::Status, b"{}", PROPOSE_TIMEOUT)
+                        .await
+                    {
+                        Ok(Ok(payload)) => serde_json::from_slice::<MemberStatus>(&payload)
+                            .ok()
+                            .filter(|s| s.leader == Some(l))
+                            .map(|s| s.last_log_index.unwrap_or(0)),
+                        _ => None,
+                    },
+                    None => None,
+                },
+                _ => None,
+            };
+            target = asked;
+            if let Some(t) = target {
+                if last.unwrap_or(0) >= t {
+                    if let Err(e) = std::fs::remove_file(self.dir.join(REJOINING_FILE))
+                        .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+                    {
+                        return Err(ProposeError::Unavailable(format!("removing the rejoining marker: {e}")));
+                    }
+                    self.rejoining.set(false);
+                    self.raft.runtime_config().elect(true);
+                    tracing::info!("this voter holds the controller leader's log again (index {t}): it votes again");
+                    return Ok(());
+                }
+            }
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+        }
+        Err(ProposeError::Unavailable(
+            "this voter lost its controller log and did not catch up with a leader within 60 s".into(),
+        ))
+    }
+
+    /// This member's answer to `ControllerOp::Status`.
+    fn status(&self) -> MemberStatus {
+        let m = self.raft.metrics().borrow().clone();
+        MemberStatus {
+            holds_cluster: m.last_log_index.is_some_and(|i| i >= 1),
+            last_log_index: m.last_log_index,
+            leader: m.current_leader,
+        }
     }
 
     /// Registers this broker through its first lease renewal. While another
@@ -236,13 +412,22 @@ impl Controller {
     /// lease runs out), then gives up with the holder's address.
     async fn register(&self, settings: &Settings) -> Result<(), ProposeError> {
         let session = Duration::from_millis(settings.broker_session_ms);
-        let give_up = Instant::now() + session * 3 / 2;
+        let started = Instant::now();
+        let give_up = started + session * 3 / 2;
         loop {
             match self.heartbeat(settings, PROPOSE_TIMEOUT).await {
                 Err(ProposeError::Refused(e @ ControllerError::BrokerIdInUse { .. })) if Instant::now() >= give_up => {
                     return Err(ProposeError::Refused(e))
                 }
                 Err(ProposeError::Refused(ControllerError::BrokerIdInUse { .. })) => {
+                    glommio::timer::sleep(Duration::from_millis(settings.broker_heartbeat_ms)).await
+                }
+                // No leader could renew it: the leader this member knew
+                // may be gone while the others cannot elect one yet (a
+                // majority not back, a voter catching up); up to a minute,
+                // as for a leader at the start.
+                Err(ProposeError::Unavailable(why)) if started.elapsed() < Duration::from_secs(60) => {
+                    tracing::info!("registering this broker: {why}; trying again");
                     glommio::timer::sleep(Duration::from_millis(settings.broker_heartbeat_ms)).await
                 }
                 Err(e) => return Err(e),
@@ -373,6 +558,7 @@ impl Controller {
             address: settings.advertised.to_string(),
             shards: settings.shards,
             incarnation: self.own_lease.incarnation(),
+            directory: settings.directory,
         };
         let deadline = Instant::now() + within;
         let mut last_error = String::from("no controller leader");
@@ -438,6 +624,7 @@ impl Controller {
                             && b.address == request.address
                             && b.shards == request.shards
                             && b.incarnation == request.incarnation
+                            && (request.directory == 0 || b.directory == request.directory)
                     }),
             )
         })?;
@@ -447,6 +634,7 @@ impl Controller {
                 address: request.address.clone(),
                 shards: request.shards,
                 incarnation: request.incarnation,
+                directory: request.directory,
             })
             .await?;
         }
@@ -732,9 +920,18 @@ impl Controller {
             leader: 0,
         };
         match op {
+            ControllerOp::Vote if self.rejoining.get() => Err(Refusal {
+                code: ErrorCode::ControllerUnavailable,
+                message: format!(
+                    "voter {} lost its controller log and votes once it holds the leader's log",
+                    self.node_id
+                ),
+                leader: 0,
+            }),
             ControllerOp::Vote => Ok(to_json(
                 &self.raft.vote(serde_json::from_slice(payload).map_err(bad)?).await,
             )),
+            ControllerOp::Status => Ok(to_json(&self.status())),
             ControllerOp::AppendEntries => Ok(to_json(
                 &self
                     .raft
@@ -839,6 +1036,7 @@ mod tests {
                 address: advertised,
             }],
             shards: 2,
+            directory: 0x5eed,
             heartbeat_ms: 500,
             election_min_ms: 1500,
             election_max_ms: 3000,

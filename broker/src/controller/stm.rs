@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::table::{FsyncSetting, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings, NO_LEADER};
+use super::table::{
+    FsyncSetting, LostReplica, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings, NO_LEADER,
+};
 
 /// Most partitions a queue may have.
 pub const PARTITIONS_MAX: u32 = 10_000;
@@ -110,6 +112,15 @@ pub enum Command {
         /// hold, and must not go on leading in the epoch it wrote them in.
         #[serde(default)]
         incarnation: u64,
+        /// Its data directory's id (`BrokerRecord::directory`; 0: a broker
+        /// that predates directory ids, which changes nothing). Another id
+        /// than the one recorded means the broker lost everything it held:
+        /// it leaves every ISR, the last member of one too (that partition
+        /// goes offline and waits: `PartitionRecord::lost`), and partitions
+        /// that waited for this broker with this directory get it back as
+        /// their leader.
+        #[serde(default)]
+        directory: u64,
     },
     /// The controller leader of Raft term `term` saw the broker's lease
     /// expire. Applies only from an entry written in that term: a leader
@@ -196,6 +207,19 @@ pub enum Command {
         leader: NodeId,
         leader_epoch: u32,
     },
+    /// An operator accepts losing records (`strand queue elect
+    /// --unclean`): partition `partition` of `queue` (or every offline
+    /// partition of it) gets a leader although no alive replica is known
+    /// to hold everything it committed — `replica` if named, else the first
+    /// alive replica that did not lose its data (a draining one last). It
+    /// is the ISR alone, in a new leader epoch; the other replicas truncate
+    /// to it. Counted in `MetadataTable::unclean_elections`. Refused for a
+    /// partition that has a leader.
+    ElectUnclean {
+        queue: String,
+        partition: Option<u32>,
+        replica: Option<NodeId>,
+    },
     CreateQueue {
         name: String,
         settings: QueueSettings,
@@ -258,6 +282,8 @@ pub enum ControllerError {
     UnknownBroker(NodeId),
     #[error("invalid reassignment: {0}")]
     InvalidReassignment(String),
+    #[error("no unclean election: {0}")]
+    ElectionRefused(String),
     #[error(
         "cannot decommission broker {id}: {queue}/{partition} needs {wanted} replicas and no other alive broker \
          that is not leaving can take broker {id}'s place (start a new broker first)"
@@ -283,7 +309,8 @@ impl ControllerError {
             | ControllerError::InvalidIsr(_)
             | ControllerError::InvalidBrokerId
             | ControllerError::UnknownBroker(_)
-            | ControllerError::InvalidReassignment(_) => ErrorCode::InvalidRequest,
+            | ControllerError::InvalidReassignment(_)
+            | ControllerError::ElectionRefused(_) => ErrorCode::InvalidRequest,
             ControllerError::CannotDecommission { .. } => ErrorCode::InvalidConfig,
             ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
         }
@@ -325,7 +352,13 @@ impl MetadataStm {
                 address,
                 shards,
                 incarnation,
+                directory,
             } => {
+                let recorded = self.table.brokers.get(id).map_or(0, |b| b.directory);
+                let replaced = recorded != 0 && *directory != 0 && recorded != *directory;
+                if replaced {
+                    self.forget_replicas_of(*id, recorded);
+                }
                 if let Some(b) = self.table.brokers.get_mut(id).filter(|b| b.incarnation != *incarnation) {
                     b.alive = false;
                     self.move_leaderships_off_replicated(*id);
@@ -345,8 +378,12 @@ impl MetadataStm {
                         incarnation: *incarnation,
                         draining,
                         decommissioning,
+                        directory: if *directory != 0 { *directory } else { recorded },
                     },
                 );
+                if replaced {
+                    self.lead_partitions_waiting_for(*id, *directory);
+                }
                 self.lead_offline_partitions(*id);
                 Ok(())
             }
@@ -414,6 +451,11 @@ impl MetadataStm {
                 }
                 Ok(())
             }
+            Command::ElectUnclean {
+                queue,
+                partition,
+                replica,
+            } => self.elect_unclean(queue, *partition, *replica),
             Command::CreateQueue { name, settings } => self.create_queue(name, settings),
             Command::DeleteQueue { name } => self
                 .table
@@ -482,6 +524,128 @@ impl MetadataStm {
                 p.partition_epoch += 1;
             }
         }
+    }
+
+    /// Broker `id` came back without what it held in data directory
+    /// `lost_directory`: it leaves every ISR it is in and its leaderships go
+    /// to other alive ISR members, each change bumping the epochs. Where it
+    /// alone is the ISR, no replica is known to hold every committed
+    /// record: the partition goes offline with an empty ISR and waits for
+    /// this broker with that directory ([`PartitionRecord::lost`]) or an
+    /// unclean election — never led by an empty log.
+    fn forget_replicas_of(&mut self, id: NodeId, lost_directory: u64) {
+        let brokers = &self.table.brokers;
+        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+            if p.isr != [id] {
+                leave_isr(p, brokers, id, true);
+                continue;
+            }
+            p.isr.clear();
+            if p.leader != NO_LEADER {
+                p.leader = NO_LEADER;
+                p.leader_epoch += 1;
+            }
+            p.lost = Some(LostReplica {
+                broker: id,
+                directory: lost_directory,
+            });
+            p.partition_epoch += 1;
+        }
+    }
+
+    /// Broker `id` registered with data directory `directory`: the
+    /// partitions that waited for it with that directory
+    /// ([`PartitionRecord::lost`]) have it back, their only replica holding
+    /// everything they committed, as leader and ISR.
+    fn lead_partitions_waiting_for(&mut self, id: NodeId, directory: u64) {
+        let back = Some(LostReplica { broker: id, directory });
+        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+            if p.lost == back && p.replicas.contains(&id) {
+                p.lost = None;
+                p.isr = vec![id];
+                p.leader = id;
+                p.leader_epoch += 1;
+                p.partition_epoch += 1;
+            }
+        }
+    }
+
+    /// [`Command::ElectUnclean`].
+    fn elect_unclean(
+        &mut self,
+        queue: &str,
+        partition: Option<u32>,
+        replica: Option<NodeId>,
+    ) -> Result<(), ControllerError> {
+        let brokers = &self.table.brokers;
+        let q = self
+            .table
+            .queues
+            .get_mut(queue)
+            .ok_or_else(|| ControllerError::UnknownQueue(queue.to_string()))?;
+        let refuse = |why: String| Err(ControllerError::ElectionRefused(why));
+        let chosen: Vec<usize> = match partition {
+            Some(i) => {
+                let Some(p) = q.partitions.get(i as usize) else {
+                    return refuse(format!("{queue} has {} partitions, no {i}", q.partitions.len()));
+                };
+                if p.leader != NO_LEADER {
+                    return refuse(format!(
+                        "{queue}/{i} has a leader (broker {}): nothing to elect",
+                        p.leader
+                    ));
+                }
+                vec![i as usize]
+            }
+            None => (0..q.partitions.len())
+                .filter(|i| q.partitions[*i].leader == NO_LEADER)
+                .collect(),
+        };
+        if chosen.is_empty() {
+            return refuse(format!("no partition of {queue} is offline"));
+        }
+        let alive = |id: &NodeId| brokers.get(id).is_some_and(|b| b.alive);
+        // Plan first: refused as a whole.
+        let mut leaders = Vec::with_capacity(chosen.len());
+        for i in &chosen {
+            let p = &q.partitions[*i];
+            let leader = match replica {
+                Some(r) if !p.replicas.contains(&r) => {
+                    return refuse(format!(
+                        "broker {r} is not a replica of {queue}/{i} (replicas {:?})",
+                        p.replicas
+                    ))
+                }
+                Some(r) if !alive(&r) => return refuse(format!("broker {r} is not alive")),
+                Some(r) => r,
+                None => {
+                    let lost = p.lost.map(|l| l.broker);
+                    let rank = |r: &NodeId| {
+                        let draining = brokers.get(r).is_some_and(|b| b.in_maintenance());
+                        (Some(*r) == lost, draining)
+                    };
+                    let candidates = p.replicas.iter().copied().filter(alive);
+                    let Some(best) = candidates.min_by_key(rank) else {
+                        return refuse(format!(
+                            "no replica of {queue}/{i} is alive (replicas {:?}): start one",
+                            p.replicas
+                        ));
+                    };
+                    best
+                }
+            };
+            leaders.push((*i, leader));
+        }
+        for (i, leader) in leaders {
+            let p = &mut q.partitions[i];
+            p.leader = leader;
+            p.isr = vec![leader];
+            p.lost = None;
+            p.leader_epoch += 1;
+            p.partition_epoch += 1;
+            self.table.unclean_elections += 1;
+        }
+        Ok(())
     }
 
     /// A broker back alive leads the offline partitions whose ISR holds it
@@ -774,6 +938,7 @@ impl Placement {
             replicas,
             partition_epoch: 0,
             target: None,
+            lost: None,
         }
     }
 }

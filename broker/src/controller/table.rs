@@ -44,6 +44,14 @@ pub struct BrokerRecord {
     /// switched off.
     #[serde(default)]
     pub decommissioning: bool,
+    /// Its data directory's id (random, made when the directory was first
+    /// used: `broker/src/server/data_dir.rs`; 0 from brokers or tables
+    /// that predate it). A registration with another id means the broker
+    /// lost what it held (a replaced or wiped disk, a mount that failed):
+    /// it leaves every ISR, and a partition it alone held waits for it to
+    /// come back with this id ([`PartitionRecord::lost`]).
+    #[serde(default)]
+    pub directory: u64,
 }
 
 impl BrokerRecord {
@@ -136,9 +144,22 @@ fn default_max_delivery_attempts() -> u32 {
     DEFAULT_MAX_DELIVERY_ATTEMPTS
 }
 
-/// No leader: every in-sync replica is fenced (the partition is offline
-/// until one comes back; never an unclean election).
+/// No leader: every in-sync replica is fenced, or the last one lost its
+/// data (the partition is offline until one comes back; an unclean
+/// election only when an operator asks for one: `strand queue elect
+/// --unclean`).
 pub const NO_LEADER: NodeId = 0;
+
+/// The last in-sync replica of a partition, which came back with another
+/// data directory than the one it held the partition's records in: only
+/// that broker with that directory holds everything the partition
+/// committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostReplica {
+    pub broker: NodeId,
+    /// The directory id ([`BrokerRecord::directory`]) it held them in.
+    pub directory: u64,
+}
 
 /// One partition: where its replicas live and who leads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +186,14 @@ pub struct PartitionRecord {
     /// in it) and this goes back to `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Vec<NodeId>>,
+    /// Set while the partition is offline because its last in-sync replica
+    /// lost its data: the ISR is empty, no replica is known to hold every
+    /// committed record but that broker's old directory, and the partition
+    /// waits for it (the broker registering with that directory again
+    /// leads it) or for an unclean election (`strand queue elect
+    /// --unclean`, which accepts the loss). Never set with a leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<LostReplica>,
 }
 
 /// A queue.
@@ -188,6 +217,10 @@ pub struct MetadataTable {
     pub queues: BTreeMap<String, QueueRecord>,
     /// The id the next created queue gets.
     pub next_queue_id: u64,
+    /// Partitions given a leader by an unclean election since the cluster
+    /// began (`strand_unclean_elections_total`).
+    #[serde(default)]
+    pub unclean_elections: u64,
 }
 
 impl MetadataTable {

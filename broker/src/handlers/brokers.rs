@@ -2,7 +2,8 @@
 //! DecommissionBroker (every replica off a broker) and ReassignPartition
 //! (a partition's replicas elsewhere), each a controller command; and
 //! DescribeBroker (the answering broker about itself: its data directory's
-//! space).
+//! space); and ElectLeaders (an operator's unclean election of offline
+//! partitions).
 
 use std::rc::Rc;
 
@@ -32,7 +33,24 @@ pub async fn drain(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resul
 
 pub async fn decommission(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let req = request::<DecommissionBrokerRequest>(body)?;
-    let command = Command::DecommissionBroker { id: req.node_id() };
+    let id = req.node_id();
+    // The voters are fixed (`controller_voters`): one decommissioned and
+    // switched off would leave the controller a voter short for good.
+    let config = &shard.config;
+    let voter = match config.controller_voters.is_empty() {
+        true => id == config.node_id,
+        false => config.controller_voters.iter().any(|v| v.id == id),
+    };
+    if voter {
+        return Err(WireError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "broker {id} is a controller voter: the voters are fixed (controller_voters), and one switched off \
+                 would leave the controller a voter short for good; decommission brokers that do not vote"
+            ),
+        ));
+    }
+    let command = Command::DecommissionBroker { id };
     propose_and_answer(shard, header, command, |fbb, error| {
         let root = DecommissionBrokerResponse::create(fbb, &DecommissionBrokerResponseArgs { error });
         fbb.finish_minimal(root);
@@ -49,6 +67,31 @@ pub async fn reassign(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Re
     };
     propose_and_answer(shard, header, command, |fbb, error| {
         let root = ReassignPartitionResponse::create(fbb, &ReassignPartitionResponseArgs { error });
+        fbb.finish_minimal(root);
+    })
+    .await
+}
+
+pub async fn elect(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+    let req = request::<ElectLeadersRequest>(body)?;
+    if !req.unclean() {
+        return Err(WireError::new(
+            ErrorCode::InvalidRequest,
+            "only unclean elections are asked for (preferred leaders come back by leader balancing)",
+        ));
+    }
+    let queue = req.queue().unwrap_or_default().to_string();
+    tracing::warn!(
+        "unclean election asked for {queue}/{}: records only the missing replicas hold are given up",
+        req.partition().map_or("*".to_string(), |p| p.to_string())
+    );
+    let command = Command::ElectUnclean {
+        queue,
+        partition: req.partition(),
+        replica: req.replica(),
+    };
+    propose_and_answer(shard, header, command, |fbb, error| {
+        let root = ElectLeadersResponse::create(fbb, &ElectLeadersResponseArgs { error });
         fbb.finish_minimal(root);
     })
     .await

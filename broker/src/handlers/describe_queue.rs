@@ -98,6 +98,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
                     replicas: Some(replicas),
                     isr: Some(isr),
                     leader_epoch: record.leader_epoch,
+                    lost_replica: record.lost.map(|l| l.broker as u32),
                 },
             )
         })

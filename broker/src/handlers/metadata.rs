@@ -84,6 +84,7 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
                         replicas: Some(replicas),
                         isr: Some(isr),
                         target_replicas: target,
+                        lost_replica: p.lost.map(|l| l.broker as u32),
                     },
                 )
             })

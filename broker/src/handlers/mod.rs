@@ -69,6 +69,7 @@ pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: Fra
         Api::DescribeBroker => brokers::describe(shard, header, &frame.body),
         Api::DecommissionBroker => brokers::decommission(shard, header, &frame.body).await,
         Api::ReassignPartition => brokers::reassign(shard, header, &frame.body).await,
+        Api::ElectLeaders => brokers::elect(shard, header, &frame.body).await,
         Api::JoinGroup
         | Api::Heartbeat
         | Api::LeaveGroup

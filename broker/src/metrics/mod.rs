@@ -25,6 +25,9 @@
 //!   the follower's last fetch)
 //! - `strand_offline_partitions` {queue}: partitions without a leader, as
 //!   this broker's metadata says (every broker says the same)
+//! - `strand_unclean_elections_total`: partitions given a leader by an
+//!   operator's unclean election (`strand queue elect --unclean`) since the
+//!   cluster began, from the metadata (every broker says the same)
 //! - `strand_disk_free_bytes`, `strand_disk_free_threshold_bytes` {broker}:
 //!   this broker's data directory's free space and the threshold below
 //!   which produce is refused (`StorageFull`)
@@ -371,6 +374,9 @@ pub struct ShardSnapshot {
     /// Shard 0 only (from the table, the same on every node): per queue,
     /// its partitions without a leader (every in-sync replica fenced).
     pub offline: Vec<(String, u64)>,
+    /// Shard 0 only (from the table): unclean elections since the cluster
+    /// began.
+    pub unclean_elections: Option<u64>,
     /// Shard 0 only: this broker's id, its data directory's free bytes and
     /// the threshold below which produce is refused.
     pub disk: Option<(u64, u64, u64)>,
@@ -431,6 +437,10 @@ fn family<M: EncodeMetric>(
 ) -> Result<(), std::fmt::Error> {
     let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
     for (labels, m) in series {
+        // A series without labels is written `name value`, not `name{} value`.
+        if labels.is_empty() {
+            return m.encode(metric);
+        }
         m.encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
@@ -630,8 +640,21 @@ impl Collector for Scrape {
         gauge(
             &mut encoder,
             "strand_offline_partitions",
-            "Partitions of a queue without a leader (every in-sync replica fenced), as this broker's metadata says.",
+            "Partitions of a queue without a leader (every in-sync replica fenced, or the last one lost its data), as \
+             this broker's metadata says.",
             offline,
+        )?;
+        counter(
+            &mut encoder,
+            "strand_unclean_elections",
+            "Partitions given a leader by an operator's unclean election (strand queue elect --unclean), which may \
+             have lost acknowledged records.",
+            self.snapshots
+                .iter()
+                .find_map(|s| s.unclean_elections)
+                .map(|n| (Vec::new(), n))
+                .into_iter()
+                .collect(),
         )?;
         let disk = self.snapshots.iter().find_map(|s| s.disk);
         let broker = |id: u64| vec![("broker", id.to_string())];

@@ -17,6 +17,15 @@
 //!   The file holds the owner's PID (as text) so a refused broker can name
 //!   it. `__` names are reserved for the broker (no queue can be called
 //!   that), so the file never meets a queue's directory.
+//! - **Directory id** (`__directory`, `strand_storage::checkpoint` gives
+//!   its bytes). Read once the lock is held, or made when absent (a new
+//!   directory, or one from before directory ids): a random id, written
+//!   durably. The broker registers it with the controller, which notices
+//!   when a broker comes back with another one (a replaced or wiped disk,
+//!   or a mount that failed and left an empty directory in its place):
+//!   everything the broker held is gone, and it must not lead or count as
+//!   in sync for any partition until it has caught up again (KIP-858). A
+//!   damaged file refuses the start: a new id would declare the data lost.
 //! - **No empty directory after a failed start.** A directory this process
 //!   created is removed when the start fails before any shard ran. Once
 //!   shards run, a shard that is ready accepts clients before the others
@@ -37,6 +46,13 @@ pub enum DataDirError {
     NotADirectory(PathBuf),
     #[error("data directory {path} is in use by process {pid} (its {LOCK_FILE} is locked)")]
     InUse { path: PathBuf, pid: String },
+    #[error(
+        "data directory {path}: its id file {name} is damaged ({why}); if the directory's data is intact, remove \
+         the file to give it a new id: its replicas then catch up from the others, and a partition only this \
+         broker held waits for `strand queue elect --unclean`",
+        name = strand_storage::checkpoint::DIRECTORY_ID_FILE
+    )]
+    DamagedId { path: PathBuf, why: String },
     #[error("data directory {path}: {what}: {source}")]
     Io {
         path: PathBuf,
@@ -53,6 +69,8 @@ pub struct DataDir {
     /// Whether this process created the directory (and may remove it
     /// again if the start fails before any shard ran).
     made: bool,
+    /// Its id (`__directory`), read or made when it was opened.
+    id: u64,
     /// Open for as long as the lock is held.
     _lock: File,
 }
@@ -99,11 +117,18 @@ impl DataDir {
         // Refused: whoever holds the lock owns the directory, whoever made
         // it; nothing is removed.
         let lock = lock(&absolute)?;
+        let id = directory_id(&absolute)?;
         Ok(DataDir {
             path: absolute,
             made,
+            id,
             _lock: lock,
         })
+    }
+
+    /// The directory's id (see the module doc).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The absolute path.
@@ -162,6 +187,57 @@ fn lock(dir: &Path) -> Result<File, DataDirError> {
     Ok(file)
 }
 
+/// The id in `dir/__directory`, made (and written durably) when the file
+/// is absent; a damaged file is refused.
+fn directory_id(dir: &Path) -> Result<u64, DataDirError> {
+    use strand_storage::checkpoint::{decode_directory_id, encode_directory_id, DIRECTORY_ID_FILE};
+    let path = dir.join(DIRECTORY_ID_FILE);
+    let io = |what, source| DataDirError::Io {
+        path: dir.to_path_buf(),
+        what,
+        source,
+    };
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            return decode_directory_id(&bytes).map_err(|why| DataDirError::DamagedId {
+                path: dir.to_path_buf(),
+                why,
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("reading its id file", e)),
+    }
+    let id = new_directory_id();
+    let tmp = dir.join(format!("{DIRECTORY_ID_FILE}.tmp"));
+    let mut file = File::create(&tmp).map_err(|e| io("writing its id file", e))?;
+    file.write_all(&encode_directory_id(id))
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io("writing its id file", e))?;
+    drop(file);
+    std::fs::rename(&tmp, &path).map_err(|e| io("writing its id file", e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("syncing it", e))?;
+    let others = std::fs::read_dir(dir)
+        .map_err(|e| io("listing it", e))?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name() != LOCK_FILE && e.file_name() != DIRECTORY_ID_FILE)
+        .count();
+    match others {
+        0 => tracing::info!("data directory {} is new: its id is {id:016x}", dir.display()),
+        _ => tracing::info!(
+            "data directory {} had no id (it predates directory ids): its id is {id:016x}",
+            dir.display()
+        ),
+    }
+    Ok(id)
+}
+
+/// A random directory id, never 0.
+fn new_directory_id() -> u64 {
+    rand::random::<u64>().max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +275,37 @@ mod tests {
         let nested = tmp.path().join("a/b/../c");
         let dir = DataDir::open(&nested).unwrap();
         assert_eq!(dir.path(), std::fs::canonicalize(tmp.path()).unwrap().join("a/c"));
+    }
+
+    #[test]
+    fn the_directory_id_is_made_once_kept_across_opens_and_a_damaged_one_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("d");
+        let first = DataDir::open(&path).unwrap();
+        let id = first.id();
+        assert_ne!(id, 0);
+        drop(first);
+        assert_eq!(DataDir::open(&path).unwrap().id(), id, "kept");
+        // Wiped (a new disk): another id.
+        std::fs::remove_dir_all(&path).unwrap();
+        let wiped = DataDir::open(&path).unwrap();
+        assert_ne!(wiped.id(), id);
+        drop(wiped);
+        let file = path.join(strand_storage::checkpoint::DIRECTORY_ID_FILE);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[6] ^= 4;
+        std::fs::write(&file, &bytes).unwrap();
+        let err = DataDir::open(&path).unwrap_err();
+        assert!(matches!(err, DataDirError::DamagedId { .. }), "{err}");
+        assert!(
+            err.to_string().contains("__directory is damaged (CRC mismatch)"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read(&file).unwrap(),
+            bytes,
+            "a damaged id is left for the operator"
+        );
     }
 
     #[test]

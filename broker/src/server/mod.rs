@@ -68,6 +68,9 @@ struct Lifecycle {
     /// over (or found nothing to hand over); the other shards serve until
     /// then.
     handed_off: Arc<AtomicBool>,
+    /// The data directory's id (`data_dir.rs`), registered with the
+    /// controller.
+    directory_id: u64,
 }
 
 enum Event {
@@ -181,6 +184,7 @@ fn run_locked(
     let controller_leader = Arc::new(AtomicU64::new(0));
     let lease = crate::lease::OwnLease::default();
     let handed_off = Arc::new(AtomicBool::new(false));
+    let directory_id = data_dir.id();
     let mesh = Mesh::full(usize::from(shards), config.shard_channel_capacity);
     let (events_tx, events) = mpsc::channel();
     let cpus = host::usable_cpu_ids();
@@ -194,6 +198,7 @@ fn run_locked(
             controller_leader: controller_leader.clone(),
             lease: lease.clone(),
             handed_off: handed_off.clone(),
+            directory_id,
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
@@ -370,6 +375,7 @@ async fn shard_main(
             advertised,
             voters: config.voters(advertised),
             shards,
+            directory: lifecycle.directory_id,
             heartbeat_ms: config.controller_heartbeat_ms,
             election_min_ms: config.controller_election_min_ms,
             election_max_ms: config.controller_election_max_ms,

@@ -679,6 +679,7 @@ mod tests {
             incarnation,
             draining: false,
             decommissioning: false,
+            directory: 1,
         }
     }
 
@@ -690,6 +691,7 @@ mod tests {
             isr: vec![leader],
             partition_epoch: 9,
             target: None,
+            lost: None,
         }
     }
 

@@ -10,6 +10,15 @@ use super::Shard;
 use crate::controller::NO_LEADER;
 use crate::metrics::BrokerGauges;
 
+/// How many in-sync replicas a partition should have: its replicas, or
+/// during a move its target's count (the replication factor) — a
+/// reassignment adds replicas before it removes others, and is not under
+/// replication while as many as the factor are in sync (Kafka leaves the
+/// adding replicas out the same way).
+fn wanted_in_sync(record: &crate::controller::PartitionRecord) -> usize {
+    record.target.as_ref().unwrap_or(&record.replicas).len()
+}
+
 impl Shard {
     /// This shard's counters and partitions, for a scrape (the group
     /// positions are the coordinator's to add: `crate::groups::add_to_snapshot`).
@@ -20,11 +29,13 @@ impl Shard {
             ..Default::default()
         };
         // One pass over the partitions: their gauges and fdatasync stats.
+        let table = self.table();
         for ((queue, partition), part) in self.partitions.all() {
             let log = &part.log;
+            let record = table.queue(&queue).and_then(|q| q.partitions.get(partition as usize));
             let led = match &*part.role.borrow() {
                 Role::Leader { state, .. } => Some(crate::metrics::LeaderGauges {
-                    replicas: state.replica_count() as u32,
+                    replicas: record.map_or(state.replica_count(), wanted_in_sync) as u32,
                     isr: state.isr().len() as u32,
                     min_insync: state.min_insync() as u32,
                     follower_lags: state.follower_lags(),
@@ -82,6 +93,7 @@ impl Shard {
                     (q.name.clone(), offline as u64)
                 })
                 .collect();
+            snap.unclean_elections = Some(table.unclean_elections);
         }
         let storage = self.partitions.storage();
         snap.tail_cache_bytes = storage.tail_cache_bytes() as u64;
@@ -108,5 +120,33 @@ impl Shard {
             .await
             .ok()?;
         rx.await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::PartitionRecord;
+
+    #[test]
+    fn a_move_in_progress_is_under_replicated_only_below_its_replication_factor() {
+        let mut p = PartitionRecord {
+            replicas: vec![1, 2, 3],
+            leader: 1,
+            leader_epoch: 0,
+            isr: vec![1, 2, 3],
+            partition_epoch: 0,
+            target: None,
+            lost: None,
+        };
+        assert_eq!(wanted_in_sync(&p), 3);
+        // Moving 3 off to 4: four replicas while 4 catches up, three wanted.
+        p.target = Some(vec![1, 2, 4]);
+        p.replicas = vec![1, 2, 4, 3];
+        assert_eq!(
+            wanted_in_sync(&p),
+            3,
+            "the adding replica does not count against the ISR"
+        );
     }
 }

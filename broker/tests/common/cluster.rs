@@ -141,6 +141,17 @@ impl Cluster {
         }
     }
 
+    /// Starts node `id` again (after [`Cluster::kill9`]) without waiting
+    /// for it: [`Starting::ready`] does, then [`Cluster::started`] keeps it.
+    pub fn start_again(&self, id: u8) -> Starting {
+        self.launch(id, self.size())
+    }
+
+    /// Keeps node `id`, started by [`Cluster::start_again`], once ready.
+    pub fn started(&mut self, id: u8, node: Starting) {
+        self.nodes[usize::from(id - 1)] = Some(node.ready());
+    }
+
     /// Starts node `id` again (after [`Cluster::kill9`]) and waits for it.
     pub fn restart(&mut self, id: u8) {
         let n = self.size();
@@ -313,9 +324,19 @@ pub fn read_all(bootstrap: &str, queue: &str, want: usize) -> Records {
     block_on(consumer.assign_all(queue)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut got = BTreeMap::new();
+    let mut last_error = String::new();
     while got.len() < want && Instant::now() < deadline {
-        for r in block_on(consumer.poll()).unwrap_or_default() {
-            got.insert((r.partition, r.offset), r.value.map(|v| v.to_vec()).unwrap_or_default());
+        match block_on(consumer.poll()) {
+            Ok(records) => {
+                for r in records {
+                    got.insert((r.partition, r.offset), r.value.map(|v| v.to_vec()).unwrap_or_default());
+                }
+            }
+            Err(e) if e.to_string() != last_error => {
+                eprintln!("reading {queue}: {e}");
+                last_error = e.to_string();
+            }
+            Err(_) => {}
         }
     }
     got

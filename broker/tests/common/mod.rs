@@ -92,6 +92,8 @@ impl Broker {
 pub struct Starting {
     child: Option<Child>,
     lines: std::sync::mpsc::Receiver<String>,
+    /// A line [`Starting::ready_within`] read.
+    early: Option<String>,
     data_dir: PathBuf,
 }
 
@@ -99,7 +101,10 @@ impl Starting {
     /// Runs `command` (a `strand serve …`); `data_dir` is where it keeps its data.
     pub fn spawn(mut command: Command, data_dir: &Path) -> Starting {
         let mut child = command
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("STRAND_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -115,16 +120,32 @@ impl Starting {
         Starting {
             child: Some(child),
             lines: rx,
+            early: None,
             data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    /// Whether it printed its ready line within `wait` (then `ready`
+    /// returns at once).
+    pub fn ready_within(&mut self, wait: Duration) -> bool {
+        match self.lines.recv_timeout(wait) {
+            Ok(line) => {
+                self.early = Some(line);
+                true
+            }
+            Err(_) => false,
         }
     }
 
     /// Waits (up to 60 s) for the ready line.
     pub fn ready(mut self) -> Broker {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(60))
-            .expect("strand printed no ready line");
+        let line = match self.early.take() {
+            Some(line) => line,
+            None => self
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .expect("strand printed no ready line"),
+        };
         assert!(line.contains("ready"), "{line}");
         let addr = line.split_whitespace().nth(3).unwrap().parse().unwrap();
         let metrics = line

@@ -878,16 +878,17 @@ impl ::flatbuffers::SimpleToVerifyInSlice for GroupRecordKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_CONTROLLER_OP: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_CONTROLLER_OP: u8 = 5;
+pub const ENUM_MAX_CONTROLLER_OP: u8 = 6;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_CONTROLLER_OP: [ControllerOp; 6] = [
+pub const ENUM_VALUES_CONTROLLER_OP: [ControllerOp; 7] = [
   ControllerOp::Vote,
   ControllerOp::AppendEntries,
   ControllerOp::InstallSnapshot,
   ControllerOp::Propose,
   ControllerOp::AddLearner,
   ControllerOp::BrokerHeartbeat,
+  ControllerOp::Status,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -916,9 +917,15 @@ impl ControllerOp {
   /// `{"id": ID, "address": "HOST:PORT", "shards": N}` → `Result<(), ControllerError>`
   /// (`BrokerIdInUse` while another broker holds the id's lease).
   pub const BrokerHeartbeat: Self = Self(5);
+  /// Where a member stands, asked by a voter that starts without a Raft
+  /// log (first start, or a wiped disk): `{}` → `{"holds_cluster": BOOL,
+  /// "last_log_index": N|null, "leader": ID|null}`. `holds_cluster`: its
+  /// log goes past the initial membership (a leader was elected once), so
+  /// the asking voter lost its log and must catch up before it votes.
+  pub const Status: Self = Self(6);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 5;
+  pub const ENUM_MAX: u8 = 6;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Vote,
     Self::AppendEntries,
@@ -926,6 +933,7 @@ impl ControllerOp {
     Self::Propose,
     Self::AddLearner,
     Self::BrokerHeartbeat,
+    Self::Status,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -936,6 +944,7 @@ impl ControllerOp {
       Self::Propose => Some("Propose"),
       Self::AddLearner => Some("AddLearner"),
       Self::BrokerHeartbeat => Some("BrokerHeartbeat"),
+      Self::Status => Some("Status"),
       _ => None,
     }
   }
@@ -2051,6 +2060,7 @@ impl<'a> PartitionInfo<'a> {
   pub const VT_REPLICAS: ::flatbuffers::VOffsetT = 10;
   pub const VT_ISR: ::flatbuffers::VOffsetT = 12;
   pub const VT_TARGET_REPLICAS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_LOST_REPLICA: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2062,6 +2072,7 @@ impl<'a> PartitionInfo<'a> {
     args: &'args PartitionInfoArgs<'args>
   ) -> ::flatbuffers::WIPOffset<PartitionInfo<'bldr>> {
     let mut builder = PartitionInfoBuilder::new(_fbb);
+    if let Some(x) = args.lost_replica { builder.add_lost_replica(x); }
     if let Some(x) = args.target_replicas { builder.add_target_replicas(x); }
     if let Some(x) = args.isr { builder.add_isr(x); }
     if let Some(x) = args.replicas { builder.add_replicas(x); }
@@ -2114,6 +2125,13 @@ impl<'a> PartitionInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(PartitionInfo::VT_TARGET_REPLICAS, None)}
   }
+  #[inline]
+  pub fn lost_replica(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(PartitionInfo::VT_LOST_REPLICA, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for PartitionInfo<'_> {
@@ -2128,6 +2146,7 @@ impl ::flatbuffers::Verifiable for PartitionInfo<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("replicas", Self::VT_REPLICAS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("isr", Self::VT_ISR, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("target_replicas", Self::VT_TARGET_REPLICAS, false)?
+     .visit_field::<u32>("lost_replica", Self::VT_LOST_REPLICA, false)?
      .finish();
     Ok(())
   }
@@ -2139,6 +2158,7 @@ pub struct PartitionInfoArgs<'a> {
     pub replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub isr: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub target_replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub lost_replica: Option<u32>,
 }
 impl<'a> Default for PartitionInfoArgs<'a> {
   #[inline]
@@ -2150,6 +2170,7 @@ impl<'a> Default for PartitionInfoArgs<'a> {
       replicas: None,
       isr: None,
       target_replicas: None,
+      lost_replica: None,
     }
   }
 }
@@ -2184,6 +2205,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PartitionInfoBuilder<'a, 'b, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PartitionInfo::VT_TARGET_REPLICAS, target_replicas);
   }
   #[inline]
+  pub fn add_lost_replica(&mut self, lost_replica: u32) {
+    self.fbb_.push_slot_always::<u32>(PartitionInfo::VT_LOST_REPLICA, lost_replica);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PartitionInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     PartitionInfoBuilder {
@@ -2207,6 +2232,7 @@ impl ::core::fmt::Debug for PartitionInfo<'_> {
       ds.field("replicas", &self.replicas());
       ds.field("isr", &self.isr());
       ds.field("target_replicas", &self.target_replicas());
+      ds.field("lost_replica", &self.lost_replica());
       ds.finish()
   }
 }
@@ -3922,6 +3948,256 @@ impl ::core::fmt::Debug for ReassignPartitionResponse<'_> {
       ds.finish()
   }
 }
+pub enum ElectLeadersRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Gives offline partitions of `queue` a leader although no alive replica
+/// is known to hold every record they acknowledged: an unclean election,
+/// which loses what only the missing replicas held (`unclean` must be true;
+/// nothing else is elected this way). `partition` absent: every offline
+/// partition of the queue. `replica` absent: the first alive replica that
+/// did not lose its data. Refused (InvalidRequest) for a partition that has
+/// a leader, or with no alive replica.
+pub struct ElectLeadersRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ElectLeadersRequest<'a> {
+  type Inner = ElectLeadersRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ElectLeadersRequest<'a> {
+  pub const VT_QUEUE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_REPLICA: ::flatbuffers::VOffsetT = 8;
+  pub const VT_UNCLEAN: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ElectLeadersRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ElectLeadersRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ElectLeadersRequest<'bldr>> {
+    let mut builder = ElectLeadersRequestBuilder::new(_fbb);
+    if let Some(x) = args.replica { builder.add_replica(x); }
+    if let Some(x) = args.partition { builder.add_partition(x); }
+    if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.add_unclean(args.unclean);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn queue(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ElectLeadersRequest::VT_QUEUE, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ElectLeadersRequest::VT_PARTITION, None)}
+  }
+  #[inline]
+  pub fn replica(&self) -> Option<u64> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ElectLeadersRequest::VT_REPLICA, None)}
+  }
+  #[inline]
+  pub fn unclean(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ElectLeadersRequest::VT_UNCLEAN, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ElectLeadersRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("queue", Self::VT_QUEUE, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<u64>("replica", Self::VT_REPLICA, false)?
+     .visit_field::<bool>("unclean", Self::VT_UNCLEAN, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ElectLeadersRequestArgs<'a> {
+    pub queue: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: Option<u32>,
+    pub replica: Option<u64>,
+    pub unclean: bool,
+}
+impl<'a> Default for ElectLeadersRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ElectLeadersRequestArgs {
+      queue: None,
+      partition: None,
+      replica: None,
+      unclean: false,
+    }
+  }
+}
+
+pub struct ElectLeadersRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ElectLeadersRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_queue(&mut self, queue: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ElectLeadersRequest::VT_QUEUE, queue);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot_always::<u32>(ElectLeadersRequest::VT_PARTITION, partition);
+  }
+  #[inline]
+  pub fn add_replica(&mut self, replica: u64) {
+    self.fbb_.push_slot_always::<u64>(ElectLeadersRequest::VT_REPLICA, replica);
+  }
+  #[inline]
+  pub fn add_unclean(&mut self, unclean: bool) {
+    self.fbb_.push_slot::<bool>(ElectLeadersRequest::VT_UNCLEAN, unclean, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ElectLeadersRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ElectLeadersRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ElectLeadersRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ElectLeadersRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ElectLeadersRequest");
+      ds.field("queue", &self.queue());
+      ds.field("partition", &self.partition());
+      ds.field("replica", &self.replica());
+      ds.field("unclean", &self.unclean());
+      ds.finish()
+  }
+}
+pub enum ElectLeadersResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ElectLeadersResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ElectLeadersResponse<'a> {
+  type Inner = ElectLeadersResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ElectLeadersResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ElectLeadersResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ElectLeadersResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ElectLeadersResponse<'bldr>> {
+    let mut builder = ElectLeadersResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ElectLeadersResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ElectLeadersResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ElectLeadersResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for ElectLeadersResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ElectLeadersResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct ElectLeadersResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ElectLeadersResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ElectLeadersResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ElectLeadersResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ElectLeadersResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ElectLeadersResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ElectLeadersResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ElectLeadersResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
 pub enum DescribeBrokerRequestOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4307,6 +4583,7 @@ impl<'a> PartitionState<'a> {
   pub const VT_REPLICAS: ::flatbuffers::VOffsetT = 18;
   pub const VT_ISR: ::flatbuffers::VOffsetT = 20;
   pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 22;
+  pub const VT_LOST_REPLICA: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4322,6 +4599,7 @@ impl<'a> PartitionState<'a> {
     builder.add_high_watermark(args.high_watermark);
     builder.add_log_end(args.log_end);
     builder.add_log_start(args.log_start);
+    if let Some(x) = args.lost_replica { builder.add_lost_replica(x); }
     builder.add_leader_epoch(args.leader_epoch);
     if let Some(x) = args.isr { builder.add_isr(x); }
     if let Some(x) = args.replicas { builder.add_replicas(x); }
@@ -4402,6 +4680,13 @@ impl<'a> PartitionState<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(PartitionState::VT_LEADER_EPOCH, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn lost_replica(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(PartitionState::VT_LOST_REPLICA, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for PartitionState<'_> {
@@ -4420,6 +4705,7 @@ impl ::flatbuffers::Verifiable for PartitionState<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("replicas", Self::VT_REPLICAS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("isr", Self::VT_ISR, false)?
      .visit_field::<u32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
+     .visit_field::<u32>("lost_replica", Self::VT_LOST_REPLICA, false)?
      .finish();
     Ok(())
   }
@@ -4435,6 +4721,7 @@ pub struct PartitionStateArgs<'a> {
     pub replicas: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub isr: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub leader_epoch: u32,
+    pub lost_replica: Option<u32>,
 }
 impl<'a> Default for PartitionStateArgs<'a> {
   #[inline]
@@ -4450,6 +4737,7 @@ impl<'a> Default for PartitionStateArgs<'a> {
       replicas: None,
       isr: None,
       leader_epoch: 0,
+      lost_replica: None,
     }
   }
 }
@@ -4500,6 +4788,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PartitionStateBuilder<'a, 'b,
     self.fbb_.push_slot::<u32>(PartitionState::VT_LEADER_EPOCH, leader_epoch, 0);
   }
   #[inline]
+  pub fn add_lost_replica(&mut self, lost_replica: u32) {
+    self.fbb_.push_slot_always::<u32>(PartitionState::VT_LOST_REPLICA, lost_replica);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PartitionStateBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     PartitionStateBuilder {
@@ -4527,6 +4819,7 @@ impl ::core::fmt::Debug for PartitionState<'_> {
       ds.field("replicas", &self.replicas());
       ds.field("isr", &self.isr());
       ds.field("leader_epoch", &self.leader_epoch());
+      ds.field("lost_replica", &self.lost_replica());
       ds.finish()
   }
 }

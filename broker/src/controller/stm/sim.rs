@@ -1,6 +1,7 @@
 //! A seeded simulation of the controller's state machine: random commands
-//! (brokers registering from new runs, fenced, shut down, drained,
-//! decommissioned; queues created, grown, deleted; partitions reassigned;
+//! (brokers registering from new runs, with a new data directory (a wiped
+//! disk) or an earlier one (a disk mounted again), fenced, shut down,
+//! drained, decommissioned; unclean elections; queues created, grown, deleted; partitions reassigned;
 //! leaders' ISR changes, some stale; leader balancing) applied in a random
 //! order, with the table's invariants checked after every step, and a
 //! snapshot restored at random points that must apply on identically.
@@ -10,13 +11,19 @@
 //! The invariants, per partition:
 //! - replicas are distinct, and as many as the replication factor (with a
 //!   move in progress: the target is a prefix of them and has that many);
-//! - the ISR is a non-empty subset of the replicas, in replica order;
+//! - the ISR is a subset of the replicas, in replica order, empty only
+//!   while the partition waits for a lost replica (and then leaderless);
 //! - the leader is an ISR member on an alive broker, or there is none;
 //! - epochs never go back; a new leader comes with a new leader epoch, and
 //!   any change of leader, ISR or replicas with a new partition epoch;
 //! - a broker joins the ISR only through the leader's `AlterIsr`, and a
 //!   new leader held everything committed: it was in the ISR before the
-//!   command (or, for an `AlterIsr`, is in the ISR it sets).
+//!   command (or, for an `AlterIsr`, is in the ISR it sets) — or it is the
+//!   lost replica the partition waited for, back with its directory, or an
+//!   operator asked for an unclean election;
+//! - a broker whose directory changed leads nothing and is in no ISR
+//!   right after it registers, except where it came back to a directory a
+//!   partition waited for.
 
 use super::*;
 use crate::controller::table::BrokerRecord;
@@ -52,6 +59,7 @@ fn settings(partitions: u32, rf: u16) -> QueueSettings {
 fn command(rng: &mut Rng, table: &MetadataTable) -> Command {
     let broker = 1 + rng.below(BROKERS);
     let incarnation = |id: NodeId| table.brokers.get(&id).map_or(1, |b: &BrokerRecord| b.incarnation);
+    let directory = |id: NodeId| table.brokers.get(&id).map_or(1, |b: &BrokerRecord| b.directory);
     let partitions: Vec<(String, u32)> = table
         .queues
         .iter()
@@ -62,8 +70,14 @@ fn command(rng: &mut Rng, table: &MetadataTable) -> Command {
             id: broker,
             address: format!("10.0.0.{broker}:9400"),
             shards: 1,
-            // Mostly the same run coming back; sometimes a new run.
+            // Mostly the same run coming back; sometimes a new run, with
+            // a wiped disk, or the disk before that mounted again.
             incarnation: incarnation(broker) + u64::from(rng.below(3) == 0),
+            directory: match rng.below(12) {
+                0 => directory(broker) + 1,
+                1 => directory(broker).saturating_sub(1).max(1),
+                _ => directory(broker),
+            },
         },
         2 => Command::FenceBroker { id: broker, term: 0 },
         3 => Command::ShutdownBroker {
@@ -108,6 +122,18 @@ fn command(rng: &mut Rng, table: &MetadataTable) -> Command {
             }
         }
         10 if rng.below(2) == 0 => Command::BalanceLeaders,
+        10 if rng.below(3) == 0 => {
+            let Some((queue, partition)) =
+                rng.pick(&partitions.iter().map(|(q, p)| (q.as_str(), *p)).collect::<Vec<_>>())
+            else {
+                return Command::BalanceLeaders;
+            };
+            Command::ElectUnclean {
+                queue: queue.to_string(),
+                partition: (rng.below(2) == 0).then_some(partition),
+                replica: (rng.below(3) == 0).then(|| 1 + rng.below(BROKERS)),
+            }
+        }
         10 => {
             // A leader lost writes (a full disk), now and then late.
             let Some((queue, partition)) =
@@ -170,8 +196,13 @@ fn check(before: &MetadataTable, after: &MetadataTable, command: &Command) -> Re
                 None if p.replicas.len() != rf => return Err(format!("not as many replicas as the factor: {at}")),
                 _ => {}
             }
-            if p.isr.is_empty() || p.isr.iter().any(|r| !p.replicas.contains(r)) {
-                return Err(format!("the ISR is empty or holds a non-replica: {at}"));
+            if p.isr.iter().any(|r| !p.replicas.contains(r)) {
+                return Err(format!("the ISR holds a non-replica: {at}"));
+            }
+            if p.isr.is_empty() != p.lost.is_some() || (p.lost.is_some() && p.leader != NO_LEADER) {
+                return Err(format!(
+                    "an empty ISR without a lost replica, or the reverse, or led: {at}"
+                ));
             }
             let in_order: Vec<NodeId> = p.replicas.iter().copied().filter(|r| p.isr.contains(r)).collect();
             if in_order != p.isr {
@@ -204,12 +235,35 @@ fn check(before: &MetadataTable, after: &MetadataTable, command: &Command) -> Re
                 return Err(format!("changed in the same partition epoch as {was:?}: {at}"));
             }
             let alter = matches!(command, Command::AlterIsr { .. });
-            if !alter && p.isr.iter().any(|r| !was.isr.contains(r)) {
+            let unclean = matches!(command, Command::ElectUnclean { .. });
+            // The lost replica back with the directory it was lost with.
+            let found = match (command, was.lost) {
+                (Command::RegisterBroker { id, directory, .. }, Some(l)) => {
+                    l.broker == *id && l.directory == *directory
+                }
+                _ => false,
+            };
+            if !alter && !unclean && !found && p.isr.iter().any(|r| !was.isr.contains(r)) {
                 return Err(format!("a broker joined the ISR without the leader: was {was:?}: {at}"));
             }
             let held = if alter { &p.isr } else { &was.isr };
-            if p.leader != was.leader && p.leader != NO_LEADER && !held.contains(&p.leader) {
+            if p.leader != was.leader && p.leader != NO_LEADER && !held.contains(&p.leader) && !unclean && !found {
                 return Err(format!("a leader that may lack committed records: was {was:?}: {at}"));
+            }
+            if unclean && p.leader != was.leader && (was.leader != NO_LEADER || p.isr != [p.leader]) {
+                return Err(format!(
+                    "an unclean election of a led partition, or not alone in its ISR: {at}"
+                ));
+            }
+            // A broker back with another directory holds nothing.
+            if let Command::RegisterBroker { id, directory, .. } = command {
+                let before = before.brokers.get(id).map_or(0, |b| b.directory);
+                let wiped = before != 0 && *directory != 0 && before != *directory;
+                if wiped && !found && (p.leader == *id || p.isr.contains(id)) {
+                    return Err(format!(
+                        "a broker back with another directory leads or is in sync: {at}"
+                    ));
+                }
             }
         }
     }
@@ -274,8 +328,15 @@ fn the_checks_fail_on_a_broken_table() {
     let good = stm.table().clone();
     let noop = Command::BalanceLeaders;
     assert_eq!(check(&good, &good, &noop), Ok(()));
-    let broken: [fn(&mut PartitionRecord); 5] = [
+    let broken: [fn(&mut PartitionRecord); 6] = [
         |p| p.isr.clear(),
+        // Waiting for a lost replica while led.
+        |p| {
+            p.lost = Some(LostReplica {
+                broker: p.leader,
+                directory: 1,
+            })
+        },
         |p| p.replicas[1] = p.replicas[0],
         |p| p.leader = 9,
         // Another leader in the same leader epoch.

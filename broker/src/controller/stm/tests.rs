@@ -16,6 +16,7 @@ fn one_node() -> (MetadataStm, u64) {
             address: "127.0.0.1:9400".into(),
             shards: 2,
             incarnation: 1,
+            directory: 1,
         },
     )
     .unwrap();
@@ -146,6 +147,7 @@ fn snapshot_restore_and_replay_agree() {
             address: format!("10.0.0.{id}:9400"),
             shards: 4,
             incarnation: 1,
+            directory: 1,
         });
     }
     for q in 0..20u32 {
@@ -225,6 +227,7 @@ pub(super) fn brokers(n: u64) -> (MetadataStm, u64) {
                 address: format!("10.0.0.{id}:9400"),
                 shards: 2,
                 incarnation: 1,
+                directory: 1,
             },
         )
         .unwrap();
@@ -251,6 +254,7 @@ pub(super) fn back(id: NodeId) -> Command {
         address: format!("10.0.0.{id}:9400"),
         shards: 2,
         incarnation: 1,
+        directory: 1,
     }
 }
 
@@ -378,6 +382,7 @@ fn a_fenced_broker_gets_no_new_partitions_until_it_registers_again() {
             address: "10.0.0.2:9400".into(),
             shards: 2,
             incarnation: 1,
+            directory: 1,
         },
     )
     .unwrap();
@@ -610,6 +615,7 @@ fn a_broker_registering_from_a_new_run_hands_its_leaderships_over_first() {
         address: format!("10.0.0.{restarted}:9400"),
         shards: 2,
         incarnation: 2,
+        directory: 1,
     };
     apply(&mut stm, new_run).unwrap();
     assert!(stm.table().brokers[&restarted].alive);
@@ -1094,4 +1100,166 @@ fn a_reassignment_survives_a_snapshot() {
     let mut restored = MetadataStm::new();
     restored.restore(&stm.snapshot()).unwrap();
     assert_eq!(restored, stm);
+}
+
+/// Broker `id` registering from a new run with data directory `directory`.
+fn with_directory(id: NodeId, incarnation: u64, directory: u64) -> Command {
+    Command::RegisterBroker {
+        id,
+        address: format!("10.0.0.{id}:9400"),
+        shards: 2,
+        incarnation,
+        directory,
+    }
+}
+
+/// Issue 41, item 1: the last in-sync replica of a partition is killed,
+/// its disk wiped, and it comes back. It must not lead that partition
+/// from an empty log (its followers would truncate to it: every
+/// acknowledged record gone); the partition waits offline for the old
+/// disk or an operator's unclean election. Where others are in sync, the
+/// broker just leaves the ISR.
+#[test]
+fn a_broker_back_with_a_wiped_disk_leads_nothing_and_its_sole_partitions_wait() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    // q/0's ISR shrinks to its leader alone (its followers paused).
+    let led = stm.table().queues["q"].partitions[0].clone();
+    let wiped = led.leader;
+    let shrink = alter_isr(&stm, "q", 0, vec![wiped]);
+    apply(&mut stm, shrink).unwrap();
+    let before = stm.table().clone();
+    // Killed, its disk wiped, started again: a new run, a new directory.
+    apply(&mut stm, with_directory(wiped, 2, 2)).unwrap();
+    let t = stm.table();
+    assert_eq!(t.brokers[&wiped].directory, 2);
+    assert!(t.brokers[&wiped].alive);
+    let p = &t.queues["q"].partitions[0];
+    assert_eq!((p.leader, p.isr.clone()), (NO_LEADER, vec![]), "{p:?}");
+    assert_eq!(
+        p.lost,
+        Some(LostReplica {
+            broker: wiped,
+            directory: 1
+        })
+    );
+    assert!(p.leader_epoch > led.leader_epoch && p.partition_epoch > before.queues["q"].partitions[0].partition_epoch);
+    // Everywhere else it is out of every ISR and leads nothing; its RF 1
+    // partitions wait too.
+    for (name, q) in &t.queues {
+        for (i, p) in q.partitions.iter().enumerate() {
+            assert!(!p.isr.contains(&wiped) && p.leader != wiped, "{name}/{i}: {p:?}");
+            let was = &before.queues[name].partitions[i];
+            if was.isr == [wiped] {
+                assert_eq!(p.lost.map(|l| l.broker), Some(wiped), "{name}/{i}");
+            } else {
+                assert!(p.lost.is_none() && p.leader != NO_LEADER, "{name}/{i}: {p:?}");
+            }
+        }
+    }
+    // The followers come back (they were paused, not restarted): nothing
+    // makes them leaders, they hold no proof of every committed record.
+    for id in (1..=3).filter(|id| *id != wiped) {
+        apply(&mut stm, back(id)).unwrap();
+        apply(&mut stm, with_directory(id, 1, 1)).unwrap();
+    }
+    apply(&mut stm, Command::BalanceLeaders).unwrap();
+    assert_eq!(stm.table().queues["q"].partitions[0].leader, NO_LEADER);
+    // Restarting again on the same new disk changes nothing for it.
+    apply(&mut stm, with_directory(wiped, 3, 2)).unwrap();
+    assert_eq!(stm.table().queues["q"].partitions[0].leader, NO_LEADER);
+    // The old disk mounted again: the broker holds everything q/0
+    // committed, and leads it again.
+    let waiting = stm.table().queues["q"].partitions[0].clone();
+    apply(&mut stm, with_directory(wiped, 4, 1)).unwrap();
+    let p = &stm.table().queues["q"].partitions[0];
+    assert_eq!((p.leader, p.isr.clone(), p.lost), (wiped, vec![wiped], None));
+    assert_eq!(p.leader_epoch, waiting.leader_epoch + 1);
+    assert_eq!(stm.table().unclean_elections, 0);
+}
+
+#[test]
+fn a_broker_without_a_directory_id_changes_nothing() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    index += 1;
+    // An older broker (no id): the recorded one stays, as a new run would.
+    stm.apply(index, &with_directory(2, 1, 0)).unwrap();
+    assert_eq!(stm.table().brokers[&2].directory, 1);
+    // A table from before directory ids (none recorded) takes the first
+    // id as it comes: nothing is lost.
+    let mut restored = MetadataStm::new();
+    let mut snapshot: serde_json::Value = serde_json::from_slice(&stm.snapshot()).unwrap();
+    for b in snapshot["brokers"].as_object_mut().unwrap().values_mut() {
+        b.as_object_mut().unwrap().remove("directory");
+    }
+    restored.restore(&serde_json::to_vec(&snapshot).unwrap()).unwrap();
+    assert_eq!(restored.table().brokers[&1].directory, 0);
+    let queues = restored.table().queues.clone();
+    restored.apply(index + 1, &with_directory(1, 1, 5)).unwrap();
+    assert_eq!(restored.table().brokers[&1].directory, 5);
+    assert_eq!(restored.table().queues, queues);
+}
+
+#[test]
+fn an_unclean_election_leads_an_offline_partition_with_a_replica_that_kept_its_data() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let wiped = stm.table().queues["q"].partitions[0].leader;
+    let shrink = alter_isr(&stm, "q", 0, vec![wiped]);
+    apply(&mut stm, shrink).unwrap();
+    apply(&mut stm, with_directory(wiped, 2, 2)).unwrap();
+    let elect = |partition, replica| Command::ElectUnclean {
+        queue: "q".into(),
+        partition,
+        replica,
+    };
+    let refused = |r: Result<(), ControllerError>| match r {
+        Err(ControllerError::ElectionRefused(why)) => why,
+        other => panic!("not refused: {other:?}"),
+    };
+    // A partition with a leader: nothing to elect.
+    let why = refused(apply(&mut stm, elect(Some(1), None)));
+    assert!(why.contains("q/1 has a leader"), "{why}");
+    let why = refused(apply(&mut stm, elect(Some(7), None)));
+    assert!(why.contains("no 7"), "{why}");
+    let why = refused(apply(&mut stm, elect(Some(0), Some(9))));
+    assert!(why.contains("broker 9 is not a replica"), "{why}");
+    apply(&mut stm, elect(None, None)).unwrap();
+    let p = &stm.table().queues["q"].partitions[0];
+    // Not the broker known to have lost the data: a follower, which holds
+    // what it had fetched.
+    assert!(p.leader != wiped && p.leader != NO_LEADER, "{p:?}");
+    assert_eq!((p.isr.clone(), p.lost), (vec![p.leader], None));
+    assert_eq!(stm.table().unclean_elections, 1);
+    // Nothing is offline now.
+    let why = refused(apply(&mut stm, elect(None, None)));
+    assert!(why.contains("no partition of q is offline"), "{why}");
+    // A fenced replica is not elected when named.
+    let single = stm.table().queues["single"].partitions[0].clone();
+    let only = single.replicas[0];
+    apply(&mut stm, Command::FenceBroker { id: only, term: 0 }).unwrap();
+    let named = Command::ElectUnclean {
+        queue: "single".into(),
+        partition: Some(0),
+        replica: Some(only),
+    };
+    let why = refused(apply(&mut stm, named));
+    assert!(why.contains("is not alive"), "{why}");
+    let any = Command::ElectUnclean {
+        queue: "single".into(),
+        partition: Some(0),
+        replica: None,
+    };
+    let why = refused(apply(&mut stm, any));
+    assert!(why.contains("no replica of single/0 is alive"), "{why}");
+    assert_eq!(
+        ControllerError::ElectionRefused(why).code(),
+        strand_wire::ErrorCode::InvalidRequest
+    );
 }

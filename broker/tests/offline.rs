@@ -1,0 +1,307 @@
+//! Partitions without a leader, on real `strand serve` processes.
+//!
+//! A disk lost under a partition's last in-sync replica (issue 41, item 1):
+//! voters on 127.0.0.1–3 and a broker without a vote on 127.0.0.4. The partition's follower is paused until
+//! the ISR is its leader alone; the leader is killed with kill -9, its data
+//! directory deleted (a replaced disk, or a mount that failed) and started
+//! again; the follower resumes. Before directory ids the partition came
+//! back led by the empty replica, and the follower truncated to it: every
+//! acknowledged record gone. Now it waits, offline and saying why, until
+//! an operator accepts the loss (`strand queue elect --unclean`), and the
+//! follower's copy leads with every record it held.
+//!
+//! And a consumer of a queue with an offline partition reads the others
+//! (it read nothing at all: found by the first test).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{describe, read_all, Cluster};
+use strand_client::{block_on, Acks, Admin, PartitionPlacement, Producer, ProducerConfig};
+
+/// Followers that stop fetching leave the ISR after 2 s; leaderships stay
+/// where failover put them.
+const QUICK_ISR: &str = "replica_lag_time_max_ms = 2000\nreplica_fetch_wait_ms = 200\nleader_balance_interval_ms = 0\n";
+
+/// Partition `p` of `queue` as node `via`'s metadata shows it, once
+/// `ready` holds for it (within 30 s). (Metadata, not describe: describe
+/// asks every leader for its figures, and one is paused.)
+fn partition_when(
+    c: &Cluster,
+    via: u8,
+    queue: &str,
+    p: usize,
+    what: &str,
+    ready: impl Fn(&PartitionPlacement) -> bool,
+) -> PartitionPlacement {
+    let admin = Admin::connect(&c.addr(via).to_string()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let cluster = block_on(admin.describe_cluster()).unwrap();
+        let part = cluster
+            .partitions
+            .into_iter()
+            .find(|x| x.queue == queue && x.partition == p as u32)
+            .unwrap();
+        if ready(&part) {
+            return part;
+        }
+        assert!(Instant::now() < deadline, "{queue}/{p} never {what}: {part:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// An acks=all producer through node 1.
+fn acks_all(c: &Cluster) -> Producer {
+    let config = ProducerConfig {
+        acks: Acks::All,
+        ..ProducerConfig::default()
+    };
+    Producer::new(&c.addr(1).to_string(), config).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[test]
+fn a_wiped_disk_never_leads_what_it_alone_held_in_sync() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    c.add_learner(4);
+    let queue = "kept";
+    c.strand(
+        1,
+        &[
+            "queue",
+            "create",
+            queue,
+            "--partitions",
+            "8",
+            "--replication-factor",
+            "2",
+        ],
+    );
+    // A partition broker 4 leads (placement spreads leaders: two of
+    // eight), its follower a voter.
+    let d = describe(&c, 1, queue);
+    let (p, follower) = d["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .find_map(|(i, part)| {
+            let replicas = ids(&part["replicas"]);
+            (part["leader"] == 4).then(|| (i, replicas.into_iter().find(|r| *r != 4).unwrap() as u8))
+        })
+        .expect("broker 4 leads a partition");
+    partition_when(&c, 1, queue, p, "had both replicas in sync", |part| part.isr.len() == 2);
+    // Acknowledged by both replicas.
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| strand_wire::partition_for_key(k.as_bytes(), 8) == p as u32)
+        .take(5)
+        .collect();
+    let producer = acks_all(&c);
+    let mut acked = Vec::new();
+    for i in 0..50 {
+        let value = format!("v{i}");
+        let d = block_on(producer.send(queue, Some(keys[i % 5].as_bytes()), value.as_bytes(), &[])).unwrap();
+        assert_eq!(d.partition, p as u32);
+        acked.push((d.offset.unwrap(), value));
+    }
+    drop(producer);
+    // The follower pauses until the ISR is the leader alone.
+    c.node(follower).signal(libc::SIGSTOP);
+    let via = (1..=3).find(|id| *id != follower).unwrap();
+    partition_when(&c, via, queue, p, "shrank to its leader", |part| part.isr == [4]);
+    // The leader's disk is lost: kill -9, its directory gone, started again.
+    c.kill9(4);
+    std::fs::remove_dir_all(c.data_dir(4)).unwrap();
+    c.restart(4);
+    c.node(follower).signal(libc::SIGCONT);
+    // Offline, waiting for the replica that had the data, and saying so.
+    let part = partition_when(&c, via, queue, p, "went offline for the lost replica", |part| {
+        part.lost_replica == Some(4)
+    });
+    assert_eq!((part.leader, part.isr.clone()), (0, vec![]), "{part:?}");
+    let part = describe(&c, via, queue)["partitions"][p].clone();
+    assert_eq!(part["lost_replica"], 4, "{part}");
+    assert_eq!(ids(&part["isr"]), Vec::<u64>::new(), "{part}");
+    let reason = part["offline_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("offline: waiting for a replica with the data")
+            && reason.ends_with("or `strand queue elect --unclean` to accept loss"),
+        "{reason}"
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(c.strand(via, &["cluster", "status", "--output", "json"]).trim()).unwrap();
+    let offline = status["offline"].as_array().unwrap();
+    assert!(
+        offline
+            .iter()
+            .any(|o| o["queue"] == queue && o["partition"] == p && o["lost_replica"] == 4),
+        "{status}"
+    );
+    let text = c.strand(via, &["queue", "describe", queue]);
+    assert!(
+        text.contains(&format!("partition {p}: offline: waiting for a replica with the data")),
+        "{text}"
+    );
+    // It stays so: no leader comes back by itself (the wiped broker
+    // registers, renews, the follower is back).
+    std::thread::sleep(Duration::from_secs(4));
+    let part = &describe(&c, via, queue)["partitions"][p];
+    assert_eq!(
+        (part["leader"].clone(), part["lost_replica"].clone()),
+        (0.into(), 4.into()),
+        "{part}"
+    );
+    // An unclean election only on the operator's word: the follower's copy,
+    // not the empty one, leads, and every record it held is readable.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["queue", "elect", queue, "--brokers", &c.addr(via).to_string()])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "an election without --unclean ran");
+    let p_text = p.to_string();
+    c.strand(via, &["queue", "elect", queue, "--partition", &p_text, "--unclean"]);
+    let part = partition_when(&c, via, queue, p, "was led again", |part| part.leader != 0);
+    assert_eq!(part.leader, u32::from(follower), "{part:?}");
+    // The CLI reads them too (another partition of the queue may still be
+    // offline: broker 4 led two).
+    let consumed = c.strand(
+        via,
+        &[
+            "consume",
+            queue,
+            "--from",
+            "earliest",
+            "--max",
+            "50",
+            "--idle-exit-ms",
+            "20000",
+        ],
+    );
+    assert_eq!(consumed.lines().count(), 50, "{consumed}");
+    let got = read_all(&c.addr(via).to_string(), queue, acked.len());
+    for (offset, value) in &acked {
+        assert_eq!(
+            got.get(&(p as u32, *offset)).map(|v| v.as_slice()),
+            Some(value.as_bytes()),
+            "record at {p}/{offset} lost"
+        );
+    }
+    // The wiped broker catches up as a follower and is in sync again.
+    partition_when(&c, via, queue, p, "took the wiped broker back in sync", |part| {
+        part.isr.len() == 2
+    });
+    let scraped = common::scrape(c.node(via));
+    assert_eq!(
+        common::value(&scraped, "strand_unclean_elections_total"),
+        Some(1.0),
+        "{scraped}"
+    );
+}
+
+#[test]
+fn a_consumer_reads_the_partitions_that_have_a_leader_while_another_has_none() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    let queue = "some-down";
+    c.strand(1, &["queue", "create", queue, "--partitions", "3"]);
+    let d = describe(&c, 1, queue);
+    let leaders: Vec<u8> = (0..3)
+        .map(|p| d["partitions"][p]["leader"].as_u64().unwrap() as u8)
+        .collect();
+    // Records in every partition.
+    let producer = acks_all(&c);
+    let mut acked = std::collections::BTreeMap::new();
+    for i in 0..60 {
+        let (key, value) = (format!("k{i}"), format!("v{i}"));
+        let d = block_on(producer.send(queue, Some(key.as_bytes()), value.as_bytes(), &[])).unwrap();
+        acked.insert((d.partition, d.offset.unwrap()), value.into_bytes());
+    }
+    drop(producer);
+    // The only replica of one partition dies: first unreachable, then
+    // offline once its lease runs out.
+    let down = *leaders.iter().find(|l| **l != 1).unwrap();
+    c.kill9(down);
+    let readable: Vec<((u32, u64), Vec<u8>)> = acked
+        .iter()
+        .filter(|((p, _), _)| leaders[*p as usize] != down)
+        .map(|(k, v)| (*k, v.clone()))
+        .collect();
+    assert!(!readable.is_empty());
+    let got = read_all(&c.addr(1).to_string(), queue, readable.len());
+    for (at, value) in &readable {
+        assert_eq!(
+            got.get(at),
+            Some(value),
+            "record at {at:?} not read while another partition is down"
+        );
+    }
+}
+
+/// KIP-853's case: a controller voter whose disk was wiped must not vote
+/// as if it kept its log. Voter 2 is down while a queue is created (the
+/// entry committed on voters 1 and 3); voter 1 dies, voter 3's disk is
+/// wiped. With voters 2 and 3 started again, the two make a majority — but
+/// only voter 3's lost log held the entry beside voter 1's: a leader
+/// elected with the wiped voter's vote would lack the queue. The wiped
+/// voter votes in nothing until it caught up with a leader, so the group
+/// waits for voter 1, and the queue survives.
+#[test]
+fn a_voter_with_a_wiped_disk_votes_only_once_it_caught_up() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    c.kill9(2);
+    // Committed by voters 1 and 3 (through 1: whichever of them leads).
+    c.strand(1, &["queue", "create", "remembered", "--partitions", "1"]);
+    c.kill9(1);
+    c.kill9(3);
+    std::fs::remove_dir_all(c.data_dir(3)).unwrap();
+    let mut lacking = c.start_again(2);
+    let wiped = c.start_again(3);
+    // Voter 2 lacks the queue; with the wiped voter's vote it would lead
+    // and serve without it.
+    if lacking.ready_within(Duration::from_secs(10)) {
+        c.started(2, lacking);
+        let seen = common::cluster::metadata(&mut c.client(2), None);
+        panic!(
+            "voter 2 serves, led by {}, without the committed queue: {:?}",
+            seen.controller, seen.queues
+        );
+    }
+    // Voter 1 back: it leads (its log is the longer), the others catch up
+    // and serve, and every node has the queue.
+    let first = c.start_again(1);
+    c.started(1, first);
+    c.started(2, lacking);
+    c.started(3, wiped);
+    for id in 1..=3 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !common::cluster::metadata(&mut c.client(id), None)
+            .queues
+            .contains(&"remembered".to_string())
+        {
+            assert!(Instant::now() < deadline, "node {id} never saw the queue");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // It votes again: voter 1 dies once more, and 2 and 3 elect a leader.
+    c.kill9(1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::cluster::metadata(&mut c.client(2), None).controller == 0 {
+        assert!(Instant::now() < deadline, "no controller leader without voter 1");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
