@@ -228,7 +228,7 @@ async fn fetch_from(shard: &Rc<Shard>, leader: NodeId) {
                     queue,
                     partition,
                     epoch,
-                    fetch_offset: part.log.log_end(),
+                    fetch_offset: held_end(&part.log),
                     part,
                 })
             })
@@ -438,13 +438,16 @@ async fn apply_answer(
                 );
                 continue;
             }
-            match append_all(shard, &f.part, frame.tail.slice(start..end)).await {
-                Ok(Some(last)) => {
-                    let part = f.part.clone();
-                    syncs.push(glommio::spawn_local(async move { part.log.wait_durable(last).await }));
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(queue = name, partition = r.partition(), "replica append: {e}"),
+            // What was appended is made durable (or written, on an
+            // interval queue) before the next fetch reports it, also when a
+            // later batch of the answer failed.
+            let (appended, failed) = append_all(shard, &f.part, frame.tail.slice(start..end)).await;
+            if let Some(last) = appended {
+                let part = f.part.clone();
+                syncs.push(glommio::spawn_local(async move { part.log.wait_durable(last).await }));
+            }
+            if let Some(e) = failed {
+                tracing::warn!(queue = name, partition = r.partition(), "replica append: {e}");
             }
             let hw = Offset(r.high_watermark()).min(log.log_end());
             if log.advance_high_watermark(hw) {
@@ -465,39 +468,60 @@ async fn apply_answer(
         }
     }
     for sync in syncs {
+        // A failed write or sync fails the log: the next fetch reports only
+        // what it wrote ([`held_end`]), so the leader never counts it.
         if let Err(e) = sync.await {
-            tracing::warn!("replica fdatasync: {e}");
+            tracing::warn!("replica write or fdatasync failed (the log reports only what it wrote): {e}");
         }
     }
     progressed
 }
 
+/// The end a follower tells its leader it holds: its log end, or, once
+/// its log failed (a write or fdatasync refused: a full disk, a stopped
+/// journal), only what it wrote — batches it appended to memory and never
+/// wrote must not count toward the leader's high watermark (an acks=all
+/// record would be acknowledged with one copy fewer than it claims).
+fn held_end(log: &strand_storage::Log) -> Offset {
+    match log.failed() {
+        true => log.written_offset().min(log.log_end()),
+        false => log.log_end(),
+    }
+}
+
 /// Appends the leader's batches in `records` to a follower's log, in
 /// order (the log notes their producers); returns the last offset appended.
-async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> Result<Option<Offset>, String> {
-    let _turn = part
-        .appending
-        .acquire_permit(1)
-        .await
-        .map_err(|_| "the partition is closing".to_string())?;
+/// Returns the last offset appended (also when a later batch failed) and
+/// the failure, if one stopped it.
+async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> (Option<Offset>, Option<String>) {
+    let Ok(_turn) = part.appending.acquire_permit(1).await else {
+        return (None, Some("the partition is closing".to_string()));
+    };
     if part.following().is_none() {
-        return Ok(None);
+        return (None, None);
     }
     let mut last = None;
+    let mut failed = None;
     while !records.is_empty() {
         let len = strand_storage::batch::batch_length(&records).unwrap_or(0) as usize;
         if len < strand_storage::batch::HEADER_LEN || len > records.len() {
-            return Err(format!("a batch of {len} bytes in {} bytes of records", records.len()));
+            failed = Some(format!("a batch of {len} bytes in {} bytes of records", records.len()));
+            break;
         }
         // A slice of the answer's frame, not a copy.
         let batch = records.split_to(len);
-        let info = part.log.append_replica(batch).await.map_err(|e| e.to_string())?;
-        last = Some(info.last_offset);
+        match part.log.append_replica(batch).await {
+            Ok(info) => last = Some(info.last_offset),
+            Err(e) => {
+                failed = Some(e.to_string());
+                break;
+            }
+        }
     }
     if last.is_some() && matches!(part.log.config().fsync, FsyncPolicy::Interval { .. }) {
         shard.partitions.interval_appends.notify_all();
     }
-    Ok(last)
+    (last, failed)
 }
 
 /// How a follower's log goes back into step with its leader's.
@@ -637,6 +661,48 @@ async fn propose_isr(shard: &Rc<Shard>, part: &Partition, command: Command) {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    /// Issue 41, item 6: a follower whose write failed (here its shard
+    /// journal stopped, as on a full disk) reports only what it wrote; it
+    /// reported the batch it appended to memory, and the leader counted it
+    /// toward the high watermark.
+    #[test]
+    fn a_follower_whose_write_failed_reports_only_what_it_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        strand_storage::testkit::run_on_executor(move || async move {
+            use strand_storage::testkit::{batch, stamp_at};
+            let storage = strand_storage::ShardStorage::open(&path, Default::default())
+                .await
+                .unwrap();
+            let journal = strand_storage::journal::JournalConfig {
+                file_bytes: 1 << 20,
+                spare_files: 1,
+                ..Default::default()
+            };
+            storage.start_journal(&path.join("__journal"), journal).await.unwrap();
+            let config = strand_storage::LogConfig {
+                retention_ms: None,
+                ..Default::default()
+            };
+            let log = storage.open_log(path.join("q/0"), config).await.unwrap();
+            assert!(log.journaled());
+            let first = log
+                .append_replica(stamp_at(batch(1, 3, 10, 0), 0).into_bytes())
+                .await
+                .unwrap();
+            log.wait_durable(first.last_offset).await.unwrap();
+            assert_eq!(held_end(&log), Offset(3));
+            storage.stop_journal("the test stops it").await;
+            let refused = log.append_replica(stamp_at(batch(2, 4, 10, 0), 3).into_bytes()).await;
+            let failed = match refused {
+                Err(_) => true,
+                Ok(info) => log.wait_durable(info.last_offset).await.is_err(),
+            };
+            assert!(failed && log.failed(), "the write failed");
+            assert_eq!(held_end(&log), Offset(3), "log end {:?}", log.log_end());
+        });
+    }
 
     #[test]
     fn a_fetch_trouble_is_said_once_it_lasts_then_now_and_then_and_its_end_once() {

@@ -261,19 +261,27 @@ impl AckState {
         }
     }
 
-    /// A position set from outside (a commit or a reset). Forward: the
-    /// records below it are done with (and done ones right after it too).
-    /// Backward (a reset, a replay): the record state starts over from it —
-    /// nothing is out any more.
-    pub fn set_position(&mut self, position: u64) {
-        if position < self.position {
-            *self = AckState::new(position);
+    /// A committed position: the records below it are done with (and done
+    /// ones right after it too). Never backward: commits of concurrent
+    /// settles may land out of order, and an older one must not wipe the
+    /// state of records handed out since (issue 41, item 4: their delivery
+    /// counts were lost — deliveries past the attempt limit, one record
+    /// with two workers, a second dead letter). Only [`AckState::reset`]
+    /// goes back.
+    pub fn advance_to(&mut self, position: u64) {
+        if position <= self.position {
             return;
         }
         self.position = position;
         self.next = self.next.max(position);
         self.records.retain(|&o, _| o >= position);
         self.advance();
+    }
+
+    /// An operator's reset (`group reset`): the record state starts over
+    /// from `position`, backward or forward — nothing is out any more.
+    pub fn reset(&mut self, position: u64) {
+        *self = AckState::new(position);
     }
 
     /// Moves the position past the done prefix; returns whether it moved.
@@ -417,7 +425,9 @@ mod tests {
         let now = Instant::now();
         let mut s = AckState::new(100);
         s.acquire(&[100, 101], "m", now, LOCK);
-        s.set_position(0);
+        s.advance_to(0);
+        assert_eq!((s.position, s.in_flight()), (100, 2), "a commit never goes back");
+        s.reset(0);
         assert_eq!((s.position, s.next, s.in_flight()), (0, 0, 0));
         assert_eq!(s.plan(now, 10, 100, 5).new, 10);
     }
@@ -453,7 +463,7 @@ mod tests {
         assert!(!s.advance());
         assert_eq!(s.attempts(0), 2);
         assert_eq!(s.plan(now, 10, 100, 5).redeliver, vec![0]);
-        s.set_position(2);
+        s.advance_to(2);
         assert_eq!((s.position, s.next, s.in_flight()), (2, 2, 0));
     }
 }

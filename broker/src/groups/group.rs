@@ -293,16 +293,36 @@ impl Group {
 
     /// Sets a committed position (from a record at `record`; an older
     /// record than the one that set the current value changes nothing).
+    /// An ack-mode partition's record state only moves forward
+    /// ([`AckState::advance_to`]): commits of concurrent settles may be
+    /// written out of order.
     pub fn apply_commit(&mut self, tp: Tp, offset: u64, record: u64) {
-        let slot = self.committed.entry(tp.clone()).or_insert(Committed { offset, record });
-        if record >= slot.record {
-            *slot = Committed { offset, record };
+        if self.set_committed(&tp, offset, record) {
             if let Some(a) = self.acks.get_mut(&tp) {
-                if a.position != offset {
-                    a.set_position(offset);
-                }
+                a.advance_to(offset);
             }
         }
+    }
+
+    /// An operator's reset to `offset` (from a record at `record`): the
+    /// committed position, and an ack-mode record state, start over there.
+    pub fn apply_reset(&mut self, tp: Tp, offset: u64, record: u64) {
+        if self.set_committed(&tp, offset, record) {
+            if let Some(a) = self.acks.get_mut(&tp) {
+                a.reset(offset);
+            }
+        }
+    }
+
+    /// Sets the committed position from a record at `record`, unless a
+    /// later record set it; returns whether it did.
+    fn set_committed(&mut self, tp: &Tp, offset: u64, record: u64) -> bool {
+        let slot = self.committed.entry(tp.clone()).or_insert(Committed { offset, record });
+        if record < slot.record {
+            return false;
+        }
+        *slot = Committed { offset, record };
+        true
     }
 
     /// The id of the queue whose positions this group holds under `queue`
@@ -478,7 +498,41 @@ mod tests {
         g.apply_commit(tp(0), 40, 6);
         assert_eq!(g.committed(&tp(0)), Some(50));
         g.apply_commit(tp(0), 10, 8);
-        assert_eq!(g.committed(&tp(0)), Some(10), "a reset moves positions back");
+        assert_eq!(g.committed(&tp(0)), Some(10), "a later commit moves positions back");
+        g.apply_reset(tp(0), 5, 9);
+        g.apply_reset(tp(0), 99, 3);
+        assert_eq!(g.committed(&tp(0)), Some(5), "a reset too, in record order");
+    }
+
+    /// Issue 41, item 4: two settles of one member commit concurrently and
+    /// their commits land out of order. The older, lower one must not wipe
+    /// the ack state: records handed out past it stay out, with their
+    /// counts. Only a reset starts the state over.
+    #[test]
+    fn an_older_commit_landing_late_never_moves_an_ack_position_back() {
+        use crate::groups::ack::{AckState, Outcome};
+        let now = Instant::now();
+        let lock = Duration::from_secs(30);
+        let mut g = Group::created(Strategy::Sticky, Start::Earliest, 0);
+        g.acks.insert(tp(0), AckState::new(0));
+        let a = g.acks.get_mut(&tp(0)).unwrap();
+        a.acquire(&(0..10).collect::<Vec<_>>(), "m", now, lock);
+        for o in 0..8 {
+            assert!(a.settle(o, "m", Outcome::Ack, None, now));
+        }
+        a.advance();
+        assert_eq!(a.position, 8);
+        // Settle B's commit (8) lands first, then settle A's (5).
+        g.apply_commit(tp(0), 8, 1);
+        g.apply_commit(tp(0), 5, 2);
+        let a = &g.acks[&tp(0)];
+        assert_eq!(a.position, 8, "the ack position went back");
+        assert_eq!(a.in_flight(), 2, "records 8 and 9 are still out");
+        assert!(a.held_by(9, "m"));
+        // An operator's reset starts it over.
+        g.apply_reset(tp(0), 0, 3);
+        let a = &g.acks[&tp(0)];
+        assert_eq!((a.position, a.in_flight()), (0, 0));
     }
 
     #[test]

@@ -854,18 +854,36 @@ impl Coordinator {
         })
     }
 
-    /// Makes `offsets` durable, then applies them.
+    /// Makes `offsets` durable, then applies them as commits (an ack-mode
+    /// position only moves forward).
     async fn commit(&self, at: &At<'_>, offsets: Vec<(Tp, u64)>) -> Result<(), WireError> {
+        self.write_positions(at, offsets, false).await
+    }
+
+    /// Makes `offsets` durable, then applies them: as an operator's reset
+    /// (`reset`: they may go back, and an ack-mode record state starts
+    /// over) or as commits.
+    async fn write_positions(&self, at: &At<'_>, offsets: Vec<(Tp, u64)>, reset: bool) -> Result<(), WireError> {
         let At { shard, p, part, group } = *at;
         if offsets.is_empty() {
             return Ok(());
         }
         let changes: Vec<GroupChange> = offsets
             .iter()
-            .map(|((queue, partition), offset)| GroupChange::Commit {
-                queue: queue.clone(),
-                partition: *partition,
-                offset: *offset,
+            .map(|((queue, partition), offset)| {
+                let (queue, partition, offset) = (queue.clone(), *partition, *offset);
+                match reset {
+                    true => GroupChange::Reset {
+                        queue,
+                        partition,
+                        offset,
+                    },
+                    false => GroupChange::Commit {
+                        queue,
+                        partition,
+                        offset,
+                    },
+                }
             })
             .collect();
         let base = append(shard, part, group, &changes).await?;
@@ -876,7 +894,10 @@ impl Coordinator {
                 if let Some(q) = table.queue(&tp.0) {
                     g.note_queue(&tp.0, q.id);
                 }
-                g.apply_commit(tp, offset, base + i as u64);
+                match reset {
+                    true => g.apply_reset(tp, offset, base + i as u64),
+                    false => g.apply_commit(tp, offset, base + i as u64),
+                }
             }
             Ok(())
         });
@@ -985,7 +1006,7 @@ impl Coordinator {
         }
         // Members may have joined while the offsets were looked up; none
         // may join while the reset is written.
-        self.while_empty(p, group, "reset", self.commit(at, offsets.clone()))
+        self.while_empty(p, group, "reset", self.write_positions(at, offsets.clone(), true))
             .await?;
         Ok(GroupReply::Reset(offsets))
     }

@@ -33,6 +33,14 @@ pub enum GroupChange {
         partition: u32,
         offset: u64,
     },
+    /// An operator's reset (`group reset`) to `offset`: a `Commit` record
+    /// with `reset` set. Unlike a commit it may move an ack-mode position
+    /// back, and starts its record state over.
+    Reset {
+        queue: String,
+        partition: u32,
+        offset: u64,
+    },
     Deleted,
     /// Ack mode: a record handed out for the `attempts`th time.
     Delivered {
@@ -116,6 +124,7 @@ impl GroupChange {
     pub fn queue(&self) -> Option<&str> {
         match self {
             GroupChange::Commit { queue, .. }
+            | GroupChange::Reset { queue, .. }
             | GroupChange::Delivered { queue, .. }
             | GroupChange::Settled { queue, .. } => Some(queue),
             GroupChange::Created { .. }
@@ -186,12 +195,18 @@ pub fn encode(change: &GroupChange, queue_id: u64, snapshot_of: u64) -> Vec<u8> 
             queue: q,
             partition,
             offset,
+        }
+        | GroupChange::Reset {
+            queue: q,
+            partition,
+            offset,
         } => {
             queue = fbb.create_string(q);
             args.kind = GroupRecordKind::Commit;
             args.queue = Some(queue);
             args.partition = *partition;
             args.offset = *offset;
+            args.reset = matches!(change, GroupChange::Reset { .. });
         }
         GroupChange::Deleted => args.kind = GroupRecordKind::Deleted,
         GroupChange::SnapshotBegin { covers } => {
@@ -224,6 +239,11 @@ fn change_of(r: &strand_wire::GroupRecord<'_>) -> Result<GroupChange, String> {
             strategy: strategy_from_wire(r.strategy())
                 .ok_or_else(|| format!("unknown assignment strategy {}", r.strategy().0))?,
             start: start_from_wire(r.start()).ok_or_else(|| format!("unknown start {}", r.start().0))?,
+        }),
+        GroupRecordKind::Commit if r.reset() => Ok(GroupChange::Reset {
+            queue: r.queue().ok_or("a reset record without a queue")?.to_string(),
+            partition: r.partition(),
+            offset: r.offset(),
         }),
         GroupRecordKind::Commit => Ok(GroupChange::Commit {
             queue: r.queue().ok_or("a commit record without a queue")?.to_string(),
@@ -309,6 +329,11 @@ mod tests {
                 queue: "orders".into(),
                 partition: 7,
                 offset: u64::MAX - 1,
+            },
+            GroupChange::Reset {
+                queue: "orders".into(),
+                partition: 7,
+                offset: 3,
             },
             GroupChange::Deleted,
             GroupChange::Delivered {

@@ -136,15 +136,24 @@ fn apply(
                 .or_insert_with(|| Group::created(strategy, start, seed));
         }
         GroupChange::Commit {
-            queue,
+            ref queue,
+            partition,
+            offset: position,
+        }
+        | GroupChange::Reset {
+            ref queue,
             partition,
             offset: position,
         } => {
             if let Some(g) = groups.get_mut(&name) {
                 if queue_id != 0 {
-                    g.note_queue(&queue, queue_id);
+                    g.note_queue(queue, queue_id);
                 }
-                g.apply_commit((queue, partition), position, offset);
+                let tp = (queue.clone(), partition);
+                match change {
+                    GroupChange::Reset { .. } => g.apply_reset(tp, position, offset),
+                    _ => g.apply_commit(tp, position, offset),
+                }
             }
         }
         GroupChange::Deleted => {
@@ -272,7 +281,7 @@ mod tests {
     }
 
     /// A history of group changes from a seeded generator: creations,
-    /// commits (some backwards: resets), deliveries (new records in offset
+    /// commits, resets (some backwards), deliveries (new records in offset
     /// order from the position, and redeliveries), acks, nacks with
     /// errors, deletions, and records of a queue deleted since (a stale id,
     /// ignored by replay).
@@ -304,12 +313,13 @@ mod tests {
                     start: Start::Earliest,
                 },
                 1 | 2 => {
-                    // Forward mostly; sometimes back (a reset).
+                    // An operator's reset: forward mostly, sometimes back.
                     let offset = (at + next(6)).saturating_sub(3);
                     if !stale {
                         fresh.insert(key, (offset, offset, true));
                     }
-                    GroupChange::Commit {
+                    // (The record state starts over here: a reset.)
+                    GroupChange::Reset {
                         queue: queue.into(),
                         partition,
                         offset,
@@ -321,7 +331,11 @@ mod tests {
                     if !stale {
                         fresh.insert(key, (at, at, true));
                     }
-                    GroupChange::Commit {
+                    // (Written as a reset: this model starts the record
+                    // state over at every position it writes, which a
+                    // plain commit no longer does — `Group::apply_commit`
+                    // only moves forward, tested on its own.)
+                    GroupChange::Reset {
                         queue: queue.into(),
                         partition,
                         offset: at,
@@ -368,6 +382,82 @@ mod tests {
             out.push((group, stored));
         }
         out
+    }
+
+    /// Issue 41, item 4, at replay: two settles' commits written out of
+    /// order (the lower after the higher) keep the delivery counts of the
+    /// records past them; a reset record starts them over.
+    #[test]
+    fn a_commit_written_late_keeps_the_counts_of_records_past_it() {
+        let table = table();
+        let q = |o| ("a".to_string(), 0u32, o);
+        let mut log: Log = Vec::new();
+        let push = |log: &mut Log, change| {
+            let at = log.len() as u64;
+            log.push((at, "g".to_string(), ordinary(change)));
+        };
+        push(
+            &mut log,
+            GroupChange::Created {
+                strategy: Strategy::Sticky,
+                start: Start::Earliest,
+            },
+        );
+        let commit = |(queue, partition, offset): (String, u32, u64)| GroupChange::Commit {
+            queue,
+            partition,
+            offset,
+        };
+        push(&mut log, commit(q(0)));
+        for (o, attempts) in [(0, 1), (1, 1), (2, 3)] {
+            let (queue, partition, offset) = q(o);
+            push(
+                &mut log,
+                GroupChange::Delivered {
+                    queue,
+                    partition,
+                    offset,
+                    attempts,
+                },
+            );
+        }
+        for o in [0, 1] {
+            let (queue, partition, offset) = q(o);
+            push(
+                &mut log,
+                GroupChange::Settled {
+                    queue,
+                    partition,
+                    offset,
+                    outcome: Settled::Ack,
+                    reason: None,
+                },
+            );
+        }
+        push(&mut log, commit(q(2)));
+        push(&mut log, commit(q(1)));
+        let groups = rebuild(&log, &table);
+        let a = &groups["g"].acks[&("a".to_string(), 0)];
+        assert_eq!((a.position, a.attempts(2)), (2, 3), "the late commit wiped the counts");
+        // Its snapshot rebuilds the same state.
+        let snapshot: Log = snapshot_changes(&groups)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (n, c))| (i as u64, n, ordinary(c)))
+            .collect();
+        assert_eq!(snapshot_changes(&rebuild(&snapshot, &table)), snapshot_changes(&groups));
+        let (queue, partition, offset) = q(0);
+        push(
+            &mut log,
+            GroupChange::Reset {
+                queue,
+                partition,
+                offset,
+            },
+        );
+        let groups = rebuild(&log, &table);
+        let a = &groups["g"].acks[&("a".to_string(), 0)];
+        assert_eq!((a.position, a.attempts(2)), (0, 0), "a reset starts over");
     }
 
     fn rebuild(log: &Log, table: &MetadataTable) -> BTreeMap<String, Group> {

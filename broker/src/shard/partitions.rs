@@ -139,7 +139,12 @@ impl Partition {
     /// Takes the role the table's `record` gives this node `me`: a new
     /// leader epoch makes a new role (a leader starts following its
     /// replicas afresh); the same epoch only brings the ISR up to date. A
-    /// leader's high watermark then follows what its ISR holds.
+    /// leader's high watermark then follows what its ISR holds. A record of
+    /// an older leader epoch than the one this replica is in is refused
+    /// (issue 41, item 5): within one controller history epochs only grow,
+    /// and a table from another (a member whose applied entries never
+    /// reached its log, a diverged snapshot) must not make an old leader
+    /// lead again or a follower follow a deposed one.
     fn adopt(
         &self,
         name: (&str, u32),
@@ -149,6 +154,17 @@ impl Partition {
         lag_max_ms: u64,
     ) {
         let epoch = record.leader_epoch;
+        if let Some(held) = refused_epoch(self.leader_epoch(), record) {
+            tracing::error!(
+                queue = name.0,
+                partition = name.1,
+                held,
+                offered = epoch,
+                "refusing a metadata table whose leader epoch for this partition is older than the one applied: \
+                 the role stays as it is"
+            );
+            return;
+        }
         // The ISR, the minimum or the role may change: waiters look again.
         self.acks.notify_all();
         {
@@ -655,6 +671,11 @@ impl Partitions {
     }
 }
 
+/// The leader epoch held, when `record` carries an older one (to refuse).
+fn refused_epoch(held: u32, record: &PartitionRecord) -> Option<u32> {
+    (record.leader_epoch < held).then_some(held)
+}
+
 /// [`Partitions::as_this_run`] for node `node` in its run `incarnation`.
 fn as_run(node: NodeId, incarnation: u64, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
     let mut record = record.clone();
@@ -681,6 +702,14 @@ mod tests {
             decommissioning: false,
             directory: 1,
         }
+    }
+
+    #[test]
+    fn a_record_of_an_older_leader_epoch_is_refused() {
+        let record = led_by(1); // leader epoch 7
+        assert_eq!(refused_epoch(8, &record), Some(8), "older than the one applied");
+        assert_eq!(refused_epoch(7, &record), None, "the same epoch: the ISR may change");
+        assert_eq!(refused_epoch(0, &record), None, "a partition just opened");
     }
 
     fn led_by(leader: NodeId) -> PartitionRecord {

@@ -13,8 +13,10 @@
 //! takes the role the table gives it.
 //!
 //! - A **follower** reopens at once: what it told its leader it holds was
-//!   written (or fdatasync'd) before the failure, and the reopened log
-//!   holds all of it; it fetches on from its new log end.
+//!   written (or fdatasync'd) before the failure — once its log failed it
+//!   reports only what it wrote (`replication::held_end`), never batches
+//!   it appended to memory — and the reopened log holds all of it; it
+//!   fetches on from its new log end.
 //! - A **leader** first has the controller take the leadership from it
 //!   (`Command::LeaderLostWrites`): its memory held batches the disk does
 //!   not, which followers may have fetched, so the reopened log must not

@@ -11285,6 +11285,7 @@ impl<'a> GroupRecord<'a> {
   pub const VT_REASON: ::flatbuffers::VOffsetT = 20;
   pub const VT_QUEUE_ID: ::flatbuffers::VOffsetT = 22;
   pub const VT_SNAPSHOT_OF: ::flatbuffers::VOffsetT = 24;
+  pub const VT_RESET: ::flatbuffers::VOffsetT = 26;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -11303,6 +11304,7 @@ impl<'a> GroupRecord<'a> {
     builder.add_attempts(args.attempts);
     builder.add_partition(args.partition);
     if let Some(x) = args.queue { builder.add_queue(x); }
+    builder.add_reset(args.reset);
     builder.add_outcome(args.outcome);
     builder.add_start(args.start);
     builder.add_strategy(args.strategy);
@@ -11392,6 +11394,18 @@ impl<'a> GroupRecord<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(GroupRecord::VT_SNAPSHOT_OF, Some(0)).unwrap()}
   }
+  /// With kind Commit: an operator's reset (`group reset`), which may move
+  /// the position back and starts an ack-mode partition's record state over
+  /// there. A plain commit never moves an ack-mode position back (commits
+  /// of concurrent settles may be written out of order). Absent (older
+  /// records): a plain commit.
+  #[inline]
+  pub fn reset(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(GroupRecord::VT_RESET, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GroupRecord<'_> {
@@ -11411,6 +11425,7 @@ impl ::flatbuffers::Verifiable for GroupRecord<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
      .visit_field::<u64>("queue_id", Self::VT_QUEUE_ID, false)?
      .visit_field::<u64>("snapshot_of", Self::VT_SNAPSHOT_OF, false)?
+     .visit_field::<bool>("reset", Self::VT_RESET, false)?
      .finish();
     Ok(())
   }
@@ -11427,6 +11442,7 @@ pub struct GroupRecordArgs<'a> {
     pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub queue_id: u64,
     pub snapshot_of: u64,
+    pub reset: bool,
 }
 impl<'a> Default for GroupRecordArgs<'a> {
   #[inline]
@@ -11443,6 +11459,7 @@ impl<'a> Default for GroupRecordArgs<'a> {
       reason: None,
       queue_id: 0,
       snapshot_of: 0,
+      reset: false,
     }
   }
 }
@@ -11497,6 +11514,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupRecordBuilder<'a, 'b, A>
     self.fbb_.push_slot::<u64>(GroupRecord::VT_SNAPSHOT_OF, snapshot_of, 0);
   }
   #[inline]
+  pub fn add_reset(&mut self, reset: bool) {
+    self.fbb_.push_slot::<bool>(GroupRecord::VT_RESET, reset, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupRecordBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GroupRecordBuilder {
@@ -11525,6 +11546,7 @@ impl ::core::fmt::Debug for GroupRecord<'_> {
       ds.field("reason", &self.reason());
       ds.field("queue_id", &self.queue_id());
       ds.field("snapshot_of", &self.snapshot_of());
+      ds.field("reset", &self.reset());
       ds.finish()
   }
 }

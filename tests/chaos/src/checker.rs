@@ -15,6 +15,15 @@
 //!   seen lower than it was seen before;
 //! - **unconsumed**: acknowledged records the consumer group never
 //!   delivered (it reads at least once);
+//! - **inconsistent_offsets**: one (partition, offset) seen with two
+//!   values over time (by the consumers as they read, or in the final
+//!   read): two histories of one log (Jepsen's Kafka checker's
+//!   "inconsistent offsets");
+//! - **truncated_reads**: a record a consumer read that the final read
+//!   shows gone from its offset (a read of data later truncated: it was
+//!   never really committed);
+//! - **gaps**: offsets missing between two stored records of a partition
+//!   (a log's offsets are contiguous from its start);
 //! - **unavailable_s**: the longest time without an acknowledgement while
 //!   producers were sending.
 
@@ -54,6 +63,9 @@ pub struct History {
     pub stored: Vec<Stored>,
     /// Every value the consumer group delivered.
     pub consumed: HashSet<String>,
+    /// Every record the consumers read, as they read it: (partition,
+    /// offset, value).
+    pub reads: Vec<(u32, u64, String)>,
     /// Samples of the group's committed positions: (ms, partition, position).
     pub positions: Vec<(u64, u32, u64)>,
     /// When the producers stopped (ms since the start).
@@ -110,6 +122,9 @@ pub struct Verdict {
     pub phantoms: usize,
     pub commits_backwards: usize,
     pub unconsumed: usize,
+    pub inconsistent_offsets: usize,
+    pub truncated_reads: usize,
+    pub gaps: usize,
     pub unavailable_ms: u64,
     /// When that longest stretch began (ms since the start).
     pub unavailable_from_ms: u64,
@@ -126,6 +141,9 @@ impl Verdict {
             + self.phantoms
             + self.commits_backwards
             + self.unconsumed
+            + self.inconsistent_offsets
+            + self.truncated_reads
+            + self.gaps
     }
 }
 
@@ -212,6 +230,55 @@ pub fn check(h: &History) -> Verdict {
                 );
             }
             *top = (*top).max(seq);
+        }
+    }
+    // Every value each offset was seen with, read as the run went and
+    // read at the end.
+    let mut seen_at: HashMap<(u32, u64), HashSet<&str>> = HashMap::new();
+    for (p, o, value) in &h.reads {
+        seen_at.entry((*p, *o)).or_default().insert(value.as_str());
+    }
+    for s in &h.stored {
+        seen_at
+            .entry((s.partition, s.offset))
+            .or_default()
+            .insert(s.value.as_str());
+    }
+    let mut places: Vec<(&(u32, u64), &HashSet<&str>)> = seen_at.iter().filter(|(_, vs)| vs.len() > 1).collect();
+    places.sort_by_key(|(at, _)| **at);
+    for ((p, o), values) in places {
+        v.inconsistent_offsets += 1;
+        let mut values: Vec<&&str> = values.iter().collect();
+        values.sort();
+        example(&mut v, format!("{p}/{o} seen holding {values:?}"));
+    }
+    let mut truncated: Vec<(u32, u64, &str)> = h
+        .reads
+        .iter()
+        .filter(|(p, o, _)| !at.contains_key(&(*p, *o)))
+        .map(|(p, o, value)| (*p, *o, value.as_str()))
+        .collect();
+    truncated.sort();
+    truncated.dedup_by_key(|(p, o, _)| (*p, *o));
+    for (p, o, value) in truncated {
+        v.truncated_reads += 1;
+        example(&mut v, format!("{value} read at {p}/{o} is gone from the log"));
+    }
+    let mut offsets: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for s in &h.stored {
+        offsets.entry(s.partition).or_default().push(s.offset);
+    }
+    for (p, mut os) in offsets {
+        os.sort_unstable();
+        os.dedup();
+        for w in os.windows(2) {
+            if w[1] > w[0] + 1 {
+                v.gaps += (w[1] - w[0] - 1) as usize;
+                example(
+                    &mut v,
+                    format!("partition {p} has no record at offsets {}..{}", w[0] + 1, w[1]),
+                );
+            }
         }
     }
     // Committed positions per partition, in time order.
@@ -496,6 +563,37 @@ mod tests {
         h.stored[1].value = "x:1".into();
         h.attempted.insert("x:1".into());
         assert_eq!(check(&h).misplaced, 1);
+    }
+
+    /// What the consumers saw as they read, against the final read.
+    #[test]
+    fn reads_that_disagree_with_the_log_or_vanish_and_gaps_are_found() {
+        let mut h = history();
+        h.reads = h
+            .stored
+            .iter()
+            .map(|s| (s.partition, s.offset, s.value.clone()))
+            .collect();
+        assert_eq!(check(&h).violations(), 0, "reads matching the log");
+        // Offset 1 was read holding another value (a history that was cut
+        // and written again); offset 7 was read and is gone; a gap.
+        h.reads.push((0, 1, "z:9".into()));
+        h.reads.push((0, 7, "a:4".into()));
+        h.stored.push(Stored {
+            partition: 0,
+            offset: 6,
+            value: "a:5".into(),
+        });
+        h.attempted.insert("a:5".into());
+        let v = check(&h);
+        assert_eq!(v.inconsistent_offsets, 1, "{v:?}");
+        assert_eq!(v.truncated_reads, 1, "{v:?}");
+        assert_eq!(v.gaps, 2, "offsets 4 and 5: {v:?}");
+        assert!(
+            v.examples.iter().any(|e| e.contains("0/1 seen holding")),
+            "{:?}",
+            v.examples
+        );
     }
 
     fn jobs() -> JobsHistory {

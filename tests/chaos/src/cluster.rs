@@ -223,6 +223,18 @@ impl Cluster {
         self.nodes[usize::from(id - 1)].paused = false;
     }
 
+    /// kill -9 of node `id` and its data directory deleted: it starts
+    /// again empty at the next [`Cluster::heal`].
+    pub fn wipe(&mut self, id: u8) -> Result<(), String> {
+        self.kill(id);
+        let data = disk::data_dir(&self.node_dir(id));
+        match std::fs::remove_dir_all(&data) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("wiping {}: {e}", data.display())),
+        }
+    }
+
     pub fn pause(&mut self, id: u8) {
         self.signal(id, libc::SIGSTOP);
         self.nodes[usize::from(id - 1)].paused = true;

@@ -28,6 +28,11 @@
 //!   both sides), iptables DROP rules inside the node namespaces;
 //! - `netem`: one node's link slowed and lossy (see `network.rs`);
 //! - `disk-full`: one node's data file system filled (`disk.rs`).
+//! - `wipe`: kill -9 of one node, its data directory deleted, started
+//!   again (a replaced disk). A partition left waiting for it (it was the
+//!   last in-sync replica) gets an unclean election before the final read,
+//!   as an operator would (`unclean_elections` in the JSON); what that
+//!   loses, the checker reports.
 //!
 //! `--broker-setting KEY=VALUE` (repeatable) adds a line to every node's
 //! config file: `--broker-setting journal=true` runs the schedule on the
@@ -36,7 +41,8 @@
 //! The last line of stdout is one JSON object (a contract): `seed`,
 //! `nodes`, `duration_s`, `nemeses` (faults applied, by name), `acked`,
 //! `failed`, `failed_by_kind` (error kind → count), `stored`, `lost`, `misplaced`, `duplicates`, `reordered`,
-//! `phantoms`, `commits_backwards`, `unconsumed`, `unavailable_s`,
+//! `phantoms`, `commits_backwards`, `unconsumed`, `inconsistent_offsets`,
+//! `truncated_reads`, `gaps`, `unavailable_s`,
 //! `violations` (of both workloads), and with the jobs workload `jobs_acked`,
 //! `jobs_poison`, `jobs_dead_lettered`, `jobs_good_dead_lettered`,
 //! `jobs_poison_live`, `jobs_unsettled`, `jobs_dead_duplicates`,
@@ -329,6 +335,13 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         let _ = c.join();
     }
     let _ = sampling.join();
+    // A partition whose last in-sync replica was wiped waits for an
+    // operator; the run is one: it accepts the loss, and the checker then
+    // says what was lost.
+    let unclean = elect_offline(&bootstrap);
+    if unclean > 0 {
+        println!("unclean elections: {unclean} partition(s) waited for a wiped replica");
+    }
     let stored = workload::read_back(&bootstrap, QUEUE, Duration::from_secs(120))?;
     let verdict = {
         let mut h = shared.history.lock().unwrap_or_else(|p| p.into_inner());
@@ -368,7 +381,7 @@ fn run(args: &RunArgs) -> Result<usize, String> {
     } else {
         println!("the run directory is kept: {}", dir.display());
     }
-    report(args, &applied, &verdict, job_verdict.as_ref(), below_hw);
+    report(args, &applied, &verdict, job_verdict.as_ref(), below_hw, unclean);
     Ok(violations)
 }
 
@@ -394,6 +407,13 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted
         Nemesis::Kill => {
             for id in &targets {
                 cluster.kill(*id);
+            }
+            sleep_unless(hold, interrupted);
+            cluster.heal()
+        }
+        Nemesis::Wipe => {
+            for id in &targets {
+                cluster.wipe(*id)?;
             }
             sleep_unless(hold, interrupted);
             cluster.heal()
@@ -442,6 +462,39 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted
     }
 }
 
+/// Gives a leader to every partition that waits for a wiped replica (an
+/// unclean election each, as an operator would); how many. Tried for up
+/// to 30 s (the healed cluster may still be electing).
+fn elect_offline(bootstrap: &str) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut elected = 0;
+    while Instant::now() < deadline {
+        let Ok(admin) = strand_client::Admin::connect(bootstrap) else {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        };
+        let Ok(cluster) = strand_client::block_on(admin.describe_cluster()) else {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        };
+        let waiting: Vec<_> = cluster.partitions.iter().filter(|p| p.lost_replica.is_some()).collect();
+        if waiting.is_empty() {
+            break;
+        }
+        for p in waiting {
+            match strand_client::block_on(admin.elect_unclean(&p.queue, Some(p.partition), None)) {
+                Ok(()) => {
+                    println!("           (unclean election of {}/{})", p.queue, p.partition);
+                    elected += 1;
+                }
+                Err(e) => println!("           (unclean election of {}/{}: {e})", p.queue, p.partition),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    elected
+}
+
 /// What a broker logs when it truncates below its high watermark
 /// (`broker/src/replication.rs`).
 const BELOW_HW_MARK: &str = "truncating below the high watermark";
@@ -460,11 +513,12 @@ fn report(
     v: &checker::Verdict,
     jobs: Option<&checker::JobsVerdict>,
     below_hw: usize,
+    unclean: usize,
 ) {
     println!(
         "acknowledged {}, failed {} (outcome unknown), stored {}; lost {}, misplaced {}, duplicates {}, \
-         reordered {}, phantoms {}, commits backwards {}, never consumed {}; longest without an ack {:.1} s (from \
-         {:.1} s)",
+         reordered {}, phantoms {}, commits backwards {}, never consumed {}, inconsistent offsets {}, truncated \
+         reads {}, gaps {}; longest without an ack {:.1} s (from {:.1} s)",
         v.acked,
         v.failed,
         v.stored,
@@ -475,6 +529,9 @@ fn report(
         v.phantoms,
         v.commits_backwards,
         v.unconsumed,
+        v.inconsistent_offsets,
+        v.truncated_reads,
+        v.gaps,
         v.unavailable_ms as f64 / 1000.0,
         v.unavailable_from_ms as f64 / 1000.0
     );
@@ -499,7 +556,9 @@ fn report(
         "stored": v.stored, "lost": v.lost,
         "misplaced": v.misplaced, "duplicates": v.duplicates, "reordered": v.reordered,
         "phantoms": v.phantoms, "commits_backwards": v.commits_backwards, "unconsumed": v.unconsumed,
+        "inconsistent_offsets": v.inconsistent_offsets, "truncated_reads": v.truncated_reads, "gaps": v.gaps,
         "unavailable_s": v.unavailable_ms as f64 / 1000.0, "truncated_below_hw": below_hw,
+        "unclean_elections": unclean,
         "violations": v.violations() + jobs.map_or(0, |j| j.violations()) + below_hw,
     });
     if let Some(j) = jobs {

@@ -23,15 +23,19 @@ pub enum Nemesis {
     Netem,
     /// One node's data file system full.
     DiskFull,
+    /// kill -9 of one node, its data directory deleted (a replaced disk,
+    /// or a mount that failed), started again when the fault ends.
+    Wipe,
 }
 
 impl Nemesis {
-    pub const ALL: [Nemesis; 5] = [
+    pub const ALL: [Nemesis; 6] = [
         Nemesis::Kill,
         Nemesis::Pause,
         Nemesis::Partition,
         Nemesis::Netem,
         Nemesis::DiskFull,
+        Nemesis::Wipe,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +45,7 @@ impl Nemesis {
             Nemesis::Partition => "partition",
             Nemesis::Netem => "netem",
             Nemesis::DiskFull => "disk-full",
+            Nemesis::Wipe => "wipe",
         }
     }
 

@@ -168,7 +168,9 @@ pub fn consumers(bootstrap: &str, queue: &str, group: &str, n: usize, shared: &A
                         let mut h = shared.history();
                         for r in &records {
                             if let Some(v) = &r.value {
-                                h.consumed.insert(identity(v));
+                                let id = identity(v);
+                                h.reads.push((r.partition, r.offset, id.clone()));
+                                h.consumed.insert(id);
                             }
                         }
                     }
@@ -287,7 +289,9 @@ pub fn leader_of(bootstrap: &str, queue: &str, partition: u32) -> Option<u8> {
             .ok()
             .and_then(|a| block_on(a.describe_queue(&queue)).ok())
             .and_then(|d| d.partitions.into_iter().find(|p| p.partition == partition))
-            .and_then(|p| u8::try_from(p.leader).ok());
+            .and_then(|p| u8::try_from(p.leader).ok())
+            // Offline (no leader): none to isolate.
+            .filter(|leader| *leader != 0);
         let _ = tx.send(leader);
     });
     rx.recv_timeout(Duration::from_secs(3)).ok().flatten()
