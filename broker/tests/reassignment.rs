@@ -224,3 +224,36 @@ fn decommissioning_a_node_under_load_moves_every_replica_and_loses_nothing() {
     );
     assert_eq!(node(&c, 1, 4)["replicas"], 0);
 }
+
+/// Issue 41, item 7: a replica directory the table no longer gives its
+/// broker (a queue deleted, or a replica moved, while the broker was down
+/// and its close or delete never ran: a crash between them) stayed on disk
+/// for good; the broker now removes it once it holds the whole table.
+#[test]
+fn a_replica_left_behind_while_its_broker_was_down_is_swept_at_its_start() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK);
+    c.create_replicated("gone", 2);
+    c.create_replicated("kept", 1);
+    c.kill9(3);
+    let held = c.data_dir(3).join("gone");
+    let copy = std::fs::read_to_string(held.join("0").join(".queue-id")).unwrap();
+    c.strand(1, &["queue", "delete", "gone"]);
+    // What node 3 holds of the deleted queue, as a crash between its close
+    // and its delete leaves it, under a name its own log never opened.
+    let stray = c.data_dir(3).join("stray");
+    std::fs::create_dir_all(stray.join("0")).unwrap();
+    std::fs::write(stray.join("0").join(".queue-id"), &copy).unwrap();
+    // And a directory of a queue id the table has not reached: left alone.
+    let future = c.data_dir(3).join("future");
+    std::fs::create_dir_all(future.join("0")).unwrap();
+    std::fs::write(future.join("0").join(".queue-id"), "999999").unwrap();
+    c.restart(3);
+    assert!(!held.exists(), "the deleted queue's copy is still on node 3's disk");
+    assert!(!stray.exists(), "a replica left behind is still on node 3's disk");
+    assert!(future.join("0").exists(), "a directory it cannot judge stays");
+    assert!(
+        c.data_dir(3).join("kept").join("0").exists(),
+        "a live queue's copy stays"
+    );
+}

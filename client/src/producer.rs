@@ -42,10 +42,16 @@
 //!    retries in order (after an unknown-producer answer, and after a batch
 //!    that failed for good, under a new producer id from sequence 0). So up
 //!    to [`IDEMPOTENT_MAX_IN_FLIGHT`] requests per partition are pipelined
-//!    (the default) and a retry never reorders records nor, while the
-//!    leader lives, duplicates them; across a leader restart delivery is at
-//!    least once. Without idempotence keep `max_in_flight_per_partition` at
-//!    1 where per-key order matters.
+//!    (the default) and a retry never reorders records nor duplicates
+//!    them — also across a leader restart or a failover (every replica
+//!    keeps the producer table, snapshotted beside its segments). Two cases
+//!    stay at least once: a batch that failed for good and is sent again
+//!    by the application, and a resend after the partition forgot the
+//!    producer (`UnknownProducer`: idle ten minutes while the partition was
+//!    full of others; the broker refuses new producers with
+//!    `TooManyProducers` rather than forget an active one). Without
+//!    idempotence keep `max_in_flight_per_partition` at 1 where per-key
+//!    order matters.
 //! 6. **Requests.** One batch per partition in a produce request (the
 //!    broker appends a partition's batches one at a time, so only a lone
 //!    batch's offsets follow from the base it reports; the producer checks
@@ -1577,7 +1583,12 @@ fn retriable(e: &ClientError) -> bool {
     crate::retry::retriable(e)
         || matches!(
             e.code(),
-            Some(ErrorCode::UnknownQueue | ErrorCode::OutOfOrderSequence | ErrorCode::UnknownProducer)
+            Some(
+                ErrorCode::UnknownQueue
+                    | ErrorCode::OutOfOrderSequence
+                    | ErrorCode::UnknownProducer
+                    | ErrorCode::TooManyProducers
+            )
         )
 }
 

@@ -31,8 +31,19 @@
 //! A producer the table does not know starts at sequence 0; any other batch
 //! of it is refused as **unknown** (`UnknownProducer`): the producer goes on
 //! under a new id from 0, resending its unacknowledged batches in order
-//! (stored at least once, never out of order). A table keeps at most
-//! [`MAX_PRODUCERS`] producers, forgetting the least recently used.
+//! (stored at least once, never out of order).
+//!
+//! A table keeps at most [`MAX_PRODUCERS`] producers. When it is full, a
+//! new producer takes the place of the one idle longest, but only one idle
+//! for [`FORGET_AFTER_MS`] or more: longer than any producer goes on
+//! retrying a batch (a client's delivery timeout; 60 s by default), so no
+//! retry of a forgotten producer can come and be stored twice. Is none
+//! idle that long, the new producer is refused ([`Verdict::TooMany`],
+//! `TooManyProducers`): a client opening producer ids as fast as it can
+//! (each one a sequence 0) could otherwise push out a live producer, whose
+//! retry of its own sequence 0 would then be stored again (issue 41,
+//! item 3). Idle is judged by the broker's clock when each producer's last
+//! batch was noted (a log opened notes its batches as of the open).
 //!
 //! # Snapshots
 //! The table as it stood at some log end is written to
@@ -56,6 +67,16 @@ use crate::batch::BatchHeader;
 pub const WINDOW: usize = 5;
 /// Producers remembered per partition.
 pub const MAX_PRODUCERS: usize = 1024;
+/// A producer idle this long may be forgotten to make room: ten minutes,
+/// ten times a client's default delivery timeout.
+pub const FORGET_AFTER_MS: i64 = 10 * 60 * 1000;
+
+/// The broker's clock, ms since the Unix epoch.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 
 /// A batch's idempotence fields, from its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +122,9 @@ pub enum Verdict {
     OutOfOrder { expected: i32 },
     /// A producer the table does not know, not at sequence 0.
     Unknown,
+    /// A new producer, and the table is full of producers active within
+    /// [`FORGET_AFTER_MS`].
+    TooMany,
 }
 
 /// One producer's remembered batches, oldest first: (first sequence, last
@@ -124,6 +148,8 @@ struct ProducerState {
     batches: VecDeque<Entry>,
     /// [`ProducerTable::clock`] at the last batch (for eviction).
     used: u64,
+    /// The broker's clock (ms) when its last batch was noted.
+    last_ms: i64,
 }
 
 /// One partition's producers. The caller checks and appends one batch at a
@@ -140,11 +166,16 @@ pub struct ProducerTable {
 impl ProducerTable {
     /// Decides what to do with `batch`.
     pub fn check(&self, batch: Sequenced) -> Verdict {
+        self.check_at(batch, wall_ms())
+    }
+
+    /// [`ProducerTable::check`] at `now_ms` on the broker's clock.
+    pub fn check_at(&self, batch: Sequenced, now_ms: i64) -> Verdict {
         let Some(p) = self.producers.get(&batch.producer_id) else {
-            return if batch.first == 0 {
-                Verdict::Append
-            } else {
-                Verdict::Unknown
+            return match batch.first {
+                0 if self.producers.len() < MAX_PRODUCERS || self.forgettable(now_ms).is_some() => Verdict::Append,
+                0 => Verdict::TooMany,
+                _ => Verdict::Unknown,
             };
         };
         if let Some(e) = p
@@ -164,12 +195,21 @@ impl ProducerTable {
 
     /// A batch [`check`](Self::check) let through was stored at `stored`.
     pub fn appended(&mut self, batch: Sequenced, stored: Stored) {
+        self.appended_at(batch, stored, wall_ms())
+    }
+
+    /// [`ProducerTable::appended`] at `now_ms` on the broker's clock. A new
+    /// producer in a full table takes the place of the one idle longest
+    /// (one a check let in is idle [`FORGET_AFTER_MS`]; a follower's or a
+    /// rebuild's batch was let in by a leader, and is noted whatever).
+    pub fn appended_at(&mut self, batch: Sequenced, stored: Stored, now_ms: i64) {
         self.clock += 1;
         if !self.producers.contains_key(&batch.producer_id) && self.producers.len() >= MAX_PRODUCERS {
             self.evict_least_recent();
         }
         let p = self.producers.entry(batch.producer_id).or_default();
         p.used = self.clock;
+        p.last_ms = now_ms;
         p.batches.push_back(Entry {
             first: batch.first,
             last: batch.last,
@@ -230,6 +270,12 @@ impl ProducerTable {
 
     pub fn is_empty(&self) -> bool {
         self.producers.is_empty()
+    }
+
+    /// The producer idle longest, if idle [`FORGET_AFTER_MS`] by `now_ms`.
+    fn forgettable(&self, now_ms: i64) -> Option<i64> {
+        let (id, p) = self.producers.iter().min_by_key(|(_, p)| p.used)?;
+        (now_ms.saturating_sub(p.last_ms) >= FORGET_AFTER_MS).then_some(*id)
     }
 
     fn evict_least_recent(&mut self) {
@@ -328,9 +374,50 @@ mod tests {
             }
         );
         assert_eq!(t.check(batch(2, 1)), Verdict::Duplicate((2, 2, 0)));
-        for id in 0..(MAX_PRODUCERS as i64 + 10) {
-            let b = Sequenced::of(1000 + id, 0, 1).unwrap();
-            assert_eq!(send(&mut t, b, 0), Verdict::Append);
+    }
+
+    /// Issue 41, item 3: a client opening producer ids as fast as it can
+    /// must not push out a live producer, whose retry of its sequence 0
+    /// would then be stored again. A full table refuses new producers
+    /// while every one is active, and makes room only from one idle
+    /// [`FORGET_AFTER_MS`].
+    #[test]
+    fn a_full_table_refuses_new_producers_until_one_has_been_idle_long_enough() {
+        let mut t = ProducerTable::default();
+        let at = |t: &mut ProducerTable, id: i64, now: i64| {
+            let b = Sequenced::of(id, 0, 1).unwrap();
+            let v = t.check_at(b, now);
+            if v == Verdict::Append {
+                t.appended_at(b, (id as u64, id as u64, 0), now);
+            }
+            v
+        };
+        // The live producer, then a flood of fresh ids.
+        assert_eq!(at(&mut t, 7, 0), Verdict::Append);
+        for id in 1000..(1000 + MAX_PRODUCERS as i64 - 1) {
+            assert_eq!(at(&mut t, id, 1_000), Verdict::Append);
+        }
+        assert_eq!(t.len(), MAX_PRODUCERS);
+        assert_eq!(at(&mut t, 99_999, 2_000), Verdict::TooMany, "every producer is active");
+        // Producer 7's retry of its sequence 0 is still a duplicate.
+        let retry = Sequenced::of(7, 0, 1).unwrap();
+        assert_eq!(t.check_at(retry, 2_000), Verdict::Duplicate((7, 7, 0)));
+        // Once producer 7 has been idle long enough, it makes room.
+        assert_eq!(at(&mut t, 99_999, FORGET_AFTER_MS - 1), Verdict::TooMany);
+        assert_eq!(at(&mut t, 99_999, FORGET_AFTER_MS), Verdict::Append);
+        assert_eq!(t.len(), MAX_PRODUCERS);
+        // 7 was forgotten (not another): its next batch is unknown, and a
+        // sequence 0 of it would be a new producer, refused while full.
+        let next = Sequenced::of(7, 1, 1).unwrap();
+        assert_eq!(t.check_at(next, FORGET_AFTER_MS), Verdict::Unknown);
+        assert_eq!(t.check_at(retry, FORGET_AFTER_MS), Verdict::TooMany);
+        assert!(matches!(
+            t.check_at(Sequenced::of(1000, 1, 1).unwrap(), FORGET_AFTER_MS),
+            Verdict::Append
+        ));
+        // A follower (or a rebuild) notes what its leader stored, full or not.
+        for id in 200_000..200_010 {
+            t.appended_at(Sequenced::of(id, 0, 1).unwrap(), (0, 0, 0), FORGET_AFTER_MS);
         }
         assert_eq!(t.len(), MAX_PRODUCERS);
     }

@@ -397,6 +397,12 @@ async fn shard_main(
         if !shard.wait_all_applied(Duration::from_secs(30)).await {
             return Err("the shards did not apply the metadata within 30 s".into());
         }
+        // Every shard holds the whole table: what it no longer gives this
+        // node (changed while it was down) can go.
+        let swept = shard.partitions.sweep_leftovers(&shard.table());
+        if swept > 0 {
+            tracing::info!("removed {swept} replica directories left behind while this broker was down");
+        }
         lifecycle.metadata_ready.store(true, Ordering::SeqCst);
     }
     // Serve only once this shard holds the metadata (and its partitions).

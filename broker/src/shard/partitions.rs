@@ -659,6 +659,44 @@ impl Partitions {
         let _ = std::fs::remove_dir(self.data_dir.join(queue));
     }
 
+    /// Deletes the partition directories the table no longer gives this
+    /// node (issue 41, item 7): a replica moved off it, or a queue deleted
+    /// (or deleted and created again), while it was down — nothing else
+    /// ever would. Run once the whole controller log is applied (an early
+    /// table lacks queues created later); a directory is judged by its
+    /// `.queue-id` ([`leftover`]), and one it cannot judge stays. Returns
+    /// how many went.
+    pub fn sweep_leftovers(&self, table: &MetadataTable) -> usize {
+        let Ok(queues) = std::fs::read_dir(&self.data_dir) else {
+            return 0;
+        };
+        let mut swept = 0;
+        for queue in queues.flatten() {
+            let name = queue.file_name().to_string_lossy().into_owned();
+            let Ok(parts) = std::fs::read_dir(queue.path()) else {
+                continue;
+            };
+            for part in parts.flatten() {
+                let Some(p) = part.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let on_disk = std::fs::read_to_string(part.path().join(".queue-id"))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok());
+                let Some(on_disk) = on_disk else { continue };
+                if self.get(&name, p).is_some() {
+                    continue;
+                }
+                if let Some(why) = leftover(table, self.node_id, &name, p, on_disk) {
+                    tracing::info!(queue = %name, partition = p, "removing a replica left behind: {why}");
+                    self.delete_dir(&name, p);
+                    swept += 1;
+                }
+            }
+        }
+        swept
+    }
+
     /// Closes every partition (shutdown): everything written is flushed.
     pub async fn close_all(&self) {
         let all = self.all();
@@ -669,6 +707,25 @@ impl Partitions {
             }
         }
     }
+}
+
+/// Why the directory of partition `p` of queue `name`, holding queue id
+/// `on_disk`, is left behind on node `node` under the complete `table`;
+/// `None`: it belongs (or cannot be judged: a queue id the table has not
+/// reached).
+fn leftover(table: &MetadataTable, node: NodeId, name: &str, p: u32, on_disk: u64) -> Option<&'static str> {
+    let Some(q) = table.queue(name) else {
+        return (on_disk < table.next_queue_id).then_some("its queue was deleted");
+    };
+    if on_disk < q.id {
+        return Some("its queue was deleted and created again");
+    }
+    if on_disk > q.id {
+        return None;
+    }
+    let record = q.partitions.get(p as usize)?;
+    let holds = record.replicas.contains(&node) || record.target.as_ref().is_some_and(|t| t.contains(&node));
+    (!holds).then_some("the replica moved to other brokers")
 }
 
 /// The leader epoch held, when `record` carries an older one (to refuse).
@@ -702,6 +759,40 @@ mod tests {
             decommissioning: false,
             directory: 1,
         }
+    }
+
+    #[test]
+    fn replicas_left_behind_are_told_from_those_that_belong() {
+        use crate::controller::{QueueRecord, QueueSettings};
+        let mut table = MetadataTable {
+            next_queue_id: 10,
+            ..MetadataTable::default()
+        };
+        table.queues.insert(
+            "q".into(),
+            QueueRecord {
+                id: 5,
+                name: "q".into(),
+                settings: QueueSettings::for_tests(1, 3),
+                partitions: vec![led_by(1)], // replicas 1, 2, 3
+            },
+        );
+        assert_eq!(leftover(&table, 2, "q", 0, 5), None, "a replica of it");
+        assert_eq!(
+            leftover(&table, 4, "q", 0, 5),
+            Some("the replica moved to other brokers")
+        );
+        assert_eq!(
+            leftover(&table, 2, "q", 0, 3),
+            Some("its queue was deleted and created again")
+        );
+        assert_eq!(leftover(&table, 2, "q", 0, 7), None, "newer than the table: left alone");
+        assert_eq!(leftover(&table, 2, "gone", 0, 4), Some("its queue was deleted"));
+        assert_eq!(leftover(&table, 2, "gone", 0, 12), None);
+        assert_eq!(leftover(&table, 2, "q", 3, 5), None, "no such partition: left alone");
+        let mut moving = table.clone();
+        moving.queues.get_mut("q").unwrap().partitions[0].target = Some(vec![1, 2, 4]);
+        assert_eq!(leftover(&moving, 4, "q", 0, 5), None, "a target replica catching up");
     }
 
     #[test]

@@ -278,6 +278,15 @@ async fn append_once(
             ErrorCode::OutOfOrderSequence,
             format!("out of order: the partition expects sequence {expected} next"),
         ),
+        Verdict::TooMany => (
+            ErrorCode::TooManyProducers,
+            format!(
+                "the partition remembers {} producers, each active within the last {} minutes: a new producer \
+                 id would push out one whose retries may still come; retry later, or reuse producers",
+                strand_storage::producers::MAX_PRODUCERS,
+                strand_storage::producers::FORGET_AFTER_MS / 60_000
+            ),
+        ),
         Verdict::Unknown => (
             ErrorCode::UnknownProducer,
             "this leader does not know the producer (restarted, moved, or forgot it); go on under a new \

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 28;
+pub const ENUM_MAX_ERROR_CODE: u16 = 29;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 29] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 30] = [
   ErrorCode::None,
   ErrorCode::InvalidRequest,
   ErrorCode::UnsupportedApi,
@@ -46,6 +46,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 29] = [
   ErrorCode::OutOfOrderSequence,
   ErrorCode::UnknownProducer,
   ErrorCode::BrokerUnavailable,
+  ErrorCode::TooManyProducers,
 ];
 
 /// Every error the broker reports. 0 is success.
@@ -109,9 +110,15 @@ impl ErrorCode {
   /// broker asks on the client's behalf) did not answer: it may be down,
   /// paused or cut off. Retriable.
   pub const BrokerUnavailable: Self = Self(28);
+  /// The partition remembers as many idempotent producers as it may
+  /// (`MAX_PRODUCERS`), each active within the last minutes: a new producer
+  /// id is refused rather than one forgotten whose retry could then be
+  /// stored twice. Retriable (a slot frees once a producer has been idle
+  /// that long).
+  pub const TooManyProducers: Self = Self(29);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 28;
+  pub const ENUM_MAX: u16 = 29;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::InvalidRequest,
@@ -142,6 +149,7 @@ impl ErrorCode {
     Self::OutOfOrderSequence,
     Self::UnknownProducer,
     Self::BrokerUnavailable,
+    Self::TooManyProducers,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -175,6 +183,7 @@ impl ErrorCode {
       Self::OutOfOrderSequence => Some("OutOfOrderSequence"),
       Self::UnknownProducer => Some("UnknownProducer"),
       Self::BrokerUnavailable => Some("BrokerUnavailable"),
+      Self::TooManyProducers => Some("TooManyProducers"),
       _ => None,
     }
   }
