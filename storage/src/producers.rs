@@ -33,17 +33,19 @@
 //! under a new id from 0, resending its unacknowledged batches in order
 //! (stored at least once, never out of order).
 //!
-//! A table keeps at most [`MAX_PRODUCERS`] producers. When it is full, a
-//! new producer takes the place of the one idle longest, but only one idle
-//! for [`FORGET_AFTER_MS`] or more: longer than any producer goes on
-//! retrying a batch (a client's delivery timeout; 60 s by default), so no
-//! retry of a forgotten producer can come and be stored twice. Is none
-//! idle that long, the new producer is refused ([`Verdict::TooMany`],
+//! A table keeps [`KEEP_PRODUCERS`] producers; past that, a new producer
+//! takes the place of the one idle longest if that one has been idle
+//! [`FORGET_AFTER_MS`] or more — longer than any producer goes on retrying
+//! a batch (a client's delivery timeout; 60 s by default), so no retry of a
+//! forgotten producer can come and be stored twice — and the table grows
+//! otherwise, up to [`MAX_PRODUCERS`]. Full of producers active within
+//! that time, it refuses new ones ([`Verdict::TooMany`],
 //! `TooManyProducers`): a client opening producer ids as fast as it can
-//! (each one a sequence 0) could otherwise push out a live producer, whose
-//! retry of its own sequence 0 would then be stored again (issue 41,
-//! item 3). Idle is judged by the broker's clock when each producer's last
-//! batch was noted (a log opened notes its batches as of the open).
+//! (each one a sequence 0) pushed out live producers, whose retry of their
+//! sequence 0 was then stored again (issue 41, item 3); now it meets a
+//! typed error, and no retry becomes a silent duplicate. Idle is judged by
+//! the broker's clock when each producer's last batch was noted (a log
+//! opened notes its batches as of the open).
 //!
 //! # Snapshots
 //! The table as it stood at some log end is written to
@@ -65,8 +67,11 @@ use crate::batch::BatchHeader;
 /// Batches remembered per producer: the most requests a producer may have
 /// in flight per partition and still be deduplicated.
 pub const WINDOW: usize = 5;
-/// Producers remembered per partition.
-pub const MAX_PRODUCERS: usize = 1024;
+/// Producers a partition keeps before it forgets idle ones for new ones.
+pub const KEEP_PRODUCERS: usize = 1024;
+/// Producers a partition remembers at most (new ones are refused past it
+/// while every one is active).
+pub const MAX_PRODUCERS: usize = 16_384;
 /// A producer idle this long may be forgotten to make room: ten minutes,
 /// ten times a client's default delivery timeout.
 pub const FORGET_AFTER_MS: i64 = 10 * 60 * 1000;
@@ -122,8 +127,8 @@ pub enum Verdict {
     OutOfOrder { expected: i32 },
     /// A producer the table does not know, not at sequence 0.
     Unknown,
-    /// A new producer, and the table is full of producers active within
-    /// [`FORGET_AFTER_MS`].
+    /// A new producer, and the table holds [`MAX_PRODUCERS`], each active
+    /// within [`FORGET_AFTER_MS`].
     TooMany,
 }
 
@@ -199,13 +204,21 @@ impl ProducerTable {
     }
 
     /// [`ProducerTable::appended`] at `now_ms` on the broker's clock. A new
-    /// producer in a full table takes the place of the one idle longest
-    /// (one a check let in is idle [`FORGET_AFTER_MS`]; a follower's or a
+    /// producer past [`KEEP_PRODUCERS`] takes the place of the one idle
+    /// longest if it was idle [`FORGET_AFTER_MS`]; at [`MAX_PRODUCERS`] in
+    /// any case (a check let it in only if one was; a follower's or a
     /// rebuild's batch was let in by a leader, and is noted whatever).
     pub fn appended_at(&mut self, batch: Sequenced, stored: Stored, now_ms: i64) {
         self.clock += 1;
-        if !self.producers.contains_key(&batch.producer_id) && self.producers.len() >= MAX_PRODUCERS {
-            self.evict_least_recent();
+        if !self.producers.contains_key(&batch.producer_id) {
+            if self.producers.len() >= KEEP_PRODUCERS {
+                if let Some(idle) = self.forgettable(now_ms) {
+                    self.producers.remove(&idle);
+                }
+            }
+            if self.producers.len() >= MAX_PRODUCERS {
+                self.evict_least_recent();
+            }
         }
         let p = self.producers.entry(batch.producer_id).or_default();
         p.used = self.clock;
@@ -378,9 +391,9 @@ mod tests {
 
     /// Issue 41, item 3: a client opening producer ids as fast as it can
     /// must not push out a live producer, whose retry of its sequence 0
-    /// would then be stored again. A full table refuses new producers
-    /// while every one is active, and makes room only from one idle
-    /// [`FORGET_AFTER_MS`].
+    /// would then be stored again. Past [`KEEP_PRODUCERS`] only producers
+    /// idle [`FORGET_AFTER_MS`] make room, the table grows while none is,
+    /// and at [`MAX_PRODUCERS`] new producers are refused.
     #[test]
     fn a_full_table_refuses_new_producers_until_one_has_been_idle_long_enough() {
         let mut t = ProducerTable::default();
@@ -397,7 +410,7 @@ mod tests {
         for id in 1000..(1000 + MAX_PRODUCERS as i64 - 1) {
             assert_eq!(at(&mut t, id, 1_000), Verdict::Append);
         }
-        assert_eq!(t.len(), MAX_PRODUCERS);
+        assert_eq!(t.len(), MAX_PRODUCERS, "it grew: none was idle long enough");
         assert_eq!(at(&mut t, 99_999, 2_000), Verdict::TooMany, "every producer is active");
         // Producer 7's retry of its sequence 0 is still a duplicate.
         let retry = Sequenced::of(7, 0, 1).unwrap();
@@ -411,15 +424,37 @@ mod tests {
         let next = Sequenced::of(7, 1, 1).unwrap();
         assert_eq!(t.check_at(next, FORGET_AFTER_MS), Verdict::Unknown);
         assert_eq!(t.check_at(retry, FORGET_AFTER_MS), Verdict::TooMany);
-        assert!(matches!(
-            t.check_at(Sequenced::of(1000, 1, 1).unwrap(), FORGET_AFTER_MS),
-            Verdict::Append
-        ));
-        // A follower (or a rebuild) notes what its leader stored, full or not.
-        for id in 200_000..200_010 {
-            t.appended_at(Sequenced::of(id, 0, 1).unwrap(), (0, 0, 0), FORGET_AFTER_MS);
+        // Later, each new producer forgets one idle one: the table shrinks
+        // back no further than it grew, and stays bounded.
+        let later = 1_000 + FORGET_AFTER_MS;
+        for id in 300_000..300_100 {
+            assert_eq!(at(&mut t, id, later), Verdict::Append);
         }
         assert_eq!(t.len(), MAX_PRODUCERS);
+        // A follower (or a rebuild) notes what its leader stored, full or not.
+        for id in 200_000..200_010 {
+            t.appended_at(Sequenced::of(id, 0, 1).unwrap(), (0, 0, 0), 0);
+        }
+        assert_eq!(t.len(), MAX_PRODUCERS);
+    }
+
+    /// Below [`KEEP_PRODUCERS`] nothing is forgotten; past it, only idle ones.
+    #[test]
+    fn past_the_kept_count_only_idle_producers_are_forgotten() {
+        let mut t = ProducerTable::default();
+        for id in 0..KEEP_PRODUCERS as i64 {
+            t.appended_at(Sequenced::of(id, 0, 1).unwrap(), (0, 0, 0), 0);
+        }
+        // Not idle long enough: the table grows.
+        t.appended_at(Sequenced::of(100_000, 0, 1).unwrap(), (0, 0, 0), 1);
+        assert_eq!(t.len(), KEEP_PRODUCERS + 1);
+        // Idle long enough: the oldest makes room.
+        t.appended_at(Sequenced::of(100_001, 0, 1).unwrap(), (0, 0, 0), FORGET_AFTER_MS);
+        assert_eq!(t.len(), KEEP_PRODUCERS + 1);
+        assert_eq!(
+            t.check_at(Sequenced::of(0, 1, 1).unwrap(), FORGET_AFTER_MS),
+            Verdict::Unknown
+        );
     }
 
     proptest! {
