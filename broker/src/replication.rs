@@ -481,12 +481,19 @@ async fn apply_answer(
 /// its log failed (a write or fdatasync refused: a full disk, a stopped
 /// journal), only what it wrote — batches it appended to memory and never
 /// wrote must not count toward the leader's high watermark (an acks=all
-/// record would be acknowledged with one copy fewer than it claims).
+/// record would be acknowledged with one copy fewer than it claims). A
+/// queue with `fsync = always` counts only what was fdatasync'd: a failed
+/// fdatasync may have dropped written pages (the kernel marks them clean),
+/// and that queue promises every acknowledged record on a disk.
 fn held_end(log: &strand_storage::Log) -> Offset {
-    match log.failed() {
-        true => log.written_offset().min(log.log_end()),
-        false => log.log_end(),
+    if !log.failed() {
+        return log.log_end();
     }
+    let kept = match log.config().fsync {
+        strand_storage::FsyncPolicy::Always => log.flushed_offset(),
+        strand_storage::FsyncPolicy::Interval { .. } => log.written_offset(),
+    };
+    kept.min(log.log_end())
 }
 
 /// Appends the leader's batches in `records` to a follower's log, in

@@ -257,8 +257,9 @@ fn a_consumer_reads_the_partitions_that_have_a_leader_while_another_has_none() {
 /// wiped. With voters 2 and 3 started again, the two make a majority — but
 /// only voter 3's lost log held the entry beside voter 1's: a leader
 /// elected with the wiped voter's vote would lack the queue. The wiped
-/// voter votes in nothing until it caught up with a leader, so the group
-/// waits for voter 1, and the queue survives.
+/// voter votes in nothing until it caught up with a leader (nor while it
+/// asks whether the group exists), so the group waits for voter 1, and
+/// the queue survives.
 #[test]
 fn a_voter_with_a_wiped_disk_votes_only_once_it_caught_up() {
     let _turn = turn();
@@ -269,8 +270,13 @@ fn a_voter_with_a_wiped_disk_votes_only_once_it_caught_up() {
     c.kill9(1);
     c.kill9(3);
     std::fs::remove_dir_all(c.data_dir(3)).unwrap();
-    let mut lacking = c.start_again(2);
+    // The wiped voter first: it asks the others whether the group exists
+    // and, with none up, goes on asking. Voter 2 then starts and
+    // campaigns at once; a vote granted while the wiped voter still asked
+    // (before, it voted until it heard the group existed) elects voter 2.
     let wiped = c.start_again(3);
+    std::thread::sleep(Duration::from_secs(2));
+    let mut lacking = c.start_again(2);
     // Voter 2 lacks the queue; with the wiped voter's vote it would lead
     // and serve without it.
     if lacking.ready_within(Duration::from_secs(10)) {

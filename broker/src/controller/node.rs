@@ -16,10 +16,14 @@
 //! majority (itself included) says no leader was ever elected, it is a new
 //! group and it initialises; once one says the group exists, it *rejoins*:
 //! it does not initialise, takes no part in elections (neither votes nor
-//! campaigns) and answers no vote, until it holds the log the leader held
-//! when it first asked (a leader elected without its vote holds everything
-//! committed). A marker file (`rejoining`) keeps it so across a restart
-//! meanwhile. A single node is a
+//! campaigns) and answers no vote, until it holds as much log as the
+//! leader and every other voter it reached held when it asked (a leader
+//! elected without its vote holds everything committed). It answers no
+//! vote while it asks either: from the moment it opens without a log
+//! until it knows the group is new. A marker file (`rejoining`) keeps it
+//! so across a restart meanwhile, and while it is there the member says
+//! the group exists when another voter asks (its own empty log does not
+//! make a group look new). A single node is a
 //! one-voter group, elected at once. A node that is not a voter (an
 //! observer broker) asks the voters to add it as a learner: it receives
 //! the log and applies it, and votes in nothing. A proposal made where the
@@ -187,12 +191,16 @@ impl Controller {
             .await
             .map_err(|e| unavailable("opening the Raft log", &e))?;
         let sm = StateMachineStore::open(dir, publish).map_err(|e| unavailable("opening the Raft snapshot", &e))?;
+        // A member marked as rejoining by an earlier run campaigns not
+        // from its first tick (its log may hold a membership already).
+        let marked = dir.join(REJOINING_FILE).exists();
         let config = openraft::Config {
             cluster_name: "strand".into(),
             heartbeat_interval: settings.heartbeat_ms,
             election_timeout_min: settings.election_min_ms,
             election_timeout_max: settings.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
+            enable_elect: !marked,
             ..Default::default()
         }
         .validate()
@@ -201,11 +209,20 @@ impl Controller {
         let raft = Raft::new(node_id, Arc::new(config), links.clone(), log, sm.clone())
             .await
             .map_err(|e| unavailable("starting Raft", &e))?;
+        // A voter without a log answers no vote until it knows whether the
+        // group is new (`initialize_or_rejoin`): it serves the others from
+        // now on, and a vote granted by a lost log could elect a candidate
+        // that lacks committed entries.
+        let voter = settings.voters.iter().any(|v| v.id == node_id);
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| unavailable("reading the Raft state", &e))?;
         Ok(Controller {
             raft,
             node_id,
             dir: dir.to_path_buf(),
-            rejoining: std::cell::Cell::new(false),
+            rejoining: std::cell::Cell::new(voter && (marked || !initialized)),
             links,
             sm,
             leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
@@ -321,6 +338,8 @@ impl Controller {
             }
             glommio::timer::sleep(Duration::from_millis(200)).await;
         }
+        // A new group: this member votes from now on.
+        self.rejoining.set(false);
         let members: BTreeMap<u64, BasicNode> = settings
             .voters
             .iter()
@@ -359,20 +378,7 @@ impl Controller {
             };
             let asked = match (target, leader) {
                 (Some(t), _) => Some(t),
-                (None, Some(l)) if l != self.node_id => match settings.voters.iter().find(|v| v.id == l) {
-                    Some(v) => match self
-                        .links
-                        .call(v.address, ControllerOp::Status, b"{}", PROPOSE_TIMEOUT)
-                        .await
-                    {
-                        Ok(Ok(payload)) => serde_json::from_slice::<MemberStatus>(&payload)
-                            .ok()
-                            .filter(|s| s.leader == Some(l))
-                            .map(|s| s.last_log_index.unwrap_or(0)),
-                        _ => None,
-                    },
-                    None => None,
-                },
+                (None, Some(l)) if l != self.node_id => self.catch_up_target(settings, l).await,
                 _ => None,
             };
             target = asked;
@@ -396,11 +402,36 @@ impl Controller {
         ))
     }
 
+    /// How much log a rejoining voter must hold before it votes again:
+    /// the most any voter it reaches holds (`ControllerOp::Status`), once
+    /// the answers include `leader` saying it leads or come from a
+    /// majority of the voters. One leader's word alone could come from a
+    /// leader already deposed, short of what its successor committed; a
+    /// majority holds every committed entry between them.
+    async fn catch_up_target(&self, settings: &Settings, leader: u64) -> Option<u64> {
+        let mut most = None;
+        let (mut answers, mut leader_said) = (0, false);
+        for v in settings.voters.iter().filter(|v| v.id != self.node_id) {
+            let answer = self
+                .links
+                .call(v.address, ControllerOp::Status, b"{}", Duration::from_secs(1))
+                .await;
+            let Ok(Ok(payload)) = answer else { continue };
+            let Ok(status) = serde_json::from_slice::<MemberStatus>(&payload) else {
+                continue;
+            };
+            answers += 1;
+            leader_said |= v.id == leader && status.leader == Some(leader);
+            most = most.max(Some(status.last_log_index.unwrap_or(0)));
+        }
+        (leader_said || answers > settings.voters.len() / 2).then_some(most?)
+    }
+
     /// This member's answer to `ControllerOp::Status`.
     fn status(&self) -> MemberStatus {
         let m = self.raft.metrics().borrow().clone();
         MemberStatus {
-            holds_cluster: m.last_log_index.is_some_and(|i| i >= 1),
+            holds_cluster: m.last_log_index.is_some_and(|i| i >= 1) || self.dir.join(REJOINING_FILE).exists(),
             last_log_index: m.last_log_index,
             leader: m.current_leader,
         }
@@ -923,7 +954,8 @@ impl Controller {
             ControllerOp::Vote if self.rejoining.get() => Err(Refusal {
                 code: ErrorCode::ControllerUnavailable,
                 message: format!(
-                    "voter {} lost its controller log and votes once it holds the leader's log",
+                    "voter {} has no controller log of its own yet (a new group, or a lost log it catches up \
+                     on) and votes once it knows which",
                     self.node_id
                 ),
                 leader: 0,
@@ -1151,6 +1183,63 @@ mod tests {
                 b
             };
             assert_eq!(same_run(&after), same_run(&before));
+            c.shutdown().await;
+        });
+    }
+
+    /// A voter that opens without a log answers no vote while it asks the
+    /// others whether the group exists (a vote from a lost log could elect
+    /// a candidate lacking committed entries), and says the group exists
+    /// while its rejoining marker is there; a member with a log votes.
+    #[test]
+    fn a_voter_without_a_log_answers_no_vote_until_it_knows_the_group_is_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            let mut three = one_node(3);
+            for (id, port) in [(1, 2), (2, 3)] {
+                three.voters.push(Voter {
+                    id,
+                    address: SocketAddr::from(([127, 0, 0, 1], port)),
+                });
+            }
+            let publish: Publish = Rc::new(|_: &MetadataTable| {});
+            let vote = serde_json::to_vec(&openraft::raft::VoteRequest::<u64>::new(
+                openraft::Vote::new(5, 2),
+                None,
+            ))
+            .unwrap();
+            let asking = path.join("asking");
+            let c = Controller::open(&asking, &three, publish.clone(), OwnLease::default())
+                .await
+                .unwrap();
+            let refused = c.serve(ControllerOp::Vote, &vote).await.unwrap_err();
+            assert_eq!(refused.code, ErrorCode::ControllerUnavailable, "{}", refused.message);
+            let status: MemberStatus =
+                serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
+            assert!(!status.holds_cluster, "an empty log, unmarked: the group may be new");
+            c.rejoin().unwrap();
+            let status: MemberStatus =
+                serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
+            assert!(status.holds_cluster, "marked as rejoining: the group exists");
+            c.shutdown().await;
+            // Opened again, the marker keeps it out of votes.
+            let c = Controller::open(&asking, &three, publish.clone(), OwnLease::default())
+                .await
+                .unwrap();
+            c.serve(ControllerOp::Vote, &vote).await.unwrap_err();
+            c.shutdown().await;
+            // A member with a log of its own votes.
+            let kept = path.join("kept");
+            Controller::start(&kept, &one_node(3), publish.clone())
+                .await
+                .unwrap()
+                .shutdown()
+                .await;
+            let c = Controller::open(&kept, &one_node(3), publish, OwnLease::default())
+                .await
+                .unwrap();
+            c.serve(ControllerOp::Vote, &vote).await.unwrap();
             c.shutdown().await;
         });
     }

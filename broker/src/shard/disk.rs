@@ -59,6 +59,9 @@ pub struct DiskSpace {
     /// The last look failed (logged once per run of failures, not every
     /// 100 ms).
     failing: Cell<bool>,
+    /// A journal replay in place (`recover.rs`) waits for room: logged
+    /// once per wait, not every round.
+    pub waiting_for_room: Cell<bool>,
 }
 
 impl DiskSpace {

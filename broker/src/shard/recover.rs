@@ -63,6 +63,9 @@ pub const RECOVER_EVERY: Duration = Duration::from_secs(1);
 impl Shard {
     /// One round (see the module doc).
     pub async fn recover_logs_after_full_disk(self: &Rc<Self>) {
+        // A fresh look: the room a replay needs is judged on what is free
+        // now, not up to `CHECK_EVERY` ago.
+        self.disk.refresh(&self.config.data_dir, self.config.min_free_bytes);
         let Some(space) = self.disk.space().filter(|s| !s.low()) else {
             return;
         };
@@ -88,7 +91,18 @@ impl Shard {
                 .sum();
             let journal_room = self.config.journal_file_bytes * strand_storage::journal::PREPARE_ROOM_FILES;
             let needed = unwritten + segment + journal_room;
-            if space.free >= needed && !self.stopping.get() {
+            if space.free < needed {
+                if !self.disk.waiting_for_room.replace(true) {
+                    tracing::warn!(
+                        free = space.free,
+                        needed,
+                        unwritten,
+                        "{reason}: the shard's journaled partitions come back once the data directory has room \
+                         for their replay, a segment and the journal's spare files"
+                    );
+                }
+            } else if !self.stopping.get() {
+                self.disk.waiting_for_room.set(false);
                 self.restart_journal(&reason).await;
             }
         }
