@@ -311,3 +311,101 @@ fn a_voter_with_a_wiped_disk_votes_only_once_it_caught_up() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A replica whose log came back short (issue 41, corruption): broker 4
+/// leads a partition of three replicas and is killed with kill -9; the
+/// tail of its log is damaged (the last batches' bytes flipped, as a
+/// power loss or a bad disk leaves them: cut at open by their CRC) and it
+/// is started again at once, while the replica that takes over is paused
+/// (broker 4 cannot catch up from it). Broker 4 is first in the replica
+/// order: were it still in the ISR, the failover from the paused replica
+/// would pick it, and the third replica would cut its acknowledged
+/// records to match its short log. Its registration takes it out of the
+/// ISRs it shares instead: the third replica leads, and every
+/// acknowledged record is read.
+#[test]
+fn a_replica_that_lost_its_tail_at_open_does_not_lead_while_another_is_in_sync() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    c.add_learner(4);
+    c.add_learner(5);
+    let queue = "damaged";
+    c.strand(
+        1,
+        &[
+            "queue",
+            "create",
+            queue,
+            "--partitions",
+            "5",
+            "--replication-factor",
+            "3",
+        ],
+    );
+    let d = describe(&c, 1, queue);
+    let (p, replicas) = d["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .find_map(|(i, part)| (part["leader"] == 4).then(|| (i, ids(&part["replicas"]))))
+        .expect("broker 4 leads a partition");
+    assert_eq!(replicas[0], 4, "{replicas:?}");
+    let (took_over, third) = (replicas[1] as u8, replicas[2] as u8);
+    partition_when(&c, 1, queue, p, "had its replicas in sync", |part| part.isr.len() == 3);
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| strand_wire::partition_for_key(k.as_bytes(), 5) == p as u32)
+        .take(5)
+        .collect();
+    let producer = acks_all(&c);
+    let mut acked = Vec::new();
+    for i in 0..100 {
+        let value = format!("v{i}");
+        let d = block_on(producer.send(queue, Some(keys[i % 5].as_bytes()), value.as_bytes(), &[])).unwrap();
+        acked.push((d.offset.unwrap(), value));
+    }
+    drop(producer);
+    c.kill9(4);
+    damage_tail(&c.data_dir(4).join(queue).join(p.to_string()));
+    c.node(took_over).signal(libc::SIGSTOP);
+    c.restart(4);
+    let via = (1..=3).find(|id| *id != took_over).unwrap();
+    // The paused replica is fenced; the third leads (not broker 4).
+    let part = partition_when(
+        &c,
+        via,
+        queue,
+        p,
+        "was led by a replica other than the paused one",
+        |part| part.leader != 0 && part.leader != u32::from(took_over) && part.leader != 4,
+    );
+    assert_eq!(part.leader, u32::from(third), "{part:?}");
+    let got = read_all(&c.addr(via).to_string(), queue, acked.len());
+    for (offset, value) in &acked {
+        assert_eq!(
+            got.get(&(p as u32, *offset)).map(|v| v.as_slice()),
+            Some(value.as_bytes()),
+            "record at {p}/{offset} lost"
+        );
+    }
+    c.node(took_over).signal(libc::SIGCONT);
+}
+
+/// Flips the last 300 written bytes of the newest segment in `dir` (a
+/// partition directory): the last batches fail their CRC at open.
+fn damage_tail(dir: &std::path::Path) {
+    let newest = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .max()
+        .unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let end = bytes.iter().rposition(|b| *b != 0).unwrap() + 1;
+    for b in &mut bytes[end.saturating_sub(300)..end] {
+        *b ^= 0xA5;
+    }
+    std::fs::write(&newest, bytes).unwrap();
+}
