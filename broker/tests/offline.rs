@@ -78,47 +78,13 @@ fn a_wiped_disk_never_leads_what_it_alone_held_in_sync() {
     let mut c = Cluster::start_with(3, QUICK_ISR);
     c.add_learner(4);
     let queue = "kept";
-    c.strand(
-        1,
-        &[
-            "queue",
-            "create",
-            queue,
-            "--partitions",
-            "8",
-            "--replication-factor",
-            "2",
-        ],
-    );
     // A partition broker 4 leads (placement spreads leaders: two of
     // eight), its follower a voter.
-    let d = describe(&c, 1, queue);
-    let (p, follower) = d["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .find_map(|(i, part)| {
-            let replicas = ids(&part["replicas"]);
-            (part["leader"] == 4).then(|| (i, replicas.into_iter().find(|r| *r != 4).unwrap() as u8))
-        })
-        .expect("broker 4 leads a partition");
+    let (p, replicas) = led_by_4(&c, queue, 8, 2);
+    let follower = replicas[1] as u8;
     partition_when(&c, 1, queue, p, "had both replicas in sync", |part| part.isr.len() == 2);
     // Acknowledged by both replicas.
-    let keys: Vec<String> = (0..)
-        .map(|i| format!("k{i}"))
-        .filter(|k| strand_wire::partition_for_key(k.as_bytes(), 8) == p as u32)
-        .take(5)
-        .collect();
-    let producer = acks_all(&c);
-    let mut acked = Vec::new();
-    for i in 0..50 {
-        let value = format!("v{i}");
-        let d = block_on(producer.send(queue, Some(keys[i % 5].as_bytes()), value.as_bytes(), &[])).unwrap();
-        assert_eq!(d.partition, p as u32);
-        acked.push((d.offset.unwrap(), value));
-    }
-    drop(producer);
+    let acked = produce_acked(&c, queue, 8, p, 50);
     // The follower pauses until the ISR is the leader alone.
     c.node(follower).signal(libc::SIGSTOP);
     let via = (1..=3).find(|id| *id != follower).unwrap();
@@ -330,42 +296,10 @@ fn a_replica_that_lost_its_tail_at_open_does_not_lead_while_another_is_in_sync()
     c.add_learner(4);
     c.add_learner(5);
     let queue = "damaged";
-    c.strand(
-        1,
-        &[
-            "queue",
-            "create",
-            queue,
-            "--partitions",
-            "5",
-            "--replication-factor",
-            "3",
-        ],
-    );
-    let d = describe(&c, 1, queue);
-    let (p, replicas) = d["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .find_map(|(i, part)| (part["leader"] == 4).then(|| (i, ids(&part["replicas"]))))
-        .expect("broker 4 leads a partition");
-    assert_eq!(replicas[0], 4, "{replicas:?}");
+    let (p, replicas) = led_by_4(&c, queue, 5, 3);
     let (took_over, third) = (replicas[1] as u8, replicas[2] as u8);
     partition_when(&c, 1, queue, p, "had its replicas in sync", |part| part.isr.len() == 3);
-    let keys: Vec<String> = (0..)
-        .map(|i| format!("k{i}"))
-        .filter(|k| strand_wire::partition_for_key(k.as_bytes(), 5) == p as u32)
-        .take(5)
-        .collect();
-    let producer = acks_all(&c);
-    let mut acked = Vec::new();
-    for i in 0..100 {
-        let value = format!("v{i}");
-        let d = block_on(producer.send(queue, Some(keys[i % 5].as_bytes()), value.as_bytes(), &[])).unwrap();
-        acked.push((d.offset.unwrap(), value));
-    }
-    drop(producer);
+    let acked = produce_acked(&c, queue, 5, p, 100);
     c.kill9(4);
     damage_tail(&c.data_dir(4).join(queue).join(p.to_string()));
     c.node(took_over).signal(libc::SIGSTOP);
@@ -390,6 +324,53 @@ fn a_replica_that_lost_its_tail_at_open_does_not_lead_while_another_is_in_sync()
         );
     }
     c.node(took_over).signal(libc::SIGCONT);
+}
+
+/// Creates `queue` (`partitions`, replication factor `rf`) and finds a
+/// partition broker 4 leads: its number and replicas (broker 4 first).
+fn led_by_4(c: &Cluster, queue: &str, partitions: u32, rf: u32) -> (usize, Vec<u64>) {
+    let (n, rf) = (partitions.to_string(), rf.to_string());
+    c.strand(
+        1,
+        &[
+            "queue",
+            "create",
+            queue,
+            "--partitions",
+            &n,
+            "--replication-factor",
+            &rf,
+        ],
+    );
+    let d = describe(c, 1, queue);
+    let (p, replicas) = d["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .find_map(|(i, part)| (part["leader"] == 4).then(|| (i, ids(&part["replicas"]))))
+        .expect("broker 4 leads a partition");
+    assert_eq!(replicas[0], 4, "{replicas:?}");
+    (p, replicas)
+}
+
+/// `count` keyed acks=all records into partition `p` of `queue` (of
+/// `partitions`): each one's offset and value.
+fn produce_acked(c: &Cluster, queue: &str, partitions: u32, p: usize, count: usize) -> Vec<(u64, String)> {
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| strand_wire::partition_for_key(k.as_bytes(), partitions) == p as u32)
+        .take(5)
+        .collect();
+    let producer = acks_all(c);
+    (0..count)
+        .map(|i| {
+            let value = format!("v{i}");
+            let d = block_on(producer.send(queue, Some(keys[i % 5].as_bytes()), value.as_bytes(), &[])).unwrap();
+            assert_eq!(d.partition, p as u32);
+            (d.offset.unwrap(), value)
+        })
+        .collect()
 }
 
 /// Flips the last 300 written bytes of the newest segment in `dir` (a

@@ -16,9 +16,12 @@
 //! majority (itself included) says no leader was ever elected, it is a new
 //! group and it initialises; once one says the group exists, it *rejoins*:
 //! it does not initialise, takes no part in elections (neither votes nor
-//! campaigns) and answers no vote, until it holds as much log as the
-//! leader and every other voter it reached held when it asked (a leader
-//! elected without its vote holds everything committed). It answers no
+//! campaigns) and answers no vote until it holds as much log as a
+//! majority of the other voters held when it asked; meanwhile it takes
+//! log entries only from a leader of at least the highest term they had
+//! seen (a voter that led before starts again as leader of its old term,
+//! and the lost log's acknowledgements must not let it commit). A leader
+//! elected without its vote holds everything committed. It answers no
 //! vote while it asks either: from the moment it opens without a log
 //! until it knows the group is new. A marker file (`rejoining`) keeps it
 //! so across a restart meanwhile, and while it is there the member says
@@ -76,6 +79,9 @@ struct MemberStatus {
     holds_cluster: bool,
     last_log_index: Option<u64>,
     leader: Option<u64>,
+    /// The highest term it has seen (absent from older members: 0).
+    #[serde(default)]
+    term: u64,
 }
 
 /// The file, in the member's directory, that says it rejoins (see the
@@ -156,6 +162,11 @@ pub struct Controller {
     /// A voter that lost its log catching up: it answers no vote and
     /// campaigns not (see the module doc).
     rejoining: std::cell::Cell<bool>,
+    /// A rejoining voter: the highest term and log index a majority of
+    /// the other voters reported (`Controller::learn_rejoin_floor`). It
+    /// takes log entries only from a leader of at least that term, and
+    /// votes again once its log reaches that index.
+    rejoin_floor: std::cell::Cell<Option<(u64, u64)>>,
     links: Links,
     sm: StateMachineStore,
     /// Every broker's lease, while this member leads.
@@ -223,6 +234,7 @@ impl Controller {
             node_id,
             dir: dir.to_path_buf(),
             rejoining: std::cell::Cell::new(voter && (marked || !initialized)),
+            rejoin_floor: std::cell::Cell::new(None),
             links,
             sm,
             leases: RefCell::new(Leases::new(Duration::from_millis(settings.broker_session_ms))),
@@ -243,6 +255,9 @@ impl Controller {
             self.initialize_or_rejoin(settings).await?;
         } else {
             self.join_as_learner(settings).await?;
+        }
+        if self.rejoining.get() {
+            self.learn_rejoin_floor(settings).await?;
         }
         let wait = |secs| raft.wait(Some(Duration::from_secs(secs)));
         wait(60)
@@ -272,7 +287,7 @@ impl Controller {
             .await
             .map_err(|e| unavailable("replaying the controller log", &e))?;
         if self.rejoining.get() {
-            self.catch_up(settings).await?;
+            self.catch_up().await?;
         }
         self.register(settings).await
     }
@@ -366,34 +381,90 @@ impl Controller {
         Ok(())
     }
 
-    /// A rejoining voter: asks the leader how far its log goes, waits until
-    /// its own log holds that much, and takes part in elections again.
-    async fn catch_up(&self, settings: &Settings) -> Result<(), ProposeError> {
+    /// A rejoining voter learns how far it must catch up before it takes
+    /// part again: the highest term and log index that a majority of the
+    /// voters other than itself report (`ControllerOp::Status`). Any
+    /// majority of the others holds every committed entry and includes a
+    /// voter of every election held without this one, so a leader of at
+    /// least that term is current, and that index covers everything
+    /// committed. One leader's word is not enough: a voter that led before
+    /// starts again as leader of its old term, and with this voter's lost
+    /// log it could commit without the entries a later leader committed
+    /// (`broker/tests/offline.rs`). With no majority of the others
+    /// reachable it waits (up to a minute, then the start fails).
+    async fn learn_rejoin_floor(&self, settings: &Settings) -> Result<(), ProposeError> {
+        let others: Vec<Voter> = settings
+            .voters
+            .iter()
+            .copied()
+            .filter(|v| v.id != self.node_id)
+            .collect();
+        let needed = settings.voters.len() / 2 + 1;
         let deadline = Instant::now() + Duration::from_secs(60);
-        let mut target = None;
+        let mut said = Instant::now();
+        loop {
+            let (mut answers, mut term, mut index) = (0, 0, 0);
+            for v in &others {
+                let answer = self
+                    .links
+                    .call(v.address, ControllerOp::Status, b"{}", Duration::from_secs(1))
+                    .await;
+                let Ok(Ok(payload)) = answer else { continue };
+                let Ok(status) = serde_json::from_slice::<MemberStatus>(&payload) else {
+                    continue;
+                };
+                answers += 1;
+                term = term.max(status.term);
+                index = index.max(status.last_log_index.unwrap_or(0));
+            }
+            if answers >= needed {
+                tracing::info!(
+                    term,
+                    index,
+                    "this voter catches up: it takes the log from a leader of term {term} or later and votes again \
+                     once it holds index {index}"
+                );
+                self.rejoin_floor.set(Some((term, index)));
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(ProposeError::Unavailable(format!(
+                    "this voter lost its controller log and needs {needed} of the other voters to say how far the \
+                     log goes; {answers} answered within 60 s"
+                )));
+            }
+            if said.elapsed() > Duration::from_secs(5) {
+                said = Instant::now();
+                tracing::info!(
+                    "this voter lost its controller log: waiting for {needed} of the other voters to say how far \
+                     the log goes ({answers} answer)"
+                );
+            }
+            glommio::timer::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A rejoining voter: waits until its log holds the index of its floor
+    /// ([`Controller::learn_rejoin_floor`]), and takes part in elections
+    /// again.
+    async fn catch_up(&self) -> Result<(), ProposeError> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let Some((_, target)) = self.rejoin_floor.get() else {
+            return Err(ProposeError::Unavailable("a rejoining voter without its floor".into()));
+        };
         while Instant::now() < deadline {
-            let (leader, last) = {
-                let m = self.raft.metrics().borrow().clone();
-                (m.current_leader, m.last_log_index)
-            };
-            let asked = match (target, leader) {
-                (Some(t), _) => Some(t),
-                (None, Some(l)) if l != self.node_id => self.catch_up_target(settings, l).await,
-                _ => None,
-            };
-            target = asked;
-            if let Some(t) = target {
-                if last.unwrap_or(0) >= t {
-                    if let Err(e) = std::fs::remove_file(self.dir.join(REJOINING_FILE))
-                        .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
-                    {
-                        return Err(ProposeError::Unavailable(format!("removing the rejoining marker: {e}")));
-                    }
-                    self.rejoining.set(false);
-                    self.raft.runtime_config().elect(true);
-                    tracing::info!("this voter holds the controller leader's log again (index {t}): it votes again");
-                    return Ok(());
+            let last = self.raft.metrics().borrow().last_log_index;
+            if last.unwrap_or(0) >= target {
+                if let Err(e) = std::fs::remove_file(self.dir.join(REJOINING_FILE))
+                    .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+                {
+                    return Err(ProposeError::Unavailable(format!("removing the rejoining marker: {e}")));
                 }
+                self.rejoining.set(false);
+                self.rejoin_floor.set(None);
+                self.raft.runtime_config().elect(true);
+                tracing::info!("this voter holds the controller log again (index {target}): it votes again");
+                return Ok(());
             }
             glommio::timer::sleep(Duration::from_millis(50)).await;
         }
@@ -402,29 +473,25 @@ impl Controller {
         ))
     }
 
-    /// How much log a rejoining voter must hold before it votes again:
-    /// the most any voter it reaches holds (`ControllerOp::Status`), once
-    /// the answers include `leader` saying it leads or come from a
-    /// majority of the voters. One leader's word alone could come from a
-    /// leader already deposed, short of what its successor committed; a
-    /// majority holds every committed entry between them.
-    async fn catch_up_target(&self, settings: &Settings, leader: u64) -> Option<u64> {
-        let mut most = None;
-        let (mut answers, mut leader_said) = (0, false);
-        for v in settings.voters.iter().filter(|v| v.id != self.node_id) {
-            let answer = self
-                .links
-                .call(v.address, ControllerOp::Status, b"{}", Duration::from_secs(1))
-                .await;
-            let Ok(Ok(payload)) = answer else { continue };
-            let Ok(status) = serde_json::from_slice::<MemberStatus>(&payload) else {
-                continue;
-            };
-            answers += 1;
-            leader_said |= v.id == leader && status.leader == Some(leader);
-            most = most.max(Some(status.last_log_index.unwrap_or(0)));
+    /// Why a rejoining voter refuses log entries from a leader of `term`
+    /// (see [`Controller::learn_rejoin_floor`]), if it does.
+    fn rejoin_refusal(&self, term: u64) -> Option<Refusal> {
+        if !self.rejoining.get() {
+            return None;
         }
-        (leader_said || answers > settings.voters.len() / 2).then_some(most?)
+        let why = match self.rejoin_floor.get() {
+            Some((floor, _)) if term >= floor => return None,
+            Some((floor, _)) => format!("a leader of term {term}, below the term {floor} a majority has seen"),
+            None => "no majority of the other voters has said yet how far the log goes".to_string(),
+        };
+        Some(Refusal {
+            code: ErrorCode::ControllerUnavailable,
+            message: format!(
+                "voter {} lost its controller log and takes no entries from {why}",
+                self.node_id
+            ),
+            leader: 0,
+        })
     }
 
     /// This member's answer to `ControllerOp::Status`.
@@ -434,6 +501,7 @@ impl Controller {
             holds_cluster: m.last_log_index.is_some_and(|i| i >= 1) || self.dir.join(REJOINING_FILE).exists(),
             last_log_index: m.last_log_index,
             leader: m.current_leader,
+            term: m.current_term,
         }
     }
 
@@ -964,18 +1032,22 @@ impl Controller {
                 &self.raft.vote(serde_json::from_slice(payload).map_err(bad)?).await,
             )),
             ControllerOp::Status => Ok(to_json(&self.status())),
-            ControllerOp::AppendEntries => Ok(to_json(
-                &self
-                    .raft
-                    .append_entries(serde_json::from_slice(payload).map_err(bad)?)
-                    .await,
-            )),
-            ControllerOp::InstallSnapshot => Ok(to_json(
-                &self
-                    .raft
-                    .install_snapshot(serde_json::from_slice(payload).map_err(bad)?)
-                    .await,
-            )),
+            ControllerOp::AppendEntries => {
+                let request: openraft::raft::AppendEntriesRequest<TypeConfig> =
+                    serde_json::from_slice(payload).map_err(bad)?;
+                if let Some(refusal) = self.rejoin_refusal(request.vote.leader_id().term) {
+                    return Err(refusal);
+                }
+                Ok(to_json(&self.raft.append_entries(request).await))
+            }
+            ControllerOp::InstallSnapshot => {
+                let request: openraft::raft::InstallSnapshotRequest<TypeConfig> =
+                    serde_json::from_slice(payload).map_err(bad)?;
+                if let Some(refusal) = self.rejoin_refusal(request.vote.leader_id().term) {
+                    return Err(refusal);
+                }
+                Ok(to_json(&self.raft.install_snapshot(request).await))
+            }
             ControllerOp::Propose => {
                 let command: Command = serde_json::from_slice(payload).map_err(bad)?;
                 match self.raft.client_write(command).await {
@@ -1219,6 +1291,22 @@ mod tests {
                 serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
             assert!(!status.holds_cluster, "an empty log, unmarked: the group may be new");
             c.rejoin().unwrap();
+            // Rejoining, it takes no entries before a majority of the
+            // others said how far the log goes, nor from an older leader.
+            let append = serde_json::to_vec(&openraft::raft::AppendEntriesRequest::<TypeConfig> {
+                vote: openraft::Vote::new_committed(1, 2),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: None,
+            })
+            .unwrap();
+            let refused = c.serve(ControllerOp::AppendEntries, &append).await.unwrap_err();
+            assert!(refused.message.contains("no majority"), "{}", refused.message);
+            c.rejoin_floor.set(Some((2, 5)));
+            let refused = c.serve(ControllerOp::AppendEntries, &append).await.unwrap_err();
+            assert!(refused.message.contains("below the term 2"), "{}", refused.message);
+            c.rejoin_floor.set(Some((1, 5)));
+            c.serve(ControllerOp::AppendEntries, &append).await.unwrap();
             let status: MemberStatus =
                 serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
             assert!(status.holds_cluster, "marked as rejoining: the group exists");
