@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest};
 use openraft::{AsyncRuntime, BasicNode, Raft};
 use strand_wire::{ControllerOp, ErrorCode};
 
@@ -471,6 +472,24 @@ impl Controller {
         Err(ProposeError::Unavailable(
             "this voter lost its controller log and did not catch up with a leader within 60 s".into(),
         ))
+    }
+
+    /// A leader's request decoded from `payload`, unless this member, a
+    /// rejoining voter, refuses the term of its `vote` ([`Controller::rejoin_refusal`]).
+    fn leader_request<R: serde::de::DeserializeOwned>(
+        &self,
+        payload: &[u8],
+        vote: impl Fn(&R) -> openraft::Vote<u64>,
+    ) -> Result<R, Refusal> {
+        let request: R = serde_json::from_slice(payload).map_err(|e| Refusal {
+            code: ErrorCode::InvalidRequest,
+            message: format!("a malformed controller payload: {e}"),
+            leader: 0,
+        })?;
+        match self.rejoin_refusal(vote(&request).leader_id().term) {
+            Some(refusal) => Err(refusal),
+            None => Ok(request),
+        }
     }
 
     /// Why a rejoining voter refuses log entries from a leader of `term`
@@ -1033,19 +1052,11 @@ impl Controller {
             )),
             ControllerOp::Status => Ok(to_json(&self.status())),
             ControllerOp::AppendEntries => {
-                let request: openraft::raft::AppendEntriesRequest<TypeConfig> =
-                    serde_json::from_slice(payload).map_err(bad)?;
-                if let Some(refusal) = self.rejoin_refusal(request.vote.leader_id().term) {
-                    return Err(refusal);
-                }
+                let request = self.leader_request(payload, |r: &AppendEntriesRequest<TypeConfig>| r.vote)?;
                 Ok(to_json(&self.raft.append_entries(request).await))
             }
             ControllerOp::InstallSnapshot => {
-                let request: openraft::raft::InstallSnapshotRequest<TypeConfig> =
-                    serde_json::from_slice(payload).map_err(bad)?;
-                if let Some(refusal) = self.rejoin_refusal(request.vote.leader_id().term) {
-                    return Err(refusal);
-                }
+                let request = self.leader_request(payload, |r: &InstallSnapshotRequest<TypeConfig>| r.vote)?;
                 Ok(to_json(&self.raft.install_snapshot(request).await))
             }
             ControllerOp::Propose => {
