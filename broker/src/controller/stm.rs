@@ -357,6 +357,9 @@ impl MetadataStm {
                 let recorded = self.table.brokers.get(id).map_or(0, |b| b.directory);
                 let replaced = recorded != 0 && *directory != 0 && recorded != *directory;
                 if replaced {
+                    self.table.directories_replaced += 1;
+                    let at = self.table.directories_replaced;
+                    self.table.directory_replaced_at.insert(*id, at);
                     self.forget_replicas_of(*id, recorded);
                 }
                 if let Some(b) = self.table.brokers.get_mut(id).filter(|b| b.incarnation != *incarnation) {
@@ -548,6 +551,7 @@ impl MetadataStm {
             p.lost = Some(LostReplica {
                 broker: id,
                 directory: lost_directory,
+                after: self.table.directories_replaced,
             });
             p.partition_epoch += 1;
         }
@@ -558,9 +562,9 @@ impl MetadataStm {
     /// ([`PartitionRecord::lost`]) have it back, their only replica holding
     /// everything they committed, as leader and ISR.
     fn lead_partitions_waiting_for(&mut self, id: NodeId, directory: u64) {
-        let back = Some(LostReplica { broker: id, directory });
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-            if p.lost == back && p.replicas.contains(&id) {
+            let back = p.lost.is_some_and(|l| l.broker == id && l.directory == directory);
+            if back && p.replicas.contains(&id) {
                 p.lost = None;
                 p.isr = vec![id];
                 p.leader = id;
@@ -619,10 +623,18 @@ impl MetadataStm {
                 Some(r) if !alive(&r) => return refuse(format!("broker {r} is not alive")),
                 Some(r) => r,
                 None => {
+                    // Last: the broker that lost the records, and any whose
+                    // directory was replaced since the partition went
+                    // offline (empty of it too: a chaos run's second wipe
+                    // was elected and the survivor's copy cut to nothing);
+                    // then a draining one.
                     let lost = p.lost.map(|l| l.broker);
+                    let offline_since = p.lost.map_or(u64::MAX, |l| l.after);
+                    let replaced = &self.table.directory_replaced_at;
                     let rank = |r: &NodeId| {
+                        let emptied = Some(*r) == lost || replaced.get(r).is_some_and(|at| *at > offline_since);
                         let draining = brokers.get(r).is_some_and(|b| b.in_maintenance());
-                        (Some(*r) == lost, draining)
+                        (emptied, draining)
                     };
                     let candidates = p.replicas.iter().copied().filter(alive);
                     let Some(best) = candidates.min_by_key(rank) else {

@@ -159,6 +159,12 @@ pub struct LostReplica {
     pub broker: NodeId,
     /// The directory id ([`BrokerRecord::directory`]) it held them in.
     pub directory: u64,
+    /// [`MetadataTable::directories_replaced`] when the partition went
+    /// offline: a replica whose broker's directory was replaced later
+    /// ([`MetadataTable::directory_replaced_at`]) holds nothing of it, and
+    /// an unclean election takes it last (0 in older tables).
+    #[serde(default)]
+    pub after: u64,
 }
 
 /// One partition: where its replicas live and who leads.
@@ -221,6 +227,14 @@ pub struct MetadataTable {
     /// began (`strand_unclean_elections_total`).
     #[serde(default)]
     pub unclean_elections: u64,
+    /// How many times a broker came back with another data directory
+    /// since the cluster began (a wiped or replaced disk).
+    #[serde(default)]
+    pub directories_replaced: u64,
+    /// Per broker, [`MetadataTable::directories_replaced`] right after its
+    /// directory was last replaced (absent: never).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub directory_replaced_at: BTreeMap<NodeId, u64>,
 }
 
 impl MetadataTable {

@@ -315,6 +315,14 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         shared.stop_consuming.store(true, Ordering::SeqCst);
         return Err("interrupted".into());
     }
+    // A partition whose last in-sync replica was wiped waits for an
+    // operator; the run is one: it accepts the loss at once (the group
+    // cannot read a partition without a leader), and the checker then
+    // says what was lost.
+    let unclean = elect_offline(&bootstrap);
+    if unclean > 0 {
+        println!("unclean elections: {unclean} partition(s) waited for a wiped replica");
+    }
     // The group catches up with everything acknowledged (at most 60 s).
     let caught_up = cluster::Cluster::until(Duration::from_secs(60), || {
         let h = shared.history.lock().unwrap_or_else(|p| p.into_inner());
@@ -335,13 +343,6 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         let _ = c.join();
     }
     let _ = sampling.join();
-    // A partition whose last in-sync replica was wiped waits for an
-    // operator; the run is one: it accepts the loss, and the checker then
-    // says what was lost.
-    let unclean = elect_offline(&bootstrap);
-    if unclean > 0 {
-        println!("unclean elections: {unclean} partition(s) waited for a wiped replica");
-    }
     let stored = workload::read_back(&bootstrap, QUEUE, Duration::from_secs(120))?;
     let verdict = {
         let mut h = shared.history.lock().unwrap_or_else(|p| p.into_inner());

@@ -335,6 +335,7 @@ fn the_checks_fail_on_a_broken_table() {
             p.lost = Some(LostReplica {
                 broker: p.leader,
                 directory: 1,
+                after: 0,
             })
         },
         |p| p.replicas[1] = p.replicas[0],

@@ -1143,7 +1143,8 @@ fn a_broker_back_with_a_wiped_disk_leads_nothing_and_its_sole_partitions_wait() 
         p.lost,
         Some(LostReplica {
             broker: wiped,
-            directory: 1
+            directory: 1,
+            after: 1
         })
     );
     assert!(p.leader_epoch > led.leader_epoch && p.partition_epoch > before.queues["q"].partitions[0].partition_epoch);
@@ -1262,4 +1263,39 @@ fn an_unclean_election_leads_an_offline_partition_with_a_replica_that_kept_its_d
         ControllerError::ElectionRefused(why).code(),
         strand_wire::ErrorCode::InvalidRequest
     );
+}
+
+/// A second replica's disk wiped after the partition went offline (a
+/// strand-chaos run: two wipes in a row) holds nothing of it either: the
+/// unclean election takes the replica that kept its directory, not the
+/// first in replica order.
+#[test]
+fn an_unclean_election_passes_over_a_replica_wiped_after_the_partition_went_offline() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let p0 = stm.table().queues["q"].partitions[0].clone();
+    let wiped = p0.leader;
+    let shrink = alter_isr(&stm, "q", 0, vec![wiped]);
+    apply(&mut stm, shrink).unwrap();
+    apply(&mut stm, with_directory(wiped, 2, 2)).unwrap();
+    // The first other replica in order loses its disk too.
+    let others: Vec<NodeId> = p0.replicas.iter().copied().filter(|r| *r != wiped).collect();
+    apply(&mut stm, with_directory(others[0], 2, 3)).unwrap();
+    assert_eq!(stm.table().directories_replaced, 2);
+    let p = &stm.table().queues["q"].partitions[0];
+    assert_eq!(p.lost.map(|l| (l.broker, l.after)), Some((wiped, 1)), "{p:?}");
+    apply(
+        &mut stm,
+        Command::ElectUnclean {
+            queue: "q".into(),
+            partition: Some(0),
+            replica: None,
+        },
+    )
+    .unwrap();
+    let p = &stm.table().queues["q"].partitions[0];
+    assert_eq!(p.leader, others[1], "{p:?}");
 }
