@@ -147,6 +147,16 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// The violations of an acks=1 queue's history: a leader's
+    /// acknowledgement promises no copy elsewhere, so records lost with a
+    /// failed leader (lost, and the offsets they held taken by others:
+    /// misplaced) are not counted; the rest are. (No group reads it.)
+    pub fn acks_one_violations(&self) -> usize {
+        self.violations() - self.lost - self.misplaced - self.unconsumed
+    }
+}
+
 /// The key and SEQ of a value `KEY:SEQ`.
 fn split(value: &str) -> Option<(&str, u64)> {
     let (key, seq) = value.rsplit_once(':')?;

@@ -1,7 +1,8 @@
 //! The queue workload: producers sending keyed `KEY:SEQ` records (padded
 //! to the run's record size after a `|`, which the history leaves out) with
-//! acks=all (each key's SEQ counting up, every acknowledgement recorded
-//! with its partition and offset), a consumer group reading and committing
+//! acks=all, one at a time or pipelined, and with acks=1 pipelined into a
+//! queue of its own (each key's SEQ counting up, every acknowledgement
+//! recorded with its partition and offset), a consumer group reading and committing
 //! after every poll, a sampler of the group's committed positions, and
 //! the final read-back of everything the healed cluster holds. All of it
 //! through `strand-client`, into one shared [`History`].
@@ -67,8 +68,29 @@ impl Shared {
     }
 }
 
-/// `n` producer threads, each with its own keys, sending one record of
-/// `record_bytes` at a time (acks=all, idempotent, 10 s to deliver) until
+/// How a group of producer threads sends.
+#[derive(Debug, Clone, Copy)]
+pub struct Sending {
+    pub acks: Acks,
+    /// Records each thread keeps on their way at once (1: it waits for
+    /// each acknowledgement before the next send; more: pipelined, up to
+    /// this many unanswered, several requests of one partition in flight).
+    pub in_flight: usize,
+    /// Its keys are `{prefix}{thread}k{i}`.
+    pub prefix: &'static str,
+}
+
+impl Sending {
+    /// One record at a time, acks=all: the workload's first producers.
+    pub const ONE_AT_A_TIME: Sending = Sending {
+        acks: Acks::All,
+        in_flight: 1,
+        prefix: "p",
+    };
+}
+
+/// `n` producer threads, each with its own keys, sending records of
+/// `record_bytes` as `sending` says (idempotent, 10 s to deliver) until
 /// told to stop.
 pub fn producers(
     bootstrap: &str,
@@ -76,22 +98,25 @@ pub fn producers(
     n: usize,
     record_bytes: usize,
     shared: &Arc<Shared>,
+    sending: Sending,
 ) -> Vec<JoinHandle<()>> {
     (0..n)
         .map(|t| {
             let (bootstrap, queue, shared) = (bootstrap.to_string(), queue.to_string(), shared.clone());
             std::thread::spawn(move || {
                 let config = ProducerConfig {
-                    acks: Acks::All,
+                    acks: sending.acks,
                     delivery_timeout: Duration::from_secs(10),
+                    max_in_flight_per_partition: sending.in_flight.clamp(1, 5),
                     ..ProducerConfig::default()
                 };
                 let Some(producer) = connect_producer(&bootstrap, config, &shared) else {
                     return;
                 };
-                let keys: Vec<String> = (0..KEYS).map(|i| format!("p{t}k{i}")).collect();
+                let keys: Vec<String> = (0..KEYS).map(|i| format!("{}{t}k{i}", sending.prefix)).collect();
                 let mut seqs = [0u64; KEYS];
                 let mut i = 0;
+                let mut pending = std::collections::VecDeque::new();
                 while !shared.stop_producing.load(Ordering::SeqCst) {
                     let k = i % KEYS;
                     i += 1;
@@ -100,29 +125,50 @@ pub fn producers(
                     shared.history().attempted.insert(value.clone());
                     let bytes = padded(&value, record_bytes);
                     let sent_at = Instant::now();
-                    match block_on(producer.send(&queue, Some(keys[k].as_bytes()), &bytes, &[])) {
-                        Ok(d) => {
-                            let acked = Acked {
-                                value,
-                                partition: d.partition,
-                                offset: d.offset.unwrap_or(u64::MAX),
-                                at_ms: shared.ms(),
-                            };
-                            shared.history().acked.push(acked);
-                        }
-                        Err(e) => {
-                            let took_ms = sent_at.elapsed().as_millis() as u64;
-                            let mut history = shared.history();
-                            history.failed += 1;
-                            let kind = history.failures.entry(checker::failure_kind(&e)).or_default();
-                            kind.count += 1;
-                            kind.total_ms += took_ms;
+                    match block_on(producer.enqueue(&queue, Some(keys[k].as_bytes()), &bytes, &[])) {
+                        Ok(delivery) => pending.push_back((value, sent_at, delivery)),
+                        Err(e) => note_outcome(&shared, value, sent_at, Err(e)),
+                    }
+                    while pending.len() >= sending.in_flight {
+                        if let Some((value, sent_at, delivery)) = pending.pop_front() {
+                            note_outcome(&shared, value, sent_at, block_on(delivery));
                         }
                     }
+                }
+                for (value, sent_at, delivery) in pending {
+                    note_outcome(&shared, value, sent_at, block_on(delivery));
                 }
             })
         })
         .collect()
+}
+
+/// Records how the send of `value` (sent at `sent_at`) ended.
+fn note_outcome(
+    shared: &Shared,
+    value: String,
+    sent_at: Instant,
+    outcome: Result<strand_client::Delivered, strand_client::ClientError>,
+) {
+    match outcome {
+        Ok(d) => {
+            let acked = Acked {
+                value,
+                partition: d.partition,
+                offset: d.offset.unwrap_or(u64::MAX),
+                at_ms: shared.ms(),
+            };
+            shared.history().acked.push(acked);
+        }
+        Err(e) => {
+            let took_ms = sent_at.elapsed().as_millis() as u64;
+            let mut history = shared.history();
+            history.failed += 1;
+            let kind = history.failures.entry(checker::failure_kind(&e)).or_default();
+            kind.count += 1;
+            kind.total_ms += took_ms;
+        }
+    }
 }
 
 /// A producer for `bootstrap`, tried every 200 ms until one connects (none
