@@ -376,20 +376,8 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         let _ = c.join();
     }
     let _ = sampling.join();
-    let stored = workload::read_back(&bootstrap, QUEUE, Duration::from_secs(120))?;
-    let verdict = {
-        let mut h = shared.history.lock().unwrap_or_else(|p| p.into_inner());
-        h.stored = stored;
-        h.ended_ms = ended_ms;
-        checker::check(&h)
-    };
-    let fast_stored = workload::read_back(&bootstrap, FAST_QUEUE, Duration::from_secs(120))?;
-    let fast_verdict = {
-        let mut h = fast.history.lock().unwrap_or_else(|p| p.into_inner());
-        h.stored = fast_stored;
-        h.ended_ms = ended_ms;
-        checker::check(&h)
-    };
+    let verdict = judge(&bootstrap, QUEUE, &shared, ended_ms)?;
+    let fast_verdict = judge(&bootstrap, FAST_QUEUE, &fast, ended_ms)?;
     let job_verdict = match with_jobs {
         true => {
             let dead = jobs::dead_letters(&bootstrap, Duration::from_secs(60))?;
@@ -512,6 +500,16 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted
             Ok(())
         }
     }
+}
+
+/// Reads back everything `queue` holds and checks it against what its
+/// producers saw (`shared`'s history; they stopped at `ended_ms`).
+fn judge(bootstrap: &str, queue: &str, shared: &workload::Shared, ended_ms: u64) -> Result<checker::Verdict, String> {
+    let stored = workload::read_back(bootstrap, queue, Duration::from_secs(120))?;
+    let mut h = shared.history.lock().unwrap_or_else(|p| p.into_inner());
+    h.stored = stored;
+    h.ended_ms = ended_ms;
+    Ok(checker::check(&h))
 }
 
 /// Gives a leader to every partition that waits for a wiped replica (an
