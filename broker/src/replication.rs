@@ -497,8 +497,8 @@ fn held_end(log: &strand_storage::Log) -> Offset {
 }
 
 /// Appends the leader's batches in `records` to a follower's log, in
-/// order (the log notes their producers); returns the last offset appended.
-/// Returns the last offset appended (also when a later batch failed) and
+/// order (the log notes their producers), each checked first (CRC and
+/// framing). Returns the last offset appended (also when a later batch failed) and
 /// the failure, if one stopped it.
 async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> (Option<Offset>, Option<String>) {
     let Ok(_turn) = part.appending.acquire_permit(1).await else {
@@ -517,6 +517,14 @@ async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> (Opt
         }
         // A slice of the answer's frame, not a copy.
         let batch = records.split_to(len);
+        // Its CRC and framing, as a produce's: a leader's log damaged on
+        // its disk below what it checked at open must not spread to its
+        // followers (the fetch fails, is said, and is tried again; the
+        // partition stays under-replicated until another replica leads).
+        if let Err(e) = check_from_leader(&batch) {
+            failed = Some(e);
+            break;
+        }
         match part.log.append_replica(batch).await {
             Ok(info) => last = Some(info.last_offset),
             Err(e) => {
@@ -529,6 +537,16 @@ async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> (Opt
         shard.partitions.interval_appends.notify_all();
     }
     (last, failed)
+}
+
+/// A batch from the leader, checked as a produce's is (CRC and framing).
+fn check_from_leader(batch: &[u8]) -> Result<(), String> {
+    strand_storage::batch::check_frame(batch, usize::MAX)
+        .map(drop)
+        .map_err(|e| {
+            let at = strand_storage::batch::BatchHeader::parse(batch).map(|h| h.base_offset);
+            format!("a corrupt batch from the leader (at offset {at:?}): {e}")
+        })
 }
 
 /// How a follower's log goes back into step with its leader's.
@@ -709,6 +727,21 @@ mod tests {
             assert!(failed && log.failed(), "the write failed");
             assert_eq!(held_end(&log), Offset(3), "log end {:?}", log.log_end());
         });
+    }
+
+    /// A follower takes no batch whose bytes changed on the leader's disk
+    /// (a strand-chaos corrupt nemesis flips bytes inside segments).
+    #[test]
+    fn a_follower_refuses_a_corrupt_batch_from_its_leader() {
+        use strand_storage::testkit::{batch, stamp_at};
+        let good = stamp_at(batch(1, 3, 10, 0), 7).into_bytes();
+        check_from_leader(&good).unwrap();
+        for at in [20, good.len() / 2, good.len() - 1] {
+            let mut bad = good.to_vec();
+            bad[at] ^= 0x10;
+            let why = check_from_leader(&bad).unwrap_err();
+            assert!(why.contains("a corrupt batch from the leader"), "{why}");
+        }
     }
 
     #[test]

@@ -235,6 +235,56 @@ impl Cluster {
         }
     }
 
+    /// kill -9 of node `id`, then one file of its partitions damaged,
+    /// chosen with `rng`: a segment, index, checkpoint or journal file has
+    /// 1–8 bytes flipped where it holds data, or is cut short. Says what
+    /// it did. The node starts again at the next [`Cluster::heal`].
+    pub fn corrupt(&mut self, id: u8, rng: &mut crate::schedule::Rng) -> Result<String, String> {
+        self.kill(id);
+        let data = disk::data_dir(&self.node_dir(id));
+        let mut files = Vec::new();
+        collect_damageable(&data, &mut files);
+        files.sort();
+        // Half the time a segment (most of what a disk holds), else any.
+        let segments: Vec<_> = files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .cloned()
+            .collect();
+        let pool = if !segments.is_empty() && rng.range(0, 1) == 0 {
+            segments
+        } else {
+            files
+        };
+        if pool.is_empty() {
+            return Ok("no file to damage".into());
+        }
+        let path = &pool[rng.range(0, pool.len() as u64 - 1) as usize];
+        let mut bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        // Where it holds data: up to its last byte that is not zero
+        // (segments and journal files are zero-filled ahead).
+        let end = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+        let what = if end == 0 {
+            return Ok(format!("{} holds no data", path.display()));
+        } else if rng.range(0, 3) == 0 {
+            let keep = rng.range(0, end as u64 - 1) as usize;
+            bytes.truncate(keep);
+            format!("cut {} to {keep} of {end} bytes", path.display())
+        } else {
+            let count = rng.range(1, 8) as usize;
+            let at = rng.range(0, end as u64 - 1) as usize;
+            for b in bytes.iter_mut().skip(at).take(count) {
+                *b ^= 1 << rng.range(0, 7);
+            }
+            format!(
+                "flipped a bit in each of {count} bytes of {} at {at} (of {end})",
+                path.display()
+            )
+        };
+        std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        Ok(what)
+    }
+
     pub fn pause(&mut self, id: u8) {
         self.signal(id, libc::SIGSTOP);
         self.nodes[usize::from(id - 1)].paused = true;
@@ -342,6 +392,25 @@ impl Drop for Cluster {
         for id in 1..=self.nodes.len() as u8 {
             self.resume(id);
             self.kill(id);
+        }
+    }
+}
+
+/// The files under `dir` a corruption may hit: partition data (segments,
+/// indexes, checkpoints, producer snapshots) and the shard journal; not the
+/// controller's Raft state, the lock or the directory id.
+fn collect_damageable(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if matches!(name.as_str(), "__controller" | "__lock" | "__directory") {
+            continue;
+        }
+        if path.is_dir() {
+            collect_damageable(&path, out);
+        } else if !name.starts_with('.') && entry.metadata().is_ok_and(|m| m.len() > 0) {
+            out.push(path);
         }
     }
 }

@@ -451,6 +451,14 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted
             sleep_unless(hold, interrupted);
             cluster.heal()
         }
+        Nemesis::Corrupt => {
+            let mut rng = schedule::Rng::new(f.at_ms ^ u64::from(f.node) << 32);
+            for id in &targets {
+                println!("           ({})", cluster.corrupt(*id, &mut rng)?);
+            }
+            sleep_unless(hold, interrupted);
+            cluster.heal()
+        }
         Nemesis::Wipe => {
             for id in &targets {
                 cluster.wipe(*id)?;

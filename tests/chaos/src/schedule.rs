@@ -26,16 +26,21 @@ pub enum Nemesis {
     /// kill -9 of one node, its data directory deleted (a replaced disk,
     /// or a mount that failed), started again when the fault ends.
     Wipe,
+    /// kill -9 of one node, then one of its partitions' files damaged
+    /// (bytes flipped, or the file cut short): a segment, an index, a
+    /// checkpoint or a journal file; started again when the fault ends.
+    Corrupt,
 }
 
 impl Nemesis {
-    pub const ALL: [Nemesis; 6] = [
+    pub const ALL: [Nemesis; 7] = [
         Nemesis::Kill,
         Nemesis::Pause,
         Nemesis::Partition,
         Nemesis::Netem,
         Nemesis::DiskFull,
         Nemesis::Wipe,
+        Nemesis::Corrupt,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +51,7 @@ impl Nemesis {
             Nemesis::Netem => "netem",
             Nemesis::DiskFull => "disk-full",
             Nemesis::Wipe => "wipe",
+            Nemesis::Corrupt => "corrupt",
         }
     }
 
