@@ -83,6 +83,10 @@ struct MemberStatus {
     /// The highest term it has seen (absent from older members: 0).
     #[serde(default)]
     term: u64,
+    /// It lost its log and catches up (its rejoining marker is there): its
+    /// answer says nothing of what the group committed.
+    #[serde(default)]
+    rejoining: bool,
 }
 
 /// The file, in the member's directory, that says it rejoins (see the
@@ -288,7 +292,7 @@ impl Controller {
             .await
             .map_err(|e| unavailable("replaying the controller log", &e))?;
         if self.rejoining.get() {
-            self.catch_up().await?;
+            self.catch_up(settings).await?;
         }
         self.register(settings).await
     }
@@ -383,9 +387,10 @@ impl Controller {
     }
 
     /// A rejoining voter learns how far it must catch up before it takes
-    /// part again: the highest term and log index that a majority of the
-    /// voters other than itself report (`ControllerOp::Status`). Any
-    /// majority of the others holds every committed entry and includes a
+    /// part again: the highest term and log index that n - n/2 of the n
+    /// voters, itself not counted, report (`ControllerOp::Status`; voters
+    /// catching up themselves do not count). Every quorum keeps that many
+    /// besides this one, so they hold every committed entry and include a
     /// voter of every election held without this one, so a leader of at
     /// least that term is current, and that index covers everything
     /// committed. One leader's word is not enough: a voter that led before
@@ -400,7 +405,10 @@ impl Controller {
             .copied()
             .filter(|v| v.id != self.node_id)
             .collect();
-        let needed = settings.voters.len() / 2 + 1;
+        // Every quorum of n voters keeps at least n/2 of them besides this
+        // one, so n - n/2 of the others always include one of each.
+        let n = settings.voters.len();
+        let needed = n - n / 2;
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut said = Instant::now();
         loop {
@@ -414,6 +422,9 @@ impl Controller {
                 let Ok(status) = serde_json::from_slice::<MemberStatus>(&payload) else {
                     continue;
                 };
+                if status.rejoining {
+                    continue;
+                }
                 answers += 1;
                 term = term.max(status.term);
                 index = index.max(status.last_log_index.unwrap_or(0));
@@ -448,12 +459,21 @@ impl Controller {
     /// A rejoining voter: waits until its log holds the index of its floor
     /// ([`Controller::learn_rejoin_floor`]), and takes part in elections
     /// again.
-    async fn catch_up(&self) -> Result<(), ProposeError> {
+    async fn catch_up(&self, settings: &Settings) -> Result<(), ProposeError> {
         let deadline = Instant::now() + Duration::from_secs(60);
-        let Some((_, target)) = self.rejoin_floor.get() else {
-            return Err(ProposeError::Unavailable("a rejoining voter without its floor".into()));
-        };
+        let mut asked = Instant::now();
         while Instant::now() < deadline {
+            let Some((_, target)) = self.rejoin_floor.get() else {
+                return Err(ProposeError::Unavailable("a rejoining voter without its floor".into()));
+            };
+            // The index may have been a deposed leader's uncommitted tail
+            // that its successor cut: asked again every 5 s (any floor
+            // learned later is as safe).
+            if asked.elapsed() > Duration::from_secs(5) {
+                self.learn_rejoin_floor(settings).await?;
+                asked = Instant::now();
+                continue;
+            }
             let last = self.raft.metrics().borrow().last_log_index;
             if last.unwrap_or(0) >= target {
                 if let Err(e) = std::fs::remove_file(self.dir.join(REJOINING_FILE))
@@ -515,12 +535,14 @@ impl Controller {
 
     /// This member's answer to `ControllerOp::Status`.
     fn status(&self) -> MemberStatus {
+        let marked = self.dir.join(REJOINING_FILE).exists();
         let m = self.raft.metrics().borrow().clone();
         MemberStatus {
-            holds_cluster: m.last_log_index.is_some_and(|i| i >= 1) || self.dir.join(REJOINING_FILE).exists(),
+            holds_cluster: m.last_log_index.is_some_and(|i| i >= 1) || marked,
             last_log_index: m.last_log_index,
             leader: m.current_leader,
             term: m.current_term,
+            rejoining: marked,
         }
     }
 

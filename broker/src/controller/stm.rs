@@ -211,7 +211,8 @@ pub enum Command {
     /// --unclean`): partition `partition` of `queue` (or every offline
     /// partition of it) gets a leader although no alive replica is known
     /// to hold everything it committed — `replica` if named, else the first
-    /// alive replica that did not lose its data (a draining one last). It
+    /// alive replica that did not lose its data (nor had its directory
+    /// replaced after the partition went offline; a draining one last). It
     /// is the ISR alone, in a new leader epoch; the other replicas truncate
     /// to it. Counted in `MetadataTable::unclean_elections`. Refused for a
     /// partition that has a leader.

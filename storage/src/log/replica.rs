@@ -143,21 +143,10 @@ impl Log {
             Some(h) => (h, false),
             None => (self.rebuild_epochs(log_start, log_end).await?, true),
         };
-        let saved_hw = checkpoint::read(&dir, HIGH_WATERMARK_FILE, checkpoint::decode_high_watermark).await?;
-        let hw = saved_hw.map_or(log_start, |hw| hw.clamp(log_start, log_end));
+        let hw = checkpoint::read(&dir, HIGH_WATERMARK_FILE, checkpoint::decode_high_watermark)
+            .await?
+            .map_or(log_start, |hw| hw.clamp(log_start, log_end));
         let mut st = self.inner.state.borrow_mut();
-        if let Some(saved) = saved_hw.filter(|saved| *saved > log_end) {
-            // (A torn or corrupt tail cut at open, a failed write: the
-            // broker's registration takes this replica out of the ISRs it
-            // shares, and it catches up; alone in its ISR it leads with
-            // what it holds.)
-            tracing::warn!(
-                log = %dir.display(),
-                high_watermark = saved.0,
-                log_end = log_end.0,
-                "the log ends below the high watermark it checkpointed: records it saw committed are gone from it"
-            );
-        }
         st.epochs = epochs;
         st.epochs_dirty = dirty;
         st.high_watermark = hw;
