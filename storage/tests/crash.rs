@@ -106,7 +106,9 @@ fn every_acknowledged_batch_survives_kill_9() {
 
 #[test]
 fn every_acknowledged_batch_survives_kill_9_with_the_shard_journal() {
-    kill_and_check(11..=14, true);
+    // Eight kills: with four, all came right after a journal checkpoint
+    // now and then (nothing to replay in any run: seen once in seven).
+    kill_and_check(11..=18, true);
 }
 
 fn kill_and_check(seeds: std::ops::RangeInclusive<u64>, journal: bool) {
