@@ -71,6 +71,30 @@ fn leave_isr(
     p.partition_epoch += 1;
 }
 
+/// The replica an unclean election of offline partition `p` picks when
+/// none is named: the first alive in replica order, the broker that lost
+/// the records and any whose directory was replaced after the partition
+/// went offline last (empty of it too: a strand-chaos run's second wipe
+/// was elected and the survivor's copy cut to nothing), then a draining
+/// one. The broker that takes an operator's `strand queue elect
+/// --unclean` names it in the command it proposes, so that every member
+/// applies the same choice (one restored from an older snapshot lacks
+/// the directory counters).
+pub fn unclean_candidate(table: &MetadataTable, p: &PartitionRecord) -> Option<NodeId> {
+    let lost = p.lost.map(|l| l.broker);
+    let offline_since = p.lost.map_or(u64::MAX, |l| l.after);
+    let rank = |r: &NodeId| {
+        let emptied = Some(*r) == lost || table.directory_replaced_at.get(r).is_some_and(|at| *at > offline_since);
+        let draining = table.brokers.get(r).is_some_and(|b| b.in_maintenance());
+        (emptied, draining)
+    };
+    p.replicas
+        .iter()
+        .copied()
+        .filter(|r| table.brokers.get(r).is_some_and(|b| b.alive))
+        .min_by_key(rank)
+}
+
 /// The replica of `p` to lead instead of `instead`: the first in the ISR
 /// that is alive, not draining if one is (maintenance yields to
 /// availability); `None` if no other ISR member is alive.
@@ -582,11 +606,10 @@ impl MetadataStm {
         partition: Option<u32>,
         replica: Option<NodeId>,
     ) -> Result<(), ControllerError> {
-        let brokers = &self.table.brokers;
-        let q = self
-            .table
+        let table = &self.table;
+        let q = table
             .queues
-            .get_mut(queue)
+            .get(queue)
             .ok_or_else(|| ControllerError::UnknownQueue(queue.to_string()))?;
         let refuse = |why: String| Err(ControllerError::ElectionRefused(why));
         let chosen: Vec<usize> = match partition {
@@ -609,7 +632,7 @@ impl MetadataStm {
         if chosen.is_empty() {
             return refuse(format!("no partition of {queue} is offline"));
         }
-        let alive = |id: &NodeId| brokers.get(id).is_some_and(|b| b.alive);
+        let alive = |id: &NodeId| table.brokers.get(id).is_some_and(|b| b.alive);
         // Plan first: refused as a whole.
         let mut leaders = Vec::with_capacity(chosen.len());
         for i in &chosen {
@@ -623,32 +646,21 @@ impl MetadataStm {
                 }
                 Some(r) if !alive(&r) => return refuse(format!("broker {r} is not alive")),
                 Some(r) => r,
-                None => {
-                    // Last: the broker that lost the records, and any whose
-                    // directory was replaced since the partition went
-                    // offline (empty of it too: a chaos run's second wipe
-                    // was elected and the survivor's copy cut to nothing);
-                    // then a draining one.
-                    let lost = p.lost.map(|l| l.broker);
-                    let offline_since = p.lost.map_or(u64::MAX, |l| l.after);
-                    let replaced = &self.table.directory_replaced_at;
-                    let rank = |r: &NodeId| {
-                        let emptied = Some(*r) == lost || replaced.get(r).is_some_and(|at| *at > offline_since);
-                        let draining = brokers.get(r).is_some_and(|b| b.in_maintenance());
-                        (emptied, draining)
-                    };
-                    let candidates = p.replicas.iter().copied().filter(alive);
-                    let Some(best) = candidates.min_by_key(rank) else {
+                None => match unclean_candidate(table, p) {
+                    Some(best) => best,
+                    None => {
                         return refuse(format!(
                             "no replica of {queue}/{i} is alive (replicas {:?}): start one",
                             p.replicas
-                        ));
-                    };
-                    best
-                }
+                        ))
+                    }
+                },
             };
             leaders.push((*i, leader));
         }
+        let Some(q) = self.table.queues.get_mut(queue) else {
+            return Err(ControllerError::UnknownQueue(queue.to_string()));
+        };
         for (i, leader) in leaders {
             let p = &mut q.partitions[i];
             p.leader = leader;

@@ -85,10 +85,18 @@ pub async fn elect(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resul
         "unclean election asked for {queue}/{}: records only the missing replicas hold are given up",
         req.partition().map_or("*".to_string(), |p| p.to_string())
     );
+    // One partition without a named replica: the choice is made here, on
+    // this node's table, and named in the command (every controller
+    // member then applies the same one).
+    let replica = req.replica().or_else(|| {
+        let table = shard.table();
+        let p = table.queue(&queue)?.partitions.get(req.partition()? as usize)?;
+        crate::controller::stm::unclean_candidate(&table, p)
+    });
     let command = Command::ElectUnclean {
         queue,
         partition: req.partition(),
-        replica: req.replica(),
+        replica,
     };
     propose_and_answer(shard, header, command, |fbb, error| {
         let root = ElectLeadersResponse::create(fbb, &ElectLeadersResponseArgs { error });
