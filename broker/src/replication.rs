@@ -544,8 +544,11 @@ fn check_from_leader(batch: &[u8]) -> Result<(), String> {
     strand_storage::batch::check_frame(batch, usize::MAX)
         .map(drop)
         .map_err(|e| {
-            let at = strand_storage::batch::BatchHeader::parse(batch).map(|h| h.base_offset);
-            format!("a corrupt batch from the leader (at offset {at:?}): {e}")
+            let at = strand_storage::batch::BatchHeader::parse(batch).map_or_else(
+                || "an unreadable offset".to_string(),
+                |h| format!("offset {}", h.base_offset),
+            );
+            format!("a corrupt batch from the leader at {at}: {e} (not appended; the fetch is tried again)")
         })
 }
 

@@ -158,14 +158,7 @@ fn a_wiped_disk_never_leads_what_it_alone_held_in_sync() {
         ],
     );
     assert_eq!(consumed.lines().count(), 50, "{consumed}");
-    let got = read_all(&c.addr(via).to_string(), queue, acked.len());
-    for (offset, value) in &acked {
-        assert_eq!(
-            got.get(&(p as u32, *offset)).map(|v| v.as_slice()),
-            Some(value.as_bytes()),
-            "record at {p}/{offset} lost"
-        );
-    }
+    assert_all_read(&c, via, queue, p, &acked);
     // The wiped broker catches up as a follower and is in sync again.
     partition_when(&c, via, queue, p, "took the wiped broker back in sync", |part| {
         part.isr.len() == 2
@@ -315,14 +308,7 @@ fn a_replica_that_lost_its_tail_at_open_does_not_lead_while_another_is_in_sync()
         |part| part.leader != 0 && part.leader != u32::from(took_over) && part.leader != 4,
     );
     assert_eq!(part.leader, u32::from(third), "{part:?}");
-    let got = read_all(&c.addr(via).to_string(), queue, acked.len());
-    for (offset, value) in &acked {
-        assert_eq!(
-            got.get(&(p as u32, *offset)).map(|v| v.as_slice()),
-            Some(value.as_bytes()),
-            "record at {p}/{offset} lost"
-        );
-    }
+    assert_all_read(&c, via, queue, p, &acked);
     c.node(took_over).signal(libc::SIGCONT);
 }
 
@@ -371,6 +357,19 @@ fn produce_acked(c: &Cluster, queue: &str, partitions: u32, p: usize, count: usi
             (d.offset.unwrap(), value)
         })
         .collect()
+}
+
+/// Every record of `acked` (offset, value) is read from partition `p` of
+/// `queue` through node `via`.
+fn assert_all_read(c: &Cluster, via: u8, queue: &str, p: usize, acked: &[(u64, String)]) {
+    let got = read_all(&c.addr(via).to_string(), queue, acked.len());
+    for (offset, value) in acked {
+        assert_eq!(
+            got.get(&(p as u32, *offset)).map(|v| v.as_slice()),
+            Some(value.as_bytes()),
+            "record at {p}/{offset} lost"
+        );
+    }
 }
 
 /// Flips the last 300 written bytes of the newest segment in `dir` (a

@@ -313,30 +313,17 @@ impl Controller {
         if initialized {
             return Ok(());
         }
-        let others: Vec<Voter> = settings
-            .voters
-            .iter()
-            .copied()
-            .filter(|v| v.id != self.node_id)
-            .collect();
         let majority = settings.voters.len() / 2 + 1;
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut said = Instant::now();
         loop {
             let mut fresh = 1;
-            for v in &others {
-                let answer = self
-                    .links
-                    .call(v.address, ControllerOp::Status, b"{}", Duration::from_secs(1))
-                    .await;
-                let Ok(Ok(payload)) = answer else { continue };
-                let status: MemberStatus = serde_json::from_slice(&payload)
-                    .map_err(|e| unavailable(&format!("a malformed status from voter {}", v.id), &e))?;
+            for (id, status) in self.ask_others(settings).await {
+                let status = status.map_err(|e| unavailable(&format!("a malformed status from voter {id}"), &e))?;
                 if status.holds_cluster {
                     tracing::warn!(
-                        "this voter has no controller log, and voter {} says the controller group exists: its log \
-                         was lost (a wiped or new disk); it takes no part in elections until it holds the leader's log",
-                        v.id
+                        "this voter has no controller log, and voter {id} says the controller group exists: its log \
+                         was lost (a wiped or new disk); it takes no part in elections until it holds the leader's log"
                     );
                     return self.rejoin();
                 }
@@ -399,12 +386,6 @@ impl Controller {
     /// (`broker/tests/offline.rs`). With no majority of the others
     /// reachable it waits (up to a minute, then the start fails).
     async fn learn_rejoin_floor(&self, settings: &Settings) -> Result<(), ProposeError> {
-        let others: Vec<Voter> = settings
-            .voters
-            .iter()
-            .copied()
-            .filter(|v| v.id != self.node_id)
-            .collect();
         // Every quorum of n voters keeps at least n/2 of them besides this
         // one, so n - n/2 of the others always include one of each.
         let n = settings.voters.len();
@@ -413,15 +394,8 @@ impl Controller {
         let mut said = Instant::now();
         loop {
             let (mut answers, mut term, mut index) = (0, 0, 0);
-            for v in &others {
-                let answer = self
-                    .links
-                    .call(v.address, ControllerOp::Status, b"{}", Duration::from_secs(1))
-                    .await;
-                let Ok(Ok(payload)) = answer else { continue };
-                let Ok(status) = serde_json::from_slice::<MemberStatus>(&payload) else {
-                    continue;
-                };
+            for (_, status) in self.ask_others(settings).await {
+                let Ok(status) = status else { continue };
                 if status.rejoining {
                     continue;
                 }
@@ -454,6 +428,23 @@ impl Controller {
             }
             glommio::timer::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Asks every voter but this one for its status (`ControllerOp::Status`,
+    /// 1 s each): the answers, each with its voter's id (a malformed one as
+    /// the error); a voter that does not answer is left out.
+    async fn ask_others(&self, settings: &Settings) -> Vec<(u64, Result<MemberStatus, String>)> {
+        let mut answers = Vec::new();
+        for v in settings.voters.iter().filter(|v| v.id != self.node_id) {
+            let answer = self
+                .links
+                .call(v.address, ControllerOp::Status, b"{}", Duration::from_secs(1))
+                .await;
+            if let Ok(Ok(payload)) = answer {
+                answers.push((v.id, serde_json::from_slice(&payload).map_err(|e| e.to_string())));
+            }
+        }
+        answers
     }
 
     /// A rejoining voter: waits until its log holds the index of its floor
