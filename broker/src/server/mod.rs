@@ -486,7 +486,7 @@ impl ControllerMember {
 
 /// The exit status of a broker whose controller member stopped on a
 /// storage error (EX_TEMPFAIL: start it again).
-pub const CONTROLLER_STOPPED_EXIT: i32 = 75;
+pub const CONTROLLER_STOPPED_EXIT: i32 = crate::shard::EXIT_TO_RESTART;
 
 /// Accepts connections (for the whole life of the shard).
 ///

@@ -1,7 +1,7 @@
 //! What shards send each other over the mesh (bounded channels): requests
 //! for a partition another shard owns, proposals for the controller on
 //! shard 0, new metadata tables from shard 0, and replies. The server
-//! receives them (`crate::server::mesh`). Every request
+//! receives them (`server::mesh`). Every request
 //! carries an [`Answer`] for its reply. Record batches move as
 //! `BytesMut`/`Bytes` — ownership passes, bytes are not copied.
 //!

@@ -215,7 +215,7 @@ impl Shard {
                     "bringing the journaled partitions back in place failed ({e}): exiting, to be started again (the \
                      start-up replay brings back every acknowledged record)"
                 );
-                std::process::exit(crate::server::CONTROLLER_STOPPED_EXIT);
+                std::process::exit(super::EXIT_TO_RESTART);
             }
         }
     }
