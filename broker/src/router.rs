@@ -12,7 +12,7 @@
 //!   there on this shard's peer link ([`call_node`]: the node's address from
 //!   the table, the same frames, a deadline). The queue's describe gathers
 //!   its partitions' state this way, and the group coordinator reads and
-//!   writes data partitions through `crate::leaders`; a client's produce
+//!   writes data partitions through `leaders.rs`; a client's produce
 //!   and fetch are answered `NotLeader` by the owning shard, and the client
 //!   goes to the leader.
 //!
@@ -90,27 +90,9 @@ pub async fn route(shard: &Rc<Shard>, owner: ShardId, queue: String, partition: 
 
 /// Commits a controller command (on shard 0 directly; from another shard
 /// forwarded there) and resolves once every shard of this node applied it.
+/// (`Shard::propose`, which the shard layer calls itself.)
 pub async fn propose(shard: &Shard, command: Command) -> Result<(), ProposeError> {
-    if shard.id.0 == 0 {
-        return shard.commit_proposal(command).await;
-    }
-    let unavailable = |why: &str| Err(ProposeError::Unavailable(why.into()));
-    ask_shard_0(shard, |reply| ShardMessage::Propose { command, reply }, unavailable).await
-}
-
-/// Sends the message `make` builds around an answer to shard 0 over the
-/// mesh and waits for the answer; `unavailable(why)` stands in for one that
-/// cannot come.
-async fn ask_shard_0<T: Send + 'static>(
-    shard: &Shard,
-    make: impl FnOnce(Answer<T>) -> ShardMessage,
-    unavailable: impl Fn(&str) -> T,
-) -> T {
-    let (tx, rx) = Answer::channel(shard.id.0);
-    if shard.peers.try_send_to(0, make(tx)).is_err() {
-        return unavailable("shard 0 is overloaded");
-    }
-    rx.await.unwrap_or_else(|_| unavailable("shard 0 dropped the request"))
+    shard.propose(command).await
 }
 
 /// Hands another node's controller message to the controller member on
@@ -135,7 +117,7 @@ pub async fn controller_rpc(
         };
     }
     let make = |reply| ShardMessage::ControllerRpc { op, payload, reply };
-    ask_shard_0(shard, make, unavailable).await
+    shard.ask_shard_0(make, unavailable).await
 }
 
 /// Sends a request (`api`, a finished flatbuffer `body` and its `tail`) to

@@ -5,7 +5,7 @@
 //!
 //! Runs on: the shard that owns the log, inside [`crate::Log`]. Sans I/O:
 //! the log keeps it in step with its batches (append, truncation,
-//! retention) and persists it as a checkpoint (`crate::checkpoint`).
+//! retention) and persists it as a checkpoint (`checkpoint.rs`).
 //!
 //! Invariant: entries are strictly increasing in both epoch and start
 //! offset, because batches are appended with non-decreasing epochs; the

@@ -49,7 +49,7 @@
 //!
 //! # Snapshots
 //! The table as it stood at some log end is written to
-//! `<offset, 20 digits>.producers` (layout: `crate::checkpoint`) when a
+//! `<offset, 20 digits>.producers` (layout: `checkpoint.rs`) when a
 //! segment rolls, by the log's periodic checkpoint when the log moved, and
 //! at close; the two newest are kept, and a truncation removes those
 //! past its cut. Opening (or truncating) loads the newest snapshot at or

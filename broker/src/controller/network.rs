@@ -4,7 +4,7 @@
 //!
 //! Runs on: shard 0, where the controller member runs (the links are
 //! shard 0's; a frame that reaches another shard of the peer is handed to
-//! its shard 0 there: `crate::router::controller_rpc`).
+//! its shard 0 there: `router::controller_rpc`).
 //!
 //! On the wire (`flatbuffers/schema/strand.fbs`, "Controller"): a
 //! `ControllerRequest` {op, from, payload} answered by a

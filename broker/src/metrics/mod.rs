@@ -3,7 +3,7 @@
 //!
 //! Runs on: every shard (its [`ShardMetrics`], plain `Cell`s — no lock, no
 //! atomic on the data path) and shard 0 (the HTTP endpoint,
-//! `crate::server::metrics_http`, which asks every shard for a
+//! `server/metrics_http.rs`, which asks every shard for a
 //! [`ShardSnapshot`] over the mesh and renders them with [`render`]). This
 //! module is the counters and the rendering only: it depends on no other
 //! part of the broker.

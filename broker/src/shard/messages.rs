@@ -81,7 +81,7 @@ pub struct Fetched {
 }
 
 /// A follower's fetch of one partition from its leader
-/// (`crate::replication`; the wire's `ReplicaFetchPartition`).
+/// (`replication.rs`; the wire's `ReplicaFetchPartition`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaWant {
     /// The queue's id as the follower knows it (0: not said).
@@ -214,7 +214,7 @@ pub enum PartitionRequest {
     },
     /// Work of a layer above the shard, done where the partition is open:
     /// a consumer-group request for its `__groups` partition, which the
-    /// coordinator serves (`crate::groups`).
+    /// coordinator serves (`groups`).
     Call(Box<dyn PartitionCall>),
 }
 

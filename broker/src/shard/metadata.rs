@@ -4,7 +4,7 @@
 //! committing proposals once all of them applied the result.
 //!
 //! Runs on: every shard; publishing and proposals on shard 0 (the router
-//! forwards proposals there: `crate::router::propose`).
+//! forwards proposals there: `Shard::propose`).
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -90,9 +90,36 @@ impl Shard {
         .detach();
     }
 
+    /// Commits a controller command (on shard 0 directly; from another
+    /// shard forwarded there) and resolves once every shard of this node
+    /// applied it.
+    pub async fn propose(&self, command: Command) -> Result<(), ProposeError> {
+        if self.id.0 == 0 {
+            return self.commit_proposal(command).await;
+        }
+        let unavailable = |why: &str| Err(ProposeError::Unavailable(why.into()));
+        self.ask_shard_0(|reply| ShardMessage::Propose { command, reply }, unavailable)
+            .await
+    }
+
+    /// Sends the message `make` builds around an answer to shard 0 over the
+    /// mesh and waits for the answer; `unavailable(why)` stands in for one
+    /// that cannot come.
+    pub(crate) async fn ask_shard_0<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(Answer<T>) -> ShardMessage,
+        unavailable: impl Fn(&str) -> T,
+    ) -> T {
+        let (tx, rx) = Answer::channel(self.id.0);
+        if self.peers.try_send_to(0, make(tx)).is_err() {
+            return unavailable("shard 0 is overloaded");
+        }
+        rx.await.unwrap_or_else(|_| unavailable("shard 0 dropped the request"))
+    }
+
     /// Shard 0: commits a controller command through the controller member
     /// here and resolves once every shard applied it (other shards reach
-    /// this through `crate::router::propose`).
+    /// this through [`Shard::propose`]).
     pub async fn commit_proposal(&self, command: Command) -> Result<(), ProposeError> {
         let controller = self
             .controller

@@ -18,7 +18,7 @@
 //! - `stats.rs`: the shard's figures for a metrics scrape.
 //!
 //! Reaching a partition's owner from anywhere is the router's job
-//! (`crate::router`); this module serves what reaches it and knows nothing
+//! (`router.rs`); this module serves what reaches it and knows nothing
 //! of the layers above (groups, handlers, server).
 
 pub mod disk;
@@ -69,7 +69,7 @@ pub struct Shard {
     pub table: RefCell<Arc<MetadataTable>>,
     /// The mesh to the other shards of this node.
     pub(crate) peers: Senders<ShardMessage>,
-    /// This shard's links to the other nodes (`crate::router::call_node`).
+    /// This shard's links to the other nodes (`router::call_node`).
     pub nodes: crate::peer::Peers,
     /// Shard 0: the controller member.
     pub controller: RefCell<Option<Rc<Controller>>>,

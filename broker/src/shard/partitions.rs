@@ -8,7 +8,7 @@
 //! appends (stamping its leader epoch) and keeps a
 //! [`crate::replica::leader::LeaderState`] of its followers, from which the
 //! high watermark comes; a follower's log is written only by its fetcher
-//! (`crate::replication`), and its high watermark is the leader's as last
+//! (`replication.rs`), and its high watermark is the leader's as last
 //! fetched. A leadership change keeps the log open: only the role changes.
 //!
 //! On disk a partition is `<data_dir>/<queue>/<partition>/` with a

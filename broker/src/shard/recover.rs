@@ -151,7 +151,7 @@ impl Shard {
             leader: self.config.node_id,
             leader_epoch: epoch,
         };
-        match crate::router::propose(self, command).await {
+        match self.propose(command).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(

@@ -3,7 +3,7 @@
 //! ([`PartitionCall`]), and followers' fetches. All of them only on the
 //! partition's leader: a follower's replica answers `NotLeader`.
 //!
-//! Runs on: the owning shard; the router (`crate::router`) brings requests
+//! Runs on: the owning shard; the router (`router.rs`) brings requests
 //! here from other shards and nodes.
 
 use std::rc::Rc;

@@ -21,7 +21,7 @@ fn wanted_in_sync(record: &crate::controller::PartitionRecord) -> usize {
 
 impl Shard {
     /// This shard's counters and partitions, for a scrape (the group
-    /// positions are the coordinator's to add: `crate::groups::add_to_snapshot`).
+    /// positions are the coordinator's to add: `groups::add_to_snapshot`).
     pub fn snapshot(&self) -> crate::metrics::ShardSnapshot {
         let mut snap = crate::metrics::ShardSnapshot {
             shard: self.id.0,

@@ -9,7 +9,7 @@
 //!   an O_DIRECT file and the direct-I/O write path. Sealing it
 //!   ([`active::ActiveSegment::seal`]) yields a [`SealedSegment`], which is
 //!   read-only and whose file and index are opened only when read, through
-//!   the shard's cache ([`crate::shard`]).
+//!   the shard's cache (`shard.rs`).
 //! - A `.log` file holds only whole batches; the active one may end in zeros
 //!   (padding of the last 4 KiB block, or space zero-filled ahead of the
 //!   writer). A sealed one is truncated to its exact length.
