@@ -223,6 +223,25 @@ fn decommissioning_a_node_under_load_moves_every_replica_and_loses_nothing() {
         ],
     );
     assert_eq!(node(&c, 1, 4)["replicas"], 0);
+    // Cancelled (issue 41, item 7): it is no longer leaving, what moved
+    // stays moved, and a queue made now gives it replicas again.
+    let said = c.strand(2, &["node", "decommission", "4", "--cancel"]);
+    assert!(said.contains("no longer decommissioning"), "{said}");
+    assert_eq!(node(&c, 1, 4)["decommissioning"], false);
+    assert_eq!(node(&c, 1, 4)["replicas"], 0);
+    c.strand(
+        1,
+        &[
+            "queue",
+            "create",
+            "back",
+            "--partitions",
+            "4",
+            "--replication-factor",
+            "3",
+        ],
+    );
+    assert!(node(&c, 1, 4)["replicas"].as_u64().unwrap() >= 2);
 }
 
 /// Issue 41, item 7: a replica directory the table no longer gives its

@@ -475,8 +475,24 @@ impl Admin {
     /// `replicas` falling to 0) and its leaderships move now. Refused when
     /// the other brokers cannot hold some partition's replication factor.
     pub async fn decommission_broker(&self, id: u32) -> Result<(), ClientError> {
+        self.decommission(id, false).await
+    }
+
+    /// Cancels broker `id`'s decommission: the moves still in progress go
+    /// back to where each partition was, the completed ones stay, and the
+    /// broker takes new replicas (and, at the next leader balancing, its
+    /// preferred leaderships) again. A broker that is not leaving is left
+    /// as it is.
+    pub async fn cancel_decommission(&self, id: u32) -> Result<(), ClientError> {
+        self.decommission(id, true).await
+    }
+
+    async fn decommission(&self, id: u32, cancel: bool) -> Result<(), ClientError> {
         let mut fbb = FlatBufferBuilder::new();
-        let args = DecommissionBrokerRequestArgs { node_id: u64::from(id) };
+        let args = DecommissionBrokerRequestArgs {
+            node_id: u64::from(id),
+            cancel,
+        };
         let root = DecommissionBrokerRequest::create(&mut fbb, &args);
         fbb.finish_minimal(root);
         let f = self.call(Api::DecommissionBroker, &fbb).await?;

@@ -44,8 +44,9 @@
 //! (each one a sequence 0) pushed out live producers, whose retry of their
 //! sequence 0 was then stored again (issue 41, item 3); now it meets a
 //! typed error, and no retry becomes a silent duplicate. Idle is judged by
-//! the broker's clock when each producer's last batch was noted (a log
-//! opened notes its batches as of the open).
+//! the broker's monotonic clock when each producer's last batch was noted
+//! (a log opened notes its batches as of the open), so a wall-clock jump
+//! changes nothing.
 //!
 //! # Snapshots
 //! The table as it stood at some log end is written to
@@ -76,11 +77,13 @@ pub const MAX_PRODUCERS: usize = 16_384;
 /// ten times a client's default delivery timeout.
 pub const FORGET_AFTER_MS: i64 = 10 * 60 * 1000;
 
-/// The broker's clock, ms since the Unix epoch.
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+/// The broker's monotonic clock in ms (from the first use in this
+/// process): a wall-clock jump neither makes a live producer look idle nor
+/// keeps an idle one. Times are not kept across restarts (a log opened
+/// notes its batches as of the open).
+fn mono_ms() -> i64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_millis() as i64
 }
 
 /// A batch's idempotence fields, from its header.
@@ -153,7 +156,7 @@ struct ProducerState {
     batches: VecDeque<Entry>,
     /// [`ProducerTable::clock`] at the last batch (for eviction).
     used: u64,
-    /// The broker's clock (ms) when its last batch was noted.
+    /// The broker's monotonic clock (ms) when its last batch was noted.
     last_ms: i64,
 }
 
@@ -171,10 +174,10 @@ pub struct ProducerTable {
 impl ProducerTable {
     /// Decides what to do with `batch`.
     pub fn check(&self, batch: Sequenced) -> Verdict {
-        self.check_at(batch, wall_ms())
+        self.check_at(batch, mono_ms())
     }
 
-    /// [`ProducerTable::check`] at `now_ms` on the broker's clock.
+    /// [`ProducerTable::check`] at `now_ms` on the broker's monotonic clock.
     pub fn check_at(&self, batch: Sequenced, now_ms: i64) -> Verdict {
         let Some(p) = self.producers.get(&batch.producer_id) else {
             return match batch.first {
@@ -200,10 +203,10 @@ impl ProducerTable {
 
     /// A batch [`check`](Self::check) let through was stored at `stored`.
     pub fn appended(&mut self, batch: Sequenced, stored: Stored) {
-        self.appended_at(batch, stored, wall_ms())
+        self.appended_at(batch, stored, mono_ms())
     }
 
-    /// [`ProducerTable::appended`] at `now_ms` on the broker's clock. A new
+    /// [`ProducerTable::appended`] at `now_ms` on the broker's monotonic clock. A new
     /// producer past [`KEEP_PRODUCERS`] takes the place of the one idle
     /// longest if it was idle [`FORGET_AFTER_MS`]; at [`MAX_PRODUCERS`] in
     /// any case (a check let it in only if one was; a follower's or a

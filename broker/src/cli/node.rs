@@ -19,6 +19,10 @@
 //! leaderships over at once; it returns once the moves began, and `node
 //! describe ID` shows them until the broker holds nothing. Refused when
 //! the other brokers cannot hold some partition's replication factor.
+//! `node decommission ID --cancel` stops it: the moves still in progress
+//! go back to where each partition was, the completed ones stay, and the
+//! broker takes new replicas and (at the next leader balancing) its
+//! preferred leaderships again.
 //!
 //! `node drain ID` puts broker ID into maintenance: every leadership it
 //! holds moves to another in-sync replica (where one exists), it stays a
@@ -44,8 +48,14 @@ pub enum NodeCommand {
     /// progress (a decommission's progress).
     Describe { id: u32 },
     /// Move every replica off broker ID onto the others (then it holds
-    /// nothing and can be switched off).
-    Decommission { id: u32 },
+    /// nothing and can be switched off); with --cancel, stop that: moves in
+    /// progress go back, completed ones stay.
+    Decommission {
+        id: u32,
+        /// Cancel broker ID's decommission instead.
+        #[arg(long)]
+        cancel: bool,
+    },
 }
 
 /// Runs a node command; `json` selects machine output.
@@ -106,7 +116,14 @@ pub fn run(command: NodeCommand, brokers: &str, json: bool) -> Result<(), String
             };
             out!("broker {id} {what}");
         }
-        NodeCommand::Decommission { id } => {
+        NodeCommand::Decommission { id, cancel: true } => {
+            block_on(admin.cancel_decommission(id)).map_err(|e| e.to_string())?;
+            out!(
+                "broker {id} no longer decommissioning: moves in progress go back, completed ones stay; it takes \
+                 replicas again"
+            );
+        }
+        NodeCommand::Decommission { id, cancel: false } => {
             block_on(admin.decommission_broker(id)).map_err(|e| e.to_string())?;
             out!(
                 "broker {id} decommissioning: its leaderships moved, its replicas are moving to the other brokers \

@@ -184,6 +184,16 @@ pub enum Command {
     DecommissionBroker {
         id: NodeId,
     },
+    /// Broker `id`'s decommission is cancelled: it is no longer leaving,
+    /// and every move the decommission began that is still in progress
+    /// goes back to where the partition was
+    /// ([`PartitionRecord::moved_from`]); moves that completed stay. The
+    /// broker then takes new replicas again, and leader balancing gives it
+    /// its preferred leaderships back. A broker that is not leaving is left
+    /// as it is.
+    CancelDecommission {
+        id: NodeId,
+    },
     /// Partition `partition` of `queue` moves to `replicas` (the first the
     /// preferred leader; as many as the queue's replication factor): new
     /// replicas catch up as followers, then the ones left out are removed
@@ -448,6 +458,7 @@ impl MetadataStm {
                 Ok(())
             }
             Command::DecommissionBroker { id } => self.decommission(*id),
+            Command::CancelDecommission { id } => self.cancel_decommission(*id),
             Command::ReassignPartition {
                 queue,
                 partition,
@@ -964,6 +975,7 @@ impl Placement {
             partition_epoch: 0,
             target: None,
             lost: None,
+            moved_from: None,
         }
     }
 }

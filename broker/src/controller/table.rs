@@ -192,6 +192,12 @@ pub struct PartitionRecord {
     /// in it) and this goes back to `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Vec<NodeId>>,
+    /// Where the partition was before a decommission began moving it
+    /// (its replicas, or the target of a reassignment then in progress):
+    /// a cancelled decommission moves it back. Set only while that move is
+    /// in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<Vec<NodeId>>,
     /// Set while the partition is offline because its last in-sync replica
     /// lost its data: the ISR is empty, no replica is known to hold every
     /// committed record but that broker's old directory, and the partition

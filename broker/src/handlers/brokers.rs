@@ -34,6 +34,13 @@ pub async fn drain(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resul
 pub async fn decommission(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let req = request::<DecommissionBrokerRequest>(body)?;
     let id = req.node_id();
+    if req.cancel() {
+        return propose_and_answer(shard, header, Command::CancelDecommission { id }, |fbb, error| {
+            let root = DecommissionBrokerResponse::create(fbb, &DecommissionBrokerResponseArgs { error });
+            fbb.finish_minimal(root);
+        })
+        .await;
+    }
     // The voters are fixed (`controller_voters`): one decommissioned and
     // switched off would leave the controller a voter short for good.
     let config = &shard.config;

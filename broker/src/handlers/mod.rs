@@ -36,8 +36,17 @@ use crate::controller::{ControllerError, NodeId, ProposeError};
 use crate::shard::messages::WireError;
 use crate::shard::Shard;
 
+/// What one client connection remembers between its requests.
+#[derive(Default)]
+pub struct ConnectionState {
+    /// Its pipelined fetches (`fetch.rs`).
+    pub fetch: fetch::FetchChains,
+    /// The producer ids it brought to each partition (`produce.rs`).
+    pub producers: produce::NewProducers,
+}
+
 /// Serves one request; `None` when no response is due (produce, acks=0).
-pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: FrameMut) -> Option<OutFrame> {
+pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut) -> Option<OutFrame> {
     let header = frame.header;
     let api = match check_api(&header) {
         Ok(api) => api,
@@ -58,11 +67,11 @@ pub async fn dispatch(shard: &Rc<Shard>, chains: &fetch::FetchChains, frame: Fra
         Api::AlterQueue => alter_queue::handle(shard, header, &frame.body).await,
         Api::DescribeQueue => describe_queue::handle(shard, header, &frame.body).await,
         Api::Produce => {
-            return produce::handle(shard, header, frame)
+            return produce::handle(shard, &conn.producers, header, frame)
                 .await
                 .unwrap_or_else(|e| Some(error_response(header, &e)))
         }
-        Api::Fetch => fetch::handle(shard, chains, header, &frame.body).await,
+        Api::Fetch => fetch::handle(shard, &conn.fetch, header, &frame.body).await,
         Api::ListOffsets => list_offsets::handle(shard, header, &frame.body).await,
         Api::ReplicaFetch => replica_fetch::handle(shard, header, &frame.body).await,
         Api::DrainBroker => brokers::drain(shard, header, &frame.body).await,

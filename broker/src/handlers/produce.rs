@@ -1,8 +1,23 @@
 //! Produce: append record batches to partitions (on their owning shards, in
 //! parallel) and answer once each is stored per acks and the queue's fsync
 //! policy. acks=0 gets no answer.
+//!
+//! A connection may bring at most [`NEW_PRODUCERS_PER_PARTITION`] producer
+//! ids to one partition, and [`NEW_PRODUCERS_PER_CONNECTION`] in all,
+//! within [`FORGET_AFTER_MS`](strand_storage::producers::FORGET_AFTER_MS)
+//! ([`NewProducers`]): a producer starts at sequence 0, so each batch at
+//! sequence 0 under an id the connection has not used there lately counts.
+//! Past that, the batch is refused with `TooManyProducers` before it
+//! reaches the partition. Without this one client could fill a partition's
+//! producer table ([`MAX_PRODUCERS`](strand_storage::producers::MAX_PRODUCERS))
+//! with fresh ids and leave every other client's new producer refused for
+//! ten minutes (issue 41, item 3). `strand-client` uses one id per
+//! partition per producer, and a new one only after `UnknownProducer`.
 
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use strand_net::frame::FrameHeader;
 use strand_net::message::{split_tail, TailBuilder};
@@ -22,7 +37,97 @@ struct Part {
     len: u32,
 }
 
-pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> Result<Option<OutFrame>, WireError> {
+/// Producer ids one connection may bring to one partition within
+/// [`NEW_PRODUCERS_WINDOW`].
+pub const NEW_PRODUCERS_PER_PARTITION: usize = 64;
+/// Producer ids one connection may bring to all partitions within
+/// [`NEW_PRODUCERS_WINDOW`].
+pub const NEW_PRODUCERS_PER_CONNECTION: usize = 16_384;
+/// As long as a partition keeps an idle producer before it may forget it.
+const NEW_PRODUCERS_WINDOW: Duration = Duration::from_millis(strand_storage::producers::FORGET_AFTER_MS as u64);
+
+/// The producer ids brought to one partition, and when, oldest first.
+type Brought = VecDeque<(i64, Instant)>;
+
+/// The producer ids one connection brought to each partition lately (see
+/// the module doc). Judged by the monotonic clock: a wall-clock jump
+/// neither lifts nor tightens the limit.
+#[derive(Default)]
+pub struct NewProducers {
+    by_partition: RefCell<HashMap<(String, u32), Brought>>,
+    /// Ids remembered over all partitions.
+    total: std::cell::Cell<usize>,
+}
+
+impl NewProducers {
+    /// Whether a batch at sequence 0 of producer `id` may go to
+    /// `partition` of `queue` (and, if so, it is remembered).
+    fn admit(&self, queue: &str, partition: u32, id: i64, now: Instant) -> Result<(), WireError> {
+        let mut map = self.by_partition.borrow_mut();
+        let key = (queue.to_string(), partition);
+        let fresh = |at: &Instant| now.duration_since(*at) < NEW_PRODUCERS_WINDOW;
+        if let Some(ids) = map.get_mut(&key) {
+            let before = ids.len();
+            while ids.front().is_some_and(|(_, at)| !fresh(at)) {
+                ids.pop_front();
+            }
+            self.total.set(self.total.get() - (before - ids.len()));
+            if ids.iter().any(|(p, _)| *p == id) {
+                return Ok(());
+            }
+            if ids.len() >= NEW_PRODUCERS_PER_PARTITION {
+                return Err(WireError::new(
+                    ErrorCode::TooManyProducers,
+                    format!(
+                        "this connection brought {NEW_PRODUCERS_PER_PARTITION} producer ids to partition {partition} \
+                         of {queue:?} within {} minutes: reuse producers (a producer keeps its id), or wait",
+                        NEW_PRODUCERS_WINDOW.as_secs() / 60
+                    ),
+                ));
+            }
+        }
+        if self.total.get() >= NEW_PRODUCERS_PER_CONNECTION {
+            // Forget the partitions whose ids all aged out, then judge.
+            let mut total = 0;
+            map.retain(|_, ids| {
+                ids.retain(|(_, at)| fresh(at));
+                total += ids.len();
+                !ids.is_empty()
+            });
+            self.total.set(total);
+            if total >= NEW_PRODUCERS_PER_CONNECTION {
+                return Err(WireError::new(
+                    ErrorCode::TooManyProducers,
+                    format!(
+                        "this connection brought {NEW_PRODUCERS_PER_CONNECTION} producer ids within {} minutes: \
+                         reuse producers (a producer keeps its id), or wait",
+                        NEW_PRODUCERS_WINDOW.as_secs() / 60
+                    ),
+                ));
+            }
+        }
+        map.entry(key).or_default().push_back((id, now));
+        self.total.set(self.total.get() + 1);
+        Ok(())
+    }
+
+    /// Checks a partition's batch if it starts a producer (sequence 0; a
+    /// batch without a producer id is not counted). The shard reads the
+    /// same header to deduplicate (`append_once`).
+    fn admit_batch(&self, queue: &str, partition: u32, records: &[u8], now: Instant) -> Result<(), WireError> {
+        match strand_storage::batch::BatchHeader::parse(records) {
+            Some(h) if h.producer_id >= 0 && h.base_sequence == 0 => self.admit(queue, partition, h.producer_id, now),
+            _ => Ok(()),
+        }
+    }
+}
+
+pub async fn handle(
+    shard: &Rc<Shard>,
+    producers: &NewProducers,
+    header: FrameHeader,
+    frame: FrameMut,
+) -> Result<Option<OutFrame>, WireError> {
     let (acks, timeout_ms, parts) = {
         let req = request::<ProduceRequest>(&frame.body)?;
         let acks = req.acks();
@@ -68,7 +173,25 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
     for (i, piece) in order.into_iter().zip(pieces) {
         records[i] = Some(piece);
     }
-    let ask_one = |shard: Rc<Shard>, queue: String, partition: u32, records: Option<bytes::BytesMut>| async move {
+    // Judged here, in the order the connection's requests came.
+    let now = Instant::now();
+    let refused: Vec<Option<WireError>> = parts
+        .iter()
+        .zip(&records)
+        .map(|(part, r)| {
+            producers
+                .admit_batch(&part.queue, part.partition, r.as_deref().unwrap_or_default(), now)
+                .err()
+        })
+        .collect();
+    let ask_one = |shard: Rc<Shard>,
+                   queue: String,
+                   partition: u32,
+                   records: Option<bytes::BytesMut>,
+                   refused: Option<WireError>| async move {
+        if let Some(e) = refused {
+            return Err(e);
+        }
         if crate::groups::is_internal(&queue) {
             return Err(WireError::new(
                 ErrorCode::InvalidQueueName,
@@ -94,8 +217,15 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
     let tasks: Vec<_> = parts
         .iter()
         .zip(records)
-        .map(|(part, records)| {
-            glommio::spawn_local(ask_one(shard.clone(), part.queue.clone(), part.partition, records))
+        .zip(refused)
+        .map(|((part, records), refused)| {
+            glommio::spawn_local(ask_one(
+                shard.clone(),
+                part.queue.clone(),
+                part.partition,
+                records,
+                refused,
+            ))
         })
         .collect();
     let mut results: Vec<Result<Produced, WireError>> = Vec::with_capacity(tasks.len());
@@ -165,4 +295,67 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, frame: FrameMut) -> 
     );
     fbb.finish_minimal(root);
     Ok(Some(respond(header, &fbb, TailBuilder::default())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(r: Result<(), WireError>) -> bool {
+        matches!(r, Err(e) if e.code == ErrorCode::TooManyProducers)
+    }
+
+    /// Before this limit a client could open fresh producer ids on one
+    /// connection until the partition's table was full of them (issue 41,
+    /// item 3).
+    #[test]
+    fn a_connection_brings_at_most_so_many_producer_ids_to_a_partition() {
+        let p = NewProducers::default();
+        let t0 = Instant::now();
+        for id in 0..NEW_PRODUCERS_PER_PARTITION as i64 {
+            p.admit("q", 0, id, t0).unwrap();
+        }
+        assert!(refused(p.admit("q", 0, 1_000, t0)));
+        // A producer it already brought goes on; another partition is apart.
+        p.admit("q", 0, 7, t0).unwrap();
+        p.admit("q", 1, 1_000, t0).unwrap();
+        p.admit("other", 0, 1_000, t0).unwrap();
+        // Once the first ids are as old as a partition keeps idle ones,
+        // new ones come in again.
+        let later = t0 + NEW_PRODUCERS_WINDOW;
+        p.admit("q", 0, 1_000, later).unwrap();
+    }
+
+    #[test]
+    fn a_connection_brings_at_most_so_many_producer_ids_in_all() {
+        let p = NewProducers::default();
+        let t0 = Instant::now();
+        let per = NEW_PRODUCERS_PER_PARTITION as i64;
+        for id in 0..NEW_PRODUCERS_PER_CONNECTION as i64 {
+            p.admit("q", (id / per) as u32, id, t0).unwrap();
+        }
+        assert!(refused(p.admit("q", 100_000, -5, t0)));
+        let later = t0 + NEW_PRODUCERS_WINDOW;
+        p.admit("q", 100_000, 5, later).unwrap();
+        assert_eq!(p.total.get(), 1);
+    }
+
+    #[test]
+    fn only_a_batch_at_sequence_zero_with_a_producer_id_counts() {
+        let p = NewProducers::default();
+        let t0 = Instant::now();
+        let batch = |producer_id: i64, base_sequence: i32| {
+            let mut b = strand_storage::batch::BatchBuilder::new();
+            b.producer(producer_id, 0, base_sequence);
+            b.push(Some(b"k"), Some(b"v"), &[], 0);
+            b.build().to_vec()
+        };
+        for id in 0..NEW_PRODUCERS_PER_PARTITION as i64 {
+            p.admit_batch("q", 0, &batch(id, 0), t0).unwrap();
+        }
+        assert!(refused(p.admit_batch("q", 0, &batch(999, 0), t0)));
+        p.admit_batch("q", 0, &batch(999, 5), t0).unwrap();
+        p.admit_batch("q", 0, &batch(-1, 0), t0).unwrap();
+        p.admit_batch("q", 0, b"short", t0).unwrap();
+    }
 }

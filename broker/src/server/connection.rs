@@ -236,8 +236,9 @@ async fn read_requests(
     // read (a 1 MiB frame arrives in many reads).
     let mut buf = BytesMut::new();
     let mut filled = 0;
-    // This connection's fetch chains (pipelined fetches: handlers::fetch).
-    let chains = Rc::new(handlers::fetch::FetchChains::default());
+    // This connection's fetch chains (pipelined fetches: handlers::fetch)
+    // and the producer ids it brought (handlers::produce).
+    let state = Rc::new(handlers::ConnectionState::default());
     loop {
         let room = buf.split_off(filled);
         let decoded = frame::decode_mut(&mut buf, limits);
@@ -249,13 +250,13 @@ async fn read_requests(
                 // Counted from now: shutdown waits for every accepted request.
                 shard.in_flight.set(shard.in_flight.get() + 1);
                 shard.requests_seen.set(shard.requests_seen.get() + 1);
-                let (s, chains) = (shard.clone(), chains.clone());
+                let (s, state) = (shard.clone(), state.clone());
                 let (api, arrived) = (request.header.api, std::time::Instant::now());
                 // A span per request at debug level (nothing at info).
                 let span = tracing::debug_span!("request", api, correlation_id = request.header.correlation_id);
                 let task = glommio::spawn_local(
                     async move {
-                        let response = handlers::dispatch(&s, &chains, request).await;
+                        let response = handlers::dispatch(&s, &state, request).await;
                         s.in_flight.set(s.in_flight.get() - 1);
                         s.metrics.request(api, arrived.elapsed());
                         response

@@ -812,6 +812,7 @@ mod tests {
             partition_epoch: 9,
             target: None,
             lost: None,
+            moved_from: None,
         }
     }
 

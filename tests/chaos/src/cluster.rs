@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::disk::{self, Disks};
+use crate::lazyfs::{LazyDisk, Lost};
 use crate::network::Network;
 
 /// Settings that keep a node small, and replicas quick to leave and rejoin
@@ -38,15 +39,43 @@ pub struct Cluster {
     pub exits: usize,
     /// The nodes' namespaces, when each is its own host.
     pub network: Option<Network>,
+    /// Each node's data directory as a file system that forgets unsynced
+    /// writes on a power loss, when a run names `power-loss` (unmounted
+    /// after the nodes are killed, before `disks`: fields drop in order,
+    /// after `Drop::drop`).
+    lazy: Vec<LazyDisk>,
     /// The nodes' file systems, when each has its own (dropped after the
     /// nodes are killed: fields drop after `Drop::drop`).
     pub disks: Option<Disks>,
+    /// libfaketime, preloaded into every node when a run names `clock`:
+    /// each node reads its wall-clock offset from `node-N/faketime`.
+    faketime: Option<PathBuf>,
+}
+
+/// Where Debian's `faketime` package puts the thread-safe library.
+const FAKETIME_LIBRARIES: [&str; 3] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/local/lib/faketime/libfaketimeMT.so.1",
+];
+
+/// libfaketime's library, or why a clock fault cannot be made.
+pub fn faketime_library() -> Result<PathBuf, String> {
+    FAKETIME_LIBRARIES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or_else(|| "nemesis clock needs libfaketime (apt-get install faketime)".to_string())
 }
 
 impl Cluster {
     /// Starts `n` nodes and waits until each is ready.
     /// With `disks`, each node's directory is a file system of its own;
-    /// `settings`: more lines of every node's config file.
+    /// with `lazy`, each node's data directory forgets unsynced writes on
+    /// [`Cluster::power_loss`]; with `faketime`, each node's wall clock can
+    /// be moved ([`Cluster::shift_clock`]); `settings`: more lines of every
+    /// node's config file.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         strand: &Path,
         dir: &Path,
@@ -54,6 +83,8 @@ impl Cluster {
         port: u16,
         network: Option<Network>,
         disks: bool,
+        lazy: bool,
+        faketime: Option<PathBuf>,
         settings: &[String],
     ) -> Result<Cluster, String> {
         let file: String = std::iter::once(SETTINGS.to_string())
@@ -71,12 +102,26 @@ impl Cluster {
                 })
                 .collect(),
             network,
+            lazy: Vec::new(),
             disks: None,
+            faketime,
             exits: 0,
         };
         if disks {
             let dirs: Vec<PathBuf> = (1..=n).map(|id| c.node_dir(id)).collect();
             c.disks = Some(Disks::create(&dirs)?);
+        }
+        if lazy {
+            for id in 1..=n {
+                let node = c.node_dir(id);
+                c.lazy
+                    .push(LazyDisk::mount(&node.join("disk"), &disk::data_dir(&node))?);
+            }
+        }
+        if c.faketime.is_some() {
+            for id in 1..=n {
+                c.shift_clock(id, 0)?;
+            }
         }
         for id in 1..=n {
             c.spawn(id)?;
@@ -85,6 +130,18 @@ impl Cluster {
             c.wait_ready(id, Duration::from_secs(60))?;
         }
         Ok(c)
+    }
+
+    /// Node `id`'s wall clock `by_s` seconds off the machine's from now on
+    /// (0: right again). libfaketime reads the file again at most 1 s
+    /// later; the node's monotonic clock is not touched.
+    pub fn shift_clock(&mut self, id: u8, by_s: i64) -> Result<(), String> {
+        let path = self.node_dir(id).join("faketime");
+        std::fs::create_dir_all(self.node_dir(id)).map_err(|e| e.to_string())?;
+        // Written whole, then renamed: the node never reads half a line.
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, format!("{by_s:+}\n")).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     fn node_dir(&self, id: u8) -> PathBuf {
@@ -128,6 +185,13 @@ impl Cluster {
             }
             None => None,
         };
+        if let Some(library) = &self.faketime {
+            command
+                .env("LD_PRELOAD", library)
+                .env("FAKETIME_TIMESTAMP_FILE", self.node_dir(id).join("faketime"))
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         if let Some(ns) = &namespace {
             let fd = ns.as_raw_fd();
             // SAFETY: setns(2) is async-signal-safe; the descriptor stays
@@ -228,11 +292,33 @@ impl Cluster {
     pub fn wipe(&mut self, id: u8) -> Result<(), String> {
         self.kill(id);
         let data = disk::data_dir(&self.node_dir(id));
-        match std::fs::remove_dir_all(&data) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(format!("wiping {}: {e}", data.display())),
+        let entries = match std::fs::read_dir(&data) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(format!("wiping {}: {e}", data.display())),
+        };
+        // What it holds (the directory itself may be a mount point).
+        for entry in entries {
+            let path = entry.map_err(|e| format!("wiping {}: {e}", data.display()))?.path();
+            let gone = match path.is_dir() {
+                true => std::fs::remove_dir_all(&path),
+                false => std::fs::remove_file(&path),
+            };
+            gone.map_err(|e| format!("wiping {}: {e}", path.display()))?;
         }
+        Ok(())
+    }
+
+    /// A power cut of node `id`: kill -9, then every write its file system
+    /// took since that file's last sync taken back. It starts again at
+    /// the next [`Cluster::heal`].
+    pub fn power_loss(&mut self, id: u8) -> Result<Lost, String> {
+        self.kill(id);
+        let disk = self
+            .lazy
+            .get_mut(usize::from(id - 1))
+            .ok_or("power-loss needs the lazy file systems")?;
+        disk.power_loss()
     }
 
     /// kill -9 of node `id`, then one file of its partitions damaged,

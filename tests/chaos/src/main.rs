@@ -13,15 +13,17 @@
 //! - `checker.rs`: the verdict (pure).
 //!
 //! - `network.rs`: a network namespace per node, and the link faults;
-//! - `disk.rs`: a file system per node, and filling it.
+//! - `disk.rs`: a file system per node, and filling it;
+//! - `lazyfs.rs`: a FUSE pass-through per node that forgets unsynced
+//!   writes on a power loss.
 //!
 //! Run as root, each node is its own host: a network namespace with its
 //! own address on a private subnet the run creates and removes
 //! (`network.rs`). Otherwise (or with `--loopback`) the nodes run on
 //! 127.0.0.1–N of this machine, and only the process faults can be used.
 //! The nemeses:
-//! - `kill`: kill -9 of a node or, one time in six, of every node (a power
-//!   loss), then a restart;
+//! - `kill`: kill -9 of a node or, one time in six, of every node, then a
+//!   restart (the page cache keeps every write: nothing unsynced is lost);
 //! - `pause`: SIGSTOP, then SIGCONT;
 //! - `partition`: one of five shapes (a node isolated, the leader
 //!   isolated, a minority split off, one-way loss, a bridge node seeing
@@ -33,6 +35,17 @@
 //!   last in-sync replica) gets an unclean election before the final read,
 //!   as an operator would (`unclean_elections` in the JSON); what that
 //!   loses, the checker reports.
+//! - `corrupt`: kill -9 of one node, one of its partition files damaged
+//!   (bits flipped or cut short), started again.
+//! - `power-loss`: kill -9 of one node or, one time in three, of every
+//!   node, then every write its data directory took since that file's
+//!   last fsync/fdatasync/O_DSYNC write taken back (`lazyfs.rs`), started
+//!   again. Nothing acknowledged on the fsync=always queue may be lost;
+//!   what the fsync=interval acks=1 queue loses is `acks1_lost`.
+//! - `clock`: one node's wall clock 10 s to 5 min ahead or back for the
+//!   fault, then right again (libfaketime preloaded into every node, which
+//!   reads its offset from `node-N/faketime`; the monotonic clock stays
+//!   true). Leases, sessions and locks must not notice.
 //!
 //! `--broker-setting KEY=VALUE` (repeatable) adds a line to every node's
 //! config file: `--broker-setting journal=true` runs the schedule on the
@@ -55,6 +68,7 @@ mod checker;
 mod cluster;
 mod disk;
 mod jobs;
+mod lazyfs;
 mod network;
 mod schedule;
 mod workload;
@@ -94,7 +108,8 @@ struct RunArgs {
     /// How long faults go on: `120s`, `2m`, or seconds.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     duration: Duration,
-    /// Comma-separated: kill, pause, partition, netem, disk-full.
+    /// Comma-separated: kill, pause, partition, netem, disk-full, wipe,
+    /// corrupt, power-loss, clock.
     #[arg(long, default_value = "kill,pause")]
     nemesis: String,
     /// The `strand` binary (default: the one next to this one).
@@ -199,10 +214,13 @@ fn sleep_unless(d: Duration, interrupted: &AtomicBool) {
 fn run(args: &RunArgs) -> Result<usize, String> {
     let nemeses = Nemesis::parse_list(&args.nemesis)?;
     let loopback = args.loopback || !network::is_root();
-    if let Some(n) = nemeses
-        .iter()
-        .find(|n| loopback && matches!(n, Nemesis::Partition | Nemesis::Netem | Nemesis::DiskFull))
-    {
+    if let Some(n) = nemeses.iter().find(|n| {
+        loopback
+            && matches!(
+                n,
+                Nemesis::Partition | Nemesis::Netem | Nemesis::DiskFull | Nemesis::PowerLoss
+            )
+    }) {
         return Err(format!(
             "nemesis {} needs each node in its own network namespace and file system: run as root, without \
              --loopback (or with --nemesis kill,pause)",
@@ -266,7 +284,22 @@ fn run(args: &RunArgs) -> Result<usize, String> {
         false => (9092, Some(network::Network::create(args.nodes)?)),
     };
     let disks = nemeses.contains(&Nemesis::DiskFull);
-    let mut cluster = cluster::Cluster::start(&strand, &dir, args.nodes, port, network, disks, &args.broker_settings)?;
+    let lazy = nemeses.contains(&Nemesis::PowerLoss);
+    let faketime = match nemeses.contains(&Nemesis::Clock) {
+        true => Some(cluster::faketime_library()?),
+        false => None,
+    };
+    let mut cluster = cluster::Cluster::start(
+        &strand,
+        &dir,
+        args.nodes,
+        port,
+        network,
+        disks,
+        lazy,
+        faketime,
+        &args.broker_settings,
+    )?;
     let bootstrap = cluster.bootstrap();
     let admin = strand_client::Admin::connect(&bootstrap).map_err(|e| e.to_string())?;
     let spec = strand_client::QueueSpec {
@@ -458,6 +491,37 @@ fn apply(cluster: &mut cluster::Cluster, f: &Fault, bootstrap: &str, interrupted
             }
             sleep_unless(hold, interrupted);
             cluster.heal()
+        }
+        Nemesis::PowerLoss => {
+            // Every target down before any file system forgets.
+            for id in &targets {
+                cluster.kill(*id);
+            }
+            for id in &targets {
+                let lost = cluster.power_loss(*id)?;
+                let largest: Vec<String> = lost.largest.iter().map(|(f, b)| format!("{f} {b}")).collect();
+                println!(
+                    "           (node {id}: {} unsynced bytes in {} files taken back; most: {})",
+                    lost.bytes,
+                    lost.files,
+                    largest.join(", ")
+                );
+            }
+            sleep_unless(hold, interrupted);
+            cluster.heal()
+        }
+        Nemesis::Clock => {
+            let mut rng = schedule::Rng::new(f.at_ms ^ u64::from(f.node) << 32);
+            let by_s = rng.range(10, 300) as i64 * if rng.range(0, 1) == 0 { 1 } else { -1 };
+            println!("           (its wall clock {by_s:+} s, then back)");
+            for id in &targets {
+                cluster.shift_clock(*id, by_s)?;
+            }
+            sleep_unless(hold, interrupted);
+            for id in &targets {
+                cluster.shift_clock(*id, 0)?;
+            }
+            Ok(())
         }
         Nemesis::Wipe => {
             for id in &targets {

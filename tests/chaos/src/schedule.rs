@@ -30,10 +30,18 @@ pub enum Nemesis {
     /// (bytes flipped, or the file cut short): a segment, an index, a
     /// checkpoint or a journal file; started again when the fault ends.
     Corrupt,
+    /// kill -9 of one node (now and then of every node at once), then
+    /// every write its file system took since that file's last sync taken
+    /// back (see `lazyfs.rs`); started again when the fault ends.
+    PowerLoss,
+    /// One node's wall clock jumps 10 s to 5 min ahead or back (and runs
+    /// skewed so), then jumps back when the fault ends (libfaketime; the
+    /// monotonic clock is left alone, as a real jump leaves it).
+    Clock,
 }
 
 impl Nemesis {
-    pub const ALL: [Nemesis; 7] = [
+    pub const ALL: [Nemesis; 9] = [
         Nemesis::Kill,
         Nemesis::Pause,
         Nemesis::Partition,
@@ -41,6 +49,8 @@ impl Nemesis {
         Nemesis::DiskFull,
         Nemesis::Wipe,
         Nemesis::Corrupt,
+        Nemesis::PowerLoss,
+        Nemesis::Clock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,6 +62,8 @@ impl Nemesis {
             Nemesis::DiskFull => "disk-full",
             Nemesis::Wipe => "wipe",
             Nemesis::Corrupt => "corrupt",
+            Nemesis::PowerLoss => "power-loss",
+            Nemesis::Clock => "clock",
         }
     }
 
@@ -230,8 +242,13 @@ pub fn schedule(seed: u64, nemeses: &[Nemesis], nodes: u8, duration_ms: u64) -> 
             true => first[out.len()],
             false => nemeses[rng.range(0, nemeses.len() as u64 - 1) as usize],
         };
-        // One kill in six takes every node down at once.
-        let all = nemesis == Nemesis::Kill && rng.range(0, 5) == 0;
+        // One kill in six, and one power loss in three, takes every node
+        // down at once.
+        let all = match nemesis {
+            Nemesis::Kill => rng.range(0, 5) == 0,
+            Nemesis::PowerLoss => rng.range(0, 2) == 0,
+            _ => false,
+        };
         let node = if all { 0 } else { rng.range(1, u64::from(nodes)) as u8 };
         let partition = (nemesis == Nemesis::Partition).then(|| Partition::pick(&mut rng, nodes));
         out.push(Fault {
@@ -265,7 +282,7 @@ mod tests {
         for f in &a {
             assert!(f.at_ms >= 5_000 && f.at_ms + f.hold_ms + 5_000 <= 120_000);
             assert!(f.node <= 3);
-            assert!(f.node != 0 || f.nemesis == Nemesis::Kill);
+            assert!(f.node != 0 || matches!(f.nemesis, Nemesis::Kill | Nemesis::PowerLoss));
             assert_eq!(f.partition.is_some(), f.nemesis == Nemesis::Partition);
         }
     }

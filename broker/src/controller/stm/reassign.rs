@@ -63,6 +63,8 @@ impl MetadataStm {
                 return bad(format!("broker {r} is fenced: a new replica must be alive to catch up"));
             }
         }
+        // An operator's move replaces whatever a decommission planned.
+        p.moved_from = None;
         start(p, replicas.to_vec(), &self.table.brokers);
         Ok(())
     }
@@ -141,7 +143,38 @@ impl MetadataStm {
         self.move_to_preferred_leaders(Some(id));
         for (name, i, target) in moves {
             if let Some(p) = self.table.queues.get_mut(&name).and_then(|q| q.partitions.get_mut(i)) {
+                let from = p
+                    .moved_from
+                    .take()
+                    .or_else(|| p.target.clone())
+                    .unwrap_or_else(|| p.replicas.clone());
                 start(p, target, &self.table.brokers);
+                // Remembered while the move is in progress (a cancel
+                // moves it back).
+                if p.target.is_some() {
+                    p.moved_from = Some(from);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`super::Command::CancelDecommission`].
+    pub(super) fn cancel_decommission(&mut self, id: NodeId) -> Result<(), ControllerError> {
+        let b = self
+            .table
+            .brokers
+            .get_mut(&id)
+            .ok_or(ControllerError::UnknownBroker(id))?;
+        if !b.decommissioning {
+            return Ok(());
+        }
+        b.decommissioning = false;
+        for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
+            if let Some(from) = p.moved_from.take() {
+                if p.target.is_some() {
+                    start(p, from, &self.table.brokers);
+                }
             }
         }
         Ok(())
@@ -172,6 +205,7 @@ pub(super) fn complete_if_caught_up(p: &mut PartitionRecord, brokers: &BTreeMap<
         return false;
     }
     let target = p.target.take().unwrap_or_default();
+    p.moved_from = None;
     p.isr = target.clone();
     p.replicas = target;
     if p.leader != NO_LEADER && !p.replicas.contains(&p.leader) {

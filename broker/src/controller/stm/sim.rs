@@ -89,6 +89,7 @@ fn command(rng: &mut Rng, table: &MetadataTable) -> Command {
             draining: rng.below(2) == 0,
         },
         5 if rng.below(4) == 0 => Command::DecommissionBroker { id: broker },
+        5 if rng.below(3) == 0 => Command::CancelDecommission { id: broker },
         6 => Command::CreateQueue {
             name: format!("q{}", rng.below(3)),
             settings: settings(1 + rng.below(3) as u32, 1 + rng.below(3) as u16),

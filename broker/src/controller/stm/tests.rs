@@ -1073,6 +1073,72 @@ fn decommissioning_moves_every_replica_off_the_broker_and_keeps_leaders_spread()
 }
 
 #[test]
+fn a_cancelled_decommission_moves_back_what_is_still_moving_and_keeps_what_moved() {
+    let (mut stm, mut index) = brokers(4);
+    index += 1;
+    let create = Command::CreateQueue {
+        name: "a".into(),
+        settings: settings(8, 3),
+    };
+    stm.apply(index, &create).unwrap();
+    let leaving = 4;
+    let before = stm.table().queues["a"].partitions.clone();
+    let held: Vec<usize> = (0..before.len())
+        .filter(|i| before[*i].replicas.contains(&leaving))
+        .collect();
+    assert!(held.len() >= 2, "{before:?}");
+    index += 1;
+    stm.apply(index, &Command::DecommissionBroker { id: leaving }).unwrap();
+    // One move completes (its new replica caught up); the others do not.
+    let done = held[0];
+    let p = &stm.table().queues["a"].partitions[done];
+    let mut isr = p.isr.clone();
+    isr.extend(p.target.clone().unwrap().iter().filter(|r| !p.isr.contains(r)));
+    index += 1;
+    let caught_up = alter_isr(&stm, "a", done as u32, isr);
+    stm.apply(index, &caught_up).unwrap();
+    let moved = stm.table().queues["a"].partitions[done].clone();
+    assert!(
+        moved.target.is_none() && !moved.replicas.contains(&leaving),
+        "{moved:?}"
+    );
+    assert_eq!(moved.moved_from, None);
+
+    index += 1;
+    stm.apply(index, &Command::CancelDecommission { id: leaving }).unwrap();
+    assert!(!stm.table().brokers[&leaving].decommissioning);
+    let after = &stm.table().queues["a"].partitions;
+    assert_eq!(after[done].replicas, moved.replicas, "a completed move stays");
+    for i in &held[1..] {
+        let p = &after[*i];
+        assert_eq!(
+            p.replicas, before[*i].replicas,
+            "partition {i} back where it was: {p:?}"
+        );
+        assert_eq!((&p.target, &p.moved_from), (&None, &None));
+    }
+    // It takes replicas again, and a second cancel changes nothing.
+    let table = stm.table().clone();
+    index += 1;
+    stm.apply(index, &Command::CancelDecommission { id: leaving }).unwrap();
+    assert_eq!(stm.table().queues, table.queues);
+    index += 1;
+    let later = Command::CreateQueue {
+        name: "later".into(),
+        settings: settings(8, 3),
+    };
+    stm.apply(index, &later).unwrap();
+    assert!(stm.table().queues["later"]
+        .partitions
+        .iter()
+        .any(|p| p.replicas.contains(&leaving)));
+    assert_eq!(
+        stm.apply(index + 1, &Command::CancelDecommission { id: 9 }),
+        Err(ControllerError::UnknownBroker(9))
+    );
+}
+
+#[test]
 fn a_decommission_the_others_cannot_absorb_is_refused_whole() {
     let (mut stm, index) = three_brokers_two_queues();
     let before = stm.table().clone();
