@@ -489,9 +489,17 @@ impl Admin {
 
     async fn decommission(&self, id: u32, cancel: bool) -> Result<(), ClientError> {
         let mut fbb = FlatBufferBuilder::new();
-        let args = DecommissionBrokerRequestArgs {
-            node_id: u64::from(id),
-            cancel,
+        // A cancel names the broker in its own field and broker 0 in
+        // `node_id`, which a broker that predates cancelling refuses.
+        let args = match cancel {
+            false => DecommissionBrokerRequestArgs {
+                node_id: u64::from(id),
+                cancel_node_id: 0,
+            },
+            true => DecommissionBrokerRequestArgs {
+                node_id: 0,
+                cancel_node_id: u64::from(id),
+            },
         };
         let root = DecommissionBrokerRequest::create(&mut fbb, &args);
         fbb.finish_minimal(root);

@@ -492,8 +492,12 @@ fn missing_and_damaged_indexes_are_rebuilt() {
     });
 }
 
+/// Before issue 41 a damaged sealed segment failed the partition's open on
+/// that broker for good (under-replicated until an operator replaced the
+/// file); now the log is cut at the damage, as a torn tail is, and what
+/// came after is set aside, not served and not deleted.
 #[test]
-fn corrupt_sealed_segment_fails_to_open() {
+fn a_corrupt_sealed_segment_cuts_the_log_there_and_sets_the_rest_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     run(move || async move {
@@ -502,21 +506,30 @@ fn corrupt_sealed_segment_fails_to_open() {
         let pristine = path.join("pristine");
         restore(&log_dir(&path), &pristine);
         let max = small_segments().batch_bytes_max;
+        let aside = |p: &Path| {
+            let mut name = p.as_os_str().to_os_string();
+            name.push(".damaged");
+            PathBuf::from(name)
+        };
 
         // Sealed segments other than the newest sealed one: the first and a
         // middle one; and the newest sealed one.
         let n = segments.len();
-        for victim in [&segments[0], &segments[n / 2], &segments[n - 2]] {
+        for (k, victim) in [(0, &segments[0]), (n / 2, &segments[n / 2]), (n - 2, &segments[n - 2])] {
+            restore(&pristine, &log_dir(&path));
             let (batches, why) = scan_file(victim, max);
             assert_eq!(why, ScanEnd::Clean, "{}", victim.display());
             let last = *batches.last().unwrap();
             let len = last.end - last.start;
-            let expect_corrupt = |result: Result<Log, StorageError>, what: &str| match result {
-                Err(StorageError::CorruptSegment { path: p, .. }) => {
-                    assert_eq!(&p, victim, "{what}");
+            let expect_cut = |result: Result<Log, StorageError>, what: &str, copied: bool| {
+                let log = result.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(log.log_end(), Offset(last.base), "{what}");
+                assert_eq!(file_len(victim), last.start, "{what}");
+                for later in &segments[k + 1..] {
+                    assert!(!later.exists() && aside(later).exists(), "{what}: {}", later.display());
                 }
-                Err(e) => panic!("{what}: {e}"),
-                Ok(_) => panic!("{what}: opened a log with a corrupt sealed segment"),
+                assert_eq!(aside(victim).exists(), copied, "{what}");
+                log
             };
 
             // One flipped byte anywhere in its last batch: header fields,
@@ -525,17 +538,27 @@ fn corrupt_sealed_segment_fails_to_open() {
                 restore(&pristine, &log_dir(&path));
                 flip_byte(victim, last.start + at);
                 let result = shard.open_log(log_dir(&path), small_segments()).await;
-                expect_corrupt(result, &format!("byte {at} of the last batch flipped"));
+                let what = format!("byte {at} of the last batch flipped");
+                let log = expect_cut(result, &what, true);
+                check_log(&log, last.base).await;
+                log.close().await.unwrap();
             }
 
             // Cut short by a few bytes, by all but a few bytes of its last
             // batch, or by exactly that batch (then the next segment's base
-            // offset shows the gap).
+            // offset shows the gap, and nothing is damaged to copy).
             for cut in [1, 3, 61, len - 1, len] {
                 restore(&pristine, &log_dir(&path));
                 set_len(victim, file_len(victim) - cut);
                 let result = shard.open_log(log_dir(&path), small_segments()).await;
-                expect_corrupt(result, &format!("{cut} bytes cut"));
+                let log = expect_cut(result, &format!("{cut} bytes cut"), cut != len);
+                // It takes appends from there, and keeps them.
+                append(&log, AFTER_TAG, 2, 10).await;
+                log.close().await.unwrap();
+                drop(log);
+                let log = shard.open_log(log_dir(&path), small_segments()).await.unwrap();
+                assert_eq!(log.log_end(), Offset(last.base + 2), "{cut} bytes cut, reopened");
+                log.close().await.unwrap();
             }
         }
 
@@ -628,23 +651,26 @@ fn repaired_sealed_segment_is_read_from_its_new_file() {
         let last = *batches.last().unwrap();
 
         // Bit rot in the last batch of a sealed segment, in place, while the
-        // log is closed: reopening refuses the segment.
+        // log is closed: reopening cuts the log there (the rest set aside).
         let mut bytes = std::fs::read(victim).unwrap();
         bytes[(last.start + 100) as usize] ^= 0x10;
         std::fs::write(victim, &bytes).unwrap();
-        match shard.open_log(log_dir(&path), small_segments()).await {
-            Err(StorageError::CorruptSegment { path: p, .. }) => assert_eq!(&p, victim),
-            Err(e) => panic!("{e}"),
-            Ok(_) => panic!("opened a log with a corrupt sealed segment"),
-        }
+        let log = shard.open_log(log_dir(&path), small_segments()).await.unwrap();
+        assert_eq!(log.log_end(), Offset(last.base));
+        check_log(&log, last.base).await;
+        log.close().await.unwrap();
+        drop(log);
 
-        // The operator replaces the file with the good copy (a new file
-        // renamed over the damaged one) and reopens the log on the same
-        // shard: reads must see the new file, not a descriptor of the
-        // damaged one that the shard kept open from before.
-        let tmp = log_dir(&path).join("repair.tmp");
-        std::fs::copy(backup.join(victim.file_name().unwrap()), &tmp).unwrap();
-        std::fs::rename(&tmp, victim).unwrap();
+        // The operator puts the good copies back (new files renamed over
+        // the cut ones) and reopens the log on the same shard: reads must
+        // see the new files, not a descriptor of the damaged one that the
+        // shard kept open from before.
+        for entry in std::fs::read_dir(&backup).unwrap() {
+            let name = entry.unwrap().file_name();
+            let tmp = log_dir(&path).join("repair.tmp");
+            std::fs::copy(backup.join(&name), &tmp).unwrap();
+            std::fs::rename(&tmp, log_dir(&path).join(&name)).unwrap();
+        }
         let log = shard.open_log(log_dir(&path), small_segments()).await.unwrap();
         check_log(&log, BATCHES * 5).await;
         check_timestamps(&log).await;

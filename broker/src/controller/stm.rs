@@ -185,12 +185,13 @@ pub enum Command {
         id: NodeId,
     },
     /// Broker `id`'s decommission is cancelled: it is no longer leaving,
-    /// and every move the decommission began that is still in progress
-    /// goes back to where the partition was
-    /// ([`PartitionRecord::moved_from`]); moves that completed stay. The
-    /// broker then takes new replicas again, and leader balancing gives it
-    /// its preferred leaderships back. A broker that is not leaving is left
-    /// as it is.
+    /// and every move its decommission began that is still in progress
+    /// takes it back in place of the broker that was to replace it
+    /// ([`PartitionRecord::decommission_moves`]; in the order the replicas
+    /// had before, where nothing else changed since); moves that completed
+    /// stay, and other brokers' decommissions go on. The broker then takes
+    /// new replicas again, and leader balancing gives it its preferred
+    /// leaderships back. A broker that is not leaving is left as it is.
     CancelDecommission {
         id: NodeId,
     },
@@ -975,7 +976,7 @@ impl Placement {
             partition_epoch: 0,
             target: None,
             lost: None,
-            moved_from: None,
+            decommission_moves: Vec::new(),
         }
     }
 }

@@ -192,12 +192,13 @@ pub struct PartitionRecord {
     /// in it) and this goes back to `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Vec<NodeId>>,
-    /// Where the partition was before a decommission began moving it
-    /// (its replicas, or the target of a reassignment then in progress):
-    /// a cancelled decommission moves it back. Set only while that move is
-    /// in progress.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moved_from: Option<Vec<NodeId>>,
+    /// The decommissions moving this partition, while that move is in
+    /// progress: one entry per leaving broker, so that cancelling that
+    /// broker's decommission moves the partition back
+    /// ([`DecommissionMove`]). Cleared when the move completes or an
+    /// operator's reassignment replaces it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decommission_moves: Vec<DecommissionMove>,
     /// Set while the partition is offline because its last in-sync replica
     /// lost its data: the ISR is empty, no replica is known to hold every
     /// committed record but that broker's old directory, and the partition
@@ -206,6 +207,16 @@ pub struct PartitionRecord {
     /// --unclean`, which accepts the loss). Never set with a leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost: Option<LostReplica>,
+}
+
+/// One decommission's part in a partition's move: broker `leaving` is
+/// replaced by `replacement`; before, the partition was headed for
+/// `before` (its replicas, or the target of a move then in progress).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecommissionMove {
+    pub leaving: NodeId,
+    pub replacement: NodeId,
+    pub before: Vec<NodeId>,
 }
 
 /// A queue.

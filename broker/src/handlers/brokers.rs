@@ -34,7 +34,8 @@ pub async fn drain(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resul
 pub async fn decommission(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let req = request::<DecommissionBrokerRequest>(body)?;
     let id = req.node_id();
-    if req.cancel() {
+    if req.cancel_node_id() != 0 {
+        let id = req.cancel_node_id();
         return propose_and_answer(shard, header, Command::CancelDecommission { id }, |fbb, error| {
             let root = DecommissionBrokerResponse::create(fbb, &DecommissionBrokerResponseArgs { error });
             fbb.finish_minimal(root);

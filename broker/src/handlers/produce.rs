@@ -8,11 +8,14 @@
 //! ([`NewProducers`]): a producer starts at sequence 0, so each batch at
 //! sequence 0 under an id the connection has not used there lately counts.
 //! Past that, the batch is refused with `TooManyProducers` before it
-//! reaches the partition. Without this one client could fill a partition's
-//! producer table ([`MAX_PRODUCERS`](strand_storage::producers::MAX_PRODUCERS))
-//! with fresh ids and leave every other client's new producer refused for
-//! ten minutes (issue 41, item 3). `strand-client` uses one id per
-//! partition per producer, and a new one only after `UnknownProducer`.
+//! reaches the partition. Without this one connection could fill a
+//! partition's producer table
+//! ([`MAX_PRODUCERS`](strand_storage::producers::MAX_PRODUCERS)) with fresh
+//! ids and leave every other client's new producer refused for ten minutes
+//! (issue 41, item 3); now that takes 256 connections, which a limit on
+//! connections per client and per principal (issue 42) must bound.
+//! `strand-client` uses one id per partition per producer, and a new one
+//! only after `UnknownProducer`.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -57,6 +60,8 @@ pub struct NewProducers {
     by_partition: RefCell<HashMap<(String, u32), Brought>>,
     /// Ids remembered over all partitions.
     total: std::cell::Cell<usize>,
+    /// When ids of all partitions were last swept for age.
+    swept_at: std::cell::Cell<Option<Instant>>,
 }
 
 impl NewProducers {
@@ -66,6 +71,7 @@ impl NewProducers {
         let mut map = self.by_partition.borrow_mut();
         let key = (queue.to_string(), partition);
         let fresh = |at: &Instant| now.duration_since(*at) < NEW_PRODUCERS_WINDOW;
+        let minutes = NEW_PRODUCERS_WINDOW.as_secs() / 60;
         if let Some(ids) = map.get_mut(&key) {
             let before = ids.len();
             while ids.front().is_some_and(|(_, at)| !fresh(at)) {
@@ -80,14 +86,19 @@ impl NewProducers {
                     ErrorCode::TooManyProducers,
                     format!(
                         "this connection brought {NEW_PRODUCERS_PER_PARTITION} producer ids to partition {partition} \
-                         of {queue:?} within {} minutes: reuse producers (a producer keeps its id), or wait",
-                        NEW_PRODUCERS_WINDOW.as_secs() / 60
+                         of {queue:?} within {minutes} minutes: reuse producers (a producer keeps its id), or wait"
                     ),
                 ));
             }
         }
-        if self.total.get() >= NEW_PRODUCERS_PER_CONNECTION {
-            // Forget the partitions whose ids all aged out, then judge.
+        let swept_lately = self
+            .swept_at
+            .get()
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1));
+        if self.total.get() >= NEW_PRODUCERS_PER_CONNECTION && !swept_lately {
+            // Forget the partitions whose ids all aged out (at most once a
+            // second: a connection at its limit costs no sweep per batch).
+            self.swept_at.set(Some(now));
             let mut total = 0;
             map.retain(|_, ids| {
                 ids.retain(|(_, at)| fresh(at));
@@ -95,16 +106,15 @@ impl NewProducers {
                 !ids.is_empty()
             });
             self.total.set(total);
-            if total >= NEW_PRODUCERS_PER_CONNECTION {
-                return Err(WireError::new(
-                    ErrorCode::TooManyProducers,
-                    format!(
-                        "this connection brought {NEW_PRODUCERS_PER_CONNECTION} producer ids within {} minutes: \
-                         reuse producers (a producer keeps its id), or wait",
-                        NEW_PRODUCERS_WINDOW.as_secs() / 60
-                    ),
-                ));
-            }
+        }
+        if self.total.get() >= NEW_PRODUCERS_PER_CONNECTION {
+            return Err(WireError::new(
+                ErrorCode::TooManyProducers,
+                format!(
+                    "this connection brought {NEW_PRODUCERS_PER_CONNECTION} producer ids within {minutes} minutes: \
+                     reuse producers (a producer keeps its id), or wait"
+                ),
+            ));
         }
         map.entry(key).or_default().push_back((id, now));
         self.total.set(self.total.get() + 1);

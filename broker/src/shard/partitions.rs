@@ -812,7 +812,7 @@ mod tests {
             partition_epoch: 9,
             target: None,
             lost: None,
-            moved_from: None,
+            decommission_moves: Vec::new(),
         }
     }
 

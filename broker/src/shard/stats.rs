@@ -138,7 +138,7 @@ mod tests {
             partition_epoch: 0,
             target: None,
             lost: None,
-            moved_from: None,
+            decommission_moves: Vec::new(),
         };
         assert_eq!(wanted_in_sync(&p), 3);
         // Moving 3 off to 4: four replicas while 4 catches up, three wanted.

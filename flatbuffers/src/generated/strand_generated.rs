@@ -3553,7 +3553,7 @@ impl<'a> ::flatbuffers::Follow<'a> for DecommissionBrokerRequest<'a> {
 
 impl<'a> DecommissionBrokerRequest<'a> {
   pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 4;
-  pub const VT_CANCEL: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CANCEL_NODE_ID: ::flatbuffers::VOffsetT = 6;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3565,8 +3565,8 @@ impl<'a> DecommissionBrokerRequest<'a> {
     args: &'args DecommissionBrokerRequestArgs
   ) -> ::flatbuffers::WIPOffset<DecommissionBrokerRequest<'bldr>> {
     let mut builder = DecommissionBrokerRequestBuilder::new(_fbb);
+    builder.add_cancel_node_id(args.cancel_node_id);
     builder.add_node_id(args.node_id);
-    builder.add_cancel(args.cancel);
     builder.finish()
   }
 
@@ -3578,14 +3578,16 @@ impl<'a> DecommissionBrokerRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(DecommissionBrokerRequest::VT_NODE_ID, Some(0)).unwrap()}
   }
-  /// Cancel broker `node_id`'s decommission instead: moves still in
-  /// progress go back, completed ones stay, and it takes replicas again.
+  /// Nonzero: cancel broker `cancel_node_id`'s decommission instead
+  /// (moves still in progress go back, completed ones stay, and it takes
+  /// replicas again), with `node_id` 0: a broker from before this field
+  /// refuses broker 0 as unknown instead of decommissioning anything.
   #[inline]
-  pub fn cancel(&self) -> bool {
+  pub fn cancel_node_id(&self) -> u64 {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
-    unsafe { self._tab.get::<bool>(DecommissionBrokerRequest::VT_CANCEL, Some(false)).unwrap()}
+    unsafe { self._tab.get::<u64>(DecommissionBrokerRequest::VT_CANCEL_NODE_ID, Some(0)).unwrap()}
   }
 }
 
@@ -3596,21 +3598,21 @@ impl ::flatbuffers::Verifiable for DecommissionBrokerRequest<'_> {
   ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
     v.visit_table(pos)?
      .visit_field::<u64>("node_id", Self::VT_NODE_ID, false)?
-     .visit_field::<bool>("cancel", Self::VT_CANCEL, false)?
+     .visit_field::<u64>("cancel_node_id", Self::VT_CANCEL_NODE_ID, false)?
      .finish();
     Ok(())
   }
 }
 pub struct DecommissionBrokerRequestArgs {
     pub node_id: u64,
-    pub cancel: bool,
+    pub cancel_node_id: u64,
 }
 impl<'a> Default for DecommissionBrokerRequestArgs {
   #[inline]
   fn default() -> Self {
     DecommissionBrokerRequestArgs {
       node_id: 0,
-      cancel: false,
+      cancel_node_id: 0,
     }
   }
 }
@@ -3625,8 +3627,8 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DecommissionBrokerRequestBuil
     self.fbb_.push_slot::<u64>(DecommissionBrokerRequest::VT_NODE_ID, node_id, 0);
   }
   #[inline]
-  pub fn add_cancel(&mut self, cancel: bool) {
-    self.fbb_.push_slot::<bool>(DecommissionBrokerRequest::VT_CANCEL, cancel, false);
+  pub fn add_cancel_node_id(&mut self, cancel_node_id: u64) {
+    self.fbb_.push_slot::<u64>(DecommissionBrokerRequest::VT_CANCEL_NODE_ID, cancel_node_id, 0);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DecommissionBrokerRequestBuilder<'a, 'b, A> {
@@ -3647,7 +3649,7 @@ impl ::core::fmt::Debug for DecommissionBrokerRequest<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("DecommissionBrokerRequest");
       ds.field("node_id", &self.node_id());
-      ds.field("cancel", &self.cancel());
+      ds.field("cancel_node_id", &self.cancel_node_id());
       ds.finish()
   }
 }

@@ -350,12 +350,25 @@ impl Log {
             }
         }
         bases.sort();
-        let active_base = bases.pop().unwrap_or(Offset::ZERO);
+        let mut active_base = bases.pop().unwrap_or(Offset::ZERO);
 
         let mut sealed = BTreeMap::new();
         let mut prev: Option<(PathBuf, Offset, u64)> = None;
-        for base in bases {
+        // A sealed segment found damaged: the log is cut there (see
+        // `cut_at_damage`), and it becomes the active segment, scanned
+        // only up to its last valid batch.
+        let mut limit = None;
+        for (i, base) in bases.iter().copied().enumerate() {
             let path = dir.join(log_file_name(base));
+            let later = || -> Vec<Offset> { bases[i..].iter().copied().chain([active_base]).collect() };
+            // A segment that does not start where the one before it ended
+            // (a file lost): the log is cut at the end of the one before.
+            if let Err(gap) = check_follows(prev.as_ref(), &path, base) {
+                let (prev_base, prev_size) = cut_before(&mut sealed, &mut prev);
+                cut_at_damage(&dir, prev_base, prev_size, &gap.to_string(), &later(), false).await?;
+                (active_base, limit) = (prev_base, Some(prev_size));
+                break;
+            }
             let file = DmaFile::open(&path)
                 .await
                 .map_err(|e| StorageError::glommio("opening", &path, e))?;
@@ -370,8 +383,15 @@ impl Log {
             file.close()
                 .await
                 .map_err(|e| StorageError::glommio("closing", &path, e))?;
-            let (loaded, size) = loaded?;
-            check_follows(prev.as_ref(), &path, base)?;
+            let (loaded, size) = match loaded {
+                Ok(loaded) => loaded,
+                Err(StorageError::CorruptSegment { position, reason, .. }) => {
+                    cut_at_damage(&dir, base, position, &reason, &later()[1..], true).await?;
+                    (active_base, limit) = (base, Some(position));
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
             prev = Some((path.clone(), loaded.next_offset, size));
             sealed.insert(
                 base,
@@ -384,10 +404,17 @@ impl Log {
                 },
             );
         }
-        let active_path = dir.join(log_file_name(active_base));
-        check_follows(prev.as_ref(), &active_path, active_base)?;
+        let mut active_path = dir.join(log_file_name(active_base));
+        if limit.is_none() {
+            if let Err(gap) = check_follows(prev.as_ref(), &active_path, active_base) {
+                let (prev_base, prev_size) = cut_before(&mut sealed, &mut prev);
+                cut_at_damage(&dir, prev_base, prev_size, &gap.to_string(), &[active_base], false).await?;
+                (active_base, limit) = (prev_base, Some(prev_size));
+                active_path = dir.join(log_file_name(active_base));
+            }
+        }
         let created = !active_path.exists();
-        let active = open_active(&active_path, active_base, &config, None).await?;
+        let active = open_active(&active_path, active_base, &config, limit).await?;
         if created {
             crate::segment::io::sync_dir(&dir).await?;
         }
@@ -593,6 +620,74 @@ impl Log {
 fn journal_dir_name(data_dir: &Path, dir: &Path) -> Option<String> {
     let name = dir.strip_prefix(data_dir).ok()?.to_str()?.to_string();
     crate::journal::format::check_dir(&name).ok().map(|()| name)
+}
+
+/// The newest sealed segment loaded so far, taken back out of `sealed` to
+/// become the active one: its base and size. Called only when `prev` is
+/// set (a segment follows it).
+fn cut_before(
+    sealed: &mut BTreeMap<Offset, SealedSegment>,
+    prev: &mut Option<(PathBuf, Offset, u64)>,
+) -> (Offset, u64) {
+    let size = prev.take().map_or(0, |(_, _, size)| size);
+    let base = sealed.pop_last().map_or(Offset::ZERO, |(base, _)| base);
+    (base, size)
+}
+
+/// A sealed segment of the log in `dir` (base `base`) holds a damaged
+/// batch at `position` (a bit flipped on the disk, say), or the segment
+/// after it is missing or misplaced (then `position` is its size): the log
+/// is cut there, as a torn tail is. Its valid part stays (it becomes the
+/// active segment), and the segments after it (`later`) are set aside,
+/// renamed `*.log.damaged` (their index files removed), as is a copy of
+/// the damaged segment whole (`copy_damaged`): nothing is deleted that may
+/// be the only copy, and nothing past the damage is served. The log then ends below its checkpointed high
+/// watermark, so the broker leaves the ISRs it shares and catches up from
+/// its leader before it may lead (`broker/src/shard/recover.rs`); an
+/// operator removes the `.damaged` files once it has.
+async fn cut_at_damage(
+    dir: &Path,
+    base: Offset,
+    position: u64,
+    reason: &str,
+    later: &[Offset],
+    copy_damaged: bool,
+) -> Result<()> {
+    let damaged = |path: &Path| {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(".damaged");
+        PathBuf::from(name)
+    };
+    let path = dir.join(log_file_name(base));
+    if copy_damaged {
+        std::fs::copy(&path, damaged(&path)).map_err(|e| StorageError::io("copying aside", &path, e))?;
+    }
+    for b in later {
+        let p = dir.join(log_file_name(*b));
+        match std::fs::rename(&p, damaged(&p)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StorageError::io("setting aside", &p, e)),
+        }
+        for index in [crate::segment::index_path(&p), crate::segment::time_index_path(&p)] {
+            match std::fs::remove_file(&index) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("removing", &index, e)),
+            }
+        }
+    }
+    crate::segment::io::sync_dir(dir).await?;
+    warn!(
+        segment = %path.display(),
+        position,
+        later_segments = later.len(),
+        "a sealed segment is damaged ({reason}): the log is cut at its last valid batch and the {} segment(s) \
+         after it set aside as *.log.damaged (with a copy of the damaged one); the replica catches up from its \
+         leader",
+        later.len()
+    );
+    Ok(())
 }
 
 /// Segments tile the offsets: each starts exactly where the one before it

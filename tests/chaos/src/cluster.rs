@@ -367,7 +367,13 @@ impl Cluster {
                 path.display()
             )
         };
-        std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        // Synced: the damage stays also across a later power loss.
+        let write = |bytes: &[u8]| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(path)?;
+            std::io::Write::write_all(&mut f, bytes)?;
+            f.sync_all()
+        };
+        write(&bytes).map_err(|e| format!("writing {}: {e}", path.display()))?;
         Ok(what)
     }
 

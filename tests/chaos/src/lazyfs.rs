@@ -14,8 +14,10 @@
 //!   file holds then (the call reaches the daemon as FUSE_FSYNC, also
 //!   when io_uring issues it);
 //! - a write through a descriptor opened `O_DSYNC` or `O_SYNC`: the whole
-//!   file, as an fdatasync right after that write would make it (the
-//!   segment writer's write-through mode and the shard journal write so);
+//!   file (the segment writer's write-through mode and the shard journal
+//!   write so). Linux makes only that write's range durable; the two
+//!   differ only for a file also written through a descriptor without
+//!   `O_DSYNC`, which the broker does not do;
 //! - a file that existed when it was first written after a mount or a
 //!   power loss: as it was then.
 //!
@@ -45,7 +47,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     BackgroundSession, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
@@ -154,26 +156,40 @@ impl Tracker {
 
     /// The power cut: every file back to what it held at its last sync.
     /// A file that is gone or is another file now is passed over.
+    /// Every file is tried; the first failure is returned after.
     pub fn revert(&mut self) -> Result<Lost, String> {
         let mut lost = Lost::default();
+        let mut failed = None;
         for (ino, u) in self.files.drain() {
-            let file = match OpenOptions::new().read(true).write(true).open(&u.path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(format!("power loss: opening {}: {e}", u.path.display())),
+            let revert_one = || -> std::io::Result<Option<u64>> {
+                let file = match OpenOptions::new().read(true).write(true).open(&u.path) {
+                    Ok(f) => f,
+                    // Gone, or a directory now: not this file any more.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EISDIR | libc::ENOTDIR)) => {
+                        return Ok(None)
+                    }
+                    Err(e) => return Err(e),
+                };
+                let md = file.metadata()?;
+                if md.ino() != ino {
+                    return Ok(None);
+                }
+                let mut bytes = md.len().saturating_sub(u.synced_len);
+                for (offset, old) in u.undo.iter().rev() {
+                    file.write_all_at(old, *offset)?;
+                    bytes += old.len() as u64;
+                }
+                file.set_len(u.synced_len)?;
+                Ok(Some(bytes))
             };
-            let len_now = file.metadata().map_err(|e| e.to_string())?;
-            if len_now.ino() != ino {
-                continue;
-            }
-            let mut bytes = len_now.len().saturating_sub(u.synced_len);
-            for (offset, old) in u.undo.iter().rev() {
-                file.write_all_at(old, *offset)
-                    .map_err(|e| format!("power loss: restoring {}: {e}", u.path.display()))?;
-                bytes += old.len() as u64;
-            }
-            file.set_len(u.synced_len)
-                .map_err(|e| format!("power loss: cutting {}: {e}", u.path.display()))?;
+            let bytes = match revert_one() {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => continue,
+                Err(e) => {
+                    failed.get_or_insert(format!("power loss: reverting {}: {e}", u.path.display()));
+                    continue;
+                }
+            };
             if bytes > 0 {
                 lost.files += 1;
                 lost.bytes += bytes;
@@ -183,7 +199,10 @@ impl Tracker {
                 lost.largest.truncate(3);
             }
         }
-        Ok(lost)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(lost),
+        }
     }
 }
 
@@ -195,10 +214,17 @@ struct Handle {
     write_through: bool,
 }
 
+/// One directory entry: backing inode, kind, name.
+type Listed = (u64, FileType, std::ffi::OsString);
+
 struct Inner {
     /// Backing path of each inode the kernel knows (by backing inode).
     paths: HashMap<u64, PathBuf>,
     handles: HashMap<u64, Handle>,
+    /// Each open directory's listing, as taken when it was opened (or read
+    /// from its start again): offsets stay stable while entries are made
+    /// and removed, as POSIX asks of readdir.
+    listings: HashMap<u64, Vec<Listed>>,
     next_handle: u64,
 }
 
@@ -346,15 +372,40 @@ impl LazyFs {
         fh
     }
 
+    /// The entries of directory `ino` now, with `.` and `..` first.
+    fn list(&self, ino: INodeNo) -> Result<Vec<Listed>, Errno> {
+        let dir = self.path(ino)?;
+        let mut entries: Vec<Listed> = Vec::new();
+        for e in std::fs::read_dir(&dir).map_err(errno)? {
+            let e = e.map_err(errno)?;
+            let kind = e
+                .file_type()
+                .ok()
+                .and_then(FileType::from_std)
+                .unwrap_or(FileType::RegularFile);
+            entries.push((std::os::unix::fs::DirEntryExt::ino(&e), kind, e.file_name()));
+        }
+        entries.sort_by(|a, b| a.2.cmp(&b.2));
+        let me = self.backing_ino(ino);
+        let mut listed = vec![
+            (me, FileType::Directory, ".".into()),
+            (me, FileType::Directory, "..".into()),
+        ];
+        listed.extend(entries);
+        Ok(listed)
+    }
+
     fn with_handle<T>(&self, fh: FileHandle, f: impl FnOnce(&Handle) -> Result<T, Errno>) -> Result<T, Errno> {
         let inner = self.lock();
         let handle = inner.handles.get(&fh.0).ok_or(Errno::EBADF)?;
         f(handle)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn do_setattr(
         &self,
         ino: INodeNo,
+        fh: Option<FileHandle>,
         mode: Option<u32>,
         uid: Option<u32>,
         gid: Option<u32>,
@@ -369,7 +420,12 @@ impl LazyFs {
             std::os::unix::fs::lchown(&path, uid, gid).map_err(errno)?;
         }
         if let Some(size) = size {
-            let file = OpenOptions::new().read(true).write(true).open(&path).map_err(errno)?;
+            // Through the open file when there is one (ftruncate).
+            let open = fh.and_then(|fh| self.with_handle(fh, |h| h.file.try_clone().map_err(errno)).ok());
+            let file = match open {
+                Some(f) => f,
+                None => OpenOptions::new().read(true).write(true).open(&path).map_err(errno)?,
+            };
             self.truncate(self.backing_ino(ino), &path, &file, size)?;
         }
         if times.iter().any(Option::is_some) {
@@ -423,13 +479,19 @@ impl LazyFs {
         if rc != 0 {
             return Err(errno(std::io::Error::last_os_error()));
         }
+        let from_ino = std::fs::symlink_metadata(to).map(|md| md.ino()).ok();
+        let replaced = replaced
+            .filter(|md| md.is_file() && !flags.contains(RenameFlags::RENAME_EXCHANGE) && Some(md.ino()) != from_ino);
         let mut tracker = self.tracker();
-        if let Some(md) = replaced.filter(|md| md.is_file() && !flags.contains(RenameFlags::RENAME_EXCHANGE)) {
+        if let Some(md) = &replaced {
             tracker.removed(md.ino());
         }
         tracker.renamed(from, to);
         drop(tracker);
         let mut inner = self.lock();
+        if let Some(md) = &replaced {
+            inner.paths.remove(&md.ino());
+        }
         for p in inner.paths.values_mut() {
             if let Ok(rest) = p.strip_prefix(from) {
                 *p = match rest.as_os_str().is_empty() {
@@ -450,8 +512,14 @@ impl Filesystem for LazyFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.path(ino).and_then(|p| std::fs::symlink_metadata(p).map_err(errno)) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // Through the open file when there is one (it may have no name now).
+        let by_handle = fh.and_then(|fh| self.with_handle(fh, |h| h.file.metadata().map_err(errno)).ok());
+        let md = match by_handle {
+            Some(md) => Ok(md),
+            None => self.path(ino).and_then(|p| std::fs::symlink_metadata(p).map_err(errno)),
+        };
+        match md {
             Ok(md) => reply.attr(&TTL, &self.attr(&md)),
             Err(e) => reply.error(e),
         }
@@ -468,14 +536,14 @@ impl Filesystem for LazyFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.do_setattr(ino, mode, uid, gid, size, [atime, mtime]) {
+        match self.do_setattr(ino, fh, mode, uid, gid, size, [atime, mtime]) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -501,6 +569,9 @@ impl Filesystem for LazyFs {
             std::fs::remove_file(&path).map_err(errno)?;
             if md.nlink() <= 1 {
                 self.tracker().removed(md.ino());
+                // Its name is gone: a stale lookup by inode fails rather
+                // than reach whatever takes the name next.
+                self.lock().paths.remove(&md.ino());
             }
             Ok(())
         });
@@ -624,34 +695,42 @@ impl Filesystem for LazyFs {
         reply.ok();
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let listed = self.path(ino).and_then(|dir| {
-            let mut entries: Vec<(u64, FileType, std::ffi::OsString)> = Vec::new();
-            for e in std::fs::read_dir(&dir).map_err(errno)? {
-                let e = e.map_err(errno)?;
-                let kind = e
-                    .file_type()
-                    .ok()
-                    .and_then(FileType::from_std)
-                    .unwrap_or(FileType::RegularFile);
-                entries.push((std::os::unix::fs::DirEntryExt::ino(&e), kind, e.file_name()));
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.list(ino) {
+            Ok(listed) => {
+                let mut inner = self.lock();
+                inner.next_handle += 1;
+                let fh = inner.next_handle;
+                inner.listings.insert(fh, listed);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
             }
-            entries.sort_by(|a, b| a.2.cmp(&b.2));
-            Ok(entries)
-        });
-        let entries = match listed {
-            Ok(e) => e,
-            Err(e) => return reply.error(e),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        if offset == 0 {
+            match self.list(ino) {
+                Ok(listed) => {
+                    self.lock().listings.insert(fh.0, listed);
+                }
+                Err(e) => return reply.error(e),
+            }
+        }
+        let inner = self.lock();
+        let Some(listed) = inner.listings.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
         };
-        let dots = [
-            (self.backing_ino(ino), FileType::Directory, ".".into()),
-            (self.backing_ino(ino), FileType::Directory, "..".into()),
-        ];
-        for (i, (backing, kind, name)) in dots.into_iter().chain(entries).enumerate().skip(offset as usize) {
-            if reply.add(self.fuse_ino(backing), i as u64 + 1, kind, &name) {
+        for (i, (backing, kind, name)) in listed.iter().enumerate().skip(offset as usize) {
+            if reply.add(self.fuse_ino(*backing), i as u64 + 1, *kind, name) {
                 break;
             }
         }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.lock().listings.remove(&fh.0);
         reply.ok();
     }
 
@@ -783,6 +862,7 @@ impl LazyDisk {
             inner: Mutex::new(Inner {
                 paths: HashMap::from([(root.ino(), self.backing.clone())]),
                 handles: HashMap::new(),
+                listings: HashMap::new(),
                 next_handle: 0,
             }),
             tracker: self.tracker.clone(),
@@ -800,12 +880,43 @@ impl LazyDisk {
         Ok(())
     }
 
+    /// Unmounts (tried for 5 s while busy, then detached) and waits for
+    /// the daemon thread to end, which it does once the kernel lets go of
+    /// the file system: only then may the backing files change.
     fn stop(&mut self) -> Result<(), String> {
-        if let Some(session) = self.session.take() {
-            session
-                .umount_and_join()
-                .map_err(|e| format!("unmounting {}: {e}", self.mount.display()))?;
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        let target = cstring(&self.mount).map_err(|_| format!("{}: not a C path", self.mount.display()))?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            // SAFETY: umount2(2) on a valid C path.
+            if unsafe { libc::umount2(target.as_ptr(), 0) } == 0 {
+                break;
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                break; // not mounted any more
+            }
+            if Instant::now() > deadline {
+                // SAFETY: as above.
+                unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !session.guard.is_finished() {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{}: unmounted, but a process still holds a file of it",
+                    self.mount.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Its mount handle finds the file system gone, and says nothing.
+        let _ = session.join();
         Ok(())
     }
 
@@ -821,10 +932,8 @@ impl LazyDisk {
 
 impl Drop for LazyDisk {
     fn drop(&mut self) {
-        if self.stop().is_err() {
-            // Busy: detach it now, it goes when released.
-            let _ = std::process::Command::new("umount").arg("-l").arg(&self.mount).output();
-        }
+        // Detached if busy (it goes when released).
+        let _ = self.stop();
     }
 }
 
@@ -894,6 +1003,15 @@ mod tests {
             .unwrap();
         f.write_all_at(b"durable", 0).unwrap();
         drop(f);
+
+        // A directory of many entries is removed whole: readdir's offsets
+        // stay put while its entries go.
+        let many = data.join("many");
+        std::fs::create_dir(&many).unwrap();
+        for i in 0..400 {
+            std::fs::write(many.join(format!("{i:024}")), b"x").unwrap();
+        }
+        std::fs::remove_dir_all(&many).unwrap();
 
         let lost = disk.power_loss().unwrap();
         assert_eq!(std::fs::read(&kept).unwrap(), b"hello world");

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{successor, ControllerError, MetadataStm};
-use crate::controller::table::{BrokerRecord, NodeId, PartitionRecord, NO_LEADER};
+use crate::controller::table::{BrokerRecord, DecommissionMove, NodeId, PartitionRecord, NO_LEADER};
 
 impl MetadataStm {
     /// [`super::Command::ReassignPartition`].
@@ -64,7 +64,7 @@ impl MetadataStm {
             }
         }
         // An operator's move replaces whatever a decommission planned.
-        p.moved_from = None;
+        p.decommission_moves.clear();
         start(p, replicas.to_vec(), &self.table.brokers);
         Ok(())
     }
@@ -94,7 +94,7 @@ impl MetadataStm {
             }
         }
         // Plan every move before changing anything: refused as a whole.
-        let mut moves: Vec<(String, usize, Vec<NodeId>)> = Vec::new();
+        let mut moves: Vec<(String, usize, Vec<NodeId>, NodeId)> = Vec::new();
         for (name, q) in &self.table.queues {
             for (i, p) in q.partitions.iter().enumerate() {
                 let ends_with = p.target.as_ref().unwrap_or(&p.replicas);
@@ -134,26 +134,22 @@ impl MetadataStm {
                         l.2 += 1;
                     }
                 }
-                moves.push((name.clone(), i, target));
+                moves.push((name.clone(), i, target, pick));
             }
         }
         if let Some(b) = self.table.brokers.get_mut(&id) {
             b.decommissioning = true;
         }
         self.move_to_preferred_leaders(Some(id));
-        for (name, i, target) in moves {
+        for (name, i, target, replacement) in moves {
             if let Some(p) = self.table.queues.get_mut(&name).and_then(|q| q.partitions.get_mut(i)) {
-                let from = p
-                    .moved_from
-                    .take()
-                    .or_else(|| p.target.clone())
-                    .unwrap_or_else(|| p.replicas.clone());
+                let before = p.target.clone().unwrap_or_else(|| p.replicas.clone());
+                p.decommission_moves.push(DecommissionMove {
+                    leaving: id,
+                    replacement,
+                    before,
+                });
                 start(p, target, &self.table.brokers);
-                // Remembered while the move is in progress (a cancel
-                // moves it back).
-                if p.target.is_some() {
-                    p.moved_from = Some(from);
-                }
             }
         }
         Ok(())
@@ -171,10 +167,30 @@ impl MetadataStm {
         }
         b.decommissioning = false;
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-            if let Some(from) = p.moved_from.take() {
-                if p.target.is_some() {
-                    start(p, from, &self.table.brokers);
-                }
+            let Some(k) = p.decommission_moves.iter().position(|m| m.leaving == id) else {
+                continue;
+            };
+            let undo = p.decommission_moves.remove(k);
+            let Some(target) = p.target.as_ref() else {
+                continue;
+            };
+            if !target.contains(&undo.replacement) || target.contains(&id) {
+                continue;
+            }
+            // The broker back in its replacement's place; in its old order
+            // where the move changed nothing else.
+            let swapped: Vec<NodeId> = target
+                .iter()
+                .map(|r| if *r == undo.replacement { id } else { *r })
+                .collect();
+            let same_set = swapped.len() == undo.before.len() && swapped.iter().all(|r| undo.before.contains(r));
+            let back = if same_set { undo.before } else { swapped };
+            let others = std::mem::take(&mut p.decommission_moves);
+            start(p, back, &self.table.brokers);
+            // Other brokers' decommissions still move it (unless the move
+            // just completed).
+            if p.target.is_some() {
+                p.decommission_moves = others;
             }
         }
         Ok(())
@@ -205,7 +221,7 @@ pub(super) fn complete_if_caught_up(p: &mut PartitionRecord, brokers: &BTreeMap<
         return false;
     }
     let target = p.target.take().unwrap_or_default();
-    p.moved_from = None;
+    p.decommission_moves.clear();
     p.isr = target.clone();
     p.replicas = target;
     if p.leader != NO_LEADER && !p.replicas.contains(&p.leader) {

@@ -200,6 +200,13 @@ fn check(before: &MetadataTable, after: &MetadataTable, command: &Command) -> Re
             if p.isr.iter().any(|r| !p.replicas.contains(r)) {
                 return Err(format!("the ISR holds a non-replica: {at}"));
             }
+            let leaving = |r: &NodeId| after.brokers.get(r).is_some_and(|b| b.decommissioning);
+            if p.target.as_ref().is_some_and(|t| t.iter().any(leaving)) {
+                return Err(format!("a move heads for a decommissioning broker: {at}"));
+            }
+            if !p.decommission_moves.is_empty() && p.target.is_none() {
+                return Err(format!("a decommission's move is remembered without a move: {at}"));
+            }
             if p.isr.is_empty() != p.lost.is_some() || (p.lost.is_some() && p.leader != NO_LEADER) {
                 return Err(format!(
                     "an empty ISR without a lost replica, or the reverse, or led: {at}"
