@@ -31,7 +31,9 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::rc::Rc;
 
 use glommio::io::{DmaFile, OpenOptions};
@@ -40,7 +42,6 @@ use crate::budget::ByteBudget;
 use crate::config::LogConfig;
 use crate::error::{Result, StorageError};
 use crate::journal::{Journal, JournalConfig};
-use crate::log::{Log, WeakLog};
 use crate::segment::recover::load_sealed;
 use crate::segment::{OpenSegment, SealedSegment};
 use crate::DMA_ALIGN;
@@ -95,7 +96,21 @@ struct Inner {
     /// checkpointer stops once it is no longer this one (`stop_journal`).
     journal: RefCell<Option<Journal>>,
     /// The logs that journal, for the checkpointer.
-    journaled: RefCell<Vec<WeakLog>>,
+    journaled: RefCell<Vec<Rc<dyn JournaledLog>>>,
+}
+
+/// A log that journals, as the shard's journal checkpointer sees it: a weak
+/// handle (the log implements it in `log/journaled.rs`; this module does not
+/// name the log, which sits above it and holds a `ShardStorage`).
+pub(crate) trait JournaledLog {
+    /// Whether the log is still open anywhere.
+    fn alive(&self) -> bool;
+    /// Whether the log is due a journal checkpoint.
+    fn checkpoint_due(&self, interval_ms: u64, pressed: bool) -> bool;
+    /// Checkpoints it; whether it released journal frames.
+    fn checkpoint(&self) -> Pin<Box<dyn Future<Output = Result<bool>> + '_>>;
+    /// Its directory, for messages.
+    fn dir(&self) -> PathBuf;
 }
 
 #[derive(Default)]
@@ -140,17 +155,6 @@ impl ShardStorage {
 
     pub fn data_dir(&self) -> &Path {
         &self.inner.data_dir
-    }
-
-    /// Opens (creating if missing) the log in `dir`, recovering it.
-    pub async fn open_log(&self, dir: impl AsRef<Path>, config: LogConfig) -> Result<Log> {
-        let dir = dir.as_ref().to_path_buf();
-        // Segments of a log opened here before may still be cached, and
-        // their files may have been replaced since (a repaired segment, a
-        // re-created partition): drop them, so the log reads its files as
-        // they are now.
-        self.forget_dir(&dir);
-        Log::open(self.clone(), dir, config).await
     }
 
     /// Drops the cached sealed segments of the log in `dir` (closing their
@@ -321,15 +325,15 @@ impl ShardStorage {
         }
         let config = *journal.config();
         let pressed = journal.files_in_use() > config.spare_files;
-        let logs: Vec<Log> = {
+        let logs: Vec<Rc<dyn JournaledLog>> = {
             let mut weak = self.inner.journaled.borrow_mut();
-            weak.retain(|w| w.upgrade().is_some());
-            weak.iter().filter_map(WeakLog::upgrade).collect()
+            weak.retain(|w| w.alive());
+            weak.clone()
         };
         let mut released = false;
         for log in logs {
-            if log.journal_checkpoint_due(config.checkpoint_ms, pressed) {
-                match log.checkpoint_journal().await {
+            if log.checkpoint_due(config.checkpoint_ms, pressed) {
+                match log.checkpoint().await {
                     Ok(dropped) => released |= dropped,
                     Err(e) => tracing::warn!(log = %log.dir().display(), "journal checkpoint: {e}"),
                 }
@@ -343,7 +347,7 @@ impl ShardStorage {
     }
 
     /// Notes a log that journals (for the checkpointer).
-    pub(crate) fn note_journaled(&self, log: WeakLog) {
+    pub(crate) fn note_journaled(&self, log: Rc<dyn JournaledLog>) {
         self.inner.journaled.borrow_mut().push(log);
     }
 

@@ -38,7 +38,7 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
 
-use super::{mono_ms, Log};
+use super::{mono_ms, Log, WeakLog};
 use crate::error::{Result, StorageError};
 use crate::journal::format::Change;
 use crate::journal::{Journal, JournalPin};
@@ -278,5 +278,31 @@ impl Log {
         let mut st = self.inner.state.borrow_mut();
         let flushed = st.flushed;
         Ok(st.journal.release_below(flushed))
+    }
+}
+
+/// The shard's journal checkpointer reaches journaling logs through weak
+/// handles (`shard::JournaledLog`): a log closed and dropped is skipped.
+impl crate::shard::JournaledLog for WeakLog {
+    fn alive(&self) -> bool {
+        self.upgrade().is_some()
+    }
+
+    fn checkpoint_due(&self, interval_ms: u64, pressed: bool) -> bool {
+        self.upgrade()
+            .is_some_and(|log| log.journal_checkpoint_due(interval_ms, pressed))
+    }
+
+    fn checkpoint(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool>> + '_>> {
+        Box::pin(async move {
+            match self.upgrade() {
+                Some(log) => log.checkpoint_journal().await,
+                None => Ok(false),
+            }
+        })
+    }
+
+    fn dir(&self) -> std::path::PathBuf {
+        self.upgrade().map(|log| log.dir().to_path_buf()).unwrap_or_default()
     }
 }

@@ -177,6 +177,21 @@ pub struct Log {
 /// journaling logs).
 pub(crate) struct WeakLog(std::rc::Weak<Inner>);
 
+impl ShardStorage {
+    /// Opens (creating if missing) the log in `dir`, recovering it. (Here,
+    /// not in `shard.rs`: the shard's storage sits below the logs it
+    /// serves and does not name them.)
+    pub async fn open_log(&self, dir: impl AsRef<Path>, config: LogConfig) -> Result<Log> {
+        let dir = dir.as_ref().to_path_buf();
+        // Segments of a log opened here before may still be cached, and
+        // their files may have been replaced since (a repaired segment, a
+        // re-created partition): drop them, so the log reads its files as
+        // they are now.
+        self.forget_dir(&dir);
+        Log::open(self.clone(), dir, config).await
+    }
+}
+
 impl WeakLog {
     pub fn upgrade(&self) -> Option<Log> {
         self.0.upgrade().map(|inner| Log { inner })
@@ -460,7 +475,9 @@ impl Log {
         log.load_replication_state().await?;
         log.rebuild_producers(false).await?;
         if log.journaled() {
-            log.inner.shard.note_journaled(WeakLog(Rc::downgrade(&log.inner)));
+            log.inner
+                .shard
+                .note_journaled(Rc::new(WeakLog(Rc::downgrade(&log.inner))));
         }
         Ok(log)
     }
