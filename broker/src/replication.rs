@@ -515,18 +515,20 @@ async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> (Opt
             failed = Some(format!("a batch of {len} bytes in {} bytes of records", records.len()));
             break;
         }
-        // A slice of the answer's frame, not a copy.
+        // A slice of the answer's frame, not a copy (nor is its clone).
         let batch = records.split_to(len);
-        // Its CRC and framing, as a produce's: a leader's log damaged on
-        // its disk below what it checked at open must not spread to its
-        // followers (the fetch fails, is said, and is tried again; the
-        // partition stays under-replicated until another replica leads).
-        if let Err(e) = check_from_leader(&batch) {
-            failed = Some(e);
-            break;
-        }
-        match part.log.append_replica(batch).await {
+        // The append checks its CRC and framing, as a produce's: a leader's
+        // log damaged on its disk below what it checked at open must not
+        // spread to its followers (the fetch fails, is said, and is tried
+        // again; the partition stays under-replicated until another
+        // replica leads).
+        match part.log.append_replica(batch.clone()).await {
             Ok(info) => last = Some(info.last_offset),
+            Err(e @ strand_storage::StorageError::InvalidBatch(_)) => {
+                // Said with its offset (the check runs again only here).
+                failed = Some(check_from_leader(&batch).err().unwrap_or_else(|| e.to_string()));
+                break;
+            }
             Err(e) => {
                 failed = Some(e.to_string());
                 break;
@@ -539,7 +541,8 @@ async fn append_all(shard: &Shard, part: &Partition, mut records: Bytes) -> (Opt
     (last, failed)
 }
 
-/// A batch from the leader, checked as a produce's is (CRC and framing).
+/// A batch from the leader, checked as a produce's is (CRC and framing);
+/// the refusal names its offset. Run only for a batch the log refused.
 fn check_from_leader(batch: &[u8]) -> Result<(), String> {
     strand_storage::batch::check_frame(batch, usize::MAX)
         .map(drop)
@@ -653,7 +656,7 @@ async fn propose_isr(shard: &Rc<Shard>, part: &Partition, command: Command) {
         Role::Follower { .. } => false,
     };
     loop {
-        match crate::router::propose(shard, command.clone()).await {
+        match shard.propose(command.clone()).await {
             // The table applied on return ended the proposal
             // (`LeaderState::on_partition`).
             Ok(()) => return,

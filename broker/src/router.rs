@@ -29,7 +29,7 @@ use strand_net::Frame;
 use strand_wire::{Api, ErrorCode};
 
 use crate::controller::network::Refusal;
-use crate::controller::{Command, NodeId, ProposeError};
+use crate::controller::NodeId;
 use crate::routing::ShardId;
 use crate::shard::messages::{Answer, PartitionRequest, Reply, ShardMessage, WireError};
 use crate::shard::{reply_error, Shard};
@@ -86,13 +86,6 @@ pub async fn route(shard: &Rc<Shard>, owner: ShardId, queue: String, partition: 
             reply_error(request, err);
         }
     }
-}
-
-/// Commits a controller command (on shard 0 directly; from another shard
-/// forwarded there) and resolves once every shard of this node applied it.
-/// (`Shard::propose`, which the shard layer calls itself.)
-pub async fn propose(shard: &Shard, command: Command) -> Result<(), ProposeError> {
-    shard.propose(command).await
 }
 
 /// Hands another node's controller message to the controller member on

@@ -397,7 +397,7 @@ pub async fn groups_partitions(shard: &Rc<Shard>) -> Result<u32, WireError> {
         name: GROUPS_QUEUE.to_string(),
         settings,
     };
-    match crate::router::propose(shard, command).await {
+    match shard.propose(command).await {
         Ok(()) | Err(ProposeError::Refused(ControllerError::QueueExists(_))) => {}
         Err(ProposeError::Refused(c)) => return Err(WireError::new(c.code(), c.to_string())),
         Err(ProposeError::Unavailable(m)) => return Err(WireError::new(ErrorCode::ControllerUnavailable, m)),
@@ -1658,7 +1658,7 @@ async fn ensure_dlq(shard: &Rc<Shard>, queue: &str) -> Result<String, WireError>
         name: name.clone(),
         settings,
     };
-    match crate::router::propose(shard, command).await {
+    match shard.propose(command).await {
         Ok(()) | Err(ProposeError::Refused(ControllerError::QueueExists(_))) => Ok(name),
         Err(ProposeError::Refused(c)) => Err(WireError::new(c.code(), format!("creating {name}: {c}"))),
         Err(ProposeError::Unavailable(m)) => Err(WireError::new(ErrorCode::ControllerUnavailable, m)),

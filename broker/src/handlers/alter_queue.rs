@@ -50,7 +50,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         };
         Command::AlterQueue { name, changes }
     };
-    let result = crate::router::propose(shard, command).await.map_err(propose_error);
+    let result = shard.propose(command).await.map_err(propose_error);
     let mut fbb = FlatBufferBuilder::new();
     let error = error_table(&mut fbb, result.as_ref().err());
     let root = AlterQueueResponse::create(&mut fbb, &AlterQueueResponseArgs { error });

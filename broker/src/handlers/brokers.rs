@@ -121,7 +121,7 @@ async fn propose_and_answer(
     command: Command,
     finish: impl FnOnce(&mut FlatBufferBuilder<'static>, Option<WIPOffset<Error<'static>>>),
 ) -> Result<OutFrame, WireError> {
-    let result = crate::router::propose(shard, command).await.map_err(propose_error);
+    let result = shard.propose(command).await.map_err(propose_error);
     let mut fbb = FlatBufferBuilder::new();
     let error = error_table(&mut fbb, result.as_ref().err());
     finish(&mut fbb, error);

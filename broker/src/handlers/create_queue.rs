@@ -22,7 +22,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         let settings = settings(shard, req.config())?;
         Command::CreateQueue { name, settings }
     };
-    let result = crate::router::propose(shard, command).await.map_err(propose_error);
+    let result = shard.propose(command).await.map_err(propose_error);
     let mut fbb = FlatBufferBuilder::new();
     let error = error_table(&mut fbb, result.as_ref().err());
     let root = CreateQueueResponse::create(&mut fbb, &CreateQueueResponseArgs { error });

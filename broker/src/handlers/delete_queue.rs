@@ -15,7 +15,8 @@ use crate::shard::Shard;
 
 pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
     let name = user_queue_name(request::<DeleteQueueRequest>(body)?.name())?;
-    let result = crate::router::propose(shard, Command::DeleteQueue { name })
+    let result = shard
+        .propose(Command::DeleteQueue { name })
         .await
         .map_err(propose_error);
     let mut fbb = FlatBufferBuilder::new();

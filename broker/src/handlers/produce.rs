@@ -186,17 +186,6 @@ pub async fn handle(
     for (i, piece) in order.into_iter().zip(pieces) {
         records[i] = Some(piece);
     }
-    // Judged here, in the order the connection's requests came.
-    let now = Instant::now();
-    let refused: Vec<Option<WireError>> = parts
-        .iter()
-        .zip(&records)
-        .map(|(part, r)| {
-            producers
-                .admit_batch(&part.queue, part.partition, r.as_deref().unwrap_or_default(), now)
-                .err()
-        })
-        .collect();
     let ask_one = |shard: Rc<Shard>,
                    queue: String,
                    partition: u32,
@@ -227,11 +216,16 @@ pub async fn handle(
     // inline, it would have overtaken the partitions an earlier request
     // handed to tasks: an idempotent producer's batch refused as out of
     // order, records reordered without idempotence.
+    // New producer ids are judged here, before any task starts: in the
+    // order the connection's requests came.
+    let now = Instant::now();
     let tasks: Vec<_> = parts
         .iter()
         .zip(records)
-        .zip(refused)
-        .map(|((part, records), refused)| {
+        .map(|(part, records)| {
+            let refused = producers
+                .admit_batch(&part.queue, part.partition, records.as_deref().unwrap_or_default(), now)
+                .err();
             glommio::spawn_local(ask_one(
                 shard.clone(),
                 part.queue.clone(),

@@ -464,7 +464,7 @@ impl ControllerMember {
     /// `__controller/raft.log`: found by strand-chaos's disk-full nemesis);
     /// the broker would then renew its lease no more and stay fenced, its
     /// shards serving a table that no longer changes. Instead the process
-    /// exits ([`CONTROLLER_STOPPED_EXIT`]) and its supervisor (systemd's
+    /// exits ([`crate::shard::EXIT_TO_RESTART`]) and its supervisor (systemd's
     /// `Restart=`) starts it again: a restart is the well-trodden path
     /// back (a new run, fenced and re-registered), where starting the
     /// member again inside this process left the stopped member's tasks
@@ -480,13 +480,9 @@ impl ControllerMember {
             "the controller member stopped (the error before this says why): exiting, to be started again once the \
              cause (a full disk) is fixed"
         );
-        std::process::exit(CONTROLLER_STOPPED_EXIT);
+        std::process::exit(crate::shard::EXIT_TO_RESTART);
     }
 }
-
-/// The exit status of a broker whose controller member stopped on a
-/// storage error (EX_TEMPFAIL: start it again).
-pub const CONTROLLER_STOPPED_EXIT: i32 = crate::shard::EXIT_TO_RESTART;
 
 /// Accepts connections (for the whole life of the shard).
 ///
@@ -565,11 +561,7 @@ async fn hand_off_leaderships(shard: &Rc<Shard>) {
         .await;
     let started = Instant::now();
     let command = crate::controller::Command::ShutdownBroker { id: me, incarnation };
-    match glommio::timer::timeout(HAND_OFF_LIMIT, async {
-        Ok(crate::router::propose(shard, command).await)
-    })
-    .await
-    {
+    match glommio::timer::timeout(HAND_OFF_LIMIT, async { Ok(shard.propose(command).await) }).await {
         Ok(Ok(())) => tracing::info!(
             "stopping: leaderships handed over to the other in-sync replicas in {:?}",
             started.elapsed()

@@ -56,8 +56,8 @@ pub type TableHook = Box<dyn Fn(&Shard, &MetadataTable)>;
 /// The exit status of a broker that stops for its supervisor (systemd's
 /// `Restart=`) to start it again: its controller member stopped on a
 /// storage error, or a shard could not bring its journaled partitions back
-/// in place (EX_TEMPFAIL). Here, below `server`, which names it
-/// `CONTROLLER_STOPPED_EXIT` too.
+/// in place (EX_TEMPFAIL). Kept here, below `server`, which exits with it
+/// too.
 pub const EXIT_TO_RESTART: i32 = 75;
 
 /// Everything a shard's tasks share.

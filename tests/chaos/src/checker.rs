@@ -149,9 +149,10 @@ impl Verdict {
 
 impl Verdict {
     /// The violations of an acks=1 queue's history: a leader's
-    /// acknowledgement promises no copy elsewhere, so records lost with a
-    /// failed leader (lost, and the offsets they held taken by others:
-    /// misplaced) are not counted; the rest are. (No group reads it.)
+    /// acknowledgement promises no copy elsewhere, so lost records (and the
+    /// offsets they held taken by others: misplaced) are not counted,
+    /// whether or not a leader failed (the checker does not tie a loss to a
+    /// fault); the rest are. (No group reads it: nothing is unconsumed.)
     pub fn acks_one_violations(&self) -> usize {
         self.violations() - self.lost - self.misplaced - self.unconsumed
     }

@@ -1074,15 +1074,9 @@ fn decommissioning_moves_every_replica_off_the_broker_and_keeps_leaders_spread()
 
 #[test]
 fn a_cancelled_decommission_moves_back_what_is_still_moving_and_keeps_what_moved() {
-    let (mut stm, mut index) = brokers(4);
-    index += 1;
-    let create = Command::CreateQueue {
-        name: "a".into(),
-        settings: settings(8, 3),
-    };
-    stm.apply(index, &create).unwrap();
+    let (mut stm, mut index) = brokers_and_queue(4, 8, 3);
     let leaving = 4;
-    let before = stm.table().queues["a"].partitions.clone();
+    let before = stm.table().queues["q"].partitions.clone();
     let held: Vec<usize> = (0..before.len())
         .filter(|i| before[*i].replicas.contains(&leaving))
         .collect();
@@ -1091,13 +1085,13 @@ fn a_cancelled_decommission_moves_back_what_is_still_moving_and_keeps_what_moved
     stm.apply(index, &Command::DecommissionBroker { id: leaving }).unwrap();
     // One move completes (its new replica caught up); the others do not.
     let done = held[0];
-    let p = &stm.table().queues["a"].partitions[done];
+    let p = &stm.table().queues["q"].partitions[done];
     let mut isr = p.isr.clone();
     isr.extend(p.target.clone().unwrap().iter().filter(|r| !p.isr.contains(r)));
     index += 1;
-    let caught_up = alter_isr(&stm, "a", done as u32, isr);
+    let caught_up = alter_isr(&stm, "q", done as u32, isr);
     stm.apply(index, &caught_up).unwrap();
-    let moved = stm.table().queues["a"].partitions[done].clone();
+    let moved = stm.table().queues["q"].partitions[done].clone();
     assert!(
         moved.target.is_none() && !moved.replicas.contains(&leaving),
         "{moved:?}"
@@ -1107,7 +1101,7 @@ fn a_cancelled_decommission_moves_back_what_is_still_moving_and_keeps_what_moved
     index += 1;
     stm.apply(index, &Command::CancelDecommission { id: leaving }).unwrap();
     assert!(!stm.table().brokers[&leaving].decommissioning);
-    let after = &stm.table().queues["a"].partitions;
+    let after = &stm.table().queues["q"].partitions;
     assert_eq!(after[done].replicas, moved.replicas, "a completed move stays");
     for i in &held[1..] {
         let p = &after[*i];
@@ -1143,14 +1137,8 @@ fn a_cancelled_decommission_moves_back_what_is_still_moving_and_keeps_what_moved
 /// leaving.
 #[test]
 fn cancelling_one_decommission_leaves_another_going_on() {
-    let (mut stm, mut index) = brokers(6);
-    index += 1;
-    let create = Command::CreateQueue {
-        name: "a".into(),
-        settings: settings(12, 3),
-    };
-    stm.apply(index, &create).unwrap();
-    let before = stm.table().queues["a"].partitions.clone();
+    let (mut stm, mut index) = brokers_and_queue(6, 12, 3);
+    let before = stm.table().queues["q"].partitions.clone();
     for id in [5, 6] {
         index += 1;
         stm.apply(index, &Command::DecommissionBroker { id }).unwrap();
@@ -1159,7 +1147,7 @@ fn cancelling_one_decommission_leaves_another_going_on() {
     stm.apply(index, &Command::CancelDecommission { id: 6 }).unwrap();
     let table = stm.table();
     assert!(table.brokers[&5].decommissioning && !table.brokers[&6].decommissioning);
-    for (i, p) in table.queues["a"].partitions.iter().enumerate() {
+    for (i, p) in table.queues["q"].partitions.iter().enumerate() {
         let ends_with = p.target.as_ref().unwrap_or(&p.replicas);
         assert!(!ends_with.contains(&5), "partition {i} still heads for broker 5: {p:?}");
         if !before[i].replicas.contains(&5) {
