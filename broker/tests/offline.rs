@@ -78,19 +78,8 @@ fn a_wiped_disk_never_leads_what_it_alone_held_in_sync() {
     let mut c = Cluster::start_with(3, QUICK_ISR);
     c.add_learner(4);
     let queue = "kept";
-    // A partition broker 4 leads (placement spreads leaders: two of
-    // eight), its follower a voter.
-    let (p, replicas) = led_by_4(&c, queue, 8, 2);
-    let follower = replicas[1] as u8;
-    partition_when(&c, 1, queue, p, "had both replicas in sync", |part| part.isr.len() == 2);
-    // Acknowledged by both replicas.
-    let acked = produce_acked(&c, queue, 8, p, 50);
-    // The follower pauses until the ISR is the leader alone.
-    c.node(follower).signal(libc::SIGSTOP);
-    let via = (1..=3).find(|id| *id != follower).unwrap();
-    partition_when(&c, via, queue, p, "shrank to its leader", |part| part.isr == [4]);
-    // The leader's disk is lost: kill -9, its directory gone, started again.
-    c.kill9(4);
+    let (p, follower, via, acked) = killed_alone_in_sync(&mut c, queue);
+    // The leader's disk is lost: its directory gone, started again.
     std::fs::remove_dir_all(c.data_dir(4)).unwrap();
     c.restart(4);
     c.node(follower).signal(libc::SIGCONT);
@@ -312,6 +301,93 @@ fn a_replica_that_lost_its_tail_at_open_does_not_lead_while_another_is_in_sync()
     c.node(took_over).signal(libc::SIGCONT);
 }
 
+/// A sole in-sync replica whose log is damaged in the middle (issue 41: a
+/// 30-minute strand-chaos run lost 41,173 acknowledged records this way).
+/// Broker 4 leads a partition of two replicas; its follower, holding every
+/// record, is paused until the ISR is broker 4 alone; broker 4 is killed
+/// with kill -9, one byte of a record in the middle of its log flipped
+/// (later batches intact: a bad disk, not a torn write), and it starts
+/// again. Before, it led the log cut at the flip, and the follower
+/// truncated its acknowledged records to match. Now the damage is found at
+/// open and reported: the partition waits offline, saying why, and an
+/// unclean election takes the follower, which holds every record.
+#[test]
+fn a_sole_in_sync_replica_with_a_damaged_log_does_not_lead_it() {
+    let _turn = turn();
+    let mut c = Cluster::start_with(3, QUICK_ISR);
+    c.add_learner(4);
+    let queue = "rotten";
+    let (p, follower, via, acked) = killed_alone_in_sync(&mut c, queue);
+    flip_value(&c.data_dir(4).join(queue).join(p.to_string()), b"v25");
+    c.restart(4);
+    c.node(follower).signal(libc::SIGCONT);
+    let part = partition_when(&c, via, queue, p, "went offline for the damaged replica", |part| {
+        part.lost_replica == Some(4)
+    });
+    assert_eq!((part.leader, part.isr.clone()), (0, vec![]), "{part:?}");
+    let reason = describe(&c, via, queue)["partitions"][p]["offline_reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(reason.contains("a damaged log"), "{reason}");
+    // It stays so.
+    std::thread::sleep(Duration::from_secs(3));
+    let part = partition_when(&c, via, queue, p, "stayed offline", |_| true);
+    assert_eq!(part.leader, 0, "{part:?}");
+    let p_text = p.to_string();
+    c.strand(via, &["queue", "elect", queue, "--partition", &p_text, "--unclean"]);
+    let part = partition_when(&c, via, queue, p, "was led again", |part| part.leader != 0);
+    assert_eq!(part.leader, u32::from(follower), "{part:?}");
+    assert_all_read(&c, via, queue, p, &acked);
+    // Broker 4 catches up from the follower and is in sync again.
+    partition_when(&c, via, queue, p, "took broker 4 back in sync", |part| {
+        part.isr.len() == 2
+    });
+}
+
+/// Creates `queue` (8 partitions, 2 replicas) and takes a partition
+/// broker 4 leads (placement spreads leaders: two of eight), its follower
+/// a voter: 50 records acknowledged by both replicas, then the follower
+/// paused until the ISR is broker 4 alone, then broker 4 killed with kill
+/// -9. Returns the partition, the (paused) follower, a voter to ask that
+/// is not paused, and the records (offset, value).
+fn killed_alone_in_sync(c: &mut Cluster, queue: &str) -> (usize, u8, u8, Vec<(u64, String)>) {
+    let (p, replicas) = led_by_4(c, queue, 8, 2);
+    let follower = replicas[1] as u8;
+    partition_when(c, 1, queue, p, "had both replicas in sync", |part| part.isr.len() == 2);
+    let acked = produce_acked(c, queue, 8, p, 50);
+    c.node(follower).signal(libc::SIGSTOP);
+    let via = (1..=3).find(|id| *id != follower).unwrap();
+    partition_when(c, via, queue, p, "shrank to its leader", |part| part.isr == [4]);
+    c.kill9(4);
+    (p, follower, via, acked)
+}
+
+/// The newest segment file of `dir` (a partition directory).
+fn newest_segment(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .max()
+        .unwrap()
+}
+
+/// Flips the byte after the first byte of `value` in the newest segment
+/// of `dir` (a partition directory): that batch fails its CRC, the
+/// batches after it stay valid.
+fn flip_value(dir: &std::path::Path, value: &[u8]) {
+    let newest = newest_segment(dir);
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let at = bytes
+        .windows(value.len())
+        .position(|w| w == value)
+        .expect("the value is in the segment");
+    bytes[at + 1] ^= 0xFF;
+    std::fs::write(&newest, bytes).unwrap();
+}
+
 /// Creates `queue` (`partitions`, replication factor `rf`) and finds a
 /// partition broker 4 leads: its number and replicas (broker 4 first).
 fn led_by_4(c: &Cluster, queue: &str, partitions: u32, rf: u32) -> (usize, Vec<u64>) {
@@ -375,13 +451,7 @@ fn assert_all_read(c: &Cluster, via: u8, queue: &str, p: usize, acked: &[(u64, S
 /// Flips the last 300 written bytes of the newest segment in `dir` (a
 /// partition directory): the last batches fail their CRC at open.
 fn damage_tail(dir: &std::path::Path) {
-    let newest = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "log"))
-        .max()
-        .unwrap();
+    let newest = newest_segment(dir);
     let mut bytes = std::fs::read(&newest).unwrap();
     let end = bytes.iter().rposition(|b| *b != 0).unwrap() + 1;
     for b in &mut bytes[end.saturating_sub(300)..end] {

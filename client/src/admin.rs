@@ -76,8 +76,9 @@ pub struct PartitionDescription {
     /// Bumped on every change of leader.
     pub leader_epoch: u32,
     /// Offline because this broker, its last in-sync replica, came back
-    /// with another data directory (a wiped or replaced disk): the
-    /// partition waits for it with its old one, or an unclean election
+    /// with another data directory (a wiped or replaced disk; the
+    /// partition waits for it with its old one) or found its log damaged
+    /// (nothing comes back by itself), or an unclean election
     /// ([`Admin::elect_unclean`]).
     pub lost_replica: Option<u32>,
 }
@@ -98,8 +99,8 @@ pub fn offline_reason(leader: u32, isr: &[u32], lost_replica: Option<u32>) -> Op
     let elect = "or `strand queue elect --unclean` to accept loss";
     Some(match lost_replica {
         Some(b) => format!(
-            "offline: waiting for a replica with the data (broker {b}, the last in sync, came back with an empty or \
-             another data directory), {elect}"
+            "offline: waiting for a replica with the data (broker {b}, the last in sync, came back without it: an \
+             empty or replaced data directory, or a damaged log), {elect}"
         ),
         None => format!("offline: waiting for a replica with the data (in-sync replicas {isr:?}, all down), {elect}"),
     })

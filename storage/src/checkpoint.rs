@@ -72,6 +72,15 @@ use crate::{LeaderEpoch, Offset};
 pub const EPOCHS_FILE: &str = "leader-epochs";
 /// The high-watermark checkpoint's file name.
 pub const HIGH_WATERMARK_FILE: &str = "high-watermark";
+/// Present (empty) while a log is closed cleanly: written last by
+/// `Log::close`, removed first by `Log::open`. Without it an open checks
+/// every batch of the active segment, not just those after its last index
+/// entry.
+pub const CLEAN_CLOSE_FILE: &str = "closed-cleanly";
+/// Present while a log's open found that it lost records it had made
+/// durable (`Log::damage`): UTF-8 text saying what, removed once the
+/// broker took the replica out of the ISR.
+pub const DAMAGE_FILE: &str = "damaged";
 
 const EPOCHS_MAGIC: &[u8; 4] = b"SLE1";
 const HIGH_WATERMARK_MAGIC: &[u8; 4] = b"SHW1";

@@ -167,6 +167,9 @@ pub struct Controller {
     /// A voter that lost its log catching up: it answers no vote and
     /// campaigns not (see the module doc).
     rejoining: std::cell::Cell<bool>,
+    /// The rejoining marker file is there (read once at start, then kept
+    /// in step with it): the group exists, this voter lost its log.
+    rejoin_marked: std::cell::Cell<bool>,
     /// A rejoining voter: the highest term and log index a majority of
     /// the other voters reported (`Controller::learn_rejoin_floor`). It
     /// takes log entries only from a leader of at least that term, and
@@ -239,6 +242,7 @@ impl Controller {
             node_id,
             dir: dir.to_path_buf(),
             rejoining: std::cell::Cell::new(voter && (marked || !initialized)),
+            rejoin_marked: std::cell::Cell::new(marked),
             rejoin_floor: std::cell::Cell::new(None),
             links,
             sm,
@@ -302,7 +306,7 @@ impl Controller {
     /// rejoining by an earlier run, skips the question.
     async fn initialize_or_rejoin(&self, settings: &Settings) -> Result<(), ProposeError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| ProposeError::Unavailable(format!("{what}: {e}"));
-        if self.dir.join(REJOINING_FILE).exists() {
+        if self.rejoin_marked.get() {
             return self.rejoin();
         }
         let initialized = self
@@ -370,6 +374,7 @@ impl Controller {
         made.map_err(|e| ProposeError::Unavailable(format!("writing {}: {e}", marker.display())))?;
         self.raft.runtime_config().elect(false);
         self.rejoining.set(true);
+        self.rejoin_marked.set(true);
         Ok(())
     }
 
@@ -473,6 +478,7 @@ impl Controller {
                     return Err(ProposeError::Unavailable(format!("removing the rejoining marker: {e}")));
                 }
                 self.rejoining.set(false);
+                self.rejoin_marked.set(false);
                 self.rejoin_floor.set(None);
                 self.raft.runtime_config().elect(true);
                 tracing::info!("this voter holds the controller log again (index {target}): it votes again");
@@ -524,16 +530,19 @@ impl Controller {
         })
     }
 
-    /// This member's answer to `ControllerOp::Status`.
+    /// This member's answer to `ControllerOp::Status` (no file read: it
+    /// runs on shard 0's executor, which also runs the Raft core).
+    /// `rejoining` also while a voter without a log has not yet learnt
+    /// whether the group exists: a wiped voter still asking must not count
+    /// towards another rejoining voter's floor with its empty log.
     fn status(&self) -> MemberStatus {
-        let marked = self.dir.join(REJOINING_FILE).exists();
         let m = self.raft.metrics().borrow().clone();
         MemberStatus {
-            holds_cluster: m.last_log_index.is_some_and(|i| i >= 1) || marked,
+            holds_cluster: m.last_log_index.is_some_and(|i| i >= 1) || self.rejoin_marked.get(),
             last_log_index: m.last_log_index,
             leader: m.current_leader,
             term: m.current_term,
-            rejoining: marked,
+            rejoining: self.rejoining.get(),
         }
     }
 
@@ -1314,6 +1323,10 @@ mod tests {
             let status: MemberStatus =
                 serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
             assert!(!status.holds_cluster, "an empty log, unmarked: the group may be new");
+            assert!(
+                status.rejoining,
+                "still asking: its empty log must not count towards another rejoining voter's floor"
+            );
             c.rejoin().unwrap();
             // Rejoining, it takes no entries before a majority of the
             // others said how far the log goes, nor from an older leader.

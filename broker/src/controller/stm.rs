@@ -71,6 +71,24 @@ fn leave_isr(
     p.partition_epoch += 1;
 }
 
+/// `lost.broker`'s replica of `p` no longer holds what it had: it leaves
+/// the ISR (its leadership going to another alive member); where it alone
+/// was the ISR, no replica is known to hold every committed record, and
+/// the partition goes offline with an empty ISR and `lost` set.
+fn lose_replica(p: &mut PartitionRecord, brokers: &BTreeMap<NodeId, super::table::BrokerRecord>, lost: LostReplica) {
+    if p.isr != [lost.broker] {
+        leave_isr(p, brokers, lost.broker, true);
+        return;
+    }
+    p.isr.clear();
+    if p.leader != NO_LEADER {
+        p.leader = NO_LEADER;
+        p.leader_epoch += 1;
+    }
+    p.lost = Some(lost);
+    p.partition_epoch += 1;
+}
+
 /// The replica an unclean election of offline partition `p` picks when
 /// none is named: the first alive in replica order, the broker that lost
 /// the records and any whose directory was replaced after the partition
@@ -241,6 +259,24 @@ pub enum Command {
         partition: u32,
         leader: NodeId,
         leader_epoch: u32,
+    },
+    /// Broker `broker`'s replica of partition `partition` of `queue` lost
+    /// records it had made durable: opening it found a damaged or missing
+    /// segment, a corrupt batch that later batches follow, or a log below
+    /// its checkpointed high watermark (`strand_storage::Log::damage`). It
+    /// leaves the ISR (its leadership goes to another alive ISR member) and
+    /// catches up as a follower. Where it alone is the ISR, no replica is
+    /// known to hold every committed record: the partition goes offline
+    /// with an empty ISR ([`PartitionRecord::lost`], directory 0: no
+    /// directory of it will come back whole) until an unclean election,
+    /// which takes this replica last. Applies only at `partition_epoch`
+    /// (what the broker saw when it asked), and while the broker is in the
+    /// ISR: a late or repeated report changes nothing.
+    ReplicaDamaged {
+        queue: String,
+        partition: u32,
+        broker: NodeId,
+        partition_epoch: u32,
     },
     /// An operator accepts losing records (`strand queue elect
     /// --unclean`): partition `partition` of `queue` (or every offline
@@ -491,6 +527,15 @@ impl MetadataStm {
                 }
                 Ok(())
             }
+            Command::ReplicaDamaged {
+                queue,
+                partition,
+                broker,
+                partition_epoch,
+            } => {
+                self.replica_damaged(queue, *partition, *broker, *partition_epoch);
+                Ok(())
+            }
             Command::ElectUnclean {
                 queue,
                 partition,
@@ -574,23 +619,14 @@ impl MetadataStm {
     /// this broker with that directory ([`PartitionRecord::lost`]) or an
     /// unclean election — never led by an empty log.
     fn forget_replicas_of(&mut self, id: NodeId, lost_directory: u64) {
+        let lost = LostReplica {
+            broker: id,
+            directory: lost_directory,
+            after: self.table.directories_replaced,
+        };
         let brokers = &self.table.brokers;
         for p in self.table.queues.values_mut().flat_map(|q| q.partitions.iter_mut()) {
-            if p.isr != [id] {
-                leave_isr(p, brokers, id, true);
-                continue;
-            }
-            p.isr.clear();
-            if p.leader != NO_LEADER {
-                p.leader = NO_LEADER;
-                p.leader_epoch += 1;
-            }
-            p.lost = Some(LostReplica {
-                broker: id,
-                directory: lost_directory,
-                after: self.table.directories_replaced,
-            });
-            p.partition_epoch += 1;
+            lose_replica(p, brokers, lost);
         }
     }
 
@@ -608,6 +644,25 @@ impl MetadataStm {
                 p.leader_epoch += 1;
                 p.partition_epoch += 1;
             }
+        }
+    }
+
+    /// [`Command::ReplicaDamaged`].
+    fn replica_damaged(&mut self, queue: &str, partition: u32, broker: NodeId, partition_epoch: u32) {
+        let lost = LostReplica {
+            broker,
+            directory: 0,
+            after: self.table.directories_replaced,
+        };
+        let brokers = &self.table.brokers;
+        let record = self
+            .table
+            .queues
+            .get_mut(queue)
+            .and_then(|q| q.partitions.get_mut(partition as usize))
+            .filter(|p| p.partition_epoch == partition_epoch && p.isr.contains(&broker));
+        if let Some(p) = record {
+            lose_replica(p, brokers, lost);
         }
     }
 

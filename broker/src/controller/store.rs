@@ -9,14 +9,26 @@
 //!   0  4  len      u32 LE, bytes of payload
 //!   4  4  crc      u32 LE, CRC-32 (crc32fast) of payload
 //!   8  …  payload  JSON of a LogRecord: {"Entry": <openraft entry>} |
-//!                  {"Truncate": <index>} | {"Purge": <log id>} | {"Committed": <log id or null>}
+//!                  {"Truncate": <index>} | {"Purge": <log id>} | {"Committed": <log id or null>} |
+//!                  {"Vote": <openraft vote>}
 //!   ```
-//!   Replaying the records in order rebuilds the log. A record cut short or
-//!   failing its CRC ends the file (a torn tail from a crash): it and what
-//!   follows are dropped. Purging rewrites the file with what is left.
-//! - `vote.json`, `snapshot.json`: replaced atomically (write a temporary
-//!   file, fdatasync, rename, fsync the directory). The snapshot holds its
-//!   openraft metadata and the [`MetadataTable`].
+//!   Replaying the records in order rebuilds the log; the last `Vote` is
+//!   the member's vote. A record cut short or failing its CRC ends the
+//!   file (a torn tail from a crash): it and what follows are dropped.
+//!   Purging rewrites the file with what is left (the vote first).
+//!   The vote is a record, not a file of its own: saving it is one write
+//!   and one fdatasync of the open log, where replacing a file took about
+//!   ten file-system calls (open, write, fdatasync, close, rename, and the
+//!   directory's open, fsync and close), and a voter answers a vote
+//!   request only once its vote is saved. Through a slow file system
+//!   (strand-chaos's FUSE pass-through, busy refilling a wiped node) that
+//!   answer came after the candidate's 1 s limit, 156 times in a row, and
+//!   the controller never elected a leader.
+//! - `vote.json`: the vote as written before it became a record; read
+//!   only when the log holds no `Vote` record.
+//! - `snapshot.json`: replaced atomically (write a temporary file,
+//!   fdatasync, rename, fsync the directory). It holds its openraft
+//!   metadata and the [`MetadataTable`].
 //!
 //! Appends are written with glommio's buffered file and fdatasync'd before
 //! openraft is told they are durable. Controller traffic is metadata (a few
@@ -66,6 +78,7 @@ enum LogRecord {
     Truncate(u64),
     Purge(LogId<NodeId>),
     Committed(Option<LogId<NodeId>>),
+    Vote(Vote<NodeId>),
 }
 
 fn encode_record(record: &LogRecord, out: &mut Vec<u8>) {
@@ -128,6 +141,10 @@ async fn sync_dir(path: &Path) -> std::io::Result<()> {
 
 // ---- the log ----------------------------------------------------------------
 
+/// A vote saved slower than this is logged: a candidate waits for the
+/// answer at most its minimum election timeout (1 s by default).
+const SLOW_VOTE_SAVE: std::time::Duration = std::time::Duration::from_millis(200);
+
 struct LogInner {
     path: PathBuf,
     file: Rc<BufferedFile>,
@@ -150,7 +167,6 @@ struct LogInner {
 #[derive(Clone)]
 pub struct LogStore {
     inner: Rc<RefCell<LogInner>>,
-    dir: PathBuf,
 }
 
 impl LogStore {
@@ -201,14 +217,15 @@ impl LogStore {
         for r in records {
             apply_record(&mut inner, r);
         }
-        inner.vote = match std::fs::read(dir.join("vote.json")) {
-            Ok(d) => Some(serde_json::from_slice(&d).map_err(io_err)?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e),
-        };
+        if inner.vote.is_none() {
+            inner.vote = match std::fs::read(dir.join("vote.json")) {
+                Ok(d) => Some(serde_json::from_slice(&d).map_err(io_err)?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+        }
         Ok(LogStore {
             inner: Rc::new(RefCell::new(inner)),
-            dir: dir.to_path_buf(),
         })
     }
 
@@ -262,6 +279,9 @@ impl LogStore {
                 )));
             }
             let mut buf = Vec::new();
+            if let Some(v) = inner.vote {
+                encode_record(&LogRecord::Vote(v), &mut buf);
+            }
             if let Some(p) = inner.purged {
                 encode_record(&LogRecord::Purge(p), &mut buf);
             }
@@ -299,6 +319,7 @@ fn apply_record(inner: &mut LogInner, record: LogRecord) {
             inner.purged = Some(id);
         }
         LogRecord::Committed(c) => inner.committed = c,
+        LogRecord::Vote(v) => inner.vote = Some(v),
     }
 }
 
@@ -334,11 +355,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StoreResult<()> {
-        let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(&io_err(e)))?;
-        write_atomic(&self.dir.join("vote.json"), bytes)
+        let started = std::time::Instant::now();
+        self.write_records(vec![LogRecord::Vote(*vote)])
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
-        self.inner.borrow_mut().vote = Some(*vote);
+        let took = started.elapsed();
+        if took > SLOW_VOTE_SAVE {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                "saving the controller vote took long: a vote request is answered only once it is saved"
+            );
+        }
         Ok(())
     }
 
@@ -670,18 +697,61 @@ mod tests {
             .unwrap();
     }
 
+    /// The vote is a record of the log: kept across a reopen and a purge's
+    /// rewrite, newer than a `vote.json` an older version left, which is
+    /// read only while the log holds no vote.
+    #[test]
+    fn the_vote_is_a_log_record_kept_across_reopens_and_purges() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                let dir = root.join("__controller");
+                std::fs::create_dir_all(&dir).unwrap();
+                let old = Vote::new(1, 3);
+                std::fs::write(dir.join("vote.json"), serde_json::to_vec(&old).unwrap()).unwrap();
+                let mut log = LogStore::open(&dir).await.unwrap();
+                assert_eq!(
+                    log.read_vote().await.unwrap(),
+                    Some(old),
+                    "an older version's vote.json"
+                );
+                let ours = Vote::new(2, 1);
+                log.save_vote(&ours).await.unwrap();
+                let mut log = LogStore::open(&dir).await.unwrap();
+                assert_eq!(log.read_vote().await.unwrap(), Some(ours), "the record wins");
+                for i in 1..=3 {
+                    log.write_records(vec![LogRecord::Entry(entry(i, EntryPayload::Blank))])
+                        .await
+                        .unwrap();
+                }
+                let newer = Vote::new(3, 2);
+                log.save_vote(&newer).await.unwrap();
+                log.purge(entry(2, EntryPayload::Blank).log_id).await.unwrap();
+                std::fs::remove_file(dir.join("vote.json")).unwrap();
+                let mut log = LogStore::open(&dir).await.unwrap();
+                assert_eq!(log.read_vote().await.unwrap(), Some(newer), "kept by the rewrite");
+                assert_eq!(log.inner.borrow().entries.keys().copied().collect::<Vec<_>>(), [3]);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
     #[test]
     fn records_round_trip_and_a_torn_tail_is_dropped() {
         let mut buf = Vec::new();
         encode_record(&LogRecord::Truncate(5), &mut buf);
         encode_record(&LogRecord::Committed(None), &mut buf);
+        encode_record(&LogRecord::Vote(Vote::new(4, 2)), &mut buf);
         let whole = buf.len();
         encode_record(&LogRecord::Truncate(9), &mut buf);
         let (records, valid) = decode_records(&buf);
-        assert_eq!((records.len(), valid), (3, buf.len()));
+        assert_eq!((records.len(), valid), (4, buf.len()));
+        assert!(matches!(records[2], LogRecord::Vote(v) if v == Vote::new(4, 2)));
         for cut in whole..buf.len() {
             let (records, valid) = decode_records(&buf[..cut]);
-            assert_eq!((records.len(), valid), (2, whole), "cut at {cut}");
+            assert_eq!((records.len(), valid), (3, whole), "cut at {cut}");
         }
         let mut flipped = buf.clone();
         flipped[whole + 10] ^= 1;

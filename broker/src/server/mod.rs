@@ -637,6 +637,7 @@ fn start_timers(shard: &Rc<Shard>) {
     glommio::spawn_local(async move {
         while !s.stopping.get() {
             glommio::timer::sleep(crate::shard::RECOVER_EVERY).await;
+            s.report_damaged_replicas().await;
             s.recover_logs_after_full_disk().await;
         }
     })

@@ -165,6 +165,19 @@ impl Partition {
             );
             return;
         }
+        // Damage found at open (`Log::damage`) counts until the replica is
+        // out of the ISR: from then on it holds only what it catches up
+        // from a leader, and may rejoin and lead as any follower.
+        if self.log.damage().is_some() && !record.isr.contains(&me) {
+            let clear = self.log.clear_damage();
+            let (queue, partition) = (name.0.to_string(), name.1);
+            glommio::spawn_local(async move {
+                if let Err(e) = clear.await {
+                    tracing::warn!(queue = %queue, partition, "removing the record of a damaged log: {e}");
+                }
+            })
+            .detach();
+        }
         // The ISR, the minimum or the role may change: waiters look again.
         self.acks.notify_all();
         {
@@ -179,6 +192,26 @@ impl Partition {
                     state.on_partition(record.isr.clone(), record.partition_epoch);
                 }
                 Role::Follower { leader, epoch: e } if *e == epoch && *leader == record.leader => return,
+                // A log that lost records it had made durable must not lead
+                // what others may hold more of: it serves nothing (produce
+                // and replica fetches find no leader here) until the
+                // controller takes it out of the ISR
+                // (`Shard::report_damaged_replicas`).
+                _ if record.leader == me && self.log.damage().is_some() => {
+                    tracing::warn!(
+                        queue = name.0,
+                        partition = name.1,
+                        epoch,
+                        damage = self.log.damage().unwrap_or_default(),
+                        "not leading: this replica lost records it had made durable; it waits for the controller to \
+                         take it out of the ISR"
+                    );
+                    *role = Role::Follower {
+                        leader: NO_LEADER,
+                        epoch,
+                    };
+                    return;
+                }
                 _ if record.leader == me => {
                     let settings = LeaderSettings {
                         holds: match self.settings.fsync {

@@ -61,6 +61,49 @@ use crate::controller::Command;
 pub const RECOVER_EVERY: Duration = Duration::from_secs(1);
 
 impl Shard {
+    /// Replicas of this shard whose log's open found that it lost records
+    /// it had made durable (`Log::damage`: a damaged or missing segment, a
+    /// corrupt batch that later ones follow, a log below its checkpointed
+    /// high watermark) and that the table still counts in sync: the
+    /// controller takes each out of the ISR (`Command::ReplicaDamaged`;
+    /// alone in it, the partition goes offline for an unclean election).
+    /// Until then such a replica does not lead (`Partition::adopt`). Asked
+    /// again each round until the table shows it out.
+    pub async fn report_damaged_replicas(self: &Rc<Self>) {
+        let me = self.config.node_id;
+        for ((queue, p), part) in self.partitions.all() {
+            let Some(why) = part.log.damage() else {
+                continue;
+            };
+            let partition_epoch = {
+                let table = self.table.borrow();
+                match table.queue(&queue).and_then(|q| q.partitions.get(p as usize)) {
+                    Some(record) if record.isr.contains(&me) => record.partition_epoch,
+                    _ => continue,
+                }
+            };
+            let command = Command::ReplicaDamaged {
+                queue: queue.clone(),
+                partition: p,
+                broker: me,
+                partition_epoch,
+            };
+            match self.propose(command).await {
+                Ok(()) => tracing::warn!(
+                    queue = %queue,
+                    partition = p,
+                    "{why}: the controller takes this replica out of the ISR; it catches up from a leader"
+                ),
+                Err(e) => tracing::warn!(
+                    queue = %queue,
+                    partition = p,
+                    "{why}: asking the controller to take this replica out of the ISR: {e} (asked again in \
+                     {RECOVER_EVERY:?})"
+                ),
+            }
+        }
+    }
+
     /// One round (see the module doc).
     pub async fn recover_logs_after_full_disk(self: &Rc<Self>) {
         // A fresh look: the room a replay needs is judged on what is free

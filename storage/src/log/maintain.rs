@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{mono_ms, open_active, Log};
+use crate::checkpoint::{self, CLEAN_CLOSE_FILE};
 use crate::error::Result;
 use crate::journal::format::Change;
 use crate::retention::{cut_offset, RetentionPolicy, SegmentSummary};
@@ -123,7 +124,7 @@ impl Log {
         }
         let path = self.inner.dir.join(log_file_name(keep_base));
         self.inner.shard.forget(&path);
-        let active = open_active(&path, keep_base, config, Some(cut_pos.unwrap_or(0))).await?;
+        let (active, _) = open_active(&path, keep_base, config, Some(cut_pos.unwrap_or(0)), true).await?;
         sync_dir(&self.inner.dir).await?;
         let end = {
             let mut st = self.inner.state.borrow_mut();
@@ -383,6 +384,9 @@ impl Log {
             self.save_high_watermark().await?;
             // The next open then has no batch to note.
             self.save_producers(true).await?;
+            // Everything above is durable: the next open may trust the
+            // indexes (`Log::open`).
+            checkpoint::write_atomically(&self.inner.dir, CLEAN_CLOSE_FILE, Vec::new(), true).await?;
         }
         self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();

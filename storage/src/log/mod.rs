@@ -83,13 +83,14 @@ use glommio::io::DmaFile;
 use glommio::sync::Semaphore;
 use tracing::warn;
 
+use crate::checkpoint::{self, CLEAN_CLOSE_FILE, DAMAGE_FILE};
 use crate::config::{FsyncPolicy, LogConfig};
 use crate::error::{Result, StorageError};
 use crate::notify::Notify;
 use crate::scan::ScanEnd;
 use crate::segment::active::{ActiveSegment, Recovered};
 use crate::segment::io::{align_down, read_range};
-use crate::segment::recover::{load_sealed, load_segment, write_index_files};
+use crate::segment::recover::{load_sealed, load_segment, valid_batch_follows, write_index_files};
 use crate::segment::{log_file_name, parse_log_file_name, SealedSegment};
 use crate::shard::ShardStorage;
 use crate::tail_cache::TailCache;
@@ -266,6 +267,9 @@ struct State {
     closed: bool,
     /// What the shard journal holds of this log (`journaled.rs`).
     journal: journaled::JournalState,
+    /// Records this replica had made durable and lost, found by an open
+    /// ([`Log::damage`]).
+    damage: Option<String>,
 }
 
 impl State {
@@ -342,6 +346,25 @@ impl Log {
     pub(crate) async fn open(shard: ShardStorage, dir: PathBuf, mut config: LogConfig) -> Result<Log> {
         config.validate()?;
         std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("creating", &dir, e))?;
+        // Closed cleanly: the indexes are trusted (each segment is checked
+        // from its last index entry). Else every batch of the active
+        // segment is checked. The mark goes before anything is written, so
+        // a crash from here on finds it gone.
+        let clean_path = dir.join(CLEAN_CLOSE_FILE);
+        let closed_cleanly = clean_path.exists();
+        if closed_cleanly {
+            std::fs::remove_file(&clean_path).map_err(|e| StorageError::io("removing", &clean_path, e))?;
+            crate::segment::io::sync_dir(&dir).await?;
+        }
+        // Damage an earlier open found and the broker has not yet seen
+        // through (`Log::damage`).
+        let damage_path = dir.join(DAMAGE_FILE);
+        let damage_before = match std::fs::read(&damage_path) {
+            Ok(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StorageError::io("reading", &damage_path, e)),
+        };
+        let mut damage_found: Option<String> = None;
         let journal = match (config.journal && config.fsync == FsyncPolicy::Always, shard.journal()) {
             (true, Some(journal)) => match journal_dir_name(shard.data_dir(), &dir) {
                 Some(name) => Some(journaled::LogJournal {
@@ -381,6 +404,7 @@ impl Log {
             if let Err(gap) = check_follows(prev.as_ref(), &path, base) {
                 let (prev_base, prev_size) = cut_before(&mut sealed, &mut prev);
                 cut_at_damage(&dir, prev_base, prev_size, &gap.to_string(), &later(), false).await?;
+                damage_found = Some(format!("{gap}: the log was cut there"));
                 (active_base, limit) = (prev_base, Some(prev_size));
                 break;
             }
@@ -402,6 +426,10 @@ impl Log {
                 Ok(loaded) => loaded,
                 Err(StorageError::CorruptSegment { position, reason, .. }) => {
                     cut_at_damage(&dir, base, position, &reason, &later()[1..], true).await?;
+                    damage_found = Some(format!(
+                        "sealed segment {} damaged at position {position} ({reason}): the log was cut there",
+                        path.display()
+                    ));
                     (active_base, limit) = (base, Some(position));
                     break;
                 }
@@ -424,14 +452,23 @@ impl Log {
             if let Err(gap) = check_follows(prev.as_ref(), &active_path, active_base) {
                 let (prev_base, prev_size) = cut_before(&mut sealed, &mut prev);
                 cut_at_damage(&dir, prev_base, prev_size, &gap.to_string(), &[active_base], false).await?;
+                damage_found = Some(format!("{gap}: the log was cut there"));
                 (active_base, limit) = (prev_base, Some(prev_size));
                 active_path = dir.join(log_file_name(active_base));
             }
         }
         let created = !active_path.exists();
-        let active = open_active(&active_path, active_base, &config, limit).await?;
+        let (active, active_damage) = open_active(&active_path, active_base, &config, limit, closed_cleanly).await?;
         if created {
             crate::segment::io::sync_dir(&dir).await?;
+        }
+        let damage_found = damage_found.or(active_damage);
+        if let Some(why) = &damage_found {
+            let all = match &damage_before {
+                Some(before) => format!("{before}; then {why}"),
+                None => why.clone(),
+            };
+            checkpoint::write_atomically(&dir, DAMAGE_FILE, all.into_bytes(), true).await?;
         }
         let log_end = active.next_offset();
         let log_start = sealed.keys().next().copied().unwrap_or(active_base);
@@ -458,6 +495,7 @@ impl Log {
             failed: None,
             closed: false,
             journal: Default::default(),
+            damage: damage_found.or(damage_before),
         };
         let log = Log {
             inner: Rc::new(Inner {
@@ -513,6 +551,37 @@ impl Log {
                 .failed
                 .as_ref()
                 .is_some_and(|(_, no_space)| *no_space)
+    }
+    /// Why this replica lost records it had made durable, if an open found
+    /// that it did: a damaged sealed segment or a missing one, a corrupt
+    /// batch that later batches follow, or (fsync=always) a log that ends
+    /// below its checkpointed high watermark. Such a replica must not lead
+    /// or stay in an ISR on its word: the broker reports it to the
+    /// controller and clears it ([`Log::clear_damage`]) once the replica is
+    /// out of the ISR, catching up from a leader like any follower. Kept
+    /// across restarts until then (the `damaged` file; the high-watermark
+    /// checkpoint is not lowered meanwhile).
+    pub fn damage(&self) -> Option<String> {
+        self.inner.state.borrow().damage.clone()
+    }
+    /// The broker saw this replica leave the ISR after [`Log::damage`]:
+    /// from here on it holds only what it catches up from a leader.
+    /// The log forgets the damage at once (the call, not the future);
+    /// the future removes its record from the directory.
+    pub fn clear_damage(&self) -> impl std::future::Future<Output = Result<()>> + 'static {
+        let had = self.inner.state.borrow_mut().damage.take().is_some();
+        let dir = self.inner.dir.clone();
+        async move {
+            if !had {
+                return Ok(());
+            }
+            let path = dir.join(DAMAGE_FILE);
+            match std::fs::remove_file(&path) {
+                Ok(()) => crate::segment::io::sync_dir(&dir).await,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(StorageError::io("removing", &path, e)),
+            }
+        }
     }
     /// Whether the log takes no more writes (a failed write or fdatasync,
     /// whatever the cause).
@@ -658,9 +727,9 @@ fn cut_before(
 /// active segment), and the segments after it (`later`) are set aside,
 /// renamed `*.log.damaged` (their index files removed), as is a copy of
 /// the damaged segment whole (`copy_damaged`): nothing is deleted that may
-/// be the only copy, and nothing past the damage is served. The log then ends below its checkpointed high
-/// watermark, so the broker leaves the ISRs it shares and catches up from
-/// its leader before it may lead (`broker/src/shard/recover.rs`); an
+/// be the only copy, and nothing past the damage is served. The open
+/// records the damage ([`Log::damage`]): the broker takes the replica out
+/// of the ISR before it may lead, and it catches up from a leader; an
 /// operator removes the `.damaged` files once it has.
 async fn cut_at_damage(
     dir: &Path,
@@ -731,7 +800,18 @@ fn check_follows(prev: Option<&(PathBuf, Offset, u64)>, path: &Path, base: Offse
 /// loads or rebuilds its index, truncates anything after the last valid
 /// batch (and anything from `limit` on), makes that durable, and reads the
 /// partial last block back into memory.
-async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Option<u64>) -> Result<ActiveSegment> {
+///
+/// Unless the log was `closed_cleanly`, every batch of the segment is
+/// checked; a corrupt batch that valid later batches follow is damage, not
+/// a torn tail: the segment is copied aside whole (`*.log.damaged`) before
+/// the cut, and the second value says what the log lost.
+async fn open_active(
+    path: &Path,
+    base: Offset,
+    config: &LogConfig,
+    limit: Option<u64>,
+    closed_cleanly: bool,
+) -> Result<(ActiveSegment, Option<String>)> {
     let file = crate::segment::active::open_options(config)
         .create(true)
         .dma_open(path)
@@ -749,8 +829,25 @@ async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Optio
         scan_len,
         config.stored_batch_bytes_max(),
         config.index_interval_bytes,
+        closed_cleanly,
     )
     .await?;
+    let mut damage = None;
+    if let ScanEnd::Corrupt(why) = &loaded.end {
+        let position = loaded.valid_end;
+        let next = loaded.next_offset;
+        let batch_max = config.stored_batch_bytes_max();
+        if let Some(later) = valid_batch_follows(&file, path, position, next, scan_len, batch_max).await? {
+            let mut aside = path.as_os_str().to_os_string();
+            aside.push(".damaged");
+            std::fs::copy(path, &aside).map_err(|e| StorageError::io("copying aside", path, e))?;
+            damage = Some(format!(
+                "the batch at position {position} of {} (offset {next}) is damaged ({why}) and batches from offset \
+                 {later} follow it: the log was cut there (the segment copied aside as *.log.damaged)",
+                path.display()
+            ));
+        }
+    }
     match &loaded.end {
         ScanEnd::Torn(why) | ScanEnd::Corrupt(why) => warn!(
             segment = %path.display(),
@@ -796,5 +893,5 @@ async fn open_active(path: &Path, base: Offset, config: &LogConfig, limit: Optio
         },
     );
     active.index_persisted = persisted;
-    Ok(active)
+    Ok((active, damage))
 }

@@ -71,7 +71,9 @@ impl Log {
         let _permit = self.checkpoint_turn().await?;
         let hw = {
             let st = self.inner.state.borrow();
-            if st.high_watermark_saved == Some(st.high_watermark) {
+            // Damage keeps the checkpoint as it was: it is the evidence that
+            // the log lost committed records, until the broker saw to it.
+            if st.high_watermark_saved == Some(st.high_watermark) || st.damage.is_some() {
                 return Ok(());
             }
             st.high_watermark
@@ -80,7 +82,9 @@ impl Log {
             &self.inner.dir,
             HIGH_WATERMARK_FILE,
             checkpoint::encode_high_watermark(hw),
-            false,
+            // Durable: a log found to end below it after a crash lost
+            // committed records (`Log::damage`).
+            true,
         )
         .await?;
         self.inner.state.borrow_mut().high_watermark_saved = Some(hw);
@@ -143,10 +147,18 @@ impl Log {
             Some(h) => (h, false),
             None => (self.rebuild_epochs(log_start, log_end).await?, true),
         };
-        let hw = checkpoint::read(&dir, HIGH_WATERMARK_FILE, checkpoint::decode_high_watermark)
-            .await?
-            .map_or(log_start, |hw| hw.clamp(log_start, log_end));
+        let saved_hw = checkpoint::read(&dir, HIGH_WATERMARK_FILE, checkpoint::decode_high_watermark).await?;
+        let hw = saved_hw.map_or(log_start, |hw| hw.clamp(log_start, log_end));
         let mut st = self.inner.state.borrow_mut();
+        // On an fsync=always log every committed record was fdatasync'd
+        // here before the high watermark passed it: ending below the
+        // checkpoint means records were lost after they were durable.
+        let always = self.inner.config.fsync == crate::config::FsyncPolicy::Always;
+        if let Some(saved) = saved_hw.filter(|saved| always && *saved > log_end && st.damage.is_none()) {
+            st.damage = Some(format!(
+                "the log ends at offset {log_end}, below the high watermark {saved} its checkpoint holds"
+            ));
+        }
         st.epochs = epochs;
         st.epochs_dirty = dirty;
         st.high_watermark = hw;

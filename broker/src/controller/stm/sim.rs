@@ -135,6 +135,27 @@ fn command(rng: &mut Rng, table: &MetadataTable) -> Command {
                 replica: (rng.below(3) == 0).then(|| 1 + rng.below(BROKERS)),
             }
         }
+        10 if rng.below(2) == 0 => {
+            // A replica found its log damaged at open (a member of the ISR,
+            // or any replica), now and then late.
+            let Some((queue, partition)) =
+                rng.pick(&partitions.iter().map(|(q, p)| (q.as_str(), *p)).collect::<Vec<_>>())
+            else {
+                return Command::BalanceLeaders;
+            };
+            let p = &table.queues[queue].partitions[partition as usize];
+            let pool = if p.isr.is_empty() || rng.below(4) == 0 {
+                &p.replicas
+            } else {
+                &p.isr
+            };
+            Command::ReplicaDamaged {
+                queue: queue.to_string(),
+                partition,
+                broker: rng.pick(pool).unwrap_or(1),
+                partition_epoch: p.partition_epoch.saturating_sub(u32::from(rng.below(4) == 0)),
+            }
+        }
         10 => {
             // A leader lost writes (a full disk), now and then late.
             let Some((queue, partition)) =
@@ -262,6 +283,18 @@ fn check(before: &MetadataTable, after: &MetadataTable, command: &Command) -> Re
                 return Err(format!(
                     "an unclean election of a led partition, or not alone in its ISR: {at}"
                 ));
+            }
+            // A damaged replica neither leads nor stays in sync; alone in
+            // the ISR, its partition waits for an unclean election.
+            if let Command::ReplicaDamaged { broker, .. } = command {
+                if was.isr.contains(broker) && p.partition_epoch != was.partition_epoch {
+                    if p.leader == *broker || p.isr.contains(broker) {
+                        return Err(format!("a damaged replica leads or is in sync: {at}"));
+                    }
+                    if was.isr == [*broker] && (p.leader != NO_LEADER || p.lost.is_none_or(|l| l.broker != *broker)) {
+                        return Err(format!("a damaged last in-sync replica left its partition led: {at}"));
+                    }
+                }
             }
             // A broker back with another directory holds nothing.
             if let Command::RegisterBroker { id, directory, .. } = command {

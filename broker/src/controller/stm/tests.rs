@@ -1288,6 +1288,84 @@ fn a_broker_without_a_directory_id_changes_nothing() {
     assert_eq!(restored.table().queues, queues);
 }
 
+/// Issue 41 (a 30-minute strand-chaos run lost 41,173 acknowledged
+/// records): a replica that found its log damaged at open must not lead
+/// or stay in sync on its word. Shared with others, it leaves the ISR (and
+/// its leadership); alone in it, the partition goes offline waiting for an
+/// unclean election (before, it led its cut log and the others truncated
+/// to it). A late report (another partition epoch) or one from a replica
+/// outside the ISR changes nothing.
+#[test]
+fn a_damaged_replica_leaves_the_isr_and_alone_in_it_takes_its_partition_offline() {
+    let (mut stm, mut index) = three_brokers_two_queues();
+    let mut apply = |stm: &mut MetadataStm, c: Command| {
+        index += 1;
+        stm.apply(index, &c)
+    };
+    let damaged = |stm: &MetadataStm, partition: u32, broker: NodeId| {
+        let p = &stm.table().queues["q"].partitions[partition as usize];
+        Command::ReplicaDamaged {
+            queue: "q".into(),
+            partition,
+            broker,
+            partition_epoch: p.partition_epoch,
+        }
+    };
+    // Shared: the leader of q/1 leaves the ISR, another member leads.
+    let before = stm.table().queues["q"].partitions[1].clone();
+    let report = damaged(&stm, 1, before.leader);
+    apply(&mut stm, report.clone()).unwrap();
+    let p = stm.table().queues["q"].partitions[1].clone();
+    assert!(!p.isr.contains(&before.leader) && p.isr.len() == 2, "{p:?}");
+    assert!(p.leader != before.leader && p.isr.contains(&p.leader), "{p:?}");
+    assert!(p.leader_epoch > before.leader_epoch && p.lost.is_none(), "{p:?}");
+    // Repeated (late): nothing changes.
+    apply(&mut stm, report).unwrap();
+    assert_eq!(stm.table().queues["q"].partitions[1], p);
+    // Alone: q/0's ISR is its leader, whose log is damaged.
+    let sole = stm.table().queues["q"].partitions[0].leader;
+    let shrink = alter_isr(&stm, "q", 0, vec![sole]);
+    apply(&mut stm, shrink).unwrap();
+    let follower = stm.table().queues["q"].partitions[0]
+        .replicas
+        .iter()
+        .copied()
+        .find(|r| *r != sole)
+        .unwrap();
+    let outside = damaged(&stm, 0, follower);
+    let stale = Command::ReplicaDamaged {
+        queue: "q".into(),
+        partition: 0,
+        broker: sole,
+        partition_epoch: stm.table().queues["q"].partitions[0].partition_epoch - 1,
+    };
+    let before = stm.table().queues["q"].partitions[0].clone();
+    apply(&mut stm, outside).unwrap();
+    apply(&mut stm, stale).unwrap();
+    assert_eq!(stm.table().queues["q"].partitions[0], before, "not in the ISR, or late");
+    let report = damaged(&stm, 0, sole);
+    apply(&mut stm, report).unwrap();
+    let p = stm.table().queues["q"].partitions[0].clone();
+    assert_eq!((p.leader, p.isr.clone()), (NO_LEADER, vec![]), "{p:?}");
+    assert_eq!(p.lost.map(|l| (l.broker, l.directory)), Some((sole, 0)));
+    assert!(p.leader_epoch > before.leader_epoch);
+    // Its broker's next run does not bring it back; an unclean election
+    // takes another replica.
+    apply(&mut stm, with_directory(sole, 2, 1)).unwrap();
+    assert_eq!(stm.table().queues["q"].partitions[0].leader, NO_LEADER);
+    let elect = Command::ElectUnclean {
+        queue: "q".into(),
+        partition: Some(0),
+        replica: None,
+    };
+    apply(&mut stm, elect).unwrap();
+    let p = &stm.table().queues["q"].partitions[0];
+    assert!(
+        p.leader != sole && p.leader != NO_LEADER && p.isr == [p.leader],
+        "{p:?}"
+    );
+}
+
 #[test]
 fn an_unclean_election_leads_an_offline_partition_with_a_replica_that_kept_its_data() {
     let (mut stm, mut index) = three_brokers_two_queues();
