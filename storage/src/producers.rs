@@ -52,14 +52,19 @@
 //! The table as it stood at some log end is written to
 //! `<offset, 20 digits>.producers` (layout: `checkpoint.rs`) when a
 //! segment rolls, by the log's periodic checkpoint when the log moved, and
-//! at close; the two newest are kept, and a truncation removes those
-//! past its cut. Opening (or truncating) loads the newest snapshot at or
+//! at close, fdatasync'd before it is named (a power loss left the
+//! unsynced ones empty: strand-chaos); the two newest are kept, and a
+//! truncation removes those past its cut. Opening (or truncating) loads the newest snapshot at or
 //! below the log end and notes every batch after it: so a leader that
 //! restarts, and a follower that becomes leader (its table came from the
 //! replicated batches), answers a batch resent across that event with its
-//! first offsets instead of storing it twice. Without any snapshot (a log
-//! from a broker before this, or all of them damaged) the batches of the
-//! active segment are noted; a producer last seen before it is unknown.
+//! first offsets instead of storing it twice. Without any readable
+//! snapshot (a log from a broker before this, or all of them damaged)
+//! every batch from the log start is noted: slow on a long log, but a
+//! producer whose last batch sat in an older segment would otherwise be
+//! forgotten, and its retry stored twice (a 30-minute strand-chaos run:
+//! both snapshots came back empty after a power loss, one record stored
+//! twice).
 
 use std::collections::{HashMap, VecDeque};
 

@@ -96,18 +96,15 @@ fn resent_batches_are_known_after_a_crash_a_clean_close_and_rolls() {
         assert!(!past.exists());
         known(&log);
         drop(log);
-        // Without any snapshot only the active segment's batches are
-        // noted: producer 8 is unknown, 7 known.
+        // Without any readable snapshot (both came back empty after a power
+        // loss: a 30-minute strand-chaos run stored a retry twice, its
+        // producer's last batch in an older segment) every batch from the
+        // log start is noted: producer 8, last seen segments ago, is known.
         for offset in snapshots(&dir) {
-            std::fs::remove_file(dir.join(producers_file_name(offset))).unwrap();
+            std::fs::write(dir.join(producers_file_name(offset)), b"").unwrap();
         }
         let log = reopen().await;
-        assert_eq!(
-            log.check_producer(early),
-            Verdict::Append,
-            "sequence 0 of an unknown producer"
-        );
-        assert_eq!(log.check_producer(sequenced(8, 10, 1).1), Verdict::Unknown);
+        known(&log);
         let (s, at) = last[last.len() - 1];
         assert_eq!(log.check_producer(s), Verdict::Duplicate(at));
         log.close().await.unwrap();

@@ -646,8 +646,10 @@ fn corruption_in_the_middle_of_the_active_segment_cuts_there() {
 /// of the active segment is checked now, the damage is found at once, the
 /// segment is copied aside, and the log says it lost records it had made
 /// durable (`Log::damage`, kept across opens until cleared) so that the
-/// broker takes it out of the ISR. A torn tail is not damage; neither is
-/// a flip a clean close's index hides (the next crash finds it).
+/// broker takes it out of the ISR. A torn tail is not damage, nor on an
+/// fsync=interval log a bad batch above the checkpointed high watermark
+/// (an unsynced write may be kept in part), nor a flip a clean close's
+/// index hides (the next crash finds it).
 #[test]
 fn after_a_crash_damage_anywhere_in_the_active_segment_is_found_and_reported() {
     use strand_storage::checkpoint::{CLEAN_CLOSE_FILE, DAMAGE_FILE};
@@ -674,6 +676,12 @@ fn after_a_crash_damage_anywhere_in_the_active_segment_is_found_and_reported() {
         );
         let segment = dir_of_log.join(log_file_name(Offset(0)));
         let (batches, _) = scan_file(&segment, dense.batch_bytes_max);
+        // Committed (the checkpointed high watermark) up to batch 20.
+        let committed = Offset(batches[20].base);
+        let log = shard.open_log(&dir_of_log, dense.clone()).await.unwrap();
+        log.advance_high_watermark(committed);
+        log.close().await.unwrap();
+        drop(log);
         let pristine = path.join("pristine");
         restore(&dir_of_log, &pristine);
         let aside = {
@@ -725,6 +733,36 @@ fn after_a_crash_damage_anywhere_in_the_active_segment_is_found_and_reported() {
         assert_eq!(log.log_end(), Offset(last.base));
         assert_eq!(log.damage(), None);
         assert!(!aside.exists());
+        drop(log);
+
+        // On an fsync=interval log, above the high watermark a bad batch
+        // that later ones follow may be an unsynced write the disk kept
+        // only in part: cut, copied aside, not damage; below it, damage.
+        let interval = LogConfig {
+            fsync: strand_storage::FsyncPolicy::Interval {
+                interval_ms: 1000,
+                interval_bytes: 0,
+            },
+            ..dense.clone()
+        };
+        for (k, damaged) in [(30, false), (15, true)] {
+            restore(&pristine, &dir_of_log);
+            std::fs::remove_file(dir_of_log.join(CLEAN_CLOSE_FILE)).unwrap();
+            flip_byte(&segment, batches[k].start + 70);
+            let log = shard.open_log(&dir_of_log, interval.clone()).await.unwrap();
+            assert_eq!(log.log_end(), Offset(batches[k].base));
+            assert_eq!(log.damage().is_some(), damaged, "batch {k}");
+            assert!(aside.exists());
+            drop(log);
+        }
+
+        // On an fsync=always log (the default) every batch was durable
+        // before the next was written: damage wherever it lies.
+        restore(&pristine, &dir_of_log);
+        std::fs::remove_file(dir_of_log.join(CLEAN_CLOSE_FILE)).unwrap();
+        flip_byte(&segment, batches[30].start + 70);
+        let log = shard.open_log(&dir_of_log, dense.clone()).await.unwrap();
+        assert!(log.damage().is_some());
         drop(log);
 
         // fsync=always (the default): a log that comes back below the high

@@ -637,8 +637,15 @@ fn start_timers(shard: &Rc<Shard>) {
     glommio::spawn_local(async move {
         while !s.stopping.get() {
             glommio::timer::sleep(crate::shard::RECOVER_EVERY).await;
-            s.report_damaged_replicas().await;
             s.recover_logs_after_full_disk().await;
+        }
+    })
+    .detach();
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        while !s.stopping.get() {
+            glommio::timer::sleep(crate::shard::RECOVER_EVERY).await;
+            s.report_damaged_replicas().await;
         }
     })
     .detach();

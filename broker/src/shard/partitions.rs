@@ -166,8 +166,9 @@ impl Partition {
             return;
         }
         // Damage found at open (`Log::damage`) counts until the replica is
-        // out of the ISR: from then on it holds only what it catches up
-        // from a leader, and may rejoin and lead as any follower.
+        // out of the ISR in a table of this run (`as_run`): from then on it
+        // holds only what it catches up from a leader, and may rejoin and
+        // lead as any follower.
         if self.log.damage().is_some() && !record.isr.contains(&me) {
             let clear = self.log.clear_damage();
             let (queue, partition) = (name.0.to_string(), name.1);
@@ -410,6 +411,10 @@ impl Partitions {
     /// an old ISR of itself alone and moved its high watermark over its
     /// whole log, records the others never had included: strand-chaos,
     /// seed 42, "truncating below the high watermark" after restarts.)
+    /// Nor does such a table show this replica out of the ISR for this
+    /// run: a damaged log (`Log::damage`) must not be cleared on its word
+    /// (it stays a member there) while the current table may make it the
+    /// sole one.
     fn as_this_run(&self, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
         as_run(self.node_id, self.lease.incarnation(), table, record)
     }
@@ -770,8 +775,13 @@ fn refused_epoch(held: u32, record: &PartitionRecord) -> Option<u32> {
 fn as_run(node: NodeId, incarnation: u64, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
     let mut record = record.clone();
     let registered = table.brokers.get(&node).is_some_and(|b| b.incarnation == incarnation);
-    if record.leader == node && !registered {
-        record.leader = NO_LEADER;
+    if !registered {
+        if record.leader == node {
+            record.leader = NO_LEADER;
+        }
+        if !record.isr.contains(&node) {
+            record.isr.push(node);
+        }
     }
     record
 }
@@ -867,8 +877,11 @@ mod tests {
             (7, &vec![1]),
             "the rest as the table says"
         );
-        // Another's leadership stands (the node follows it).
-        assert_eq!(as_run(1, this_run, &table, &led_by(2)), led_by(2));
+        // Another's leadership stands (the node follows it); the node is
+        // not taken out of the ISR by a table from before this run (its
+        // damaged log stays so: `Partition::adopt`).
+        let seen = as_run(1, this_run, &table, &led_by(2));
+        assert_eq!((seen.leader, &seen.isr), (2, &vec![2, 1]));
         // Not registered at all yet: no leadership either.
         table.brokers.remove(&1);
         assert_eq!(as_run(1, this_run, &table, &led_by(1)).leader, NO_LEADER);

@@ -124,7 +124,7 @@ impl Log {
         }
         let path = self.inner.dir.join(log_file_name(keep_base));
         self.inner.shard.forget(&path);
-        let (active, _) = open_active(&path, keep_base, config, Some(cut_pos.unwrap_or(0)), true).await?;
+        let (active, _) = open_active(&path, keep_base, config, Some(cut_pos.unwrap_or(0)), true, None).await?;
         sync_dir(&self.inner.dir).await?;
         let end = {
             let mut st = self.inner.state.borrow_mut();

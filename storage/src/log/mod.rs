@@ -357,14 +357,14 @@ impl Log {
             crate::segment::io::sync_dir(&dir).await?;
         }
         // Damage an earlier open found and the broker has not yet seen
-        // through (`Log::damage`).
-        let damage_path = dir.join(DAMAGE_FILE);
-        let damage_before = match std::fs::read(&damage_path) {
-            Ok(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(StorageError::io("reading", &damage_path, e)),
-        };
-        let mut damage_found: Option<String> = None;
+        // through (`Log::damage`), and what this one finds: each recorded
+        // durably before the cut it leads to (`record_damage`).
+        let mut damage = read_damage(&dir)?;
+        // Records below it were committed: damage there lost durable
+        // records. (Read again, with the log's extent, by
+        // `load_replication_state`.)
+        let saved_hw =
+            checkpoint::read(&dir, checkpoint::HIGH_WATERMARK_FILE, checkpoint::decode_high_watermark).await?;
         let journal = match (config.journal && config.fsync == FsyncPolicy::Always, shard.journal()) {
             (true, Some(journal)) => match journal_dir_name(shard.data_dir(), &dir) {
                 Some(name) => Some(journaled::LogJournal {
@@ -403,8 +403,8 @@ impl Log {
             // (a file lost): the log is cut at the end of the one before.
             if let Err(gap) = check_follows(prev.as_ref(), &path, base) {
                 let (prev_base, prev_size) = cut_before(&mut sealed, &mut prev);
+                damage = Some(record_damage(&dir, &format!("{gap}: the log was cut there")).await?);
                 cut_at_damage(&dir, prev_base, prev_size, &gap.to_string(), &later(), false).await?;
-                damage_found = Some(format!("{gap}: the log was cut there"));
                 (active_base, limit) = (prev_base, Some(prev_size));
                 break;
             }
@@ -425,11 +425,12 @@ impl Log {
             let (loaded, size) = match loaded {
                 Ok(loaded) => loaded,
                 Err(StorageError::CorruptSegment { position, reason, .. }) => {
-                    cut_at_damage(&dir, base, position, &reason, &later()[1..], true).await?;
-                    damage_found = Some(format!(
+                    let why = format!(
                         "sealed segment {} damaged at position {position} ({reason}): the log was cut there",
                         path.display()
-                    ));
+                    );
+                    damage = Some(record_damage(&dir, &why).await?);
+                    cut_at_damage(&dir, base, position, &reason, &later()[1..], true).await?;
                     (active_base, limit) = (base, Some(position));
                     break;
                 }
@@ -451,25 +452,35 @@ impl Log {
         if limit.is_none() {
             if let Err(gap) = check_follows(prev.as_ref(), &active_path, active_base) {
                 let (prev_base, prev_size) = cut_before(&mut sealed, &mut prev);
+                damage = Some(record_damage(&dir, &format!("{gap}: the log was cut there")).await?);
                 cut_at_damage(&dir, prev_base, prev_size, &gap.to_string(), &[active_base], false).await?;
-                damage_found = Some(format!("{gap}: the log was cut there"));
                 (active_base, limit) = (prev_base, Some(prev_size));
                 active_path = dir.join(log_file_name(active_base));
             }
         }
         let created = !active_path.exists();
-        let (active, active_damage) = open_active(&active_path, active_base, &config, limit, closed_cleanly).await?;
+        // A journaled log's segment is written behind its journal, which
+        // the start-up replay applies after this open: its tail is no
+        // evidence of damage.
+        // (The start-up replay opens such a log without the journal: its
+        // directory still carries the journal's id.)
+        // On an fsync=always log a batch is durable before the next one is
+        // written (or in the same synced write): a bad batch that later
+        // ones follow lost durable records, wherever it lies. On an
+        // interval log the disk may have kept a part of unsynced writes:
+        // only below the checkpointed high watermark is it damage.
+        let journaled_dir = journal.is_some() || dir.join(JOURNAL_ID_FILE).exists();
+        let damage_below = match config.fsync {
+            _ if journaled_dir => None,
+            FsyncPolicy::Always => Some(Offset(u64::MAX)),
+            FsyncPolicy::Interval { .. } => saved_hw,
+        };
+        let (active, active_damage) =
+            open_active(&active_path, active_base, &config, limit, closed_cleanly, damage_below).await?;
         if created {
             crate::segment::io::sync_dir(&dir).await?;
         }
-        let damage_found = damage_found.or(active_damage);
-        if let Some(why) = &damage_found {
-            let all = match &damage_before {
-                Some(before) => format!("{before}; then {why}"),
-                None => why.clone(),
-            };
-            checkpoint::write_atomically(&dir, DAMAGE_FILE, all.into_bytes(), true).await?;
-        }
+        damage = active_damage.or(damage);
         let log_end = active.next_offset();
         let log_start = sealed.keys().next().copied().unwrap_or(active_base);
         let state = State {
@@ -495,7 +506,7 @@ impl Log {
             failed: None,
             closed: false,
             journal: Default::default(),
-            damage: damage_found.or(damage_before),
+            damage,
         };
         let log = Log {
             inner: Rc::new(Inner {
@@ -746,7 +757,7 @@ async fn cut_at_damage(
     };
     let path = dir.join(log_file_name(base));
     if copy_damaged {
-        std::fs::copy(&path, damaged(&path)).map_err(|e| StorageError::io("copying aside", &path, e))?;
+        copy_aside(&path).await?;
     }
     for b in later {
         let p = dir.join(log_file_name(*b));
@@ -776,6 +787,45 @@ async fn cut_at_damage(
     Ok(())
 }
 
+/// The damage a log's earlier open recorded and the broker has not yet
+/// seen through ([`Log::damage`]).
+fn read_damage(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join(DAMAGE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StorageError::io("reading", &path, e)),
+    }
+}
+
+/// Adds `why` to the damage recorded in `dir`, durably, before the cut it
+/// leads to: a crash part-way through the cut must not leave a shorter log
+/// that looks whole. Returns all that is recorded.
+async fn record_damage(dir: &Path, why: &str) -> Result<String> {
+    let all = match read_damage(dir)? {
+        Some(before) => format!("{before}; then {why}"),
+        None => why.to_string(),
+    };
+    checkpoint::write_atomically(dir, DAMAGE_FILE, all.clone().into_bytes(), true).await?;
+    Ok(all)
+}
+
+/// Copies the segment at `path` to `*.log.damaged` beside it, durably.
+async fn copy_aside(path: &Path) -> Result<()> {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".damaged");
+    let aside = PathBuf::from(name);
+    std::fs::copy(path, &aside)
+        .and_then(|_| std::fs::File::open(&aside)?.sync_all())
+        .map_err(|e| StorageError::io("copying aside", path, e))?;
+    crate::segment::io::sync_dir(dir_of(path)).await
+}
+
+/// The directory holding `path`.
+fn dir_of(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new("."))
+}
+
 /// Segments tile the offsets: each starts exactly where the one before it
 /// ends (retention and truncation remove whole segments from the ends, so
 /// no gap can appear in between). `prev` is the previous segment's path and
@@ -802,15 +852,19 @@ fn check_follows(prev: Option<&(PathBuf, Offset, u64)>, path: &Path, base: Offse
 /// partial last block back into memory.
 ///
 /// Unless the log was `closed_cleanly`, every batch of the segment is
-/// checked; a corrupt batch that valid later batches follow is damage, not
-/// a torn tail: the segment is copied aside whole (`*.log.damaged`) before
-/// the cut, and the second value says what the log lost.
+/// checked. A corrupt batch that a valid later batch follows is copied
+/// aside with the whole segment (`*.log.damaged`) before the cut; below
+/// `damage_below` it is damage to records the log had made durable,
+/// recorded (`record_damage`) before the cut, and the second value says
+/// so. (Elsewhere, such a batch may be an unsynced write the disk kept
+/// only in part, out of order.)
 async fn open_active(
     path: &Path,
     base: Offset,
     config: &LogConfig,
     limit: Option<u64>,
     closed_cleanly: bool,
+    damage_below: Option<Offset>,
 ) -> Result<(ActiveSegment, Option<String>)> {
     let file = crate::segment::active::open_options(config)
         .create(true)
@@ -838,14 +892,22 @@ async fn open_active(
         let next = loaded.next_offset;
         let batch_max = config.stored_batch_bytes_max();
         if let Some(later) = valid_batch_follows(&file, path, position, next, scan_len, batch_max).await? {
-            let mut aside = path.as_os_str().to_os_string();
-            aside.push(".damaged");
-            std::fs::copy(path, &aside).map_err(|e| StorageError::io("copying aside", path, e))?;
-            damage = Some(format!(
-                "the batch at position {position} of {} (offset {next}) is damaged ({why}) and batches from offset \
-                 {later} follow it: the log was cut there (the segment copied aside as *.log.damaged)",
-                path.display()
-            ));
+            copy_aside(path).await?;
+            if damage_below.is_some_and(|below| next < below) {
+                let why = format!(
+                    "the batch at position {position} of {} (offset {next}) is damaged ({why}) and batches from \
+                     offset {later} follow it: the log was cut there (the segment copied aside as *.log.damaged)",
+                    path.display()
+                );
+                damage = Some(record_damage(dir_of(path), &why).await?);
+            } else {
+                warn!(
+                    segment = %path.display(),
+                    position,
+                    "a corrupt batch that batches from offset {later} follow, where unsynced writes may be kept in \
+                     part: cut there, the segment copied aside as *.log.damaged"
+                );
+            }
         }
     }
     match &loaded.end {

@@ -55,7 +55,7 @@ impl Log {
             (end, encode_producers(end, &st.producers))
         };
         let name = producers_file_name(end);
-        if let Err(e) = checkpoint::write_atomically(&self.inner.dir, &name, bytes, false).await {
+        if let Err(e) = checkpoint::write_atomically(&self.inner.dir, &name, bytes, true).await {
             self.inner.state.borrow_mut().producers_saved_at = None;
             return Err(e);
         }
@@ -81,9 +81,9 @@ impl Log {
     /// by a truncation under the I/O lock.
     pub(super) async fn rebuild_producers(&self, empty: bool) -> Result<()> {
         let _permit = self.checkpoint_turn().await?;
-        let (log_start, log_end, active_base) = {
+        let (log_start, log_end) = {
             let st = self.inner.state.borrow();
-            (st.log_start, st.log_end(), st.active.base)
+            (st.log_start, st.log_end())
         };
         let mut snapshots = self.producer_snapshots()?;
         let mut removed = false;
@@ -111,7 +111,7 @@ impl Log {
         }
         let (from, mut table) = match base {
             Some((offset, table)) => (offset.max(log_start), table),
-            None => (active_base.max(log_start), ProducerTable::default()),
+            None => (log_start, ProducerTable::default()),
         };
         self.walk_headers(from, log_end, |h| {
             if h.base_offset >= from {
