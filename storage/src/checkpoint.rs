@@ -54,7 +54,11 @@
 //! written durably (the temporary file fdatasync'd before the rename, the
 //! directory fsync'd after): a crash leaves the old file or the new one,
 //! and a truncation's history is on disk before anything is appended after
-//! it. The high watermark is written without a sync (it is lazy anyway).
+//! it. The high watermark (every 5 s, and no higher than what the log
+//! holds durably) and producer snapshots are written durably too: an open
+//! that finds the log below its checkpointed high watermark lost
+//! committed records (`Log::damage`), and a producer table rebuilt
+//! without its snapshots forgets producers.
 //! A file that fails any check reads as absent: the log rebuilds its
 //! epochs from the batch headers, and a high watermark it cannot read is
 //! the log start (that only hides records until replication moves it

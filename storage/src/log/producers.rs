@@ -13,6 +13,8 @@
 
 use std::path::PathBuf;
 
+use tracing::warn;
+
 use super::Log;
 use crate::batch::BatchHeader;
 use crate::checkpoint::{self, decode_producers, encode_producers, parse_producers_file_name, producers_file_name};
@@ -109,16 +111,38 @@ impl Log {
                 break;
             }
         }
+        let had_snapshot = base.is_some();
         let (from, mut table) = match base {
             Some((offset, table)) => (offset.max(log_start), table),
             None => (log_start, ProducerTable::default()),
         };
-        self.walk_headers(from, log_end, |h| {
-            if h.base_offset >= from {
-                table.note_stored(h);
+        let walked = self
+            .walk_headers(from, log_end, |h| {
+                if h.base_offset >= from {
+                    table.note_stored(h);
+                }
+            })
+            .await;
+        if let Err(e) = walked {
+            // Damage in older segments (found by readers only) must not
+            // keep the log from opening: the active segment's batches then.
+            let active_base = self.inner.state.borrow().active.base.max(log_start);
+            if had_snapshot || from >= active_base {
+                return Err(e);
             }
-        })
-        .await?;
+            warn!(
+                dir = %self.inner.dir.display(),
+                "rebuilding the producer table from the log start: {e}; from the active segment instead (a producer \
+                 last seen before it is unknown)"
+            );
+            table = ProducerTable::default();
+            self.walk_headers(active_base, log_end, |h| {
+                if h.base_offset >= active_base {
+                    table.note_stored(h);
+                }
+            })
+            .await?;
+        }
         self.inner.state.borrow_mut().producers = table;
         Ok(())
     }

@@ -73,10 +73,14 @@ impl Log {
             let st = self.inner.state.borrow();
             // Damage keeps the checkpoint as it was: it is the evidence that
             // the log lost committed records, until the broker saw to it.
-            if st.high_watermark_saved == Some(st.high_watermark) || st.damage.is_some() {
+            // No higher than what is durable here: on an interval log the
+            // high watermark follows written data, and a record below the
+            // checkpoint must be one this log had made durable.
+            let hw = st.high_watermark.min(st.durable());
+            if st.high_watermark_saved == Some(hw) || st.damage.is_some() {
                 return Ok(());
             }
-            st.high_watermark
+            hw
         };
         checkpoint::write_atomically(
             &self.inner.dir,
