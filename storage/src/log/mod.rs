@@ -750,18 +750,13 @@ async fn cut_at_damage(
     later: &[Offset],
     copy_damaged: bool,
 ) -> Result<()> {
-    let damaged = |path: &Path| {
-        let mut name = path.as_os_str().to_os_string();
-        name.push(".damaged");
-        PathBuf::from(name)
-    };
     let path = dir.join(log_file_name(base));
     if copy_damaged {
         copy_aside(&path).await?;
     }
     for b in later {
         let p = dir.join(log_file_name(*b));
-        match std::fs::rename(&p, damaged(&p)) {
+        match std::fs::rename(&p, aside_name(&p)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(StorageError::io("setting aside", &p, e)),
@@ -810,11 +805,17 @@ async fn record_damage(dir: &Path, why: &str) -> Result<String> {
     Ok(all)
 }
 
-/// Copies the segment at `path` to `*.log.damaged` beside it, durably.
-async fn copy_aside(path: &Path) -> Result<()> {
+/// Where a damaged segment at `path`, or one after the damage, is set
+/// aside: `*.log.damaged` beside it.
+fn aside_name(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();
     name.push(".damaged");
-    let aside = PathBuf::from(name);
+    PathBuf::from(name)
+}
+
+/// Copies the segment at `path` to [`aside_name`], durably.
+async fn copy_aside(path: &Path) -> Result<()> {
+    let aside = aside_name(path);
     std::fs::copy(path, &aside)
         .and_then(|_| std::fs::File::open(&aside)?.sync_all())
         .map_err(|e| StorageError::io("copying aside", path, e))?;

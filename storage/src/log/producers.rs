@@ -116,14 +116,7 @@ impl Log {
             Some((offset, table)) => (offset.max(log_start), table),
             None => (log_start, ProducerTable::default()),
         };
-        let walked = self
-            .walk_headers(from, log_end, |h| {
-                if h.base_offset >= from {
-                    table.note_stored(h);
-                }
-            })
-            .await;
-        if let Err(e) = walked {
+        if let Err(e) = self.note_batches(&mut table, from, log_end).await {
             // Damage in older segments (found by readers only) must not
             // keep the log from opening: the active segment's batches then.
             let active_base = self.inner.state.borrow().active.base.max(log_start);
@@ -136,15 +129,20 @@ impl Log {
                  last seen before it is unknown)"
             );
             table = ProducerTable::default();
-            self.walk_headers(active_base, log_end, |h| {
-                if h.base_offset >= active_base {
-                    table.note_stored(h);
-                }
-            })
-            .await?;
+            self.note_batches(&mut table, active_base, log_end).await?;
         }
         self.inner.state.borrow_mut().producers = table;
         Ok(())
+    }
+
+    /// Notes in `table` every batch of the log from `from` to `to`.
+    async fn note_batches(&self, table: &mut ProducerTable, from: Offset, to: Offset) -> Result<()> {
+        self.walk_headers(from, to, |h| {
+            if h.base_offset >= from {
+                table.note_stored(h);
+            }
+        })
+        .await
     }
 
     /// The producer snapshot files in the log's directory, oldest first.
