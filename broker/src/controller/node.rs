@@ -532,9 +532,10 @@ impl Controller {
 
     /// This member's answer to `ControllerOp::Status` (no file read: it
     /// runs on shard 0's executor, which also runs the Raft core).
-    /// `rejoining` also while a voter without a log has not yet learnt
-    /// whether the group exists: a wiped voter still asking must not count
-    /// towards another rejoining voter's floor with its empty log.
+    /// `rejoining` only once marked: a voter still asking whether the
+    /// group exists counts towards another's floor (at a new cluster's
+    /// first start every voter asks at once, and excluding them all left
+    /// none to answer).
     fn status(&self) -> MemberStatus {
         let m = self.raft.metrics().borrow().clone();
         MemberStatus {
@@ -542,7 +543,7 @@ impl Controller {
             last_log_index: m.last_log_index,
             leader: m.current_leader,
             term: m.current_term,
-            rejoining: self.rejoining.get(),
+            rejoining: self.rejoin_marked.get(),
         }
     }
 
@@ -1323,10 +1324,6 @@ mod tests {
             let status: MemberStatus =
                 serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
             assert!(!status.holds_cluster, "an empty log, unmarked: the group may be new");
-            assert!(
-                status.rejoining,
-                "still asking: its empty log must not count towards another rejoining voter's floor"
-            );
             c.rejoin().unwrap();
             // Rejoining, it takes no entries before a majority of the
             // others said how far the log goes, nor from an older leader.

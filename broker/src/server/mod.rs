@@ -580,6 +580,23 @@ async fn hand_off_leaderships(shard: &Rc<Shard>) {
 /// (a 10 ms timer that notes how late it wakes, while the shard serves
 /// requests: an idle shard's stalls delay nobody, and probing them would
 /// cost the idle broker a wake-up every 10 ms).
+/// Runs `round` on `shard` every `period` (after each round ends) until
+/// the shard stops.
+fn every<R, F>(shard: &Rc<Shard>, period: Duration, round: R)
+where
+    R: Fn(Rc<Shard>) -> F + 'static,
+    F: std::future::Future<Output = ()>,
+{
+    let s = shard.clone();
+    glommio::spawn_local(async move {
+        while !s.stopping.get() {
+            glommio::timer::sleep(period).await;
+            round(s.clone()).await;
+        }
+    })
+    .detach();
+}
+
 fn start_timers(shard: &Rc<Shard>) {
     let s = shard.clone();
     glommio::spawn_local(async move {
@@ -633,22 +650,14 @@ fn start_timers(shard: &Rc<Shard>) {
     })
     .detach();
     glommio::spawn_local(shard.clone().watch_lease()).detach();
-    let s = shard.clone();
-    glommio::spawn_local(async move {
-        while !s.stopping.get() {
-            glommio::timer::sleep(crate::shard::RECOVER_EVERY).await;
-            s.recover_logs_after_full_disk().await;
-        }
-    })
-    .detach();
-    let s = shard.clone();
-    glommio::spawn_local(async move {
-        while !s.stopping.get() {
-            glommio::timer::sleep(crate::shard::RECOVER_EVERY).await;
-            s.report_damaged_replicas().await;
-        }
-    })
-    .detach();
+    // Apart: a round of one waiting on the controller must not hold up
+    // the other.
+    every(shard, crate::shard::RECOVER_EVERY, |s| async move {
+        s.recover_logs_after_full_disk().await
+    });
+    every(shard, crate::shard::RECOVER_EVERY, |s| async move {
+        s.report_damaged_replicas().await
+    });
     let s = shard.clone();
     glommio::spawn_local(async move {
         while !s.stopping.get() {
