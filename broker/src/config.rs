@@ -37,6 +37,15 @@
 //! groups_segment_bytes = 16777216      # __groups' segments (set when __groups is created)
 //! groups_compact_bytes = 67108864      # a __groups partition past this much more than after its
 //!                                      #   last compaction is compacted (0: never)
+//! max_connections = 10000              # open connections this node takes (0: no limit)
+//! max_connections_per_ip = 1000        # open connections from one source address (0: no limit)
+//! max_connection_rate_per_ip = 1000    # new connections a second from one address (0: no limit)
+//! connection_idle_timeout_ms = 600000  # a connection serving nothing and sending nothing is closed
+//! frame_receive_timeout_ms = 60000     # a frame begun must be whole within this, or the connection closes
+//! connection_in_flight_bytes = 67108864  # requests received and unanswered, per connection
+//! request_memory_bytes = 268435456     # per shard: large requests (> 64 KiB) held at once
+//! max_request_timeout_ms = 300000      # a produce's timeout_ms is cut to this
+//! max_partition_replicas_per_shard = 2000  # the cluster's partition replicas, per shard of its brokers
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -226,6 +235,37 @@ pub struct BrokerConfig {
     /// last compaction is compacted (0: never): a snapshot of its groups is
     /// written and the segments before it deleted. See `groups::compact`.
     pub groups_compact_bytes: u64,
+    /// Open client connections this node takes in all (0: no limit); one
+    /// more is closed as it comes (`crate::limits`).
+    pub max_connections: usize,
+    /// Open connections from one source address (0: no limit).
+    pub max_connections_per_ip: usize,
+    /// New connections one source address may open per second (0: no
+    /// limit).
+    pub max_connection_rate_per_ip: u32,
+    /// A connection with no request being served that sends nothing for
+    /// this long is closed, in ms (0: never).
+    pub connection_idle_timeout_ms: u64,
+    /// A frame whose first bytes came must be whole within this long, or
+    /// its connection is closed, in ms (0: no limit): a client that sends
+    /// half a frame holds no memory for ever.
+    pub frame_receive_timeout_ms: u64,
+    /// Bytes of requests one connection may have received and not yet had
+    /// answered (≥ `max_frame_bytes`); past it the broker reads no more
+    /// from it until answers go out.
+    pub connection_in_flight_bytes: u64,
+    /// Bytes of large requests (over 64 KiB) all connections of one shard
+    /// may hold at once, being received or served (≥ `max_frame_bytes`);
+    /// past it those connections wait before they read a large frame.
+    /// Small requests never wait for it.
+    pub request_memory_bytes: u64,
+    /// The longest wait a request may ask for (a produce's `timeout_ms`),
+    /// in ms: a longer one is cut to this.
+    pub max_request_timeout_ms: u64,
+    /// Partition replicas the cluster may hold per shard of its brokers (0:
+    /// no limit): a queue create or a partition increase past it is
+    /// refused (`handlers::create_queue::check_replica_room`).
+    pub max_partition_replicas_per_shard: u64,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
@@ -302,6 +342,15 @@ impl Default for BrokerConfig {
             min_free_bytes: None,
             groups_segment_bytes: 16 << 20,
             groups_compact_bytes: 64 << 20,
+            max_connections: 10_000,
+            max_connections_per_ip: 1_000,
+            max_connection_rate_per_ip: 1_000,
+            connection_idle_timeout_ms: 600_000,
+            frame_receive_timeout_ms: 60_000,
+            connection_in_flight_bytes: 64 << 20,
+            request_memory_bytes: 256 << 20,
+            max_request_timeout_ms: 300_000,
+            max_partition_replicas_per_shard: 2_000,
         }
     }
 }
@@ -524,6 +573,17 @@ impl BrokerConfig {
                 self.max_message_bytes, self.max_frame_bytes
             ));
         }
+        let frame = u64::from(self.max_frame_bytes);
+        if self.connection_in_flight_bytes < frame || self.request_memory_bytes < frame {
+            return bad(format!(
+                "connection_in_flight_bytes {} and request_memory_bytes {} must each hold a frame of \
+                 max_frame_bytes {frame}",
+                self.connection_in_flight_bytes, self.request_memory_bytes
+            ));
+        }
+        if self.max_request_timeout_ms == 0 {
+            return bad("max_request_timeout_ms must be above 0".into());
+        }
         if self.spin_before_park_us > 10_000_000 {
             return bad(format!(
                 "spin_before_park_us {} is over 10 s: a shard would never sleep",
@@ -634,6 +694,26 @@ mod tests {
         };
         assert_eq!(BrokerConfig::load(Some(&file), &spin).unwrap().spin_before_park_us, 0);
         assert_eq!(c.data_dir, PathBuf::from("./strand-data"));
+    }
+
+    #[test]
+    fn request_bounds_must_hold_a_frame() {
+        assert!(BrokerConfig::default().validate().is_ok());
+        let frame = u64::from(BrokerConfig::default().max_frame_bytes);
+        for (in_flight, memory) in [(frame - 1, frame), (frame, frame - 1)] {
+            let c = BrokerConfig {
+                connection_in_flight_bytes: in_flight,
+                request_memory_bytes: memory,
+                ..BrokerConfig::default()
+            };
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("max_frame_bytes"), "{err}");
+        }
+        let no_wait = BrokerConfig {
+            max_request_timeout_ms: 0,
+            ..BrokerConfig::default()
+        };
+        assert!(no_wait.validate().is_err());
     }
 
     #[test]

@@ -35,10 +35,12 @@
 //! - [`lease`]: this broker's own lease with the controller (while it
 //!   does not hold, its leaders acknowledge nothing), and the monotonic
 //!   clock.
+//! - [`limits`]: the node's connection counts and rates (checked as a
+//!   connection is accepted; its place travels with it between shards).
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 //!
 //! Dependencies point one way (no module imports one that imports it):
-//! config, routing, lease, controller, metrics, frame_io (leaves;
+//! config, routing, lease, limits, controller, metrics, frame_io (leaves;
 //! replica uses only the controller's ids)
 //! ← shard (which uses replica) ← router ← leaders, replication ← groups
 //! ← handlers
@@ -53,6 +55,7 @@ pub mod groups;
 mod handlers;
 mod leaders;
 pub mod lease;
+pub mod limits;
 pub mod metrics;
 pub mod peer;
 pub mod replica;

@@ -19,6 +19,10 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         let req = request::<AlterQueueRequest>(body)?;
         let name = user_queue_name(req.name())?;
         let current = shard.table().queue(&name).map(|q| q.settings.clone());
+        if let (Some(wanted), Some(now)) = (req.partitions(), current.as_ref()) {
+            let more = u64::from(wanted.saturating_sub(now.partitions));
+            super::create_queue::check_replica_room(shard, more * u64::from(now.replication_factor.max(1)))?;
+        }
         let changes = QueueChanges {
             partitions: req.partitions(),
             retention_ms: req

@@ -20,6 +20,8 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
         let req = request::<CreateQueueRequest>(body)?;
         let name = user_queue_name(req.name())?;
         let settings = settings(shard, req.config())?;
+        let adding = u64::from(settings.partitions) * u64::from(settings.replication_factor.max(1));
+        check_replica_room(shard, adding)?;
         Command::CreateQueue { name, settings }
     };
     let result = shard.propose(command).await.map_err(propose_error);
@@ -65,6 +67,48 @@ fn settings(shard: &Shard, config: Option<QueueConfig<'_>>) -> Result<QueueSetti
             .unwrap_or(default_min_insync_replicas(c.replication_factor()) as u16),
         segment_bytes: 0,
     })
+}
+
+/// Refuses a change that would give the cluster more partition replicas
+/// than `max_partition_replicas_per_shard` times its brokers' shards (each
+/// replica holds open files, memory and timers on its broker; without a
+/// bound, a client creating queues in a loop takes the brokers down).
+/// Checked here, on the table this broker holds, not in the controller's
+/// state machine: a limit the voters of two versions (or two settings)
+/// judged differently would split their state. Two creates at the same
+/// time may together pass it by one queue.
+pub fn check_replica_room(shard: &Shard, adding: u64) -> Result<(), WireError> {
+    let per_shard = shard.config.max_partition_replicas_per_shard;
+    if per_shard == 0 || adding == 0 {
+        return Ok(());
+    }
+    let table = shard.table();
+    let held: u64 = table
+        .queues
+        .values()
+        .flat_map(|q| q.partitions.iter())
+        .map(|p| p.replicas.len() as u64)
+        .sum();
+    // A broker from an older log reports no shards: one.
+    let shards: u64 = table
+        .brokers
+        .values()
+        .filter(|b| !b.decommissioning)
+        .map(|b| u64::from(b.shards.max(1)))
+        .sum::<u64>()
+        .max(u64::from(shard.shards));
+    let room = per_shard.saturating_mul(shards);
+    if held.saturating_add(adding) > room {
+        return Err(WireError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "the cluster holds {held} partition replicas and may hold {room} \
+                 (max_partition_replicas_per_shard {per_shard} × {shards} shards): {adding} more do not fit; \
+                 delete queues, add brokers, or raise the setting"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A queue's largest batch must fit in a frame with room to spare, or its

@@ -144,7 +144,9 @@ pub async fn handle(
     let (acks, timeout_ms, parts) = {
         let req = request::<ProduceRequest>(&frame.body)?;
         let acks = req.acks();
-        let timeout_ms = req.timeout_ms();
+        // A client may ask for no longer a wait than the broker allows.
+        let cap = u32::try_from(shard.config.max_request_timeout_ms).unwrap_or(u32::MAX);
+        let timeout_ms = req.timeout_ms().min(cap);
         if !(-1..=1).contains(&acks) {
             return Err(WireError::new(
                 ErrorCode::InvalidRequest,

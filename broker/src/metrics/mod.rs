@@ -41,6 +41,15 @@
 //!   position, for partitions with one)
 //! - `strand_group_rebalances_total` {group}, `strand_dlq_records_total`
 //!   {queue}
+//! - `strand_connections_refused_total` {shard, reason}: connections
+//!   closed as they came, over `max_connections`,
+//!   `max_connections_per_ip` or `max_connection_rate_per_ip`
+//!   (`crate::limits`); `strand_connections_closed_total` {shard, reason}:
+//!   connections the broker closed for `idle` (nothing sent and nothing
+//!   served for `connection_idle_timeout_ms`) or `slow_frame` (a frame
+//!   begun not whole within `frame_receive_timeout_ms`);
+//!   `strand_request_memory_bytes` {shard}: large requests the shard's
+//!   connections hold (bounded by `request_memory_bytes`)
 //! - `strand_connections`, `strand_shard_busy_ratio` (share of the time
 //!   since the previous scrape the shard's executor ran tasks or I/O, spin
 //!   excluded), `strand_shard_requests_in_flight` {shard}
@@ -174,6 +183,10 @@ pub struct ShardMetrics {
     queues: RefCell<HashMap<String, QueueCounters>>,
     latency: RefCell<BTreeMap<u16, LatencyHistogram>>,
     connections: Cell<i64>,
+    /// Connections refused as they came, by reason.
+    refused: RefCell<BTreeMap<&'static str, u64>>,
+    /// Connections the broker closed, by reason.
+    closed_by: RefCell<BTreeMap<&'static str, u64>>,
     /// When the busy ratio was last taken (the executor's run time counts
     /// from there).
     last_busy: Cell<std::time::Instant>,
@@ -230,6 +243,8 @@ impl Default for ShardMetrics {
             queues: RefCell::default(),
             latency: RefCell::default(),
             connections: Cell::new(0),
+            refused: RefCell::default(),
+            closed_by: RefCell::default(),
             last_busy: Cell::new(std::time::Instant::now()),
             forwarded: Cell::new(0),
             forwarded_total: Cell::new(0),
@@ -289,6 +304,16 @@ impl ShardMetrics {
         self.connections.set(self.connections.get() - 1);
     }
 
+    /// A connection closed as it came, over the limit `reason` names.
+    pub fn connection_refused(&self, reason: &'static str) {
+        *self.refused.borrow_mut().entry(reason).or_default() += 1;
+    }
+
+    /// A connection the broker closed, for `reason`.
+    pub fn connection_closed_by(&self, reason: &'static str) {
+        *self.closed_by.borrow_mut().entry(reason).or_default() += 1;
+    }
+
     /// A request sent to another shard; counted until the guard drops.
     pub fn forwarding(&self) -> Forwarded<'_> {
         self.forwarded.set(self.forwarded.get() + 1);
@@ -324,6 +349,8 @@ impl ShardMetrics {
         snap.queues = self.queues.borrow().iter().map(|(q, c)| (q.clone(), *c)).collect();
         snap.latency = self.latency.borrow().iter().map(|(a, h)| (*a, h.clone())).collect();
         snap.connections = self.connections.get();
+        snap.connections_refused = self.refused.borrow().iter().map(|(r, n)| (*r, *n)).collect();
+        snap.connections_closed = self.closed_by.borrow().iter().map(|(r, n)| (*r, *n)).collect();
         snap.forward_queue_depth = self.forwarded.get();
         snap.forwarded_total = self.forwarded_total.get();
         snap.sequence_refusals = self.sequence_refusals.get();
@@ -385,6 +412,12 @@ pub struct ShardSnapshot {
     pub queues: Vec<(String, QueueCounters)>,
     pub latency: Vec<(u16, LatencyHistogram)>,
     pub connections: i64,
+    /// (reason, count) of connections refused as they came.
+    pub connections_refused: Vec<(&'static str, u64)>,
+    /// (reason, count) of connections the broker closed.
+    pub connections_closed: Vec<(&'static str, u64)>,
+    /// Bytes of large requests the shard's connections hold.
+    pub request_memory_bytes: u64,
     pub partitions: Vec<PartitionGauges>,
     /// (group, queue, partition, committed position) of the groups this
     /// shard coordinates.
@@ -735,6 +768,37 @@ impl Collector for Scrape {
             "strand_connections",
             "Open client connections, by shard.",
             by_shard(&self.snapshots, |s| s.connections),
+        )?;
+        let by_reason = |pick: fn(&ShardSnapshot) -> &Vec<(&'static str, u64)>| {
+            let mut series: Vec<(Labels, u64)> = self
+                .snapshots
+                .iter()
+                .flat_map(|s| {
+                    pick(s)
+                        .iter()
+                        .map(|(r, n)| (vec![("shard", s.shard.to_string()), ("reason", r.to_string())], *n))
+                })
+                .collect();
+            series.sort();
+            series
+        };
+        counter(
+            &mut encoder,
+            "strand_connections_refused",
+            "Connections closed as they came: over max_connections, max_connections_per_ip or max_connection_rate_per_ip.",
+            by_reason(|s| &s.connections_refused),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_connections_closed",
+            "Connections the broker closed: idle (nothing sent or served for connection_idle_timeout_ms) or slow_frame.",
+            by_reason(|s| &s.connections_closed),
+        )?;
+        gauge(
+            &mut encoder,
+            "strand_request_memory_bytes",
+            "Bytes of large requests (over 64 KiB) the shard's connections hold, received or being served.",
+            by_shard(&self.snapshots, |s| s.request_memory_bytes as i64),
         )?;
         gauge(
             &mut encoder,

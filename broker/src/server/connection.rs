@@ -24,26 +24,41 @@
 //! pairs on the 2-core dev VM): broker CPU 124 → 113 ticks (median), 1253 →
 //! 1393 MiB/s.
 //!
+//! What one connection may take (issue 42): at most
+//! `connection_in_flight_bytes` of requests received and not yet answered
+//! (the reader waits past it), and a frame over [`READ_CHUNK`] first
+//! reserves its size from its shard's `request_memory_bytes` (the reader
+//! waits for room before it reads the frame's bytes: what many
+//! half-sent large frames can pin is bounded, and small requests never
+//! wait for it). A [`Watch`] closes a connection that serves nothing and
+//! sends nothing for `connection_idle_timeout_ms`, or whose frame begun is
+//! not whole within `frame_receive_timeout_ms` (a client that sends half a
+//! frame and stops). Connection counts and rates are `crate::limits`,
+//! applied before a connection gets here.
+//!
 //! A malformed frame (bad length, body past the frame) ends the connection
 //! (after the responses before it): the stream can no longer be trusted to
 //! be in step. Everything else — unknown API, bad version, a body that fails
 //! verification, a bad batch — is answered with a typed error and the
 //! connection goes on.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_lite::io::{ReadHalf, WriteHalf};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
+use glommio::sync::{Semaphore, StaticPermit};
 use glommio::task::JoinHandle;
 use strand_net::frame::{self, FrameLimits};
 use strand_net::OutFrame;
 use tracing::Instrument;
 
 use crate::handlers;
+use crate::limits::ConnectionSlot;
 use crate::shard::messages::ShardMessage;
 use crate::shard::Shard;
 
@@ -71,40 +86,66 @@ enum Pending {
 /// the partitions it uses, and its requests never cross between cores; for
 /// any other client the port is random and so is the shard, as with
 /// SO_REUSEPORT alone. If the hand-over fails the connection stays here.
-pub fn place(shard: &Rc<Shard>, stream: TcpStream) {
+pub fn place(shard: &Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     let _ = stream.set_nodelay(true);
     let target = stream
         .peer_addr()
         .ok()
         .map(|a| strand_wire::shard_for_port(a.port(), shard.shards))
         .filter(|&t| t != shard.id.0);
-    if let Some(target) = target {
-        match hand_over(shard, &stream, target) {
+    let slot = match target {
+        Some(target) => match hand_over(shard, &stream, target, slot) {
             // Dropping `stream` closes this shard's descriptor; the target
             // serves the socket through its own.
             Ok(()) => return,
-            Err(e) => tracing::debug!("serving a connection for shard {target} here: {e}"),
-        }
-    }
-    glommio::spawn_local(serve(shard.clone(), stream)).detach();
+            Err((e, Some(slot))) => {
+                tracing::debug!("serving a connection for shard {target} here: {e}");
+                slot
+            }
+            // The message (and the connection's place with it) is gone:
+            // closed, as if refused; the client connects again.
+            Err((e, None)) => {
+                tracing::warn!("closing a connection for shard {target}: handing it over failed: {e}");
+                return;
+            }
+        },
+        None => slot,
+    };
+    glommio::spawn_local(serve(shard.clone(), stream, slot)).detach();
 }
 
-fn hand_over(shard: &Shard, stream: &TcpStream, target: u16) -> Result<(), String> {
+/// Sends the connection to shard `target`; on failure, why, and its slot
+/// back where the message came back (a full or closed channel).
+fn hand_over(
+    shard: &Shard,
+    stream: &TcpStream,
+    target: u16,
+    slot: ConnectionSlot,
+) -> Result<(), (String, Option<ConnectionSlot>)> {
+    use glommio::{GlommioError, ResourceType};
     use std::os::fd::{AsRawFd, BorrowedFd};
     // SAFETY: `stream` owns this open descriptor for the whole borrow, which
     // only duplicates it.
-    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }
-        .try_clone_to_owned()
-        .map_err(|e| format!("duplicating the socket: {e}"))?;
-    // On failure the message, and with it the duplicate, is dropped.
+    let fd = match unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => return Err((format!("duplicating the socket: {e}"), Some(slot))),
+    };
+    // On failure the duplicate is dropped with the message.
     shard
         .peers
-        .try_send_to(usize::from(target), ShardMessage::Connection(fd))
-        .map_err(|e| e.to_string())
+        .try_send_to(usize::from(target), ShardMessage::Connection(fd, slot))
+        .map_err(|e| {
+            let why = e.to_string();
+            match e {
+                GlommioError::WouldBlock(ResourceType::Channel(ShardMessage::Connection(_, slot)))
+                | GlommioError::Closed(ResourceType::Channel(ShardMessage::Connection(_, slot))) => (why, Some(slot)),
+                _ => (why, None),
+            }
+        })
 }
 
 /// Serves a connection another shard handed over ([`place`]).
-pub async fn adopt(shard: Rc<Shard>, fd: std::os::fd::OwnedFd) {
+pub async fn adopt(shard: Rc<Shard>, fd: std::os::fd::OwnedFd, slot: ConnectionSlot) {
     use std::os::fd::{FromRawFd, IntoRawFd};
     if shard.stopping.get() {
         return; // dropping `fd` closes it
@@ -112,22 +153,45 @@ pub async fn adopt(shard: Rc<Shard>, fd: std::os::fd::OwnedFd) {
     // SAFETY: `fd` is a connected TCP socket (accepted by glommio on another
     // shard, whose descriptor is closed) whose ownership moves here.
     let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
-    serve(shard, stream).await;
+    serve(shard, stream, slot).await;
 }
 
-pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+/// Serves one connection until it ends; `slot` (its place among the
+/// node's connections) is given back then.
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     shard.metrics.connection_opened();
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let low_water = LowWater::new(std::os::fd::AsRawFd::as_raw_fd(&stream));
-    let (reader, writer) = futures_lite::io::split(stream);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let low_water = LowWater::new(fd);
+    let watch = Rc::new(Watch::new(Instant::now()));
+    let timeouts = Timeouts::of(&shard.config);
+    let watchdog = glommio::spawn_local(watchdog(shard.clone(), watch.clone(), fd, timeouts, peer.clone()));
+    // The socket closes when both halves are gone: `reader` is held here
+    // until the watchdog (which may shut the socket down by its number)
+    // is cancelled, so it never touches a number reused by another socket.
+    let (mut reader, writer) = futures_lite::io::split(stream);
     let (to_writer, responses) = local_channel::new_bounded::<Pending>(MAX_IN_FLIGHT);
     let writer_failed = Rc::new(Cell::new(false));
     let failed = writer_failed.clone();
     let peer_w = peer.clone();
     let writing = glommio::spawn_local(write_responses(writer, responses, failed, peer_w));
-    read_requests(&shard, reader, low_water, &to_writer, &writer_failed, &peer).await;
+    let budget = Budget {
+        connection: Rc::new(Semaphore::new(shard.config.connection_in_flight_bytes)),
+        shard: RequestMemory::of(&shard),
+        connection_bytes: shard.config.connection_in_flight_bytes,
+        shard_bytes: shard.config.request_memory_bytes,
+    };
+    let ends = Ends {
+        to_writer: &to_writer,
+        writer_failed: &writer_failed,
+        peer: &peer,
+    };
+    read_requests(&shard, &mut reader, low_water, &budget, &watch, ends).await;
     drop(to_writer);
     writing.await;
+    drop(watchdog);
+    drop(reader);
+    drop(slot);
     shard.metrics.connection_closed();
 }
 
@@ -219,14 +283,26 @@ async fn ready_now(pending: Pending) -> Result<Option<OutFrame>, Pending> {
     }
 }
 
+/// Where a connection's reader hands its requests, and what ends it.
+struct Ends<'a> {
+    to_writer: &'a local_channel::LocalSender<Pending>,
+    writer_failed: &'a Cell<bool>,
+    peer: &'a str,
+}
+
 async fn read_requests(
     shard: &Rc<Shard>,
-    mut stream: ReadHalf<TcpStream>,
+    stream: &mut ReadHalf<TcpStream>,
     mut low_water: LowWater,
-    to_writer: &local_channel::LocalSender<Pending>,
-    writer_failed: &Cell<bool>,
-    peer: &str,
+    budget: &Budget,
+    watch: &Rc<Watch>,
+    ends: Ends<'_>,
 ) {
+    let Ends {
+        to_writer,
+        writer_failed,
+        peer,
+    } = ends;
     let limits = FrameLimits {
         max_frame_bytes: shard.config.max_frame_bytes,
     };
@@ -236,6 +312,10 @@ async fn read_requests(
     // read (a 1 MiB frame arrives in many reads).
     let mut buf = BytesMut::new();
     let mut filled = 0;
+    // The room reserved for the frame at the front of `buf`, taken before
+    // its bytes were read (a frame whose header came with the rest has
+    // none until it is decoded).
+    let mut reserved: Option<Reservation> = None;
     // This connection's fetch chains (pipelined fetches: handlers::fetch)
     // and the producer ids it brought (handlers::produce).
     let state = Rc::new(handlers::ConnectionState::default());
@@ -247,10 +327,20 @@ async fn read_requests(
         buf.unsplit(room);
         match decoded {
             Ok(Some(request)) => {
+                let size = frame::HEADER_LEN + request.body.len() + request.tail.len();
+                let held = match reserved.take() {
+                    Some(held) => held,
+                    None => match watch.waiting_for_room(budget.reserve(size)).await {
+                        Some(held) => held,
+                        None => return,
+                    },
+                };
+                watch.frame_since.set(None);
                 // Counted from now: shutdown waits for every accepted request.
                 shard.in_flight.set(shard.in_flight.get() + 1);
                 shard.requests_seen.set(shard.requests_seen.get() + 1);
-                let (s, state) = (shard.clone(), state.clone());
+                watch.in_flight.set(watch.in_flight.get() + 1);
+                let (s, state, w) = (shard.clone(), state.clone(), watch.clone());
                 let (api, arrived) = (request.header.api, std::time::Instant::now());
                 // A span per request at debug level (nothing at info).
                 let span = tracing::debug_span!("request", api, correlation_id = request.header.correlation_id);
@@ -259,6 +349,9 @@ async fn read_requests(
                         let response = handlers::dispatch(&s, &state, request).await;
                         s.in_flight.set(s.in_flight.get() - 1);
                         s.metrics.request(api, arrived.elapsed());
+                        w.answered(Instant::now());
+                        // The request's bytes are gone: its room goes back.
+                        drop(held);
                         response
                     }
                     .instrument(span),
@@ -290,6 +383,19 @@ async fn read_requests(
         // Grow by at most READ_GROW a read: a header claiming a large frame
         // costs memory only as its bytes arrive.
         let needed = frame::needed(&buf[..filled], limits).unwrap_or(READ_CHUNK);
+        // The frame's size is known once its fixed fields came: room for
+        // it first (the reader waits here while the connection or the
+        // shard holds too much), then its bytes.
+        if filled >= frame::HEADER_LEN && reserved.is_none() {
+            reserved = match watch.waiting_for_room(budget.reserve(needed)).await {
+                Some(held) => Some(held),
+                None => return,
+            };
+        }
+        // A frame begun must come whole in time (the watch closes it).
+        if filled > 0 && watch.frame_since.get().is_none() {
+            watch.frame_since.set(Some(Instant::now()));
+        }
         let want = needed.saturating_sub(filled).clamp(READ_CHUNK, READ_GROW);
         if buf.len() < filled + want {
             // Too little room: drop the stale room (a reallocation would copy
@@ -305,9 +411,210 @@ async fn read_requests(
         }
         match stream.read(&mut buf[filled..filled + want]).await {
             Ok(0) => return,
-            Ok(n) => filled += n,
+            Ok(n) => {
+                filled += n;
+                watch.last_activity.set(Instant::now());
+            }
             Err(e) => {
                 tracing::debug!(%peer, "read failed: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// The room requests take: each connection's own bound and, for frames
+/// over [`READ_CHUNK`], the shard's.
+struct Budget {
+    connection: Rc<Semaphore>,
+    shard: Rc<Semaphore>,
+    /// Their sizes (`connection_in_flight_bytes`, `request_memory_bytes`).
+    connection_bytes: u64,
+    shard_bytes: u64,
+}
+
+/// Room held for one request until it is answered.
+struct Reservation {
+    _connection: StaticPermit,
+    _shard: Option<StaticPermit>,
+}
+
+impl Budget {
+    /// Room for a frame of `size` bytes, waiting for it (`None`: the
+    /// semaphores were closed; they never are while the shard runs).
+    /// `size` is at most `max_frame_bytes`, which both bounds hold
+    /// (`BrokerConfig::validate`); a larger one takes all of a bound
+    /// rather than waiting for ever.
+    async fn reserve(&self, size: usize) -> Option<Reservation> {
+        let size = size as u64;
+        let connection = self
+            .connection
+            .acquire_static_permit(size.min(self.connection_bytes))
+            .await
+            .ok()?;
+        let shard = match size > READ_CHUNK as u64 {
+            true => Some(
+                self.shard
+                    .acquire_static_permit(size.min(self.shard_bytes))
+                    .await
+                    .ok()?,
+            ),
+            false => None,
+        };
+        Some(Reservation {
+            _connection: connection,
+            _shard: shard,
+        })
+    }
+}
+
+/// A shard's `request_memory_bytes`, shared by its connections (kept in
+/// `Shard::ext`, made on first use).
+#[derive(Default)]
+pub struct RequestMemory(OnceCell<Rc<Semaphore>>);
+
+impl RequestMemory {
+    fn of(shard: &Shard) -> Rc<Semaphore> {
+        let memory = shard.ext.get_or_default::<RequestMemory>();
+        let semaphore = memory
+            .0
+            .get_or_init(|| Rc::new(Semaphore::new(shard.config.request_memory_bytes)));
+        semaphore.clone()
+    }
+
+    /// Bytes of large requests the shard's connections hold now.
+    pub fn in_use(shard: &Shard) -> u64 {
+        let total = shard.config.request_memory_bytes;
+        shard
+            .ext
+            .get::<RequestMemory>()
+            .and_then(|m| m.0.get().map(|s| total.saturating_sub(s.available())))
+            .unwrap_or(0)
+    }
+}
+
+/// The connection timeouts (`None`: off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timeouts {
+    idle: Option<Duration>,
+    frame: Option<Duration>,
+}
+
+impl Timeouts {
+    fn of(config: &crate::config::BrokerConfig) -> Timeouts {
+        let ms = |v: u64| (v > 0).then(|| Duration::from_millis(v));
+        Timeouts {
+            idle: ms(config.connection_idle_timeout_ms),
+            frame: ms(config.frame_receive_timeout_ms),
+        }
+    }
+}
+
+/// What the reader and the handlers tell the connection's watchdog.
+struct Watch {
+    /// When the connection last brought bytes or had its last request
+    /// answered.
+    last_activity: Cell<Instant>,
+    /// When the frame being received began to arrive (its room granted).
+    frame_since: Cell<Option<Instant>>,
+    /// Requests being served.
+    in_flight: Cell<usize>,
+    /// The reader waits for room for a frame whose header came (the
+    /// client is not idle, and its frame's clock has not started).
+    waiting: Cell<bool>,
+}
+
+/// What the watchdog does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// Close the connection, for this reason (the metric's label).
+    Close(&'static str),
+    /// Look again after this long.
+    Sleep(Duration),
+}
+
+/// The longest the watchdog sleeps (with both timeouts off it does not
+/// run at all); with a frame timeout it sleeps at most half of that, so a
+/// frame begun while it sleeps is timed within half its limit.
+const WATCH_MAX_SLEEP: Duration = Duration::from_secs(3600);
+
+impl Watch {
+    fn new(now: Instant) -> Watch {
+        Watch {
+            last_activity: Cell::new(now),
+            frame_since: Cell::new(None),
+            in_flight: Cell::new(0),
+            waiting: Cell::new(false),
+        }
+    }
+
+    /// Runs `reserve` (the reader waiting for room) as neither idleness nor
+    /// a slow frame; the frame's clock starts again once room is granted.
+    async fn waiting_for_room<T>(&self, reserve: impl std::future::Future<Output = T>) -> T {
+        self.frame_since.set(None);
+        self.waiting.set(true);
+        let held = reserve.await;
+        self.waiting.set(false);
+        held
+    }
+
+    /// A request was answered.
+    fn answered(&self, now: Instant) {
+        self.in_flight.set(self.in_flight.get().saturating_sub(1));
+        self.last_activity.set(now);
+    }
+
+    /// Whether the connection is to be closed at `now`, else when to look
+    /// again (pure: the watchdog's rule).
+    fn due(&self, now: Instant, t: Timeouts) -> Due {
+        let mut sleep = WATCH_MAX_SLEEP;
+        if let Some(frame) = t.frame {
+            if let Some(since) = self.frame_since.get() {
+                let waited = now.saturating_duration_since(since);
+                if waited >= frame {
+                    return Due::Close("slow_frame");
+                }
+                sleep = sleep.min(frame - waited);
+            }
+            // A frame may begin while the watchdog sleeps.
+            sleep = sleep.min((frame / 2).max(Duration::from_millis(1)));
+        }
+        if let Some(idle) = t.idle {
+            let quiet = self.in_flight.get() == 0 && self.frame_since.get().is_none() && !self.waiting.get();
+            match quiet {
+                true => {
+                    let waited = now.saturating_duration_since(self.last_activity.get());
+                    if waited >= idle {
+                        return Due::Close("idle");
+                    }
+                    sleep = sleep.min(idle - waited);
+                }
+                // Busy: idle at the soonest a whole timeout after the
+                // answer that ends it.
+                false => sleep = sleep.min(idle),
+            }
+        }
+        Due::Sleep(sleep)
+    }
+}
+
+/// Closes the connection on `fd` when its [`Watch`] says so: a shutdown of
+/// both directions, which ends its reader's pending read (nothing is
+/// cancelled mid-read) and its writer. Runs until the connection ends
+/// (`serve` drops it).
+async fn watchdog(shard: Rc<Shard>, watch: Rc<Watch>, fd: std::os::fd::RawFd, t: Timeouts, peer: String) {
+    if t.idle.is_none() && t.frame.is_none() {
+        return;
+    }
+    loop {
+        match watch.due(Instant::now(), t) {
+            Due::Sleep(d) => glommio::timer::sleep(d).await,
+            Due::Close(reason) => {
+                shard.metrics.connection_closed_by(reason);
+                tracing::debug!(%peer, reason, "closing the connection");
+                // SAFETY: `fd` is the connection's socket, open while
+                // `serve` runs, and this task never outlives `serve`.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
                 return;
             }
         }
@@ -375,6 +682,80 @@ impl LowWater {
         } else {
             Err(std::io::Error::last_os_error())
         }
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use std::time::{Duration, Instant};
+
+    use super::{Due, Timeouts, Watch};
+
+    const T: Timeouts = Timeouts {
+        idle: Some(Duration::from_secs(10)),
+        frame: Some(Duration::from_secs(4)),
+    };
+
+    #[test]
+    fn a_quiet_connection_closes_once_idle_and_a_busy_one_does_not() {
+        let start = Instant::now();
+        let w = Watch::new(start);
+        assert_eq!(w.due(start, T), Due::Sleep(Duration::from_secs(2)));
+        assert_eq!(
+            w.due(start + Duration::from_secs(9), T),
+            Due::Sleep(Duration::from_secs(1))
+        );
+        assert_eq!(w.due(start + Duration::from_secs(10), T), Due::Close("idle"));
+        // A request being served (a long poll) keeps it open however long,
+        // and the watchdog does not spin meanwhile.
+        w.in_flight.set(1);
+        assert_eq!(
+            w.due(start + Duration::from_secs(60), T),
+            Due::Sleep(Duration::from_secs(2))
+        );
+        let no_frame = Timeouts { frame: None, ..T };
+        assert_eq!(
+            w.due(start + Duration::from_secs(60), no_frame),
+            Due::Sleep(Duration::from_secs(10))
+        );
+        // Answered: the idle time counts from the answer.
+        w.answered(start + Duration::from_secs(60));
+        assert!(matches!(w.due(start + Duration::from_secs(65), T), Due::Sleep(_)));
+        assert_eq!(w.due(start + Duration::from_secs(70), T), Due::Close("idle"));
+    }
+
+    #[test]
+    fn a_frame_begun_must_be_whole_in_time_whatever_else_goes_on() {
+        let start = Instant::now();
+        let w = Watch::new(start);
+        w.in_flight.set(3);
+        w.frame_since.set(Some(start + Duration::from_secs(1)));
+        assert_eq!(
+            w.due(start + Duration::from_secs(4), T),
+            Due::Sleep(Duration::from_secs(1))
+        );
+        assert_eq!(w.due(start + Duration::from_secs(5), T), Due::Close("slow_frame"));
+        // Waiting for a frame's bytes is not idleness.
+        w.in_flight.set(0);
+        let w2 = Watch::new(start);
+        w2.frame_since.set(Some(start + Duration::from_secs(20)));
+        assert!(matches!(w2.due(start + Duration::from_secs(21), T), Due::Sleep(_)));
+        // Nor is waiting for room to read a frame into, however long.
+        let w3 = Watch::new(start);
+        w3.waiting.set(true);
+        assert!(matches!(w3.due(start + Duration::from_secs(600), T), Due::Sleep(_)));
+    }
+
+    #[test]
+    fn with_no_timeouts_nothing_closes() {
+        let start = Instant::now();
+        let w = Watch::new(start);
+        w.frame_since.set(Some(start));
+        let off = Timeouts {
+            idle: None,
+            frame: None,
+        };
+        assert!(matches!(w.due(start + Duration::from_secs(86_400), off), Due::Sleep(_)));
     }
 }
 

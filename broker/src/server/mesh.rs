@@ -56,6 +56,6 @@ async fn on_message(shard: Rc<Shard>, msg: ShardMessage) {
             applied.send(());
         }
         ShardMessage::Stats { reply } => reply.send(super::metrics_http::snapshot(&shard)),
-        ShardMessage::Connection(fd) => super::connection::adopt(shard, fd).await,
+        ShardMessage::Connection(fd, slot) => super::connection::adopt(shard, fd, slot).await,
     }
 }

@@ -124,6 +124,7 @@ async fn serve(shard: &Rc<Shard>, mut stream: TcpStream) -> Result<(), String> {
 /// This shard's snapshot: its own figures and its group coordinator's.
 pub fn snapshot(shard: &Shard) -> ShardSnapshot {
     let mut snap = shard.snapshot();
+    snap.request_memory_bytes = super::connection::RequestMemory::in_use(shard);
     crate::groups::add_to_snapshot(shard, &mut snap);
     snap
 }

@@ -30,6 +30,7 @@ use strand_storage::ShardStorage;
 
 use crate::config::BrokerConfig;
 use crate::controller::{Controller, MetadataTable, Settings as ControllerSettings};
+use crate::limits::{ConnectionLimiter, ConnectionLimits};
 use crate::routing::ShardId;
 use crate::shard::partitions::Partitions;
 use crate::shard::{self, Mesh, Shard};
@@ -71,6 +72,8 @@ struct Lifecycle {
     /// The data directory's id (`data_dir.rs`), registered with the
     /// controller.
     directory_id: u64,
+    /// The node's connections, counted across its shards.
+    connections: Arc<ConnectionLimiter>,
 }
 
 enum Event {
@@ -185,6 +188,11 @@ fn run_locked(
     let lease = crate::lease::OwnLease::default();
     let handed_off = Arc::new(AtomicBool::new(false));
     let directory_id = data_dir.id();
+    let connections = ConnectionLimiter::new(ConnectionLimits {
+        max_total: config.max_connections,
+        max_per_ip: config.max_connections_per_ip,
+        rate_per_ip: config.max_connection_rate_per_ip,
+    });
     let mesh = Mesh::full(usize::from(shards), config.shard_channel_capacity);
     let (events_tx, events) = mpsc::channel();
     let cpus = host::usable_cpu_ids();
@@ -199,6 +207,7 @@ fn run_locked(
             lease: lease.clone(),
             handed_off: handed_off.clone(),
             directory_id,
+            connections: connections.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
@@ -361,7 +370,7 @@ async fn shard_main(
     // Accepting from now on: the other nodes' controller members must
     // reach this one for the controller to elect a leader; clients are
     // answered only once `serving` is set (`handlers::dispatch`).
-    start_accepting(&shard, listener);
+    start_accepting(&shard, listener, lifecycle.connections.clone());
     if id.0 == 0 {
         let weak: Weak<Shard> = Rc::downgrade(&shard);
         let publish = Rc::new(move |table: &MetadataTable| {
@@ -491,12 +500,29 @@ impl ControllerMember {
 /// (say, on a timeout) can lose a connection the kernel had already
 /// accepted — the client would wait forever on a socket nobody reads. The
 /// stop flag (set from the signal thread) is looked at every 250 ms instead.
-fn start_accepting(shard: &Rc<Shard>, listener: TcpListener) {
+///
+/// A connection over one of the node's limits (`crate::limits`) is closed
+/// as it comes: counted in `strand_connections_refused_total` by reason,
+/// and logged at most every 10 s per shard with the count since.
+fn start_accepting(shard: &Rc<Shard>, listener: TcpListener, connections: Arc<ConnectionLimiter>) {
     let s = shard.clone();
     glommio::spawn_local(async move {
+        let mut refusals = RefusalLog::default();
         loop {
             match listener.accept().await {
-                Ok(stream) if !s.stopping.get() => connection::place(&s, stream),
+                Ok(stream) if !s.stopping.get() => {
+                    let ip = match stream.peer_addr() {
+                        Ok(a) => a.ip(),
+                        Err(_) => continue, // gone already: closed
+                    };
+                    match connections.admit(ip, Instant::now()) {
+                        Ok(slot) => connection::place(&s, stream, slot),
+                        Err(refusal) => {
+                            s.metrics.connection_refused(refusal.name());
+                            refusals.note(ip, refusal, Instant::now());
+                        }
+                    }
+                }
                 Ok(_) => {} // stopping: closed at once
                 Err(e) => {
                     tracing::warn!("accept failed: {e}");
@@ -506,6 +532,34 @@ fn start_accepting(shard: &Rc<Shard>, listener: TcpListener) {
         }
     })
     .detach();
+}
+
+/// The accept loop's log of refused connections: the first at once, then
+/// at most one line every [`RefusalLog::EVERY`] with how many since (a
+/// flood of connections must not become a flood of log lines).
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn note(&mut self, ip: std::net::IpAddr, refusal: crate::limits::Refusal, now: Instant) {
+        self.unlogged += 1;
+        if self.last.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
+            return;
+        }
+        tracing::warn!(
+            %ip,
+            limit = refusal.name(),
+            refused = self.unlogged,
+            "closing new connections over a limit (refused: the count since the last such line)"
+        );
+        self.last = Some(now);
+        self.unlogged = 0;
+    }
 }
 
 /// Waits until the broker is told to stop, hands its leaderships over

@@ -277,6 +277,7 @@ pub enum ShardMessage {
     },
     /// A client connection another shard accepted, for this shard to serve
     /// (its client port picked this shard: `strand_wire::shard_for_port`).
-    /// Dropping the message closes the socket.
-    Connection(std::os::fd::OwnedFd),
+    /// Dropping the message closes the socket and gives its place among
+    /// the node's connections back.
+    Connection(std::os::fd::OwnedFd, crate::limits::ConnectionSlot),
 }
