@@ -37,6 +37,8 @@
 //!   clock.
 //! - [`limits`]: the node's connection counts and rates (checked as a
 //!   connection is accepted; its place travels with it between shards).
+//! - [`fuzzing`]: the entry points of the broker's fuzz targets
+//!   (`broker/fuzz/`: replica-fetch bodies, controller payloads).
 //! - [`cli`]: the client subcommands of `strand` (`strand queue …`).
 //!
 //! Dependencies point one way (no module imports one that imports it):
@@ -51,6 +53,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 mod frame_io;
+pub mod fuzzing;
 pub mod groups;
 mod handlers;
 mod leaders;

@@ -27,7 +27,7 @@ pub mod stm;
 pub mod store;
 pub mod table;
 
-pub use node::{Controller, ProposeError, Settings, Voter};
+pub use node::{decode_payloads, Controller, ProposeError, Settings, Voter};
 pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
 pub use store::Publish;
 pub use table::{

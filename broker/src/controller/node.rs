@@ -101,6 +101,22 @@ struct LearnerRequest {
     address: String,
 }
 
+/// Reads `data` as every payload a controller member decodes from a peer
+/// (the fuzz target `controller_payload`, `crate::fuzzing`): none may
+/// panic. Also as the records of a raft log file and as a controller
+/// response body.
+pub fn decode_payloads(data: &[u8]) {
+    let _ = serde_json::from_slice::<Command>(data);
+    let _ = serde_json::from_slice::<LearnerRequest>(data);
+    let _ = serde_json::from_slice::<Heartbeat>(data);
+    let _ = serde_json::from_slice::<openraft::raft::VoteRequest<u64>>(data);
+    let _ = serde_json::from_slice::<AppendEntriesRequest<TypeConfig>>(data);
+    let _ = serde_json::from_slice::<InstallSnapshotRequest<TypeConfig>>(data);
+    let _ = super::network::decode_response(data);
+    let (records, end) = super::store::count_records(data);
+    assert!(end <= data.len() && (records == 0 || end > 0));
+}
+
 /// A broker's lease renewal (`ControllerOp::BrokerHeartbeat`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Heartbeat {

@@ -22,7 +22,7 @@ mod groups;
 mod list_offsets;
 mod metadata;
 mod produce;
-mod replica_fetch;
+pub(crate) mod replica_fetch;
 
 use std::rc::Rc;
 

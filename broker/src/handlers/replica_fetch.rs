@@ -30,15 +30,19 @@ const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
 /// How often other shards' partitions are looked at while waiting.
 const REMOTE_RECHECK: Duration = Duration::from_millis(10);
 
-struct Want {
+pub(crate) struct Want {
     queue: String,
     partition: u32,
-    want: ReplicaWant,
+    pub(crate) want: ReplicaWant,
     /// The high watermark the follower knows.
     high_watermark: u64,
 }
 
-pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+/// The partitions a ReplicaFetch body asks for and how long it may wait
+/// (at most [`MAX_WAIT_CAP`]), each partition's `max_bytes` cut to its
+/// share of a frame of `max_frame_bytes` so the answer fits. Pure (the
+/// fuzz target `replica_fetch_body` drives it).
+pub(crate) fn parse(body: &[u8], max_frame_bytes: u32) -> Result<(Vec<Want>, Duration), WireError> {
     let (wants, max_wait) = {
         let req = request::<ReplicaFetchRequest>(body)?;
         let replica = req.replica_id();
@@ -69,10 +73,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     };
     super::check_entries(wants.len())?;
     // The answer must fit in a frame: each partition's share of the room.
-    let frame_room = (shard.config.max_frame_bytes as usize)
-        .saturating_sub(1 << 20)
-        .max(1 << 20);
-    let share = (frame_room / wants.len().max(1)).max(64 << 10) as u32;
+    let share = share_of(max_frame_bytes, wants.len());
     let wants: Vec<Want> = wants
         .into_iter()
         .map(|w| Want {
@@ -83,6 +84,18 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             ..w
         })
         .collect();
+    Ok((wants, max_wait))
+}
+
+/// Each of `partitions`' share of a frame of `max_frame_bytes` (less 1 MiB
+/// for the rest of the answer), at least 64 KiB.
+pub(crate) fn share_of(max_frame_bytes: u32, partitions: usize) -> u32 {
+    let frame_room = (max_frame_bytes as usize).saturating_sub(1 << 20).max(1 << 20);
+    (frame_room / partitions.max(1)).max(64 << 10) as u32
+}
+
+pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+    let (wants, max_wait) = parse(body, shard.config.max_frame_bytes)?;
     let deadline = Instant::now() + max_wait;
     let all_local = wants.iter().all(|w| shard.owner(&w.queue, w.partition) == shard.id);
     let results = loop {
