@@ -31,6 +31,16 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     scenario: Scenario,
+    /// PEM CA of the brokers' certificates: the scenarios that go through
+    /// strand-client (produce, consume, e2e, client) talk TLS.
+    #[arg(long = "tls-ca", global = true, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate (mTLS; with --tls-key).
+    #[arg(long = "tls-cert", global = true, value_name = "FILE")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long = "tls-key", global = true, value_name = "FILE")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -61,6 +71,18 @@ enum Scenario {
 fn main() {
     strand_storage::tune_process_allocator();
     let cli = Cli::parse();
+    let files = strand_client::tls::TlsFiles {
+        ca: cli.tls_ca.clone(),
+        cert: cli.tls_cert.clone(),
+        key: cli.tls_key.clone(),
+    };
+    match files.client_config() {
+        Ok(config) => strand_client::tls::set_default(config),
+        Err(e) => {
+            eprintln!("strand-bench: TLS: {e}");
+            std::process::exit(2);
+        }
+    }
     let result = match cli.scenario {
         Scenario::Storage(args) => storage::run(args),
         Scenario::Baseline(args) => baseline::run(args),

@@ -262,10 +262,29 @@ pub struct BrokerConfig {
     /// The longest wait a request may ask for (a produce's `timeout_ms`),
     /// in ms: a longer one is cut to this.
     pub max_request_timeout_ms: u64,
+    /// PEM certificate chain and key: TLS on the client listener and every
+    /// link between brokers (`server::tls`); both or neither.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA that client certificates must be signed by (mTLS).
+    pub tls_client_ca: Option<PathBuf>,
+    /// PEM CA of the other brokers' certificates (default: `tls_client_ca`).
+    pub tls_ca: Option<PathBuf>,
     /// Partition replicas the cluster may hold per shard of its brokers (0:
     /// no limit): a queue create or a partition increase past it is
     /// refused (`handlers::create_queue::check_replica_room`).
     pub max_partition_replicas_per_shard: u64,
+}
+
+/// The TLS files a broker was started with (`server::tls`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Client certificates must be signed by it (mTLS).
+    pub client_ca: Option<PathBuf>,
+    /// The other brokers' certificates must be signed by it.
+    pub peer_ca: Option<PathBuf>,
 }
 
 /// Parses `ID@HOST:PORT,ID@HOST:PORT,...` (the flag's and the file's form).
@@ -351,6 +370,10 @@ impl Default for BrokerConfig {
             request_memory_bytes: 256 << 20,
             max_request_timeout_ms: 300_000,
             max_partition_replicas_per_shard: 2_000,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_ca: None,
         }
     }
 }
@@ -402,6 +425,21 @@ pub struct Overrides {
     /// every voter starts with the same list [default: this node alone].
     #[arg(long, value_name = "ID@HOST:PORT,...")]
     pub controller_voters: Option<String>,
+    /// PEM certificate chain: TLS on the client listener and every link
+    /// between brokers (with --tls-key).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA that client certificates must be signed by: requires and
+    /// verifies them (mTLS).
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// PEM CA of the other brokers' certificates, for the links between
+    /// brokers [default: --tls-client-ca].
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl BrokerConfig {
@@ -441,12 +479,32 @@ impl BrokerConfig {
         if let Some(v) = flags.advertise {
             config.advertise = Some(v);
         }
+        for (flag, setting) in [
+            (&flags.tls_cert, &mut config.tls_cert),
+            (&flags.tls_key, &mut config.tls_key),
+            (&flags.tls_client_ca, &mut config.tls_client_ca),
+            (&flags.tls_ca, &mut config.tls_ca),
+        ] {
+            if let Some(v) = flag {
+                *setting = Some(v.clone());
+            }
+        }
         if let Some(v) = &flags.controller_voters {
             config.controller_voters =
                 parse_voters(v).map_err(|e| ConfigError::Invalid(format!("--controller-voters: {e}")))?;
         }
         config.validate()?;
         Ok(config)
+    }
+
+    /// The TLS files, when TLS is on.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+            peer_ca: self.tls_ca.clone(),
+        })
     }
 
     /// The log settings every queue's logs start from (a queue's own go on
@@ -580,6 +638,12 @@ impl BrokerConfig {
                  max_frame_bytes {frame}",
                 self.connection_in_flight_bytes, self.request_memory_bytes
             ));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return bad("tls_cert and tls_key (--tls-cert, --tls-key) go together".into());
+        }
+        if self.tls_cert.is_none() && (self.tls_client_ca.is_some() || self.tls_ca.is_some()) {
+            return bad("tls_client_ca and tls_ca (--tls-client-ca, --tls-ca) need tls_cert and tls_key".into());
         }
         if self.max_request_timeout_ms == 0 {
             return bad("max_request_timeout_ms must be above 0".into());

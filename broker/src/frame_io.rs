@@ -3,13 +3,70 @@
 //! copied together). Client connections (`server::connection`) and peer
 //! links (`peer::link`) both write this way.
 
-use futures_lite::io::WriteHalf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_lite::io::{AsyncRead, AsyncWrite};
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 use strand_net::OutFrame;
 
+/// How a peer link opens its TLS session (`server::tls`).
+#[derive(Clone)]
+pub struct PeerTls(pub futures_rustls::TlsConnector);
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTls")
+    }
+}
+
+/// A broker's socket: plain, or a TLS session over it (`server::tls`) as
+/// the listener accepted it or a peer link opened it.
+pub enum Stream {
+    Plain(TcpStream),
+    Accepted(Box<futures_rustls::server::TlsStream<TcpStream>>),
+    Opened(Box<futures_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Accepted(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Opened(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Accepted(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Opened(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Accepted(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Opened(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_close(cx),
+            Stream::Accepted(s) => Pin::new(s.as_mut()).poll_close(cx),
+            Stream::Opened(s) => Pin::new(s.as_mut()).poll_close(cx),
+        }
+    }
+}
+
 /// Writes `out` whole, then flushes.
-pub async fn write_frame(stream: &mut WriteHalf<TcpStream>, out: &OutFrame) -> std::io::Result<()> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(stream: &mut W, out: &OutFrame) -> std::io::Result<()> {
     stream.write_all(&out.head).await?;
     for piece in &out.tail {
         stream.write_all(piece).await?;

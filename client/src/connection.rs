@@ -155,9 +155,15 @@ pub struct Connection {
     inner: Arc<Inner>,
 }
 
+/// A connection's TLS session (`crate::tls`), shared by its writers and
+/// its reader thread; each holds it only to encrypt or decrypt.
+type Session = Arc<Mutex<rustls::ClientConnection>>;
+
 struct Inner {
     addr: String,
     writer: Mutex<(TcpStream, u32)>,
+    /// With TLS: the session every write is encrypted through.
+    tls: Option<Session>,
     /// A second handle on the socket, to shut it down while a writer holds
     /// `writer` (blocked on a broker that reads nothing).
     shutter: TcpStream,
@@ -220,21 +226,27 @@ impl Connection {
             _ => TcpStream::connect_timeout(&sock, connect_timeout),
         }
         .map_err(io)?;
-        stream.set_read_timeout(Some(OVERDUE_CHECK)).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
+        let tls = match crate::tls::default_config() {
+            Some(config) => Some(handshake(addr, &stream, config, connect_timeout)?),
+            None => None,
+        };
+        stream.set_read_timeout(Some(OVERDUE_CHECK)).map_err(io)?;
         let reader = stream.try_clone().map_err(io)?;
         let shutter = stream.try_clone().map_err(io)?;
         let pending: Pending = Arc::default();
         let p = pending.clone();
         let name = addr.to_string();
+        let session = tls.clone();
         std::thread::Builder::new()
             .name(format!("strand-client {addr}"))
-            .spawn(move || read_loop(reader, p, name, busy_poll))
+            .spawn(move || read_loop(reader, p, name, busy_poll, session))
             .map_err(io)?;
         Ok(Connection {
             inner: Arc::new(Inner {
                 addr: addr.to_string(),
                 writer: Mutex::new((stream, 1)),
+                tls,
                 shutter,
                 pending,
             }),
@@ -370,7 +382,10 @@ impl Connection {
             }
         }
         let out = OutFrame::request(api, id, body, tail);
-        let written = write_frame(&mut w.0, &out);
+        let written = match &self.inner.tls {
+            None => write_frame(&mut w.0, &out),
+            Some(tls) => write_frame_tls(&mut w.0, tls, &out),
+        };
         if let Err(e) = written {
             let err = ClientError::Io {
                 addr: self.inner.addr.clone(),
@@ -409,6 +424,79 @@ fn write_frame(stream: &mut TcpStream, out: &OutFrame) -> std::io::Result<()> {
     Ok(())
 }
 
+/// TLS's handshake with the broker at `addr` over `stream`, within
+/// `timeout`: the session, or a [`ClientError::Tls`] that says what was
+/// wrong (the broker's certificate, most often).
+fn handshake(
+    addr: &str,
+    stream: &TcpStream,
+    config: Arc<rustls::ClientConfig>,
+    timeout: Duration,
+) -> Result<Session, ClientError> {
+    let tls_error = |message: String| ClientError::Tls {
+        addr: addr.to_string(),
+        message,
+    };
+    let name = crate::tls::server_name(addr).map_err(tls_error)?;
+    let mut session = rustls::ClientConnection::new(config, name).map_err(|e| tls_error(e.to_string()))?;
+    let io = |e: std::io::Error| ClientError::Io {
+        addr: addr.to_string(),
+        message: e.to_string(),
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    let mut sock = stream;
+    while session.is_handshaking() {
+        match session.complete_io(&mut sock) {
+            Ok((0, 0)) if session.is_handshaking() => {
+                return Err(tls_error(
+                    "the broker closed the connection during the TLS handshake (does it listen with TLS? \
+                     is a client certificate required: --tls-cert/--tls-key?)"
+                        .into(),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(tls_error(format!(
+                    "no TLS handshake within {timeout:?} (is the broker listening without TLS?)"
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(tls_error(
+                    "the broker closed the connection during the TLS handshake (does it listen with TLS? \
+                     is a client certificate required: --tls-cert/--tls-key?)"
+                        .into(),
+                ))
+            }
+            Err(e) => return Err(tls_error(format!("handshake failed: {e}"))),
+        }
+    }
+    stream.set_write_timeout(None).map_err(io)?;
+    Ok(Arc::new(Mutex::new(session)))
+}
+
+/// [`write_frame`] through TLS: encrypted under the session's lock into a
+/// buffer, then written with the lock released (the reader thread needs
+/// it to decrypt what arrives meanwhile; a writer blocked on a full
+/// socket while holding it could stall both ends). The caller's writer
+/// lock keeps records in order.
+fn write_frame_tls(stream: &mut TcpStream, tls: &Session, out: &OutFrame) -> std::io::Result<()> {
+    let mut sealed = Vec::with_capacity(out.len() + 64);
+    {
+        let mut session = tls
+            .lock()
+            .map_err(|_| std::io::Error::other("the TLS session's lock is poisoned"))?;
+        session.writer().write_all(&out.head)?;
+        for piece in &out.tail {
+            session.writer().write_all(piece)?;
+        }
+        while session.wants_write() {
+            session.write_tls(&mut sealed)?;
+        }
+    }
+    stream.write_all(&sealed)
+}
+
 /// Bytes a read asks the socket for at least.
 const READ_CHUNK: usize = 64 << 10;
 /// Most the buffer grows by for one read (a response larger than this
@@ -439,6 +527,32 @@ fn recv_into(stream: &TcpStream, buf: &mut BytesMut, flags: libc::c_int) -> Opti
     }
 }
 
+/// Decrypts `sealed` (TLS records as they came) through the session and
+/// appends the plaintext to `buf`; why the connection fails, if it does.
+fn open_sealed(tls: &Session, sealed: &[u8], buf: &mut BytesMut) -> Result<(), String> {
+    use std::io::Read;
+    let mut session = tls
+        .lock()
+        .map_err(|_| "the TLS session's lock is poisoned".to_string())?;
+    let mut rest = sealed;
+    let mut plain = [0u8; 16 << 10];
+    while !rest.is_empty() {
+        if session.read_tls(&mut rest).map_err(|e| format!("TLS: {e}"))? == 0 {
+            return Err("TLS: the session takes no more bytes".into());
+        }
+        session.process_new_packets().map_err(|e| format!("TLS: {e}"))?;
+        loop {
+            match session.reader().read(&mut plain) {
+                Ok(0) => return Err("the broker closed the TLS session".into()),
+                Ok(n) => buf.extend_from_slice(&plain[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(format!("TLS: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Why the connection fails, if a request is past its deadline.
 fn overdue(pending: &Pending) -> Option<String> {
     let now = Instant::now();
@@ -448,8 +562,10 @@ fn overdue(pending: &Pending) -> Option<String> {
         .then(|| format!("{late} request(s) unanswered past their deadline (the broker may be paused or cut off)"))
 }
 
-fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Duration) {
+fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Duration, tls: Option<Session>) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    // With TLS, what the socket gives lands here first.
+    let mut sealed = BytesMut::with_capacity(if tls.is_some() { READ_CHUNK } else { 0 });
     let limits = FrameLimits {
         max_frame_bytes: MAX_RESPONSE_BYTES,
     };
@@ -492,18 +608,32 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
         buf.reserve(needed.saturating_sub(buf.len()).clamp(READ_CHUNK, READ_GROW));
         // Busy-poll while a response is due, then sleep in recv.
         let mut got = None;
+        let into = match tls {
+            Some(_) => {
+                sealed.clear();
+                sealed.reserve(READ_CHUNK);
+                &mut sealed
+            }
+            None => &mut buf,
+        };
         if !busy_poll.is_zero() && pending.lock().is_ok_and(|p| !p.waiting.is_empty()) {
             let until = Instant::now() + busy_poll;
             while got.is_none() && Instant::now() < until {
-                got = recv_into(&stream, &mut buf, libc::MSG_DONTWAIT);
+                got = recv_into(&stream, into, libc::MSG_DONTWAIT);
                 if got.is_none() {
                     std::hint::spin_loop();
                 }
             }
         }
-        match got.or_else(|| recv_into(&stream, &mut buf, 0)) {
+        match got.or_else(|| recv_into(&stream, into, 0)) {
             Some(Ok(0)) => break "the broker closed the connection".to_string(),
-            Some(Ok(_)) => {}
+            Some(Ok(_)) => {
+                if let Some(tls) = &tls {
+                    if let Err(e) = open_sealed(tls, &sealed, &mut buf) {
+                        break e;
+                    }
+                }
+            }
             // Quiet for `OVERDUE_CHECK`: the check above runs next.
             Some(Err(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Some(Err(e)) => break e.to_string(),

@@ -15,6 +15,11 @@ pub enum ClientError {
     #[error("connection to {addr}: {message}")]
     Io { addr: String, message: String },
     /// The broker's answer could not be read.
+    /// TLS with the broker failed: its certificate (unknown issuer, wrong
+    /// name, expired), a client certificate it wanted, or a broker without
+    /// TLS. Not retried: it does not mend by itself.
+    #[error("TLS with {addr}: {message}")]
+    Tls { addr: String, message: String },
     #[error("bad response: {0}")]
     Protocol(String),
     #[error("invalid argument: {0}")]

@@ -32,6 +32,7 @@ mod group;
 mod producer;
 pub mod requests;
 pub mod retry;
+pub mod tls;
 
 pub use admin::{
     Admin, BrokerDescription, BrokerDisk, ClusterDescription, FsyncSpec, PartitionDescription, PartitionPlacement,

@@ -51,19 +51,46 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
     }
 }
 
-/// The `--brokers` flag every client command takes.
+/// The `--brokers` and TLS flags every client command takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Brokers {
     /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
     #[arg(long = "brokers", global = true, value_name = "HOST:PORT[,HOST:PORT...]")]
     pub flag: Option<String>,
+    /// PEM CA of the brokers' certificates: talk TLS [default:
+    /// $STRAND_TLS_CA; neither: plaintext].
+    #[arg(long = "tls-ca", global = true, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate, for brokers that require one (mTLS; with
+    /// --tls-key).
+    #[arg(long = "tls-cert", global = true, value_name = "FILE")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long = "tls-key", global = true, value_name = "FILE")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl Brokers {
     /// Where to reach the cluster (`HOST:PORT[,HOST:PORT...]`): the flag,
     /// else `$STRAND_BROKERS`, else the local default. The client library
-    /// parses it and uses the first broker that answers.
+    /// parses it and uses the first broker that answers. Also turns TLS on
+    /// for every connection the command makes when a CA is given (a bad
+    /// file ends the command with a line naming it, exit status 2).
     pub fn list(self) -> String {
+        let files = strand_client::tls::TlsFiles {
+            ca: self
+                .tls_ca
+                .or_else(|| std::env::var_os("STRAND_TLS_CA").map(std::path::PathBuf::from)),
+            cert: self.tls_cert,
+            key: self.tls_key,
+        };
+        match files.client_config() {
+            Ok(config) => strand_client::tls::set_default(config),
+            Err(e) => {
+                eprintln!("strand: TLS: {e}");
+                std::process::exit(2);
+            }
+        }
         self.flag
             .or_else(|| std::env::var("STRAND_BROKERS").ok())
             .unwrap_or_else(|| "127.0.0.1:9400".to_string())

@@ -46,8 +46,10 @@
 //!   `max_connections_per_ip` or `max_connection_rate_per_ip`
 //!   (`crate::limits`); `strand_connections_closed_total` {shard, reason}:
 //!   connections the broker closed for `idle` (nothing sent and nothing
-//!   served for `connection_idle_timeout_ms`) or `slow_frame` (a frame
-//!   begun not whole within `frame_receive_timeout_ms`);
+//!   served for `connection_idle_timeout_ms`), `slow_frame` (a frame
+//!   begun not whole within `frame_receive_timeout_ms`), `tls_handshake`
+//!   (a TLS handshake that failed or took over 10 s), `plaintext_on_tls`
+//!   or `tls_on_plaintext` (a client speaking the other);
 //!   `strand_request_memory_bytes` {shard}: large requests the shard's
 //!   connections hold (bounded by `request_memory_bytes`)
 //! - `strand_connections`, `strand_shard_busy_ratio` (share of the time
@@ -791,7 +793,7 @@ impl Collector for Scrape {
         counter(
             &mut encoder,
             "strand_connections_closed",
-            "Connections the broker closed: idle (nothing sent or served for connection_idle_timeout_ms) or slow_frame.",
+            "Connections the broker closed: idle, slow_frame, tls_handshake, plaintext_on_tls or tls_on_plaintext.",
             by_reason(|s| &s.connections_closed),
         )?;
         gauge(

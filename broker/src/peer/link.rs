@@ -35,6 +35,8 @@ use futures_channel::oneshot;
 use futures_lite::io::{ReadHalf, WriteHalf};
 use futures_lite::AsyncReadExt;
 use glommio::net::TcpStream;
+
+use crate::frame_io::Stream;
 use strand_net::frame::{self, Frame, FrameLimits};
 use strand_net::message::TailBuilder;
 use strand_net::OutFrame;
@@ -64,6 +66,9 @@ pub struct PeerLink {
 struct Inner {
     addr: SocketAddr,
     limits: FrameLimits,
+    /// With TLS: the session each connection opens over its socket,
+    /// verified for the peer's IP address.
+    tls: Option<crate::frame_io::PeerTls>,
     /// One writer at a time (and one connect).
     write_lock: glommio::sync::Semaphore,
     conn: RefCell<Option<Rc<Conn>>>,
@@ -73,7 +78,7 @@ struct Inner {
 /// One TCP connection and its reader task.
 struct Conn {
     /// Taken out while a call writes (under the write lock).
-    writer: RefCell<Option<WriteHalf<TcpStream>>>,
+    writer: RefCell<Option<WriteHalf<Stream>>>,
     waiting: Rc<Waiting>,
     /// Cleared by the reader when the connection fails.
     alive: Rc<Cell<bool>>,
@@ -112,11 +117,12 @@ async fn before<T>(deadline: Instant, fut: impl Future<Output = T>) -> Option<T>
 impl PeerLink {
     /// A link to the broker at `addr`, taking responses up to `limits`.
     /// Nothing connects until the first call.
-    pub fn new(addr: SocketAddr, limits: FrameLimits) -> PeerLink {
+    pub fn new(addr: SocketAddr, limits: FrameLimits, tls: Option<crate::frame_io::PeerTls>) -> PeerLink {
         PeerLink {
             inner: Rc::new(Inner {
                 addr,
                 limits,
+                tls,
                 write_lock: glommio::sync::Semaphore::new(1),
                 conn: RefCell::new(None),
                 next_id: Cell::new(1),
@@ -216,6 +222,22 @@ impl PeerLink {
             None => return Err(PeerError::Timeout { addr, after: timeout }),
         };
         let _ = stream.set_nodelay(true);
+        let stream = match &self.inner.tls {
+            None => Stream::Plain(stream),
+            Some(connector) => {
+                let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                match before(deadline, connector.0.connect(name, stream)).await {
+                    Some(Ok(tls)) => Stream::Opened(Box::new(tls)),
+                    Some(Err(e)) => {
+                        return Err(PeerError::Unreachable {
+                            addr,
+                            message: format!("TLS handshake: {e}"),
+                        })
+                    }
+                    None => return Err(PeerError::Timeout { addr, after: timeout }),
+                }
+            }
+        };
         let (reader, writer) = futures_lite::io::split(stream);
         let waiting: Rc<Waiting> = Rc::default();
         let alive = Rc::new(Cell::new(true));
@@ -266,7 +288,7 @@ struct UnfinishedWrite<'a> {
     link: &'a PeerLink,
     conn: &'a Rc<Conn>,
     /// The connection's writer, taken for the write; put back by `finish`.
-    writer: Option<WriteHalf<TcpStream>>,
+    writer: Option<WriteHalf<Stream>>,
 }
 
 impl UnfinishedWrite<'_> {
@@ -289,7 +311,7 @@ const READ_CHUNK: usize = 64 << 10;
 /// Reads responses until the connection fails, handing each to the call
 /// waiting for its correlation id (none waits for a call that gave up).
 async fn read_responses(
-    mut reader: ReadHalf<TcpStream>,
+    mut reader: ReadHalf<Stream>,
     waiting: Rc<Waiting>,
     alive: Rc<Cell<bool>>,
     limits: FrameLimits,
@@ -432,7 +454,7 @@ mod tests {
                     (frames, false)
                 }),
             );
-            let link = PeerLink::new(addr, FrameLimits::default());
+            let link = PeerLink::new(addr, FrameLimits::default(), None);
             let calls = (0..10u8).map(|i| {
                 let link = link.clone();
                 async move {
@@ -461,7 +483,7 @@ mod tests {
             let (l, addr) = listener();
             // Answers nothing until it has 1000 requests.
             serve(l, 1000, Rc::new(|_| (Vec::new(), false)));
-            let link = PeerLink::new(addr, FrameLimits::default());
+            let link = PeerLink::new(addr, FrameLimits::default(), None);
             let mut first: Option<Rc<Conn>> = None;
             for _ in 0..2 {
                 let started = Instant::now();
@@ -484,7 +506,7 @@ mod tests {
     fn a_peer_that_does_not_read_cannot_hold_a_writer() {
         run(|| async {
             let addr = never_reading_peer();
-            let link = PeerLink::new(addr, FrameLimits::default());
+            let link = PeerLink::new(addr, FrameLimits::default(), None);
             let big = vec![7u8; 32 << 20];
             let started = Instant::now();
             let err = link
@@ -502,7 +524,7 @@ mod tests {
     fn a_call_dropped_mid_write_closes_the_connection() {
         run(|| async {
             let addr = never_reading_peer();
-            let link = PeerLink::new(addr, FrameLimits::default());
+            let link = PeerLink::new(addr, FrameLimits::default(), None);
             let caller = link.clone();
             let call = glommio::spawn_local(async move {
                 let big = vec![7u8; 32 << 20];
@@ -544,7 +566,7 @@ mod tests {
                     }
                 }),
             );
-            let link = PeerLink::new(addr, FrameLimits::default());
+            let link = PeerLink::new(addr, FrameLimits::default(), None);
             let started = Instant::now();
             let err = link
                 .call(Api::ApiVersions, b"a", TailBuilder::default(), Duration::from_secs(10))
@@ -568,7 +590,7 @@ mod tests {
         run(|| async {
             let (l, addr) = listener();
             drop(l);
-            let link = PeerLink::new(addr, FrameLimits::default());
+            let link = PeerLink::new(addr, FrameLimits::default(), None);
             let err = link
                 .call(Api::ApiVersions, b"a", TailBuilder::default(), Duration::from_secs(2))
                 .await

@@ -57,6 +57,7 @@ use strand_net::frame::{self, FrameLimits};
 use strand_net::OutFrame;
 use tracing::Instrument;
 
+use crate::frame_io::Stream;
 use crate::handlers;
 use crate::limits::ConnectionSlot;
 use crate::shard::messages::ShardMessage;
@@ -162,7 +163,23 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     shard.metrics.connection_opened();
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-    let low_water = LowWater::new(fd);
+    let stream = match ListenerTls::of(&shard) {
+        None => Stream::Plain(stream),
+        Some(acceptor) => match accept_tls(&shard, &acceptor, stream, &peer).await {
+            Some(tls) => Stream::Accepted(Box::new(tls)),
+            None => {
+                drop(slot);
+                shard.metrics.connection_closed();
+                return;
+            }
+        },
+    };
+    // The mark counts the socket's bytes, which under TLS are not the
+    // frame's: only for plaintext.
+    let low_water = match &stream {
+        Stream::Plain(_) => LowWater::new(fd),
+        _ => LowWater::disabled(),
+    };
     let watch = Rc::new(Watch::new(Instant::now()));
     let timeouts = Timeouts::of(&shard.config);
     let watchdog = glommio::spawn_local(watchdog(shard.clone(), watch.clone(), fd, timeouts, peer.clone()));
@@ -170,6 +187,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     // until the watchdog (which may shut the socket down by its number)
     // is cancelled, so it never touches a number reused by another socket.
     let (mut reader, writer) = futures_lite::io::split(stream);
+    let tls = ListenerTls::of(&shard).is_some();
     let (to_writer, responses) = local_channel::new_bounded::<Pending>(MAX_IN_FLIGHT);
     let writer_failed = Rc::new(Cell::new(false));
     let failed = writer_failed.clone();
@@ -186,7 +204,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
         writer_failed: &writer_failed,
         peer: &peer,
     };
-    read_requests(&shard, &mut reader, low_water, &budget, &watch, ends).await;
+    read_requests(&shard, &mut reader, low_water, &budget, &watch, ends, tls).await;
     drop(to_writer);
     writing.await;
     drop(watchdog);
@@ -195,12 +213,105 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     shard.metrics.connection_closed();
 }
 
+/// How long a TLS client has to send its hello and finish the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The listener's TLS (`server::tls`), set on each shard at start when
+/// the broker runs with `--tls-cert` (kept in `Shard::ext`).
+#[derive(Default)]
+pub struct ListenerTls(OnceCell<futures_rustls::TlsAcceptor>);
+
+impl ListenerTls {
+    /// Turns TLS on for the connections this shard serves.
+    pub fn install(shard: &Shard, acceptor: futures_rustls::TlsAcceptor) {
+        let _ = shard.ext.get_or_default::<ListenerTls>().0.set(acceptor);
+    }
+
+    fn of(shard: &Shard) -> Option<futures_rustls::TlsAcceptor> {
+        shard.ext.get::<ListenerTls>().and_then(|t| t.0.get().cloned())
+    }
+}
+
+/// Whether the first bytes of a connection are a TLS ClientHello: a
+/// handshake record (0x16) of TLS 1.x (0x03) whose first message is a
+/// ClientHello (0x01). A frame never starts so: byte 5 is its API
+/// number's high byte, 0 for every API.
+fn is_client_hello(head: &[u8]) -> bool {
+    head.len() >= 6 && head[0] == 0x16 && head[1] == 0x03 && head[5] == 0x01
+}
+
+/// The TLS session of a connection the listener accepted, within
+/// [`HANDSHAKE_TIMEOUT`]; `None` when it failed (counted, logged at
+/// debug). A plaintext client is told in a frame it can read that this
+/// listener needs TLS.
+async fn accept_tls(
+    shard: &Shard,
+    acceptor: &futures_rustls::TlsAcceptor,
+    stream: TcpStream,
+    peer: &str,
+) -> Option<futures_rustls::server::TlsStream<TcpStream>> {
+    let mut head = [0u8; frame::HEADER_LEN];
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    // The first bytes, without taking them.
+    let seen = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let peeked = futures_lite::future::or(async { Some(stream.peek(&mut head).await) }, async {
+            glommio::timer::sleep(left).await;
+            None
+        })
+        .await;
+        match peeked {
+            Some(Ok(0)) | Some(Err(_)) => return None,
+            Some(Ok(n)) if n >= 6 || n == head.len() => break n,
+            Some(Ok(_)) => glommio::timer::sleep(Duration::from_millis(1)).await,
+            None => {
+                shard.metrics.connection_closed_by("tls_handshake");
+                return None;
+            }
+        }
+    };
+    if !is_client_hello(&head[..seen]) {
+        shard.metrics.connection_closed_by("plaintext_on_tls");
+        tracing::debug!(%peer, "closing a plaintext connection: the listener needs TLS");
+        if let Some(header) = frame::peek_header(&head[..seen]) {
+            let out = handlers::error_frame(
+                header,
+                strand_wire::ErrorCode::InvalidRequest,
+                "this broker's listener takes TLS only: connect with TLS (strand: --tls-ca FILE or $STRAND_TLS_CA)"
+                    .to_string(),
+            );
+            let (_, mut writer) = futures_lite::io::split(stream);
+            let _ = crate::frame_io::write_frame(&mut writer, &out).await;
+            let _ = writer.close().await;
+        }
+        return None;
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    let accepted = futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
+        glommio::timer::sleep(left).await;
+        None
+    })
+    .await;
+    match accepted {
+        Some(Ok(tls)) => Some(tls),
+        Some(Err(e)) => {
+            shard.metrics.connection_closed_by("tls_handshake");
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            None
+        }
+        None => {
+            shard.metrics.connection_closed_by("tls_handshake");
+            None
+        }
+    }
+}
+
 /// Writes the responses in request order. Those ready at once behind the
 /// one awaited (a group commit answers every produce it held together) go
 /// out in one send, up to [`COALESCE_BYTES`]: one system call, and one
 /// wake-up of the client's reader, instead of one per response.
 async fn write_responses(
-    mut writer: WriteHalf<TcpStream>,
+    mut writer: WriteHalf<Stream>,
     responses: local_channel::LocalReceiver<Pending>,
     failed: Rc<Cell<bool>>,
     peer: String,
@@ -292,11 +403,12 @@ struct Ends<'a> {
 
 async fn read_requests(
     shard: &Rc<Shard>,
-    stream: &mut ReadHalf<TcpStream>,
+    stream: &mut ReadHalf<Stream>,
     mut low_water: LowWater,
     budget: &Budget,
     watch: &Rc<Watch>,
     ends: Ends<'_>,
+    tls: bool,
 ) {
     let Ends {
         to_writer,
@@ -319,7 +431,18 @@ async fn read_requests(
     // This connection's fetch chains (pipelined fetches: handlers::fetch)
     // and the producer ids it brought (handlers::produce).
     let state = Rc::new(handlers::ConnectionState::default());
+    // Until the first frame: a TLS client on this plaintext listener is
+    // closed at its hello, not left waiting for a frame that never ends.
+    let mut first = !tls;
     loop {
+        if first && filled >= 6 {
+            first = false;
+            if is_client_hello(&buf[..filled]) {
+                shard.metrics.connection_closed_by("tls_on_plaintext");
+                tracing::info!(%peer, "closing a TLS connection: this listener has no TLS (start it with --tls-cert)");
+                return;
+            }
+        }
         let room = buf.split_off(filled);
         let decoded = frame::decode_mut(&mut buf, limits);
         filled = buf.len();
@@ -641,6 +764,15 @@ impl LowWater {
             fd,
             current: 1,
             disabled: false,
+        }
+    }
+
+    /// A mark never changed (under TLS).
+    fn disabled() -> LowWater {
+        LowWater {
+            fd: -1,
+            current: 1,
+            disabled: true,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod data_dir;
 pub mod host;
 mod mesh;
 pub mod metrics_http;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::rc::{Rc, Weak};
@@ -74,6 +75,8 @@ struct Lifecycle {
     directory_id: u64,
     /// The node's connections, counted across its shards.
     connections: Arc<ConnectionLimiter>,
+    /// With `--tls-cert`: the listener's and the peer links' TLS.
+    tls: Option<tls::ServerTls>,
 }
 
 enum Event {
@@ -188,6 +191,14 @@ fn run_locked(
     let lease = crate::lease::OwnLease::default();
     let handed_off = Arc::new(AtomicBool::new(false));
     let directory_id = data_dir.id();
+    let server_tls = match config.tls_files() {
+        Some(files) => {
+            let loaded = tls::ServerTls::load(&files).map_err(ServeError::Startup)?;
+            reload_on_sighup(loaded.clone())?;
+            Some(loaded)
+        }
+        None => None,
+    };
     let connections = ConnectionLimiter::new(ConnectionLimits {
         max_total: config.max_connections,
         max_per_ip: config.max_connections_per_ip,
@@ -208,6 +219,7 @@ fn run_locked(
             handed_off: handed_off.clone(),
             directory_id,
             connections: connections.clone(),
+            tls: server_tls.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
@@ -363,8 +375,12 @@ async fn shard_main(
         partitions,
         senders,
         lifecycle.controller_leader.clone(),
+        lifecycle.tls.as_ref().map(|t| t.connector.clone()),
     ));
     shard::set_current(&shard);
+    if let Some(tls) = &lifecycle.tls {
+        connection::ListenerTls::install(&shard, tls.acceptor.clone());
+    }
     mesh::start_receivers(&shard, receivers);
     crate::groups::start(&shard);
     // Accepting from now on: the other nodes' controller members must
@@ -392,6 +408,7 @@ async fn shard_main(
             broker_session_ms: config.broker_session_ms,
             leader_balance_interval_ms: config.leader_balance_interval_ms,
             max_frame_bytes: config.max_frame_bytes,
+            peer_tls: lifecycle.tls.as_ref().map(|t| t.connector.clone()),
         };
         let member = ControllerMember {
             dir: config.data_dir.join("__controller"),
@@ -532,6 +549,26 @@ fn start_accepting(shard: &Rc<Shard>, listener: TcpListener, connections: Arc<Co
         }
     })
     .detach();
+}
+
+/// Re-reads the TLS certificate and key on every SIGHUP, on a thread of
+/// its own (new handshakes take the new pair; a bad pair is logged and
+/// the old one kept).
+fn reload_on_sighup(tls: tls::ServerTls) -> Result<(), ServeError> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+        .map_err(|e| ServeError::Startup(format!("listening for SIGHUP: {e}")))?;
+    std::thread::Builder::new()
+        .name("strand-tls-reload".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: the TLS certificate and key were read again"),
+                    Err(e) => tracing::error!("SIGHUP: keeping the TLS certificate in use: {e}"),
+                }
+            }
+        })
+        .map_err(|e| ServeError::Startup(format!("starting the SIGHUP thread: {e}")))?;
+    Ok(())
 }
 
 /// The accept loop's log of refused connections: the first at once, then

@@ -110,11 +110,12 @@ impl Shard {
         partitions: Partitions,
         peers: Senders<ShardMessage>,
         controller_leader: Arc<AtomicU64>,
+        peer_tls: Option<crate::frame_io::PeerTls>,
     ) -> Shard {
         Shard {
             id,
             shards,
-            nodes: crate::peer::Peers::new(config.max_frame_bytes),
+            nodes: crate::peer::Peers::new(config.max_frame_bytes, peer_tls),
             config,
             partitions,
             table: RefCell::new(Arc::new(MetadataTable::default())),
