@@ -154,6 +154,16 @@ fn the_cli_talks_tls_and_wrong_clients_are_told_why() {
         &tls,
     ));
     assert_eq!(read.lines().collect::<Vec<_>>(), ["one", "two", "three"], "{read}");
+    // A record larger than a TLS record (and than rustls's default
+    // buffer): 300 KiB each way.
+    let large = "x".repeat(300 << 10);
+    produce(&addr, "secret", &format!("{large}\n"), &tls);
+    let read = ok(&strand(
+        &addr,
+        &["consume", "secret", "--from", "offset:3", "--max", "1"],
+        &tls,
+    ));
+    assert_eq!(read.trim_end().len(), large.len());
     // The same CA by environment.
     let by_env = Command::new(env!("CARGO_BIN_EXE_strand"))
         .args(["queue", "list", "--brokers", &addr])

@@ -445,33 +445,39 @@ fn handshake(
     };
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    // A connection closed or silent during the handshake is an I/O
+    // failure, retried like any other (a stopping broker, one over its
+    // connection limits, a paused one), with what it may also mean; what
+    // rustls refuses (a certificate, an alert) is a TLS error, not retried.
+    let closed = || ClientError::Io {
+        addr: addr.to_string(),
+        message: "the broker closed the connection during the TLS handshake (is it stopping or over a \
+                  connection limit? does it listen with TLS? does it require a client certificate: \
+                  --tls-cert/--tls-key?)"
+            .into(),
+    };
     let mut sock = stream;
     while session.is_handshaking() {
         match session.complete_io(&mut sock) {
-            Ok((0, 0)) if session.is_handshaking() => {
-                return Err(tls_error(
-                    "the broker closed the connection during the TLS handshake (does it listen with TLS? \
-                     is a client certificate required: --tls-cert/--tls-key?)"
-                        .into(),
-                ))
-            }
+            Ok((0, 0)) if session.is_handshaking() => return Err(closed()),
             Ok(_) => {}
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return Err(tls_error(format!(
-                    "no TLS handshake within {timeout:?} (is the broker listening without TLS?)"
-                )))
+                return Err(ClientError::Io {
+                    addr: addr.to_string(),
+                    message: format!("no TLS handshake within {timeout:?} (paused? listening without TLS?)"),
+                })
             }
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(tls_error(
-                    "the broker closed the connection during the TLS handshake (does it listen with TLS? \
-                     is a client certificate required: --tls-cert/--tls-key?)"
-                        .into(),
-                ))
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                return Err(tls_error(format!("handshake failed: {e}")))
             }
-            Err(e) => return Err(tls_error(format!("handshake failed: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(closed()),
+            Err(e) => return Err(io(e)),
         }
     }
     stream.set_write_timeout(None).map_err(io)?;
+    // Frames of any size are encrypted whole into the writer's buffer and
+    // written at once (`write_frame_tls`): no limit on what rustls holds.
+    session.set_buffer_limit(None);
     Ok(Arc::new(Mutex::new(session)))
 }
 
@@ -528,25 +534,28 @@ fn recv_into(stream: &TcpStream, buf: &mut BytesMut, flags: libc::c_int) -> Opti
 }
 
 /// Decrypts `sealed` (TLS records as they came) through the session and
-/// appends the plaintext to `buf`; why the connection fails, if it does.
-fn open_sealed(tls: &Session, sealed: &[u8], buf: &mut BytesMut) -> Result<(), String> {
+/// appends the plaintext to `buf`; why the connection fails, if it does,
+/// and whether TLS refused it (an alert from the broker, a bad record).
+fn open_sealed(tls: &Session, sealed: &[u8], buf: &mut BytesMut) -> Result<(), (String, bool)> {
     use std::io::Read;
     let mut session = tls
         .lock()
-        .map_err(|_| "the TLS session's lock is poisoned".to_string())?;
+        .map_err(|_| ("the TLS session's lock is poisoned".to_string(), false))?;
     let mut rest = sealed;
     let mut plain = [0u8; 16 << 10];
     while !rest.is_empty() {
-        if session.read_tls(&mut rest).map_err(|e| format!("TLS: {e}"))? == 0 {
-            return Err("TLS: the session takes no more bytes".into());
+        match session.read_tls(&mut rest) {
+            Ok(0) => return Err(("TLS: the session takes no more bytes".into(), false)),
+            Ok(_) => {}
+            Err(e) => return Err((format!("TLS: {e}"), false)),
         }
-        session.process_new_packets().map_err(|e| format!("TLS: {e}"))?;
+        session.process_new_packets().map_err(|e| (format!("TLS: {e}"), true))?;
         loop {
             match session.reader().read(&mut plain) {
-                Ok(0) => return Err("the broker closed the TLS session".into()),
+                Ok(0) => return Err(("the broker closed the TLS session".into(), false)),
                 Ok(n) => buf.extend_from_slice(&plain[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(format!("TLS: {e}")),
+                Err(e) => return Err((format!("TLS: {e}"), false)),
             }
         }
     }
@@ -566,6 +575,9 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     // With TLS, what the socket gives lands here first.
     let mut sealed = BytesMut::with_capacity(if tls.is_some() { READ_CHUNK } else { 0 });
+    // Whether TLS itself ended the connection (an alert, a bad record):
+    // a [`ClientError::Tls`], not retried.
+    let mut tls_refused = false;
     let limits = FrameLimits {
         max_frame_bytes: MAX_RESPONSE_BYTES,
     };
@@ -629,7 +641,8 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
             Some(Ok(0)) => break "the broker closed the connection".to_string(),
             Some(Ok(_)) => {
                 if let Some(tls) = &tls {
-                    if let Err(e) = open_sealed(tls, &sealed, &mut buf) {
+                    if let Err((e, refused)) = open_sealed(tls, &sealed, &mut buf) {
+                        tls_refused = refused;
                         break e;
                     }
                 }
@@ -642,7 +655,10 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
     };
     // Writers fail from now on too.
     let _ = stream.shutdown(std::net::Shutdown::Both);
-    let err = ClientError::Io { addr, message: failure };
+    let err = match tls_refused {
+        true => ClientError::Tls { addr, message: failure },
+        false => ClientError::Io { addr, message: failure },
+    };
     let waiting: Vec<OnResponse> = match pending.lock() {
         Ok(mut p) => {
             // (Abandoned: the reason given then stands.)

@@ -14,12 +14,13 @@ pub enum ClientError {
     },
     #[error("connection to {addr}: {message}")]
     Io { addr: String, message: String },
-    /// The broker's answer could not be read.
-    /// TLS with the broker failed: its certificate (unknown issuer, wrong
-    /// name, expired), a client certificate it wanted, or a broker without
-    /// TLS. Not retried: it does not mend by itself.
+    /// TLS refused the connection: the broker's certificate (unknown
+    /// issuer, wrong name, expired), or an alert from the broker (a client
+    /// certificate it wanted or refused). Not retried: it does not mend by
+    /// itself. (A connection closed during the handshake is `Io`.)
     #[error("TLS with {addr}: {message}")]
     Tls { addr: String, message: String },
+    /// The broker's answer could not be read.
     #[error("bad response: {0}")]
     Protocol(String),
     #[error("invalid argument: {0}")]

@@ -253,6 +253,7 @@ async fn accept_tls(
     let mut head = [0u8; frame::HEADER_LEN];
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     // The first bytes, without taking them.
+    let mut backoff = Duration::from_millis(1);
     let seen = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let peeked = futures_lite::future::or(async { Some(stream.peek(&mut head).await) }, async {
@@ -263,7 +264,11 @@ async fn accept_tls(
         match peeked {
             Some(Ok(0)) | Some(Err(_)) => return None,
             Some(Ok(n)) if n >= 6 || n == head.len() => break n,
-            Some(Ok(_)) => glommio::timer::sleep(Duration::from_millis(1)).await,
+            // A hello in pieces: look again, less and less often.
+            Some(Ok(_)) => {
+                glommio::timer::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(50));
+            }
             None => {
                 shard.metrics.connection_closed_by("tls_handshake");
                 return None;
@@ -280,8 +285,19 @@ async fn accept_tls(
                 "this broker's listener takes TLS only: connect with TLS (strand: --tls-ca FILE or $STRAND_TLS_CA)"
                     .to_string(),
             );
-            let (_, mut writer) = futures_lite::io::split(stream);
+            let (mut reader, mut writer) = futures_lite::io::split(stream);
             let _ = crate::frame_io::write_frame(&mut writer, &out).await;
+            // Take in what the client sent (a little, briefly) so that
+            // closing sends a FIN after the answer rather than a reset
+            // that may overtake it.
+            let mut sink = vec![0u8; 64 << 10];
+            let _ = futures_lite::future::or(
+                async {
+                    let _ = reader.read(&mut sink).await;
+                },
+                glommio::timer::sleep(Duration::from_millis(200)),
+            )
+            .await;
             let _ = writer.close().await;
         }
         return None;
