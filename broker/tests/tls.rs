@@ -322,3 +322,13 @@ fn three_brokers_replicate_and_elect_over_tls() {
         assert_eq!(p["isr"].as_array().unwrap().len(), 3, "{described}");
     }
 }
+
+/// `systemctl reload` (SIGHUP) never stops a broker, TLS or not.
+#[test]
+fn a_broker_without_tls_takes_sighup_and_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(&dir.path().join("data"), &["--cores", "1"]);
+    broker.signal(libc::SIGHUP);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    ok(&strand(&broker.addr.to_string(), &["queue", "list"], &[]));
+}

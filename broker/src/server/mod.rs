@@ -192,13 +192,10 @@ fn run_locked(
     let handed_off = Arc::new(AtomicBool::new(false));
     let directory_id = data_dir.id();
     let server_tls = match config.tls_files() {
-        Some(files) => {
-            let loaded = tls::ServerTls::load(&files).map_err(ServeError::Startup)?;
-            reload_on_sighup(loaded.clone())?;
-            Some(loaded)
-        }
+        Some(files) => Some(tls::ServerTls::load(&files).map_err(ServeError::Startup)?),
         None => None,
     };
+    reload_on_sighup(server_tls.clone())?;
     let connections = ConnectionLimiter::new(ConnectionLimits {
         max_total: config.max_connections,
         max_per_ip: config.max_connections_per_ip,
@@ -553,17 +550,19 @@ fn start_accepting(shard: &Rc<Shard>, listener: TcpListener, connections: Arc<Co
 
 /// Re-reads the TLS certificate and key on every SIGHUP, on a thread of
 /// its own (new handshakes take the new pair; a bad pair is logged and
-/// the old one kept).
-fn reload_on_sighup(tls: tls::ServerTls) -> Result<(), ServeError> {
+/// the old one kept). Without TLS a SIGHUP is logged and changes nothing
+/// (it never stops the broker: `systemctl reload` is safe either way).
+fn reload_on_sighup(tls: Option<tls::ServerTls>) -> Result<(), ServeError> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
         .map_err(|e| ServeError::Startup(format!("listening for SIGHUP: {e}")))?;
     std::thread::Builder::new()
         .name("strand-tls-reload".into())
         .spawn(move || {
             for _ in signals.forever() {
-                match tls.reload() {
-                    Ok(()) => tracing::info!("SIGHUP: the TLS certificate and key were read again"),
-                    Err(e) => tracing::error!("SIGHUP: keeping the TLS certificate in use: {e}"),
+                match tls.as_ref().map(tls::ServerTls::reload) {
+                    Some(Ok(())) => tracing::info!("SIGHUP: the TLS certificate and key were read again"),
+                    Some(Err(e)) => tracing::error!("SIGHUP: keeping the TLS certificate in use: {e}"),
+                    None => tracing::info!("SIGHUP: nothing to read again (the broker runs without TLS)"),
                 }
             }
         })
