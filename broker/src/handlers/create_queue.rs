@@ -87,7 +87,8 @@ pub fn check_replica_room(shard: &Shard, adding: u64) -> Result<(), WireError> {
         .queues
         .values()
         .flat_map(|q| q.partitions.iter())
-        .map(|p| p.replicas.len() as u64)
+        // A move in progress counts what it ends with, as placement does.
+        .map(|p| p.target.as_ref().unwrap_or(&p.replicas).len() as u64)
         .sum();
     // A broker from an older log reports no shards: one.
     let shards: u64 = table

@@ -224,8 +224,15 @@ pub async fn handle(
     let (wants, max_wait, min_bytes, max_bytes) = {
         let req = request::<FetchRequest>(body)?;
         let mut wants = Vec::new();
+        super::check_entries(
+            req.queues()
+                .iter()
+                .flatten()
+                .map(|q| q.partitions().map_or(0, |p| p.len()))
+                .sum(),
+        )?;
         for q in req.queues().iter().flatten() {
-            let queue = q.name().unwrap_or_default().to_string();
+            let queue = super::named_queue(q.name())?;
             for p in q.partitions().iter().flatten() {
                 wants.push(Want {
                     queue: queue.clone(),
@@ -243,7 +250,6 @@ pub async fn handle(
             req.max_bytes() as usize,
         )
     };
-    super::check_entries(wants.len())?;
     // Nothing may ask for more than a frame can carry back.
     let frame_room = (shard.config.max_frame_bytes as usize)
         .saturating_sub(1 << 20)

@@ -18,8 +18,15 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     let mut wants = Vec::new();
     {
         let req = request::<ListOffsetsRequest>(body)?;
+        super::check_entries(
+            req.queues()
+                .iter()
+                .flatten()
+                .map(|q| q.partitions().map_or(0, |p| p.len()))
+                .sum(),
+        )?;
         for q in req.queues().iter().flatten() {
-            let queue = q.name().unwrap_or_default().to_string();
+            let queue = super::named_queue(q.name())?;
             for p in q.partitions().iter().flatten() {
                 let query = match p.spec() {
                     OffsetSpec::Earliest => OffsetQuery::Earliest,
@@ -36,7 +43,6 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
             }
         }
     }
-    super::check_entries(wants.len())?;
     let mut tasks = Vec::new();
     for (queue, partition, query) in &wants {
         let (shard, queue, partition, query) = (shard.clone(), queue.clone(), *partition, *query);

@@ -115,7 +115,25 @@ async fn all_of<T: 'static, F: std::future::Future<Output = T> + 'static>(future
 /// Most (queue, partition) entries one request may name.
 pub const PARTITIONS_PER_REQUEST_MAX: usize = 10_000;
 
-/// Refuses a request naming more partitions than [`PARTITIONS_PER_REQUEST_MAX`].
+/// A queue name a request carries, refused when longer than any queue's
+/// may be (before it is copied once per partition of the request).
+fn named_queue(name: Option<&str>) -> Result<String, WireError> {
+    let name = name.unwrap_or_default();
+    if name.len() > strand_wire::QUEUE_NAME_MAX {
+        return Err(WireError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "a queue name of {} bytes; no queue's is over {}",
+                name.len(),
+                strand_wire::QUEUE_NAME_MAX
+            ),
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// Refuses a request naming more partitions than [`PARTITIONS_PER_REQUEST_MAX`]
+/// (counted from the body's vector lengths, before anything is built).
 fn check_entries(n: usize) -> Result<(), WireError> {
     if n > PARTITIONS_PER_REQUEST_MAX {
         return Err(WireError::new(

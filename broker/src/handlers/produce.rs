@@ -154,8 +154,15 @@ pub async fn handle(
             ));
         }
         let mut parts = Vec::new();
+        super::check_entries(
+            req.queues()
+                .iter()
+                .flatten()
+                .map(|q| q.partitions().map_or(0, |p| p.len()))
+                .sum(),
+        )?;
         for q in req.queues().iter().flatten() {
-            let queue = q.name().unwrap_or_default().to_string();
+            let queue = super::named_queue(q.name())?;
             for p in q.partitions().iter().flatten() {
                 parts.push(Part {
                     queue: queue.clone(),
@@ -167,7 +174,6 @@ pub async fn handle(
         }
         (acks, timeout_ms, parts)
     };
-    super::check_entries(parts.len())?;
     // Split the tail into each partition's batches, uniquely owned (no copy).
     // The pieces must tile the tail exactly: a batch kept in memory then
     // pins only bytes that are batches.

@@ -47,8 +47,15 @@ pub(crate) fn parse(body: &[u8], max_frame_bytes: u32) -> Result<(Vec<Want>, Dur
         let req = request::<ReplicaFetchRequest>(body)?;
         let replica = req.replica_id();
         let mut wants = Vec::new();
+        super::check_entries(
+            req.queues()
+                .iter()
+                .flatten()
+                .map(|q| q.partitions().map_or(0, |p| p.len()))
+                .sum(),
+        )?;
         for q in req.queues().iter().flatten() {
-            let queue = q.name().unwrap_or_default().to_string();
+            let queue = super::named_queue(q.name())?;
             for p in q.partitions().iter().flatten() {
                 wants.push(Want {
                     queue: queue.clone(),
@@ -71,7 +78,6 @@ pub(crate) fn parse(body: &[u8], max_frame_bytes: u32) -> Result<(Vec<Want>, Dur
             Duration::from_millis(u64::from(req.max_wait_ms())).min(MAX_WAIT_CAP),
         )
     };
-    super::check_entries(wants.len())?;
     // The answer must fit in a frame: each partition's share of the room.
     let share = share_of(max_frame_bytes, wants.len());
     let wants: Vec<Want> = wants
