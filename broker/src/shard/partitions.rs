@@ -152,6 +152,7 @@ impl Partition {
         record: &PartitionRecord,
         settings: &QueueSettings,
         lag_max_ms: u64,
+        this_run: bool,
     ) {
         let epoch = record.leader_epoch;
         if let Some(held) = refused_epoch(self.leader_epoch(), record) {
@@ -166,10 +167,12 @@ impl Partition {
             return;
         }
         // Damage found at open (`Log::damage`) counts until the replica is
-        // out of the ISR in a table of this run (`as_run`): from then on it
-        // holds only what it catches up from a leader, and may rejoin and
-        // lead as any follower.
-        if self.log.damage().is_some() && !record.isr.contains(&me) {
+        // out of the ISR in a table of this run (`this_run`: one replayed
+        // from before this run's registration may not yet show the report
+        // that takes it out, and the current one may make it the sole
+        // member): from then on it holds only what it catches up from a
+        // leader, and may rejoin and lead as any follower.
+        if self.log.damage().is_some() && this_run && !record.isr.contains(&me) {
             let clear = self.log.clear_damage();
             let (queue, partition) = (name.0.to_string(), name.1);
             glommio::spawn_local(async move {
@@ -411,12 +414,13 @@ impl Partitions {
     /// an old ISR of itself alone and moved its high watermark over its
     /// whole log, records the others never had included: strand-chaos,
     /// seed 42, "truncating below the high watermark" after restarts.)
-    /// Nor does such a table show this replica out of the ISR for this
-    /// run: a damaged log (`Log::damage`) must not be cleared on its word
-    /// (it stays a member there) while the current table may make it the
-    /// sole one.
     fn as_this_run(&self, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
         as_run(self.node_id, self.lease.incarnation(), table, record)
+    }
+
+    /// Whether `table` comes after this run's registration (`as_run`).
+    fn this_run(&self, table: &MetadataTable) -> bool {
+        registered(self.node_id, self.lease.incarnation(), table)
     }
 
     fn remove(&self, queue: &str, partition: u32) {
@@ -482,6 +486,7 @@ impl Partitions {
                 self.delete_dir(&key.0, key.1);
             }
         }
+        let this_run = self.this_run(table);
         for ((queue, p), (id, settings, record)) in wanted {
             if let Some(part) = self.get(&queue, p) {
                 part.adopt(
@@ -490,11 +495,12 @@ impl Partitions {
                     &record,
                     &settings,
                     self.replica_lag_time_max_ms,
+                    this_run,
                 );
                 continue;
             }
             match self.open_partition(&queue, p, id, &settings).await {
-                Ok(part) => self.install(queue, p, part, &record),
+                Ok(part) => self.install(queue, p, part, &record, this_run),
                 Err(e) => tracing::error!(queue = %queue, partition = p, "cannot open partition: {e}"),
             }
         }
@@ -502,13 +508,14 @@ impl Partitions {
     }
 
     /// Puts a partition just opened here, in the role `record` gives it.
-    fn install(&self, queue: String, p: u32, part: Partition, record: &PartitionRecord) {
+    fn install(&self, queue: String, p: u32, part: Partition, record: &PartitionRecord, this_run: bool) {
         part.adopt(
             (&queue, p),
             self.node_id,
             record,
             &part.settings,
             self.replica_lag_time_max_ms,
+            this_run,
         );
         self.open
             .borrow_mut()
@@ -576,7 +583,7 @@ impl Partitions {
         self.close_partition(queue, p, &part, table).await;
         let reopened = self.open_partition(queue, p, part.queue_id, &part.settings).await?;
         let end = reopened.log.log_end();
-        self.install(queue.to_string(), p, reopened, &record);
+        self.install(queue.to_string(), p, reopened, &record, self.this_run(table));
         self.roles_may_have_changed();
         Ok(end)
     }
@@ -621,7 +628,7 @@ impl Partitions {
             };
             match self.open_partition(&queue, p, part.queue_id, &part.settings).await {
                 Ok(open) => {
-                    self.install(queue, p, open, &record);
+                    self.install(queue, p, open, &record, self.this_run(table));
                     reopened += 1;
                 }
                 Err(e) => tracing::error!(queue = %queue, partition = p, "reopening after the journal's replay: {e}"),
@@ -774,16 +781,15 @@ fn refused_epoch(held: u32, record: &PartitionRecord) -> Option<u32> {
 /// [`Partitions::as_this_run`] for node `node` in its run `incarnation`.
 fn as_run(node: NodeId, incarnation: u64, table: &MetadataTable, record: &PartitionRecord) -> PartitionRecord {
     let mut record = record.clone();
-    let registered = table.brokers.get(&node).is_some_and(|b| b.incarnation == incarnation);
-    if !registered {
-        if record.leader == node {
-            record.leader = NO_LEADER;
-        }
-        if !record.isr.contains(&node) {
-            record.isr.push(node);
-        }
+    if record.leader == node && !registered(node, incarnation, table) {
+        record.leader = NO_LEADER;
     }
     record
+}
+
+/// Whether `table` holds node `node`'s registration of its run `incarnation`.
+fn registered(node: NodeId, incarnation: u64, table: &MetadataTable) -> bool {
+    table.brokers.get(&node).is_some_and(|b| b.incarnation == incarnation)
 }
 
 #[cfg(test)]
@@ -877,11 +883,8 @@ mod tests {
             (7, &vec![1]),
             "the rest as the table says"
         );
-        // Another's leadership stands (the node follows it); the node is
-        // not taken out of the ISR by a table from before this run (its
-        // damaged log stays so: `Partition::adopt`).
-        let seen = as_run(1, this_run, &table, &led_by(2));
-        assert_eq!((seen.leader, &seen.isr), (2, &vec![2, 1]));
+        // Another's leadership stands (the node follows it).
+        assert_eq!(as_run(1, this_run, &table, &led_by(2)), led_by(2));
         // Not registered at all yet: no leadership either.
         table.brokers.remove(&1);
         assert_eq!(as_run(1, this_run, &table, &led_by(1)).leader, NO_LEADER);

@@ -161,7 +161,7 @@ impl Log {
         // The history must not name epochs the log no longer has.
         self.save_epochs_locked().await?;
         // Nor the producer table batches it no longer has.
-        self.rebuild_producers(start_over).await?;
+        self.rebuild_producers(start_over, false).await?;
         Ok(end)
     }
 

@@ -522,7 +522,7 @@ impl Log {
             }),
         };
         log.load_replication_state().await?;
-        log.rebuild_producers(false).await?;
+        log.rebuild_producers(false, true).await?;
         if log.journaled() {
             log.inner
                 .shard
@@ -798,6 +798,9 @@ fn read_damage(dir: &Path) -> Result<Option<String>> {
 /// that looks whole. Returns all that is recorded.
 async fn record_damage(dir: &Path, why: &str) -> Result<String> {
     let all = match read_damage(dir)? {
+        // Recorded already (a crash came between the record and the cut
+        // it led to): the open that finds it again adds nothing.
+        Some(before) if before.split("; then ").any(|w| w == why) => return Ok(before),
         Some(before) => format!("{before}; then {why}"),
         None => why.to_string(),
     };

@@ -80,12 +80,17 @@ impl Log {
     /// past the log end (taken before a crash lost the tail, or before a
     /// truncation) are removed first, durably. `empty`: start from an empty
     /// table and remove every snapshot (a log started over). At open, and
-    /// by a truncation under the I/O lock.
-    pub(super) async fn rebuild_producers(&self, empty: bool) -> Result<()> {
+    /// by a truncation under the I/O lock. With no readable snapshot the
+    /// batches are read from the log start when `whole_log` (at open: a
+    /// producer forgotten there could have a retry stored twice), else
+    /// from the active segment (a truncation: a retention's worth of
+    /// headers read under the I/O lock would hold replication up; a
+    /// producer last seen before it is then unknown to this replica).
+    pub(super) async fn rebuild_producers(&self, empty: bool, whole_log: bool) -> Result<()> {
         let _permit = self.checkpoint_turn().await?;
-        let (log_start, log_end) = {
+        let (log_start, log_end, active_base) = {
             let st = self.inner.state.borrow();
-            (st.log_start, st.log_end())
+            (st.log_start, st.log_end(), st.active.base.max(st.log_start))
         };
         let mut snapshots = self.producer_snapshots()?;
         let mut removed = false;
@@ -114,12 +119,12 @@ impl Log {
         let had_snapshot = base.is_some();
         let (from, mut table) = match base {
             Some((offset, table)) => (offset.max(log_start), table),
-            None => (log_start, ProducerTable::default()),
+            None if whole_log => (log_start, ProducerTable::default()),
+            None => (active_base, ProducerTable::default()),
         };
         if let Err(e) = self.note_batches(&mut table, from, log_end).await {
             // Damage in older segments (found by readers only) must not
             // keep the log from opening: the active segment's batches then.
-            let active_base = self.inner.state.borrow().active.base.max(log_start);
             if had_snapshot || from >= active_base {
                 return Err(e);
             }
