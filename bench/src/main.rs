@@ -32,7 +32,8 @@ struct Cli {
     #[command(subcommand)]
     scenario: Scenario,
     /// PEM CA of the brokers' certificates: the scenarios that go through
-    /// strand-client (produce, consume, e2e, client) talk TLS.
+    /// strand-client (produce, consume, e2e, client) talk TLS [default:
+    /// $STRAND_TLS_CA].
     #[arg(long = "tls-ca", global = true, value_name = "FILE")]
     tls_ca: Option<std::path::PathBuf>,
     /// PEM client certificate (mTLS; with --tls-key).
@@ -76,12 +77,9 @@ fn main() {
         cert: cli.tls_cert.clone(),
         key: cli.tls_key.clone(),
     };
-    match files.client_config() {
-        Ok(config) => strand_client::tls::set_default(config),
-        Err(e) => {
-            eprintln!("strand-bench: TLS: {e}");
-            std::process::exit(2);
-        }
+    if let Err(e) = files.or_env().install() {
+        eprintln!("strand-bench: TLS: {e}");
+        std::process::exit(2);
     }
     let result = match cli.scenario {
         Scenario::Storage(args) => storage::run(args),

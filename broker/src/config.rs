@@ -645,6 +645,13 @@ impl BrokerConfig {
         if self.tls_cert.is_none() && (self.tls_client_ca.is_some() || self.tls_ca.is_some()) {
             return bad("tls_client_ca and tls_ca (--tls-client-ca, --tls-ca) need tls_cert and tls_key".into());
         }
+        if self.tls_cert.is_some() && self.tls_ca.is_none() && self.tls_client_ca.is_none() {
+            return bad(
+                "tls_cert (--tls-cert) needs tls_ca (--tls-ca), or tls_client_ca (--tls-client-ca): the CA that \
+                 signed the other brokers' certificates, to verify them on the links between brokers"
+                    .into(),
+            );
+        }
         if self.max_request_timeout_ms == 0 {
             return bad("max_request_timeout_ms must be above 0".into());
         }

@@ -161,7 +161,9 @@ type Session = Arc<Mutex<rustls::ClientConnection>>;
 
 struct Inner {
     addr: String,
-    writer: Mutex<(TcpStream, u32)>,
+    /// The socket, the next correlation id, and (with TLS) the buffer a
+    /// frame is encrypted into, kept between frames.
+    writer: Mutex<(TcpStream, u32, Vec<u8>)>,
     /// With TLS: the session every write is encrypted through.
     tls: Option<Session>,
     /// A second handle on the socket, to shut it down while a writer holds
@@ -245,7 +247,7 @@ impl Connection {
         Ok(Connection {
             inner: Arc::new(Inner {
                 addr: addr.to_string(),
-                writer: Mutex::new((stream, 1)),
+                writer: Mutex::new((stream, 1, Vec::new())),
                 tls,
                 shutter,
                 pending,
@@ -382,9 +384,10 @@ impl Connection {
             }
         }
         let out = OutFrame::request(api, id, body, tail);
+        let (stream, _, sealed) = &mut *w;
         let written = match &self.inner.tls {
-            None => write_frame(&mut w.0, &out),
-            Some(tls) => write_frame_tls(&mut w.0, tls, &out),
+            None => write_frame(stream, &out),
+            Some(tls) => write_frame_tls(stream, tls, sealed, &out),
         };
         if let Err(e) = written {
             let err = ClientError::Io {
@@ -406,7 +409,7 @@ impl Connection {
 
 /// Writes a frame's head and tail pieces with as few `writev` calls as the
 /// socket takes (usually one), copying nothing.
-fn write_frame(stream: &mut TcpStream, out: &OutFrame) -> std::io::Result<()> {
+fn write_frame<W: Write>(stream: &mut W, out: &OutFrame) -> std::io::Result<()> {
     let mut slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&out.head)
         .chain(out.tail.iter())
         .filter(|b| !b.is_empty())
@@ -468,7 +471,14 @@ fn handshake(
                 })
             }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                return Err(tls_error(format!("handshake failed: {e}")))
+                let hint = match e.to_string().contains("certificate") {
+                    true => {
+                        " (is the CA given the one that signed the broker's certificate, and does the \
+                             certificate name the host or IP address connected to?)"
+                    }
+                    false => "",
+                };
+                return Err(tls_error(format!("handshake failed: {e}{hint}")));
             }
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(closed()),
             Err(e) => return Err(io(e)),
@@ -481,26 +491,34 @@ fn handshake(
     Ok(Arc::new(Mutex::new(session)))
 }
 
-/// [`write_frame`] through TLS: encrypted under the session's lock into a
-/// buffer, then written with the lock released (the reader thread needs
-/// it to decrypt what arrives meanwhile; a writer blocked on a full
-/// socket while holding it could stall both ends). The caller's writer
-/// lock keeps records in order.
-fn write_frame_tls(stream: &mut TcpStream, tls: &Session, out: &OutFrame) -> std::io::Result<()> {
-    let mut sealed = Vec::with_capacity(out.len() + 64);
+/// [`write_frame`] through TLS: encrypted under the session's lock into
+/// `sealed` (the connection's, reused), then written with the lock
+/// released (the reader thread needs it to decrypt what arrives
+/// meanwhile; a writer blocked on a full socket while holding it could
+/// stall both ends). The caller's writer lock keeps records in order.
+/// The head and tail pieces go to rustls as one vectored write, so they
+/// fill whole records (16 KiB each) rather than one record per piece.
+fn write_frame_tls(stream: &mut TcpStream, tls: &Session, sealed: &mut Vec<u8>, out: &OutFrame) -> std::io::Result<()> {
+    /// What each TLS 1.3 record adds: header, content type and tag.
+    const RECORD_OVERHEAD: usize = 22;
+    /// A buffer grown past this by a large frame is let go afterwards.
+    const KEEP: usize = 4 << 20;
+    sealed.clear();
+    sealed.reserve(out.len() + (out.len() / (16 << 10) + 1) * RECORD_OVERHEAD);
     {
         let mut session = tls
             .lock()
             .map_err(|_| std::io::Error::other("the TLS session's lock is poisoned"))?;
-        session.writer().write_all(&out.head)?;
-        for piece in &out.tail {
-            session.writer().write_all(piece)?;
-        }
+        write_frame(&mut session.writer(), out)?;
         while session.wants_write() {
-            session.write_tls(&mut sealed)?;
+            session.write_tls(sealed)?;
         }
     }
-    stream.write_all(&sealed)
+    let written = stream.write_all(sealed);
+    if sealed.capacity() > KEEP {
+        *sealed = Vec::new();
+    }
+    written
 }
 
 /// Bytes a read asks the socket for at least.
@@ -533,29 +551,41 @@ fn recv_into(stream: &TcpStream, buf: &mut BytesMut, flags: libc::c_int) -> Opti
     }
 }
 
+/// Why the reader stops: the connection failed, or TLS refused it (an
+/// alert from the broker, a bad record: a [`ClientError::Tls`], not
+/// retried).
+enum Stop {
+    Io(String),
+    Tls(String),
+}
+
 /// Decrypts `sealed` (TLS records as they came) through the session and
-/// appends the plaintext to `buf`; why the connection fails, if it does,
-/// and whether TLS refused it (an alert from the broker, a bad record).
-fn open_sealed(tls: &Session, sealed: &[u8], buf: &mut BytesMut) -> Result<(), (String, bool)> {
-    use std::io::Read;
+/// appends the plaintext to `buf`, straight from rustls's buffer.
+fn open_sealed(tls: &Session, sealed: &[u8], buf: &mut BytesMut) -> Result<(), Stop> {
+    use std::io::BufRead;
     let mut session = tls
         .lock()
-        .map_err(|_| ("the TLS session's lock is poisoned".to_string(), false))?;
+        .map_err(|_| Stop::Io("the TLS session's lock is poisoned".into()))?;
     let mut rest = sealed;
-    let mut plain = [0u8; 16 << 10];
     while !rest.is_empty() {
         match session.read_tls(&mut rest) {
-            Ok(0) => return Err(("TLS: the session takes no more bytes".into(), false)),
+            // Nothing taken from bytes that are there: the session ended.
+            Ok(0) => return Err(Stop::Io("the broker closed the TLS session".into())),
             Ok(_) => {}
-            Err(e) => return Err((format!("TLS: {e}"), false)),
+            Err(e) => return Err(Stop::Io(format!("TLS: {e}"))),
         }
-        session.process_new_packets().map_err(|e| (format!("TLS: {e}"), true))?;
+        session.process_new_packets().map_err(|e| Stop::Tls(e.to_string()))?;
+        let mut reader = session.reader();
         loop {
-            match session.reader().read(&mut plain) {
-                Ok(0) => return Err(("the broker closed the TLS session".into(), false)),
-                Ok(n) => buf.extend_from_slice(&plain[..n]),
+            match reader.fill_buf() {
+                Ok([]) => return Err(Stop::Io("the broker closed the TLS session".into())),
+                Ok(plain) => {
+                    let n = plain.len();
+                    buf.extend_from_slice(plain);
+                    reader.consume(n);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err((format!("TLS: {e}"), false)),
+                Err(e) => return Err(Stop::Io(format!("TLS: {e}"))),
             }
         }
     }
@@ -641,9 +671,13 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
             Some(Ok(0)) => break "the broker closed the connection".to_string(),
             Some(Ok(_)) => {
                 if let Some(tls) = &tls {
-                    if let Err((e, refused)) = open_sealed(tls, &sealed, &mut buf) {
-                        tls_refused = refused;
-                        break e;
+                    match open_sealed(tls, &sealed, &mut buf) {
+                        Ok(()) => {}
+                        Err(Stop::Io(e)) => break e,
+                        Err(Stop::Tls(e)) => {
+                            tls_refused = true;
+                            break format!("TLS: {e}");
+                        }
                     }
                 }
             }

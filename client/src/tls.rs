@@ -70,12 +70,32 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    /// These files, the CA from `$STRAND_TLS_CA` when none is given.
+    pub fn or_env(mut self) -> TlsFiles {
+        if self.ca.is_none() {
+            self.ca = std::env::var_os("STRAND_TLS_CA").map(PathBuf::from);
+        }
+        self
+    }
+
+    /// Makes the configuration of these files the default of every
+    /// connection made from now on ([`set_default`]; plaintext without a
+    /// CA), or says which file is wrong and how.
+    pub fn install(&self) -> Result<(), String> {
+        set_default(self.client_config()?);
+        Ok(())
+    }
+
     /// The client configuration, `None` without a CA (plaintext); an error
     /// naming the file and the problem.
     pub fn client_config(&self) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
         let Some(ca) = &self.ca else {
             if self.cert.is_some() || self.key.is_some() {
-                return Err("--tls-cert and --tls-key need --tls-ca (the CA of the brokers' certificates)".into());
+                return Err(
+                    "a client certificate and key (--tls-cert, --tls-key) need the CA of the brokers' certificates \
+                     (--tls-ca or $STRAND_TLS_CA)"
+                        .into(),
+                );
             }
             return Ok(None);
         };
@@ -88,7 +108,7 @@ impl TlsFiles {
                 .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
                 .map_err(|e| format!("{} and {}: {e}", cert.display(), key.display()))?,
             (None, None) => builder.with_no_client_auth(),
-            _ => return Err("--tls-cert and --tls-key go together".into()),
+            _ => return Err("a client certificate and its key (--tls-cert, --tls-key) go together".into()),
         };
         Ok(Some(Arc::new(config)))
     }

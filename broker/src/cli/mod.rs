@@ -78,18 +78,13 @@ impl Brokers {
     /// file ends the command with a line naming it, exit status 2).
     pub fn list(self) -> String {
         let files = strand_client::tls::TlsFiles {
-            ca: self
-                .tls_ca
-                .or_else(|| std::env::var_os("STRAND_TLS_CA").map(std::path::PathBuf::from)),
+            ca: self.tls_ca,
             cert: self.tls_cert,
             key: self.tls_key,
         };
-        match files.client_config() {
-            Ok(config) => strand_client::tls::set_default(config),
-            Err(e) => {
-                eprintln!("strand: TLS: {e}");
-                std::process::exit(2);
-            }
+        if let Err(e) = files.or_env().install() {
+            eprintln!("strand: TLS: {e}");
+            std::process::exit(2);
         }
         self.flag
             .or_else(|| std::env::var("STRAND_BROKERS").ok())

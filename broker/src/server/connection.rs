@@ -176,9 +176,9 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     };
     // The mark counts the socket's bytes, which under TLS are not the
     // frame's: only for plaintext.
-    let low_water = match &stream {
-        Stream::Plain(_) => LowWater::new(fd),
-        _ => LowWater::disabled(),
+    let (low_water, tls) = match &stream {
+        Stream::Plain(_) => (LowWater::new(fd), false),
+        _ => (LowWater::disabled(), true),
     };
     let watch = Rc::new(Watch::new(Instant::now()));
     let timeouts = Timeouts::of(&shard.config);
@@ -187,7 +187,6 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     // until the watchdog (which may shut the socket down by its number)
     // is cancelled, so it never touches a number reused by another socket.
     let (mut reader, writer) = futures_lite::io::split(stream);
-    let tls = ListenerTls::of(&shard).is_some();
     let (to_writer, responses) = local_channel::new_bounded::<Pending>(MAX_IN_FLIGHT);
     let writer_failed = Rc::new(Cell::new(false));
     let failed = writer_failed.clone();
@@ -196,8 +195,6 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     let budget = Budget {
         connection: Rc::new(Semaphore::new(shard.config.connection_in_flight_bytes)),
         shard: RequestMemory::of(&shard),
-        connection_bytes: shard.config.connection_in_flight_bytes,
-        shard_bytes: shard.config.request_memory_bytes,
     };
     let ends = Ends {
         to_writer: &to_writer,
@@ -567,9 +564,6 @@ async fn read_requests(
 struct Budget {
     connection: Rc<Semaphore>,
     shard: Rc<Semaphore>,
-    /// Their sizes (`connection_in_flight_bytes`, `request_memory_bytes`).
-    connection_bytes: u64,
-    shard_bytes: u64,
 }
 
 /// Room held for one request until it is answered.
@@ -582,22 +576,12 @@ impl Budget {
     /// Room for a frame of `size` bytes, waiting for it (`None`: the
     /// semaphores were closed; they never are while the shard runs).
     /// `size` is at most `max_frame_bytes`, which both bounds hold
-    /// (`BrokerConfig::validate`); a larger one takes all of a bound
-    /// rather than waiting for ever.
+    /// (`BrokerConfig::validate`, checked by `server::run`).
     async fn reserve(&self, size: usize) -> Option<Reservation> {
         let size = size as u64;
-        let connection = self
-            .connection
-            .acquire_static_permit(size.min(self.connection_bytes))
-            .await
-            .ok()?;
+        let connection = self.connection.acquire_static_permit(size).await.ok()?;
         let shard = match size > READ_CHUNK as u64 {
-            true => Some(
-                self.shard
-                    .acquire_static_permit(size.min(self.shard_bytes))
-                    .await
-                    .ok()?,
-            ),
+            true => Some(self.shard.acquire_static_permit(size).await.ok()?),
             false => None,
         };
         Some(Reservation {

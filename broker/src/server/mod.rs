@@ -90,6 +90,9 @@ const DRAIN: Duration = Duration::from_secs(5);
 
 /// Runs the broker until SIGTERM or SIGINT.
 pub fn run(mut config: BrokerConfig) -> Result<(), ServeError> {
+    // What the shards rely on (a frame fits the request budgets, ...),
+    // whoever built the settings.
+    config.validate().map_err(|e| ServeError::Startup(e.to_string()))?;
     // First, so that a signal at any later moment of the start is seen
     // (and the directory a failed start made is removed).
     let stop = Arc::new(AtomicBool::new(false));
@@ -556,7 +559,7 @@ fn reload_on_sighup(tls: Option<tls::ServerTls>) -> Result<(), ServeError> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
         .map_err(|e| ServeError::Startup(format!("listening for SIGHUP: {e}")))?;
     std::thread::Builder::new()
-        .name("strand-tls-reload".into())
+        .name("strand-sighup".into())
         .spawn(move || {
             for _ in signals.forever() {
                 match tls.as_ref().map(tls::ServerTls::reload) {
@@ -663,13 +666,6 @@ async fn hand_off_leaderships(shard: &Rc<Shard>) {
     }
 }
 
-/// Retention on every partition every 10 s; interval-fsync ticks every 5 ms
-/// while an `fsync=interval` partition has something to write or sync (an
-/// append wakes it); consumer-group sessions checked every 100 ms (every
-/// second on a shard that coordinates no group); the reactor-stall probe
-/// (a 10 ms timer that notes how late it wakes, while the shard serves
-/// requests: an idle shard's stalls delay nobody, and probing them would
-/// cost the idle broker a wake-up every 10 ms).
 /// Runs `round` on `shard` every `period` (after each round ends) until
 /// the shard stops.
 fn every<R, F>(shard: &Rc<Shard>, period: Duration, round: R)
@@ -687,6 +683,13 @@ where
     .detach();
 }
 
+/// Retention on every partition every 10 s; interval-fsync ticks every 5 ms
+/// while an `fsync=interval` partition has something to write or sync (an
+/// append wakes it); consumer-group sessions checked every 100 ms (every
+/// second on a shard that coordinates no group); the reactor-stall probe
+/// (a 10 ms timer that notes how late it wakes, while the shard serves
+/// requests: an idle shard's stalls delay nobody, and probing them would
+/// cost the idle broker a wake-up every 10 ms).
 fn start_timers(shard: &Rc<Shard>) {
     let s = shard.clone();
     glommio::spawn_local(async move {

@@ -23,11 +23,11 @@
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use rustls::sign::CertifiedKey;
 use strand_client::tls::{load_certs, load_key, provider, roots};
 
-pub use crate::config::TlsFiles;
+use crate::config::TlsFiles;
 
 /// This broker's certificate and key, swapped whole on a reload.
 #[derive(Debug)]
@@ -91,11 +91,11 @@ impl ServerTls {
             None => server.with_no_client_auth(),
         };
         let server = server.with_cert_resolver(identity.clone());
-        let peer_ca = files.peer_ca.as_ref().or(files.client_ca.as_ref()).ok_or_else(|| {
-            "--tls-cert needs --tls-ca (or --tls-client-ca): the CA that signed the other brokers' certificates, \
-             to verify them on the links between brokers"
-                .to_string()
-        })?;
+        let peer_ca = files
+            .peer_ca
+            .as_ref()
+            .or(files.client_ca.as_ref())
+            .ok_or("no CA for the other brokers' certificates (BrokerConfig::validate requires one)")?;
         let client = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
@@ -117,11 +117,6 @@ impl ServerTls {
             Err(p) => *p.into_inner() = Arc::new(fresh),
         }
         Ok(())
-    }
-
-    /// The name a peer's certificate must hold for `addr`.
-    pub fn peer_name(addr: std::net::SocketAddr) -> ServerName<'static> {
-        ServerName::IpAddress(addr.ip().into())
     }
 }
 
