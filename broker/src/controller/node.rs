@@ -102,11 +102,12 @@ struct LearnerRequest {
 }
 
 /// Reads `data` as every payload a controller member decodes from a peer
-/// (the fuzz target `controller_payload`, `crate::fuzzing`): none may
-/// panic. Also as the records of a raft log file and as a controller
-/// response body.
+/// but a command (the fuzz target `controller_payload`, `crate::fuzzing`,
+/// decodes and applies those itself): none may panic. Also as the records
+/// of a raft log file and as a controller response body.
+#[doc(hidden)]
 pub fn decode_payloads(data: &[u8]) {
-    let _ = serde_json::from_slice::<Command>(data);
+    // (`Command`: decoded and applied by the caller.)
     let _ = serde_json::from_slice::<LearnerRequest>(data);
     let _ = serde_json::from_slice::<Heartbeat>(data);
     let _ = serde_json::from_slice::<openraft::raft::VoteRequest<u64>>(data);

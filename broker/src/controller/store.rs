@@ -88,8 +88,6 @@ fn encode_record(record: &LogRecord, out: &mut Vec<u8>) {
     out.extend_from_slice(&payload);
 }
 
-/// Decodes the records of a log file; returns them and the length of the
-/// valid prefix (where a torn or corrupt record starts).
 /// How many records [`decode_records`] reads from `data`, and where they
 /// end (for the fuzz target, which cannot name `LogRecord`).
 pub(crate) fn count_records(data: &[u8]) -> (usize, usize) {
@@ -97,6 +95,8 @@ pub(crate) fn count_records(data: &[u8]) -> (usize, usize) {
     (records.len(), end)
 }
 
+/// Decodes the records of a log file; returns them and the length of the
+/// valid prefix (where a torn or corrupt record starts).
 fn decode_records(data: &[u8]) -> (Vec<LogRecord>, usize) {
     let mut out = Vec::new();
     let mut at = 0;

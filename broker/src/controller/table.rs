@@ -268,47 +268,52 @@ impl MetadataTable {
         for (name, q) in &self.queues {
             let rf = usize::from(q.settings.replication_factor);
             for (i, p) in q.partitions.iter().enumerate() {
-                let at = format!("{name}/{i}: {p:?}");
+                // Only on a finding: this runs over every partition.
+                let at = || format!("{name}/{i}: {p:?}");
                 let mut distinct = p.replicas.clone();
                 distinct.sort();
                 distinct.dedup();
                 if distinct.len() != p.replicas.len() {
-                    return Err(format!("replicas repeat a broker: {at}"));
+                    return Err(format!("replicas repeat a broker: {}", at()));
                 }
                 match &p.target {
                     Some(t) if t.len() != rf || !p.replicas.starts_with(t) => {
                         return Err(format!(
-                            "the target is not a prefix of the replicas of the replication factor: {at}"
+                            "the target is not a prefix of the replicas of the replication factor: {}",
+                            at()
                         ))
                     }
-                    None if p.replicas.len() != rf => return Err(format!("not as many replicas as the factor: {at}")),
+                    None if p.replicas.len() != rf => {
+                        return Err(format!("not as many replicas as the factor: {}", at()))
+                    }
                     _ => {}
                 }
                 if p.isr.iter().any(|r| !p.replicas.contains(r)) {
-                    return Err(format!("the ISR holds a non-replica: {at}"));
+                    return Err(format!("the ISR holds a non-replica: {}", at()));
                 }
                 let leaving = |r: &NodeId| self.brokers.get(r).is_some_and(|b| b.decommissioning);
                 if p.target.as_ref().is_some_and(|t| t.iter().any(leaving)) {
-                    return Err(format!("a move heads for a decommissioning broker: {at}"));
+                    return Err(format!("a move heads for a decommissioning broker: {}", at()));
                 }
                 if !p.decommission_moves.is_empty() && p.target.is_none() {
-                    return Err(format!("a decommission's move is remembered without a move: {at}"));
+                    return Err(format!("a decommission's move is remembered without a move: {}", at()));
                 }
                 if p.isr.is_empty() != p.lost.is_some() || (p.lost.is_some() && p.leader != NO_LEADER) {
                     return Err(format!(
-                        "an empty ISR without a lost replica, or the reverse, or led: {at}"
+                        "an empty ISR without a lost replica, or the reverse, or led: {}",
+                        at()
                     ));
                 }
                 let in_order: Vec<NodeId> = p.replicas.iter().copied().filter(|r| p.isr.contains(r)).collect();
                 if in_order != p.isr {
-                    return Err(format!("the ISR is not in replica order: {at}"));
+                    return Err(format!("the ISR is not in replica order: {}", at()));
                 }
                 if p.leader != NO_LEADER {
                     if !p.isr.contains(&p.leader) {
-                        return Err(format!("the leader is not in the ISR: {at}"));
+                        return Err(format!("the leader is not in the ISR: {}", at()));
                     }
                     if !self.brokers.get(&p.leader).is_some_and(|b| b.alive) {
-                        return Err(format!("the leader is not alive: {at}"));
+                        return Err(format!("the leader is not alive: {}", at()));
                     }
                 }
             }
