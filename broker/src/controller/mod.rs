@@ -9,7 +9,8 @@
 //! - [`stm`] and [`table`]: the sans-I/O core — commands, the table, how
 //!   commands apply, snapshots. Deterministic: the same commands in the same
 //!   order give the same table on every node, so all validation needs only
-//!   the table and the command.
+//!   the table and the command. [`error`]: why a command is refused;
+//!   [`proposals`]: a proposal sent again applies once.
 //! - [`leases`]: broker leases as the controller leader keeps them (sans
 //!   I/O): who is alive, whose lease ran out, which id is taken.
 //! - [`store`]: the Raft log, vote and snapshots on disk (byte layout there)
@@ -19,15 +20,18 @@
 //!   to the leader from other nodes), serving the other members.
 //! - [`network`]: the Raft messages and forwarded proposals on peer links.
 
+pub mod error;
 pub mod leases;
 pub mod network;
 pub mod node;
+pub mod proposals;
 pub mod runtime;
 pub mod stm;
 pub mod store;
 pub mod table;
 
 pub use node::{decode_payloads, Controller, ProposeError, Settings, Voter};
+pub use proposals::ProposalId;
 pub use stm::{Command, ControllerError, MetadataStm, QueueChanges, MESSAGE_BYTES_MAX, PARTITIONS_MAX};
 pub use store::Publish;
 pub use table::{

@@ -49,6 +49,7 @@ use strand_wire::{ControllerOp, ErrorCode};
 
 use super::leases::Leases;
 use super::network::{to_json, Links, Refusal, PROPOSE_TIMEOUT};
+use super::proposals::ProposalId;
 use super::runtime::GlommioRuntime;
 use super::stm::{Command, ControllerError, MetadataStm};
 use super::store::{LogStore, Publish, StateMachineStore, TypeConfig};
@@ -210,6 +211,63 @@ pub struct Controller {
     /// How long another broker's renewal may take here (two of its beats:
     /// it gives up on an answer after that).
     renewal_within: Duration,
+    /// Numbers this run's proposals ([`Command::Once`]).
+    proposals: Proposer,
+}
+
+/// Numbers a controller member's proposals and knows which are still in
+/// flight (sent, perhaps again, until `Controller::propose` returns), so
+/// that each id says below which number none will be sent again.
+#[derive(Debug)]
+struct Proposer {
+    node: u64,
+    /// Drawn when the member starts: another run's numbers are its own.
+    run: u64,
+    next: std::cell::Cell<u64>,
+    in_flight: RefCell<std::collections::BTreeSet<u64>>,
+}
+
+impl Proposer {
+    fn new(node: u64) -> Proposer {
+        Proposer {
+            node,
+            run: rand::random(),
+            next: std::cell::Cell::new(1),
+            in_flight: RefCell::default(),
+        }
+    }
+
+    /// `command` with the next id; in flight until the guard drops.
+    fn number(&self, command: Command) -> (Command, InFlight<'_>) {
+        let seq = self.next.get();
+        self.next.set(seq + 1);
+        let mut in_flight = self.in_flight.borrow_mut();
+        in_flight.insert(seq);
+        let settled_below = *in_flight.first().expect("holds seq");
+        let id = ProposalId {
+            node: self.node,
+            run: self.run,
+            seq,
+            settled_below,
+        };
+        let once = Command::Once {
+            id,
+            command: Box::new(command),
+        };
+        (once, InFlight { proposer: self, seq })
+    }
+}
+
+/// A proposal in flight; ends when dropped (returned, or the caller went).
+struct InFlight<'a> {
+    proposer: &'a Proposer,
+    seq: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.proposer.in_flight.borrow_mut().remove(&self.seq);
+    }
 }
 
 impl Controller {
@@ -270,6 +328,7 @@ impl Controller {
             beating: std::cell::Cell::new(false),
             own_lease,
             renewal_within: Duration::from_millis(2 * settings.broker_heartbeat_ms),
+            proposals: Proposer::new(node_id),
         })
     }
 
@@ -1029,8 +1088,11 @@ impl Controller {
 
     /// Commits `command` through Raft — here if this member leads, else on
     /// the leader — and resolves once it is applied here (the new table has
-    /// been published on this node).
+    /// been published on this node). A try whose outcome it cannot know (a
+    /// lost answer, a leader that stepped down) is sent again under the
+    /// same id, which applies once ([`Command::Once`]).
     pub async fn propose(&self, command: Command) -> Result<(), ProposeError> {
+        let (command, _in_flight) = self.proposals.number(command);
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
         let mut last_error = String::from("no controller leader");
         let mut forwarded = None;

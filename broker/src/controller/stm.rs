@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::error::ControllerError;
+use super::proposals::{CommandAnswer, ProposalId, ProposalSession, MAX_ANSWERS_PER_SESSION, MAX_SESSIONS_PER_NODE};
 use super::table::{
     FsyncSetting, LostReplica, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings, NO_LEADER,
 };
@@ -304,6 +306,16 @@ pub enum Command {
         name: String,
         changes: QueueChanges,
     },
+    /// `command`, applied once however many times it is committed: the
+    /// controller member that proposes it (`Controller::propose`) sends it
+    /// again when it cannot tell whether a try was committed (the answer to
+    /// a forwarded proposal lost with its connection, a leader that stepped
+    /// down with the entry in its log), and a later copy answers what the
+    /// first did ([`ProposalSession`]). Not nested.
+    Once {
+        id: ProposalId,
+        command: Box<Command>,
+    },
 }
 
 /// The changes of an `AlterQueue`.
@@ -319,74 +331,6 @@ pub struct QueueChanges {
     pub max_delivery_attempts: Option<u32>,
     #[serde(default)]
     pub min_insync_replicas: Option<u16>,
-}
-
-/// Why a command was refused. Refusing changes nothing.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum ControllerError {
-    #[error("queue {0:?} already exists")]
-    QueueExists(String),
-    #[error("queue {0:?} does not exist")]
-    UnknownQueue(String),
-    #[error("invalid queue name: {0}")]
-    InvalidName(String),
-    #[error("invalid queue settings: {0}")]
-    InvalidSettings(String),
-    #[error("replication factor {wanted} needs {wanted} live brokers, the cluster has {brokers}")]
-    NotEnoughBrokers { wanted: u16, brokers: usize },
-    #[error(
-        "broker id {id} is alive at {address}: another broker holds its lease (stop it, or give this one \
-         another node id)"
-    )]
-    BrokerIdInUse { id: NodeId, address: String },
-    #[error("{what}: the partition moved on (now leader {leader}, leader epoch {leader_epoch}, partition epoch {partition_epoch})")]
-    StaleIsrChange {
-        what: String,
-        leader: NodeId,
-        leader_epoch: u32,
-        partition_epoch: u32,
-    },
-    #[error("invalid ISR: {0}")]
-    InvalidIsr(String),
-    #[error("broker ids start at 1")]
-    InvalidBrokerId,
-    #[error("no broker {0} in the cluster (strand node list shows the brokers)")]
-    UnknownBroker(NodeId),
-    #[error("invalid reassignment: {0}")]
-    InvalidReassignment(String),
-    #[error("no unclean election: {0}")]
-    ElectionRefused(String),
-    #[error(
-        "cannot decommission broker {id}: {queue}/{partition} needs {wanted} replicas and no other alive broker \
-         that is not leaving can take broker {id}'s place (start a new broker first)"
-    )]
-    CannotDecommission {
-        id: NodeId,
-        queue: String,
-        partition: u32,
-        wanted: usize,
-    },
-}
-
-impl ControllerError {
-    /// The wire error code for a client.
-    pub fn code(&self) -> strand_wire::ErrorCode {
-        use strand_wire::ErrorCode;
-        match self {
-            ControllerError::QueueExists(_) => ErrorCode::QueueAlreadyExists,
-            ControllerError::UnknownQueue(_) => ErrorCode::UnknownQueue,
-            ControllerError::InvalidName(_) => ErrorCode::InvalidQueueName,
-            ControllerError::InvalidSettings(_) | ControllerError::NotEnoughBrokers { .. } => ErrorCode::InvalidConfig,
-            ControllerError::BrokerIdInUse { .. }
-            | ControllerError::InvalidIsr(_)
-            | ControllerError::InvalidBrokerId
-            | ControllerError::UnknownBroker(_)
-            | ControllerError::InvalidReassignment(_)
-            | ControllerError::ElectionRefused(_) => ErrorCode::InvalidRequest,
-            ControllerError::CannotDecommission { .. } => ErrorCode::InvalidConfig,
-            ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
-        }
-    }
 }
 
 /// The state machine: a table and the rules that change it.
@@ -417,6 +361,75 @@ impl MetadataStm {
         assert!(index > self.table.applied_index, "commands apply in log order, once");
         self.table.applied_index = index;
         match command {
+            Command::Once { id, command } => self.apply_once(index, term, id, command),
+            command => self.apply_command(term, command),
+        }
+    }
+
+    /// A proposal with an id: applied the first time it is committed;
+    /// a later copy (the proposer sent it again, not knowing whether the
+    /// first was committed) answers what the first did and changes nothing.
+    /// See [`ProposalSession`].
+    fn apply_once(&mut self, index: u64, term: u64, id: &ProposalId, command: &Command) -> CommandAnswer {
+        if matches!(command, Command::Once { .. }) {
+            return Err(ControllerError::InvalidProposal(
+                "a proposal with an id inside another".into(),
+            ));
+        }
+        let sessions = &mut self.table.proposals;
+        let at = match sessions.iter().position(|s| s.node == id.node && s.run == id.run) {
+            Some(at) => at,
+            None => {
+                let runs = sessions.iter().filter(|s| s.node == id.node).count();
+                if runs >= MAX_SESSIONS_PER_NODE {
+                    let oldest = sessions
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| s.node == id.node)
+                        .min_by_key(|(_, s)| s.last_index)
+                        .map(|(at, _)| at)
+                        .expect("the node has sessions");
+                    sessions.remove(oldest);
+                }
+                sessions.push(ProposalSession {
+                    node: id.node,
+                    run: id.run,
+                    ..ProposalSession::default()
+                });
+                sessions.len() - 1
+            }
+        };
+        let session = &mut sessions[at];
+        session.last_index = index;
+        if let Some(answer) = session.answered.get(&id.seq) {
+            return answer.clone();
+        }
+        if id.seq < session.settled_below {
+            return Err(ControllerError::InvalidProposal(format!(
+                "proposal {} of node {}'s run {:x} came after its proposer stopped waiting for it",
+                id.seq, id.node, id.run
+            )));
+        }
+        if id.settled_below > session.settled_below {
+            session.settled_below = id.settled_below;
+            session.answered = session.answered.split_off(&id.settled_below);
+        }
+        let answer = self.apply_command(term, command);
+        let session = &mut self.table.proposals[at];
+        session.answered.insert(id.seq, answer.clone());
+        while session.answered.len() > MAX_ANSWERS_PER_SESSION {
+            let (first, _) = session.answered.pop_first().expect("not empty");
+            session.settled_below = first + 1;
+        }
+        answer
+    }
+
+    /// Applies `command` (not [`Command::Once`]) written in term `term`.
+    fn apply_command(&mut self, term: u64, command: &Command) -> CommandAnswer {
+        match command {
+            Command::Once { .. } => Err(ControllerError::InvalidProposal(
+                "a proposal with an id inside another".into(),
+            )),
             // Id 0 stands for "no leader" in partition records.
             Command::RegisterBroker { id: 0, .. } => Err(ControllerError::InvalidBrokerId),
             Command::RegisterBroker {

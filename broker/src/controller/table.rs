@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::proposals::ProposalSession;
+
 /// A node's id in the cluster (also its Raft node id).
 pub type NodeId = u64;
 
@@ -252,6 +254,10 @@ pub struct MetadataTable {
     /// directory was last replaced (absent: never).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub directory_replaced_at: BTreeMap<NodeId, u64>,
+    /// The proposals each proposer run may still send again, with their
+    /// answers (see [`super::proposals`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proposals: Vec<ProposalSession>,
 }
 
 impl MetadataTable {

@@ -5,6 +5,9 @@
 //! leaders' ISR changes, some stale; leader balancing) applied in a random
 //! order, with the table's invariants checked after every step, and a
 //! snapshot restored at random points that must apply on identically.
+//! Half the commands carry a proposal id ([`Command::Once`]), and copies
+//! of recent ones are committed again: a copy must change nothing and
+//! answer what its first did.
 //! Thousands of seeds run in a few seconds of `cargo test`; a failing seed
 //! is named in the panic (`STRAND_SIM_SEED=N` runs only that one).
 //!
@@ -281,14 +284,72 @@ fn run(seed: u64, steps: usize) {
         let _ = stm.apply(index, c);
     }
     let mut restored: Option<(MetadataStm, usize)> = None;
+    // Proposals with ids: per proposing node (1–3) its run, next number
+    // and what it still counts as in flight; the recent ones with their
+    // answers, to commit again.
+    let mut numbered: [(u64, u64); 3] = [(seed, 1), (seed + 1, 1), (seed + 2, 1)];
+    let mut recent: Vec<(Command, CommandAnswer)> = Vec::new();
     for step in 0..steps {
-        let command = command(&mut rng, stm.table());
+        let mut command = command(&mut rng, stm.table());
+        if rng.below(2) == 0 {
+            let node = rng.below(3) as usize;
+            if rng.below(20) == 0 {
+                // The node restarted: a new run.
+                numbered[node] = (rng.next(), 1);
+            }
+            let (run, seq) = &mut numbered[node];
+            let id = ProposalId {
+                node: node as u64 + 1,
+                run: *run,
+                seq: *seq,
+                settled_below: seq.saturating_sub(rng.below(4)).max(1),
+            };
+            *seq += 1;
+            command = Command::Once {
+                id,
+                command: Box::new(command),
+            };
+        }
         let before = stm.table().clone();
         let index = before.applied_index + 1;
-        let _ = stm.apply(index, &command);
+        let answer = stm.apply(index, &command);
         log.push(command.clone());
-        if let Err(e) = check(&before, stm.table(), &command) {
+        let inner = match &command {
+            Command::Once { command, .. } => command,
+            command => command,
+        };
+        if let Err(e) = check(&before, stm.table(), inner) {
             panic!("seed {seed}, step {step}: {e}");
+        }
+        if matches!(command, Command::Once { .. }) {
+            recent.push((command.clone(), answer));
+            if recent.len() > 8 {
+                let _oldest = recent.remove(0);
+            }
+        }
+        // A proposal committed again changes nothing but its session, and
+        // answers what it first did (or, settled meanwhile, is refused).
+        if !recent.is_empty() && rng.below(8) == 0 {
+            let (again, first) = recent[rng.below(recent.len() as u64) as usize].clone();
+            let before = stm.table().clone();
+            let index = before.applied_index + 1;
+            let answer = stm.apply(index, &again);
+            log.push(again.clone());
+            let settled = matches!(answer, Err(ControllerError::InvalidProposal(_)));
+            assert!(
+                answer == first || settled,
+                "seed {seed}, step {step}: a copy of {again:?} answered {answer:?}, the first {first:?}"
+            );
+            let strip = |t: &MetadataTable| MetadataTable {
+                applied_index: 0,
+                proposals: Vec::new(),
+                ..t.clone()
+            };
+            assert_eq!(
+                strip(&before),
+                strip(stm.table()),
+                "seed {seed}, step {step}: a copy of {again:?} changed the table"
+            );
         }
         if restored.is_none() && rng.below(50) == 0 {
             let mut r = MetadataStm::new();

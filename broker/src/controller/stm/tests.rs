@@ -1461,3 +1461,140 @@ fn an_unclean_election_passes_over_a_replica_wiped_after_the_partition_went_offl
     let p = &stm.table().queues["q"].partitions[0];
     assert_eq!(p.leader, others[1], "{p:?}");
 }
+
+fn once(node: NodeId, run: u64, seq: u64, settled_below: u64, command: Command) -> Command {
+    Command::Once {
+        id: ProposalId {
+            node,
+            run,
+            seq,
+            settled_below,
+        },
+        command: Box::new(command),
+    }
+}
+
+/// A proposer that lost the answer to a proposal sends it again; the copy
+/// answers what the first did and changes nothing (before proposal ids, a
+/// `queue create` whose forwarded answer was lost came back
+/// `QueueAlreadyExists` although it had created the queue).
+#[test]
+fn a_proposal_committed_twice_applies_once() {
+    let (mut stm, mut i) = one_node();
+    let create = once(
+        1,
+        7,
+        1,
+        1,
+        Command::CreateQueue {
+            name: "orders".into(),
+            settings: settings(1, 1),
+        },
+    );
+    assert_eq!(stm.apply(i, &create), Ok(()));
+    i += 1;
+    let created = stm.table().clone();
+    assert_eq!(stm.apply(i, &create), Ok(()), "the copy answers as the first did");
+    i += 1;
+    assert_eq!(stm.table().queues, created.queues);
+    // A refusal is answered again as a refusal.
+    let alter = once(
+        1,
+        7,
+        2,
+        1,
+        Command::AlterQueue {
+            name: "nope".into(),
+            changes: QueueChanges::default(),
+        },
+    );
+    let refused = Err(ControllerError::UnknownQueue("nope".into()));
+    assert_eq!(stm.apply(i, &alter), refused);
+    i += 1;
+    assert_eq!(stm.apply(i, &alter), refused);
+    i += 1;
+    // The same numbers from another run or node are other proposals.
+    let delete = |node, run| once(node, run, 1, 1, Command::DeleteQueue { name: "orders".into() });
+    assert_eq!(stm.apply(i, &delete(1, 8)), Ok(()));
+    i += 1;
+    assert_eq!(
+        stm.apply(i, &delete(2, 7)),
+        Err(ControllerError::UnknownQueue("orders".into()))
+    );
+    i += 1;
+    // Every member and every snapshot decides a copy the same way.
+    let mut restored = MetadataStm::new();
+    restored.restore(&stm.snapshot()).unwrap();
+    assert_eq!(restored.apply(i, &create), Ok(()));
+    assert_eq!(restored.table().queue("orders"), None);
+}
+
+/// Once the proposer says it sends nothing below a number again, those
+/// answers are forgotten, and a copy committed that late is refused.
+#[test]
+fn a_settled_proposal_is_forgotten_and_a_late_copy_refused() {
+    let (mut stm, mut i) = one_node();
+    let create = |seq, settled_below, name: &str| {
+        once(
+            1,
+            7,
+            seq,
+            settled_below,
+            Command::CreateQueue {
+                name: name.into(),
+                settings: settings(1, 1),
+            },
+        )
+    };
+    stm.apply(i, &create(1, 1, "a")).unwrap();
+    i += 1;
+    stm.apply(i, &create(2, 1, "b")).unwrap();
+    i += 1;
+    assert_eq!(stm.table().proposals[0].answered.len(), 2);
+    stm.apply(i, &create(3, 3, "c")).unwrap();
+    i += 1;
+    let session = &stm.table().proposals[0];
+    assert_eq!((session.settled_below, session.answered.len()), (3, 1));
+    stm.apply(i, &Command::DeleteQueue { name: "a".into() }).unwrap();
+    i += 1;
+    assert!(matches!(
+        stm.apply(i, &create(1, 1, "a")),
+        Err(ControllerError::InvalidProposal(_))
+    ));
+    assert_eq!(stm.table().queue("a"), None, "the late copy created nothing");
+    i += 1;
+    // Nested ids are refused.
+    assert!(matches!(
+        stm.apply(i, &once(1, 7, 9, 3, create(10, 3, "d"))),
+        Err(ControllerError::InvalidProposal(_))
+    ));
+}
+
+/// A node keeps a few runs' sessions (the least recently proposing goes).
+#[test]
+fn each_node_keeps_a_bounded_number_of_runs() {
+    let (mut stm, mut i) = one_node();
+    for run in 0..10 {
+        for node in 1..=2 {
+            stm.apply(
+                i,
+                &once(node, run, 1, 1, Command::DrainBroker { id: 1, draining: false }),
+            )
+            .unwrap();
+            i += 1;
+        }
+    }
+    let runs = |node| {
+        let mut runs: Vec<u64> = stm
+            .table()
+            .proposals
+            .iter()
+            .filter(|s| s.node == node)
+            .map(|s| s.run)
+            .collect();
+        runs.sort();
+        runs
+    };
+    assert_eq!(runs(1), vec![6, 7, 8, 9]);
+    assert_eq!(runs(2), vec![6, 7, 8, 9]);
+}
