@@ -42,6 +42,10 @@ struct Cli {
     /// PEM private key of --tls-cert.
     #[arg(long = "tls-key", global = true, value_name = "FILE")]
     tls_key: Option<std::path::PathBuf>,
+    /// Log in as this user (SASL SCRAM), the password in $STRAND_PASSWORD
+    /// [default: $STRAND_USER].
+    #[arg(long = "user", global = true, value_name = "NAME")]
+    user: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -80,6 +84,13 @@ fn main() {
     if let Err(e) = files.or_env().install() {
         eprintln!("strand-bench: TLS: {e}");
         std::process::exit(2);
+    }
+    match strand_client::sasl::Credentials::from_env(cli.user.as_deref()) {
+        Ok(credentials) => strand_client::sasl::set_default(credentials),
+        Err(e) => {
+            eprintln!("strand-bench: {e}");
+            std::process::exit(2);
+        }
     }
     let result = match cli.scenario {
         Scenario::Storage(args) => storage::run(args),

@@ -46,6 +46,9 @@
 //! request_memory_bytes = 268435456     # per shard: large requests (> 64 KiB) held at once
 //! max_request_timeout_ms = 300000      # a produce's timeout_ms is cut to this
 //! max_partition_replicas_per_shard = 2000  # the cluster's partition replicas, per shard of its brokers
+//! auth = "scram"                       # none or scram (default: none; must be said off loopback)
+//! superusers = ["admin"]               # users that may manage users and nodes
+//! inter_broker_user = "strand-broker"  # the brokers' own login (password: $STRAND_INTER_BROKER_PASSWORD)
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -153,6 +156,19 @@ const IO_MEMORY_MIN: usize = 16 << 20;
 /// Most: 64 GiB.
 const IO_MEMORY_MAX: usize = 64 << 30;
 
+/// What a listener requires of its connections (`--auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Nothing: anyone who reaches the port may do anything.
+    #[default]
+    None,
+    /// SASL SCRAM-SHA-256/512 with the cluster's users.
+    Scram,
+}
+
+/// The inter-broker user's default name.
+pub const DEFAULT_INTER_BROKER_USER: &str = "strand-broker";
 /// Everything `strand serve` needs.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -274,6 +290,15 @@ pub struct BrokerConfig {
     /// no limit): a queue create or a partition increase past it is
     /// refused (`handlers::create_queue::check_replica_room`).
     pub max_partition_replicas_per_shard: u64,
+    /// What the listener requires of a connection (`crate::auth`); `None`:
+    /// not said, which is `none` on a loopback address and refused on any
+    /// other.
+    pub auth: Option<AuthMode>,
+    /// Users that may manage users and nodes.
+    pub superusers: Vec<String>,
+    /// The user the brokers log in to one another as (its password is
+    /// `$STRAND_INTER_BROKER_PASSWORD`, the same on every broker).
+    pub inter_broker_user: String,
 }
 
 /// The TLS files a broker was started with (`server::tls`).
@@ -374,6 +399,9 @@ impl Default for BrokerConfig {
             tls_key: None,
             tls_client_ca: None,
             tls_ca: None,
+            auth: None,
+            superusers: Vec::new(),
+            inter_broker_user: DEFAULT_INTER_BROKER_USER.into(),
         }
     }
 }
@@ -440,6 +468,16 @@ pub struct Overrides {
     /// brokers [default: --tls-client-ca].
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
+    /// What a client must do before it is served: none, or scram (SASL
+    /// SCRAM-SHA-256/512 with the cluster's users; the brokers then log in
+    /// to one another with $STRAND_INTER_BROKER_PASSWORD) [default: none,
+    /// which must be said when --listen is not a loopback address].
+    #[arg(long, value_name = "none|scram")]
+    pub auth: Option<AuthMode>,
+    /// Users that may manage users and nodes; at a cluster's first start,
+    /// with $STRAND_BOOTSTRAP_PASSWORD set, they are created with it.
+    #[arg(long, value_name = "NAME[,NAME]", value_delimiter = ',')]
+    pub superusers: Option<Vec<String>>,
 }
 
 impl BrokerConfig {
@@ -488,6 +526,12 @@ impl BrokerConfig {
             if let Some(v) = flag {
                 *setting = Some(v.clone());
             }
+        }
+        if let Some(v) = flags.auth {
+            config.auth = Some(v);
+        }
+        if let Some(v) = &flags.superusers {
+            config.superusers = v.clone();
         }
         if let Some(v) = &flags.controller_voters {
             config.controller_voters =
@@ -654,6 +698,30 @@ impl BrokerConfig {
         }
         if self.max_request_timeout_ms == 0 {
             return bad("max_request_timeout_ms must be above 0".into());
+        }
+        if self.auth.is_none() && !self.listen.ip().is_loopback() {
+            return bad(format!(
+                "listen {} is not a loopback address and no authentication was chosen: start with --auth scram \
+                 (users and passwords; auth = \"scram\" in the file), or say --auth none to serve anyone who \
+                 reaches the port",
+                self.listen
+            ));
+        }
+        if let Some(bad_name) =
+            self.superusers.iter().chain([&self.inter_broker_user]).find(|n| {
+                n.is_empty() || n.len() > strand_net::scram::MAX_USER_BYTES || n.chars().any(char::is_control)
+            })
+        {
+            return bad(format!(
+                "user name {bad_name:?} (superusers, inter_broker_user): 1 to {} bytes, no control characters",
+                strand_net::scram::MAX_USER_BYTES
+            ));
+        }
+        if self.superusers.contains(&self.inter_broker_user) {
+            return bad(format!(
+                "{:?} is the inter-broker user (inter_broker_user): a superuser needs another name",
+                self.inter_broker_user
+            ));
         }
         if self.spin_before_park_us > 10_000_000 {
             return bad(format!(
@@ -853,6 +921,32 @@ mod tests {
     }
 
     #[test]
+    fn auth_settings_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("strand.toml");
+        std::fs::write(&file, "auth = \"scram\"\nsuperusers = [\"admin\", \"ops\"]\n").unwrap();
+        let c = BrokerConfig::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!(c.auth, Some(AuthMode::Scram));
+        assert_eq!(c.superusers, ["admin", "ops"]);
+        assert_eq!(c.inter_broker_user, DEFAULT_INTER_BROKER_USER);
+        let flags = Overrides {
+            auth: Some(AuthMode::None),
+            superusers: Some(vec![DEFAULT_INTER_BROKER_USER.into()]),
+            ..Overrides::default()
+        };
+        let e = BrokerConfig::load(Some(&file), &flags).unwrap_err().to_string();
+        assert!(e.contains("inter-broker user"), "{e}");
+        let flags = Overrides {
+            superusers: Some(vec!["bad\nname".into()]),
+            ..Overrides::default()
+        };
+        assert!(BrokerConfig::load(None, &flags)
+            .unwrap_err()
+            .to_string()
+            .contains("control"));
+    }
+
+    #[test]
     fn voters_and_the_advertised_address_are_checked() {
         let v = parse_voters("1@10.0.0.1:9400, 2@10.0.0.2:9400,3@[::1]:9400").unwrap();
         assert_eq!(v.len(), 3);
@@ -880,6 +974,16 @@ mod tests {
         let advertised = Overrides {
             advertise: Some("10.0.0.1:9400".parse().unwrap()),
             ..wildcard
+        };
+        // Off loopback, no authentication must be said.
+        let unsaid = load(advertised.clone()).unwrap_err();
+        assert!(
+            unsaid.contains("--auth scram") && unsaid.contains("--auth none"),
+            "{unsaid}"
+        );
+        let advertised = Overrides {
+            auth: Some(AuthMode::None),
+            ..advertised
         };
         let c = load(advertised.clone()).unwrap();
         assert_eq!(

@@ -21,6 +21,37 @@ impl std::fmt::Debug for PeerTls {
     }
 }
 
+/// How a peer link secures itself: TLS (with `--tls-cert`) and the
+/// inter-broker login (with `$STRAND_INTER_BROKER_PASSWORD`: SASL SCRAM
+/// right after connecting, `peer::link`).
+#[derive(Clone, Debug, Default)]
+pub struct PeerSecurity {
+    pub tls: Option<PeerTls>,
+    pub login: Option<std::sync::Arc<PeerLogin>>,
+}
+
+/// A broker's own login on its peer links (the inter-broker user,
+/// `crate::auth`).
+pub struct PeerLogin {
+    pub user: String,
+    pub password: Vec<u8>,
+}
+
+impl std::fmt::Debug for PeerLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password is not for logs.
+        f.debug_struct("PeerLogin")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PeerLogin {
+    fn drop(&mut self) {
+        self.password.fill(0);
+    }
+}
+
 /// A broker's socket: plain, or a TLS session over it (`server::tls`) as
 /// the listener accepted it or a peer link opened it.
 pub enum Stream {

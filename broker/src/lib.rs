@@ -45,10 +45,11 @@
 //! config, routing, lease, limits, controller, metrics, frame_io (leaves;
 //! replica uses only the controller's ids)
 //! ← shard (which uses replica) ← router ← leaders, replication ← groups
-//! ← handlers
+//! ← auth ← handlers
 //! ← server; peer uses frame_io
 //! alone; cli uses the client library and groups' naming rules.
 
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod controller;

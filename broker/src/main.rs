@@ -35,6 +35,16 @@ enum Command {
         #[arg(long, global = true, default_value = "table", value_name = "table|json")]
         output: String,
     },
+    /// The cluster's users (SASL SCRAM logins, with --auth scram).
+    User {
+        #[command(subcommand)]
+        command: strand_broker::cli::user::UserCommand,
+        #[command(flatten)]
+        brokers: strand_broker::cli::Brokers,
+        /// Output format: table (for people) or json (one document).
+        #[arg(long, global = true, default_value = "table", value_name = "table|json")]
+        output: String,
+    },
     /// The brokers, and maintenance: drain a node of its leaderships.
     Node {
         #[command(subcommand)]
@@ -159,6 +169,14 @@ fn main() -> ExitCode {
             output,
         } => match json_output(&output) {
             Ok(json) => finish(strand_broker::cli::cluster::run(command, &brokers.list(), json)),
+            Err(code) => code,
+        },
+        Command::User {
+            command,
+            brokers,
+            output,
+        } => match json_output(&output) {
+            Ok(json) => finish(strand_broker::cli::user::run(command, &brokers.list(), json)),
             Err(code) => code,
         },
         Command::Node {

@@ -560,7 +560,7 @@ fn a_peer_link_fails_at_its_deadline_while_the_peer_is_paused() {
             let root = ApiVersionsRequest::create(&mut fbb, &ApiVersionsRequestArgs { client_name: None });
             fbb.finish_minimal(root);
             let body = fbb.finished_data().to_vec();
-            let link = PeerLink::new(addr, FrameLimits::default(), None);
+            let link = PeerLink::new(addr, FrameLimits::default(), Default::default());
             let call = |timeout| link.call(Api::ApiVersions, &body, TailBuilder::default(), timeout);
             let f = call(Duration::from_secs(10)).await.unwrap();
             assert_eq!(f.header.api, Api::ApiVersions as u16);

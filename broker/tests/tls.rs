@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::cluster::Cluster;
-use common::{serve_command, Broker};
+use common::{failed, ok, serve_command, Broker};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 
 /// A CA and what it signed, written as PEM files in a directory.
@@ -94,20 +94,6 @@ fn produce(addr: &str, queue: &str, lines: &str, tls: &[&str]) {
         .unwrap();
     producing.stdin.take().unwrap().write_all(lines.as_bytes()).unwrap();
     ok(&producing.wait_with_output().unwrap());
-}
-
-fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn failed(out: &Output) -> String {
-    assert!(
-        !out.status.success(),
-        "succeeded: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn s(p: &Path) -> &str {

@@ -192,6 +192,16 @@ pub struct ClusterDescription {
 }
 
 /// The admin client.
+/// A user as `Admin::list_users` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserDescription {
+    pub name: String,
+    /// `SCRAM-SHA-256`, `SCRAM-SHA-512`.
+    pub mechanisms: Vec<String>,
+    /// Named in the brokers' `--superusers`.
+    pub superuser: bool,
+}
+
 #[derive(Clone)]
 pub struct Admin {
     cluster: Arc<Cluster>,
@@ -301,6 +311,70 @@ impl Admin {
         fbb.finish_minimal(root);
         let f = self.call(Api::DeleteQueue, &fbb).await?;
         ClientError::check(response::<DeleteQueueResponse>(&f)?.error())
+    }
+
+    /// Creates user `name` (or replaces its password) with `password`:
+    /// the salted SCRAM keys for both mechanisms are derived here, and only
+    /// they are sent (`strand_net::scram`).
+    pub async fn put_user(&self, name: &str, password: &str) -> Result<(), ClientError> {
+        use strand_net::scram::{Credential, Mechanism, DEFAULT_ITERATIONS};
+        if password.is_empty() {
+            return Err(ClientError::Invalid("an empty password".into()));
+        }
+        let mut fbb = FlatBufferBuilder::new();
+        let mut credentials = Vec::new();
+        for mechanism in Mechanism::ALL {
+            let c = Credential::generate(mechanism, password.as_bytes(), DEFAULT_ITERATIONS)
+                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+            let args = ScramCredentialArgs {
+                mechanism: Some(fbb.create_string(mechanism.name())),
+                salt: Some(fbb.create_vector(&c.salt)),
+                iterations: c.iterations,
+                stored_key: Some(fbb.create_vector(&c.stored_key)),
+                server_key: Some(fbb.create_vector(&c.server_key)),
+            };
+            credentials.push(ScramCredential::create(&mut fbb, &args));
+        }
+        let credentials = Some(fbb.create_vector(&credentials));
+        let n = fbb.create_string(name);
+        let root = PutUserRequest::create(
+            &mut fbb,
+            &PutUserRequestArgs {
+                name: Some(n),
+                credentials,
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = self.call(Api::PutUser, &fbb).await?;
+        ClientError::check(response::<PutUserResponse>(&f)?.error())
+    }
+
+    pub async fn delete_user(&self, name: &str) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let n = fbb.create_string(name);
+        let root = DeleteUserRequest::create(&mut fbb, &DeleteUserRequestArgs { name: Some(n) });
+        fbb.finish_minimal(root);
+        let f = self.call(Api::DeleteUser, &fbb).await?;
+        ClientError::check(response::<DeleteUserResponse>(&f)?.error())
+    }
+
+    /// Every user: name, mechanisms, superuser.
+    pub async fn list_users(&self) -> Result<Vec<UserDescription>, ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let root = ListUsersRequest::create(&mut fbb, &ListUsersRequestArgs {});
+        fbb.finish_minimal(root);
+        let f = self.call(Api::ListUsers, &fbb).await?;
+        let r = response::<ListUsersResponse>(&f)?;
+        ClientError::check(r.error())?;
+        Ok(r.users()
+            .iter()
+            .flatten()
+            .map(|u| UserDescription {
+                name: u.name().unwrap_or_default().to_string(),
+                mechanisms: u.mechanisms().iter().flatten().map(str::to_string).collect(),
+                superuser: u.superuser(),
+            })
+            .collect())
     }
 
     /// Changes what `spec` sets (partitions can only grow).

@@ -67,6 +67,8 @@ pub const MAX_RESPONSE_BYTES: u32 = 256 << 20;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the reader looks for overdue requests while the socket is quiet.
 const OVERDUE_CHECK: Duration = Duration::from_secs(1);
+/// How long a login (`crate::sasl`) may take at most after connecting.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most local ports tried for a shard-placed connection before settling
 /// for any port (about one in `shards` places it; the rest are skipped
@@ -244,7 +246,7 @@ impl Connection {
             .name(format!("strand-client {addr}"))
             .spawn(move || read_loop(reader, p, name, busy_poll, session))
             .map_err(io)?;
-        Ok(Connection {
+        let conn = Connection {
             inner: Arc::new(Inner {
                 addr: addr.to_string(),
                 writer: Mutex::new((stream, 1, Vec::new())),
@@ -252,7 +254,19 @@ impl Connection {
                 shutter,
                 pending,
             }),
-        })
+        };
+        // Logged in before anything else is sent (`crate::sasl`).
+        if let Some(credentials) = crate::sasl::default_credentials() {
+            let due = connect_timeout.max(LOGIN_TIMEOUT);
+            let login = crate::sasl::exchange(&credentials, |api, body| {
+                conn.request_within(api, &body, TailBuilder::default(), due)
+            });
+            if let Err(e) = crate::block_on(login) {
+                conn.abandon("the login failed");
+                return Err(e);
+            }
+        }
+        Ok(conn)
     }
 
     pub fn addr(&self) -> &str {

@@ -20,6 +20,11 @@ pub enum ClientError {
     /// itself. (A connection closed during the handshake is `Io`.)
     #[error("TLS with {addr}: {message}")]
     Tls { addr: String, message: String },
+    /// The SCRAM exchange failed on this side: the broker did not prove it
+    /// holds the user's keys, or sent a malformed message. (A wrong user or
+    /// password is the broker's `AuthenticationFailed`.) Not retried.
+    #[error("authentication: {0} (AuthenticationFailed)")]
+    Authentication(String),
     /// The broker's answer could not be read.
     #[error("bad response: {0}")]
     Protocol(String),

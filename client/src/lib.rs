@@ -18,6 +18,8 @@
 //!   responses by correlation id.
 //! - [`requests`]: request bodies and response readers for the data APIs.
 //! - [`retry`]: which errors are retried, backoff, an executor-free sleep.
+//! - [`tls`] and [`sasl`]: TLS, and logging in with SCRAM, for every
+//!   connection the process opens.
 //!
 //! Errors are one enum, [`ClientError`], carrying the broker's error codes
 //! and messages. `examples/` shows use from a plain thread, tokio and
@@ -32,11 +34,12 @@ mod group;
 mod producer;
 pub mod requests;
 pub mod retry;
+pub mod sasl;
 pub mod tls;
 
 pub use admin::{
     Admin, BrokerDescription, BrokerDisk, ClusterDescription, FsyncSpec, PartitionDescription, PartitionPlacement,
-    QueueDescription, QueueSpec,
+    QueueDescription, QueueSpec, UserDescription,
 };
 pub use cluster::{parse_brokers, Cluster, QueueInfo, Timeouts, METADATA_MAX_AGE};
 pub use connection::Connection;

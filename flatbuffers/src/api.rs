@@ -39,11 +39,21 @@ pub enum Api {
     /// Unclean leader elections of offline partitions (an operator accepts
     /// losing records).
     ElectLeaders = 26,
+    /// Authentication: starts a SASL exchange (the mechanism).
+    SaslHandshake = 27,
+    /// Authentication: one SCRAM message each way.
+    SaslAuthenticate = 28,
+    /// Users: create one or replace its credentials.
+    PutUser = 29,
+    /// Users: delete one.
+    DeleteUser = 30,
+    /// Users: every user and its mechanisms.
+    ListUsers = 31,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 27] = [
+    pub const ALL: [Api; 32] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -71,6 +81,11 @@ impl Api {
         Api::DecommissionBroker,
         Api::ReassignPartition,
         Api::ElectLeaders,
+        Api::SaslHandshake,
+        Api::SaslAuthenticate,
+        Api::PutUser,
+        Api::DeleteUser,
+        Api::ListUsers,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -118,6 +133,11 @@ impl Api {
             Api::DecommissionBroker => "DecommissionBroker",
             Api::ReassignPartition => "ReassignPartition",
             Api::ElectLeaders => "ElectLeaders",
+            Api::SaslHandshake => "SaslHandshake",
+            Api::SaslAuthenticate => "SaslAuthenticate",
+            Api::PutUser => "PutUser",
+            Api::DeleteUser => "DeleteUser",
+            Api::ListUsers => "ListUsers",
         }
     }
 }

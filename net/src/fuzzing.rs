@@ -1,5 +1,7 @@
-//! The entry point of the `frame_decode` fuzz target (`net/fuzz/`), also
-//! run under proptest in CI: a stream of arbitrary bytes is cut into frames
+//! The entry points of the fuzz targets (`net/fuzz/`), also run under
+//! proptest in CI. [`sasl_exchange`]: arbitrary SCRAM messages to both
+//! sides of an exchange; nothing may panic and nothing unproven may log in.
+//! [`frame_decode`]: a stream of arbitrary bytes is cut into frames
 //! and every frame's body is read as every request table (and the
 //! controller's response, which travels between brokers; and the whole
 //! input as a `__groups` record value). Nothing may
@@ -62,6 +64,42 @@ fn count_partitions(list: Option<flatbuffers::Vector<'_, flatbuffers::ForwardsUO
         .sum()
 }
 
+/// Both sides of a SCRAM exchange fed arbitrary messages: `data`'s first
+/// byte picks the mechanism, the rest is cut at `0xff` bytes into a
+/// client-first and a client-final for the server, and a server-first and
+/// a server-final for a client. Only the known user with the right proof
+/// may log in (never, here: the proof would have to be guessed).
+pub fn sasl_exchange(data: &[u8]) {
+    use crate::scram::{ClientExchange, Credential, Mechanism, ServerExchange, MIN_ITERATIONS};
+    use std::sync::OnceLock;
+    static CREDENTIALS: OnceLock<[Credential; 2]> = OnceLock::new();
+    let credentials = CREDENTIALS.get_or_init(|| {
+        Mechanism::ALL.map(|m| Credential::derive(m, b"pencil", b"salt", MIN_ITERATIONS).expect("valid"))
+    });
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let mechanism = Mechanism::ALL[usize::from(pick & 1)];
+    let mut pieces = rest.split(|b| *b == 0xff);
+    let (a, b, c, d) = (pieces.next(), pieces.next(), pieces.next(), pieces.next());
+    let lookup = |user: &str| (user == "user").then(|| credentials[usize::from(pick & 1)].clone());
+    if let Ok((server, _first)) = ServerExchange::start(mechanism, a.unwrap_or_default(), lookup) {
+        assert!(
+            server.finish(b.unwrap_or_default()).is_err(),
+            "a made-up proof logged in"
+        );
+    }
+    // A client with few iterations' worth of work: only servers that ask
+    // for at least MIN_ITERATIONS get past the first step.
+    let (mut client, _first) = ClientExchange::with_nonce(mechanism, "user", b"pencil", "n".into());
+    if client.final_message(c.unwrap_or_default()).is_ok() {
+        assert!(
+            client.verify(d.unwrap_or_default()).is_err(),
+            "a made-up signature passed"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -83,6 +121,27 @@ mod tests {
             data.extend_from_slice(&body);
             data.resize(data.len() + tail, 7);
             super::frame_decode(&data);
+        }
+    }
+
+    // Each case derives a key (4,096 PBKDF2 rounds): fewer cases.
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn arbitrary_sasl_messages(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            super::sasl_exchange(&data);
+        }
+
+        #[test]
+        fn plausible_sasl_messages(user in "[a-z=,]{0,6}", nonce in "[!-~]{0,8}", proof in "[A-Za-z0-9+/=]{0,48}") {
+            let mut data = vec![0];
+            data.extend_from_slice(format!("n,,n={user},r={nonce}").as_bytes());
+            data.push(0xff);
+            data.extend_from_slice(format!("c=biws,r={nonce},p={proof}").as_bytes());
+            data.push(0xff);
+            data.extend_from_slice(format!("r=n{nonce},s=c2FsdA==,i=4096").as_bytes());
+            super::sasl_exchange(&data);
         }
     }
 }

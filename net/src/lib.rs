@@ -8,10 +8,12 @@
 //! - [`message`]: reading a frame's flatbuffer body as the table its API
 //!   calls for (verified), slicing record batches out of its raw tail, and
 //!   building bodies.
+//! - [`scram`]: SASL SCRAM-SHA-256/512, both sides of the exchange.
 
 pub mod frame;
 pub mod fuzzing;
 pub mod message;
+pub mod scram;
 
 pub use frame::{Frame, FrameError, FrameHeader, FrameLimits, FrameMut};
 pub use message::{MessageError, OutFrame};

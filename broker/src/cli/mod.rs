@@ -30,6 +30,7 @@ pub mod produce;
 pub mod queue;
 pub mod top;
 pub mod tune;
+pub mod user;
 
 /// Writes to stdout. A reader gone (EPIPE, as when piped into `head`)
 /// ends the process at once with exit 0: what it wanted it has; any
@@ -51,7 +52,7 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
     }
 }
 
-/// The `--brokers` and TLS flags every client command takes.
+/// The `--brokers`, TLS and login flags every client command takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Brokers {
     /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
@@ -68,6 +69,10 @@ pub struct Brokers {
     /// PEM private key of --tls-cert.
     #[arg(long = "tls-key", global = true, value_name = "FILE")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Log in as this user (SASL SCRAM), with the password in
+    /// $STRAND_PASSWORD [default: $STRAND_USER; neither: no login].
+    #[arg(long = "user", global = true, value_name = "NAME")]
+    pub user: Option<String>,
 }
 
 impl Brokers {
@@ -85,6 +90,13 @@ impl Brokers {
         if let Err(e) = files.or_env().install() {
             eprintln!("strand: TLS: {e}");
             std::process::exit(2);
+        }
+        match strand_client::sasl::Credentials::from_env(self.user.as_deref()) {
+            Ok(credentials) => strand_client::sasl::set_default(credentials),
+            Err(e) => {
+                eprintln!("strand: {e}");
+                std::process::exit(2);
+            }
         }
         self.flag
             .or_else(|| std::env::var("STRAND_BROKERS").ok())

@@ -44,6 +44,10 @@ pub enum ControllerError {
     ElectionRefused(String),
     #[error("invalid proposal: {0}")]
     InvalidProposal(String),
+    #[error("no user {0:?}")]
+    UnknownUser(String),
+    #[error("invalid user: {0}")]
+    InvalidUser(String),
     #[error(
         "cannot decommission broker {id}: {queue}/{partition} needs {wanted} replicas and no other alive broker \
          that is not leaving can take broker {id}'s place (start a new broker first)"
@@ -71,7 +75,9 @@ impl ControllerError {
             | ControllerError::UnknownBroker(_)
             | ControllerError::InvalidReassignment(_)
             | ControllerError::ElectionRefused(_)
-            | ControllerError::InvalidProposal(_) => ErrorCode::InvalidRequest,
+            | ControllerError::InvalidProposal(_)
+            | ControllerError::UnknownUser(_)
+            | ControllerError::InvalidUser(_) => ErrorCode::InvalidRequest,
             ControllerError::CannotDecommission { .. } => ErrorCode::InvalidConfig,
             ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
         }

@@ -10,7 +10,8 @@
 //!   commands apply, snapshots. Deterministic: the same commands in the same
 //!   order give the same table on every node, so all validation needs only
 //!   the table and the command. [`error`]: why a command is refused;
-//!   [`proposals`]: a proposal sent again applies once.
+//!   [`proposals`]: a proposal sent again applies once. [`users`]: SASL
+//!   users' SCRAM keys.
 //! - [`leases`]: broker leases as the controller leader keeps them (sans
 //!   I/O): who is alive, whose lease ran out, which id is taken.
 //! - [`store`]: the Raft log, vote and snapshots on disk (byte layout there)
@@ -29,6 +30,7 @@ pub mod runtime;
 pub mod stm;
 pub mod store;
 pub mod table;
+pub mod users;
 
 pub use node::{decode_payloads, Controller, ProposeError, Settings, Voter};
 pub use proposals::ProposalId;

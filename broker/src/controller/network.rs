@@ -120,9 +120,9 @@ pub struct Links {
 }
 
 impl Links {
-    pub fn new(from: u64, max_frame_bytes: u32, tls: Option<crate::frame_io::PeerTls>) -> Links {
+    pub fn new(from: u64, max_frame_bytes: u32, security: crate::frame_io::PeerSecurity) -> Links {
         Links {
-            links: Rc::new(Peers::new(max_frame_bytes, tls)),
+            links: Rc::new(Peers::new(max_frame_bytes, security)),
             from,
         }
     }

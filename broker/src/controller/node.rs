@@ -174,8 +174,8 @@ pub struct Settings {
     pub leader_balance_interval_ms: u64,
     /// The largest frame a peer's answer may be.
     pub max_frame_bytes: u32,
-    /// With TLS: how links to the other members open their sessions.
-    pub peer_tls: Option<crate::frame_io::PeerTls>,
+    /// How links to the other members secure themselves (TLS, login).
+    pub peer: crate::frame_io::PeerSecurity,
 }
 
 /// The running controller member.
@@ -301,7 +301,7 @@ impl Controller {
         }
         .validate()
         .map_err(|e| unavailable("Raft config", &e))?;
-        let links = Links::new(node_id, settings.max_frame_bytes, settings.peer_tls.clone());
+        let links = Links::new(node_id, settings.max_frame_bytes, settings.peer.clone());
         let raft = Raft::new(node_id, Arc::new(config), links.clone(), log, sm.clone())
             .await
             .map_err(|e| unavailable("starting Raft", &e))?;
@@ -1263,7 +1263,7 @@ mod tests {
             broker_session_ms: 3000,
             leader_balance_interval_ms: 0,
             max_frame_bytes: 1 << 20,
-            peer_tls: None,
+            peer: Default::default(),
         }
     }
 

@@ -17,6 +17,7 @@ use super::proposals::{CommandAnswer, ProposalId, ProposalSession, MAX_ANSWERS_P
 use super::table::{
     FsyncSetting, LostReplica, MetadataTable, NodeId, PartitionRecord, QueueRecord, QueueSettings, NO_LEADER,
 };
+use super::users::{self, StoredCredential, UserRecord};
 
 /// Most partitions a queue may have.
 pub const PARTITIONS_MAX: u32 = 10_000;
@@ -306,6 +307,25 @@ pub enum Command {
         name: String,
         changes: QueueChanges,
     },
+    /// Creates user `name` or replaces its credentials (`strand user
+    /// create`): only salted SCRAM keys, one per mechanism.
+    PutUser {
+        name: String,
+        credentials: Vec<StoredCredential>,
+    },
+    /// Deletes user `name`; its connections already authenticated stay so
+    /// until they close.
+    DeleteUser {
+        name: String,
+    },
+    /// The first superusers of a cluster (`--superusers` with
+    /// `STRAND_BOOTSTRAP_PASSWORD`, proposed by a broker at start): applies
+    /// only while the cluster never held a user, so a later start with the
+    /// variable still set brings no deleted user back and changes no
+    /// password.
+    BootstrapUsers {
+        users: Vec<(String, Vec<StoredCredential>)>,
+    },
     /// `command`, applied once however many times it is committed: the
     /// controller member that proposes it (`Controller::propose`) sends it
     /// again when it cannot tell whether a try was committed (the answer to
@@ -562,6 +582,35 @@ impl MetadataStm {
                 .map(|_| ())
                 .ok_or_else(|| ControllerError::UnknownQueue(name.clone())),
             Command::AlterQueue { name, changes } => self.alter_queue(name, changes),
+            Command::PutUser { name, credentials } => {
+                users::check_name(name)?;
+                users::check_credentials(credentials)?;
+                let credentials = credentials.clone();
+                self.table.users.insert(name.clone(), UserRecord { credentials });
+                self.table.had_users = true;
+                Ok(())
+            }
+            Command::DeleteUser { name } => self
+                .table
+                .users
+                .remove(name)
+                .map(|_| ())
+                .ok_or_else(|| ControllerError::UnknownUser(name.clone())),
+            Command::BootstrapUsers { users } => {
+                if self.table.had_users {
+                    return Ok(());
+                }
+                for (name, credentials) in users {
+                    users::check_name(name)?;
+                    users::check_credentials(credentials)?;
+                }
+                for (name, credentials) in users {
+                    let credentials = credentials.clone();
+                    self.table.users.insert(name.clone(), UserRecord { credentials });
+                }
+                self.table.had_users = !users.is_empty();
+                Ok(())
+            }
         }
     }
 

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::proposals::ProposalSession;
+use super::users::UserRecord;
 
 /// A node's id in the cluster (also its Raft node id).
 pub type NodeId = u64;
@@ -258,6 +259,12 @@ pub struct MetadataTable {
     /// answers (see [`super::proposals`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub proposals: Vec<ProposalSession>,
+    /// SASL users by name: only their salted SCRAM keys (`super::users`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub users: BTreeMap<String, UserRecord>,
+    /// The cluster has held a user (`BootstrapUsers` applies only before).
+    #[serde(default)]
+    pub had_users: bool,
 }
 
 impl MetadataTable {

@@ -23,6 +23,8 @@ mod list_offsets;
 mod metadata;
 mod produce;
 pub(crate) mod replica_fetch;
+mod sasl;
+mod users;
 
 use std::rc::Rc;
 
@@ -43,6 +45,8 @@ pub struct ConnectionState {
     pub fetch: fetch::FetchChains,
     /// The producer ids it brought to each partition (`produce.rs`).
     pub producers: produce::NewProducers,
+    /// Who it logged in as, or how far it got (`sasl.rs`).
+    pub login: std::cell::RefCell<sasl::Login>,
 }
 
 /// Serves one request; `None` when no response is due (produce, acks=0).
@@ -52,9 +56,19 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         Ok(api) => api,
         Err(e) => return Some(error_response(header, &WireError::new(e.code(), e.to_string()))),
     };
+    // Who may call what (`crate::auth`): before anything else is read.
+    let allowed = crate::auth::ServerAuth::of(shard).check(conn.login.borrow().principal.as_ref(), api);
+    if let Err(e) = allowed {
+        shard.metrics.denied(api.name());
+        return Some(error_response(header, &e));
+    }
     // Until the node serves (its ready line), the listener is open for the
-    // other nodes' controller members only.
-    if !shard.serving.get() && !matches!(api, Api::ApiVersions | Api::Controller) {
+    // other nodes' controller members (and their login) only.
+    let starting_ok = matches!(
+        api,
+        Api::ApiVersions | Api::Controller | Api::SaslHandshake | Api::SaslAuthenticate
+    );
+    if !shard.serving.get() && !starting_ok {
         let e = WireError::new(ErrorCode::ControllerUnavailable, "the broker is starting; retry");
         return Some(error_response(header, &e));
     }
@@ -79,6 +93,11 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         Api::DecommissionBroker => brokers::decommission(shard, header, &frame.body).await,
         Api::ReassignPartition => brokers::reassign(shard, header, &frame.body).await,
         Api::ElectLeaders => brokers::elect(shard, header, &frame.body).await,
+        Api::SaslHandshake => sasl::handshake(shard, &conn.login, header, &frame.body).await,
+        Api::SaslAuthenticate => sasl::authenticate(shard, &conn.login, header, &frame.body).await,
+        Api::PutUser => users::put(shard, header, &frame.body).await,
+        Api::DeleteUser => users::delete(shard, header, &frame.body).await,
+        Api::ListUsers => users::list(shard, header, &frame.body),
         Api::JoinGroup
         | Api::Heartbeat
         | Api::LeaveGroup

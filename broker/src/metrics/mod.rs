@@ -52,6 +52,10 @@
 //!   or `tls_on_plaintext` (a client speaking the other);
 //!   `strand_request_memory_bytes` {shard}: large requests the shard's
 //!   connections hold (bounded by `request_memory_bytes`)
+//! - `strand_authentication_failures_total` {shard, reason}: failed SASL
+//!   logins (`wrong_password`, which includes unknown users, or
+//!   `malformed`); `strand_authorization_denials_total` {shard, reason}:
+//!   requests refused for their principal, by API (`crate::auth`)
 //! - `strand_connections`, `strand_shard_busy_ratio` (share of the time
 //!   since the previous scrape the shard's executor ran tasks or I/O, spin
 //!   excluded), `strand_shard_requests_in_flight` {shard}
@@ -189,6 +193,10 @@ pub struct ShardMetrics {
     refused: RefCell<BTreeMap<&'static str, u64>>,
     /// Connections the broker closed, by reason.
     closed_by: RefCell<BTreeMap<&'static str, u64>>,
+    /// Failed logins, by reason.
+    auth_failures: RefCell<BTreeMap<&'static str, u64>>,
+    /// Requests refused for their principal, by API.
+    denials: RefCell<BTreeMap<&'static str, u64>>,
     /// When the busy ratio was last taken (the executor's run time counts
     /// from there).
     last_busy: Cell<std::time::Instant>,
@@ -247,6 +255,8 @@ impl Default for ShardMetrics {
             connections: Cell::new(0),
             refused: RefCell::default(),
             closed_by: RefCell::default(),
+            auth_failures: RefCell::default(),
+            denials: RefCell::default(),
             last_busy: Cell::new(std::time::Instant::now()),
             forwarded: Cell::new(0),
             forwarded_total: Cell::new(0),
@@ -316,6 +326,16 @@ impl ShardMetrics {
         *self.closed_by.borrow_mut().entry(reason).or_default() += 1;
     }
 
+    /// A login failed (`reason`: `wrong_password` or `malformed`).
+    pub fn authentication_failed(&self, reason: &'static str) {
+        *self.auth_failures.borrow_mut().entry(reason).or_default() += 1;
+    }
+
+    /// A request to `api` was refused for its principal.
+    pub fn denied(&self, api: &'static str) {
+        *self.denials.borrow_mut().entry(api).or_default() += 1;
+    }
+
     /// A request sent to another shard; counted until the guard drops.
     pub fn forwarding(&self) -> Forwarded<'_> {
         self.forwarded.set(self.forwarded.get() + 1);
@@ -353,6 +373,8 @@ impl ShardMetrics {
         snap.connections = self.connections.get();
         snap.connections_refused = self.refused.borrow().iter().map(|(r, n)| (*r, *n)).collect();
         snap.connections_closed = self.closed_by.borrow().iter().map(|(r, n)| (*r, *n)).collect();
+        snap.authentication_failures = self.auth_failures.borrow().iter().map(|(r, n)| (*r, *n)).collect();
+        snap.authorization_denials = self.denials.borrow().iter().map(|(r, n)| (*r, *n)).collect();
         snap.forward_queue_depth = self.forwarded.get();
         snap.forwarded_total = self.forwarded_total.get();
         snap.sequence_refusals = self.sequence_refusals.get();
@@ -418,6 +440,10 @@ pub struct ShardSnapshot {
     pub connections_refused: Vec<(&'static str, u64)>,
     /// (reason, count) of connections the broker closed.
     pub connections_closed: Vec<(&'static str, u64)>,
+    /// (reason, count) of failed logins.
+    pub authentication_failures: Vec<(&'static str, u64)>,
+    /// (API, count) of requests refused for their principal.
+    pub authorization_denials: Vec<(&'static str, u64)>,
     /// Bytes of large requests the shard's connections hold.
     pub request_memory_bytes: u64,
     pub partitions: Vec<PartitionGauges>,
@@ -795,6 +821,18 @@ impl Collector for Scrape {
             "strand_connections_closed",
             "Connections the broker closed: idle, slow_frame, tls_handshake, plaintext_on_tls or tls_on_plaintext.",
             by_reason(|s| &s.connections_closed),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_authentication_failures",
+            "Failed SASL logins: wrong_password (or unknown user) and malformed exchanges.",
+            by_reason(|s| &s.authentication_failures),
+        )?;
+        counter(
+            &mut encoder,
+            "strand_authorization_denials",
+            "Requests refused for their principal (reason: the API), unauthenticated ones included.",
+            by_reason(|s| &s.authorization_denials),
         )?;
         gauge(
             &mut encoder,

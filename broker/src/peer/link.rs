@@ -67,8 +67,9 @@ struct Inner {
     addr: SocketAddr,
     limits: FrameLimits,
     /// With TLS: the session each connection opens over its socket,
-    /// verified for the peer's IP address.
-    tls: Option<crate::frame_io::PeerTls>,
+    /// verified for the peer's IP address. With a login: each connection
+    /// logs in as the inter-broker user before its first call.
+    security: crate::frame_io::PeerSecurity,
     /// One writer at a time (and one connect).
     write_lock: glommio::sync::Semaphore,
     conn: RefCell<Option<Rc<Conn>>>,
@@ -117,12 +118,12 @@ async fn before<T>(deadline: Instant, fut: impl Future<Output = T>) -> Option<T>
 impl PeerLink {
     /// A link to the broker at `addr`, taking responses up to `limits`.
     /// Nothing connects until the first call.
-    pub fn new(addr: SocketAddr, limits: FrameLimits, tls: Option<crate::frame_io::PeerTls>) -> PeerLink {
+    pub fn new(addr: SocketAddr, limits: FrameLimits, security: crate::frame_io::PeerSecurity) -> PeerLink {
         PeerLink {
             inner: Rc::new(Inner {
                 addr,
                 limits,
-                tls,
+                security,
                 write_lock: glommio::sync::Semaphore::new(1),
                 conn: RefCell::new(None),
                 next_id: Cell::new(1),
@@ -222,7 +223,7 @@ impl PeerLink {
             None => return Err(PeerError::Timeout { addr, after: timeout }),
         };
         let _ = stream.set_nodelay(true);
-        let stream = match &self.inner.tls {
+        let mut stream = match &self.inner.security.tls {
             None => Stream::Plain(stream),
             Some(connector) => {
                 let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
@@ -238,6 +239,18 @@ impl PeerLink {
                 }
             }
         };
+        if let Some(login) = &self.inner.security.login {
+            match before(deadline, log_in(&mut stream, login, self.inner.limits)).await {
+                Some(Ok(())) => {}
+                Some(Err(message)) => {
+                    return Err(PeerError::Unreachable {
+                        addr,
+                        message: format!("logging in as {:?}: {message}", login.user),
+                    })
+                }
+                None => return Err(PeerError::Timeout { addr, after: timeout }),
+            }
+        }
         let (reader, writer) = futures_lite::io::split(stream);
         let waiting: Rc<Waiting> = Rc::default();
         let alive = Rc::new(Cell::new(true));
@@ -310,6 +323,44 @@ const READ_CHUNK: usize = 64 << 10;
 
 /// Reads responses until the connection fails, handing each to the call
 /// waiting for its correlation id (none waits for a call that gave up).
+/// Logs in as the inter-broker user on a new connection, before its first
+/// call (`crate::auth`): SCRAM-SHA-512, three requests each answered
+/// before the next (`strand_client::sasl` builds and reads them).
+async fn log_in(stream: &mut Stream, login: &crate::frame_io::PeerLogin, limits: FrameLimits) -> Result<(), String> {
+    use strand_client::sasl;
+    use strand_net::scram::{ClientExchange, Mechanism};
+    let mechanism = Mechanism::Sha512;
+    let mut buf = BytesMut::new();
+    let mut chunk = vec![0u8; 4096];
+    let mut id = 0;
+    let mut call = async |api: Api, body: Vec<u8>| -> Result<Frame, String> {
+        id += 1;
+        let out = OutFrame::request(api, id, &body, TailBuilder::default());
+        crate::frame_io::write_frame(stream, &out)
+            .await
+            .map_err(|e| format!("writing: {e}"))?;
+        loop {
+            if let Some(frame) = frame::decode(&mut buf, limits).map_err(|e| format!("a malformed frame: {e}"))? {
+                return Ok(frame);
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) => return Err("the peer closed the connection".into()),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(format!("reading: {e}")),
+            }
+        }
+    };
+    let said = |e: strand_client::ClientError| e.to_string();
+    sasl::handshake_answer(&call(Api::SaslHandshake, sasl::handshake_request(mechanism)).await?).map_err(said)?;
+    let (mut scram, first) = ClientExchange::start(mechanism, &login.user, &login.password);
+    let frame = call(Api::SaslAuthenticate, sasl::authenticate_request(&first)).await?;
+    let server_first = sasl::authenticate_answer(&frame).map_err(said)?;
+    let last = scram.final_message(&server_first).map_err(|e| e.to_string())?;
+    let frame = call(Api::SaslAuthenticate, sasl::authenticate_request(&last)).await?;
+    let server_final = sasl::authenticate_answer(&frame).map_err(said)?;
+    scram.verify(&server_final).map_err(|e| e.to_string())
+}
+
 async fn read_responses(
     mut reader: ReadHalf<Stream>,
     waiting: Rc<Waiting>,
@@ -454,7 +505,7 @@ mod tests {
                     (frames, false)
                 }),
             );
-            let link = PeerLink::new(addr, FrameLimits::default(), None);
+            let link = PeerLink::new(addr, FrameLimits::default(), Default::default());
             let calls = (0..10u8).map(|i| {
                 let link = link.clone();
                 async move {
@@ -483,7 +534,7 @@ mod tests {
             let (l, addr) = listener();
             // Answers nothing until it has 1000 requests.
             serve(l, 1000, Rc::new(|_| (Vec::new(), false)));
-            let link = PeerLink::new(addr, FrameLimits::default(), None);
+            let link = PeerLink::new(addr, FrameLimits::default(), Default::default());
             let mut first: Option<Rc<Conn>> = None;
             for _ in 0..2 {
                 let started = Instant::now();
@@ -506,7 +557,7 @@ mod tests {
     fn a_peer_that_does_not_read_cannot_hold_a_writer() {
         run(|| async {
             let addr = never_reading_peer();
-            let link = PeerLink::new(addr, FrameLimits::default(), None);
+            let link = PeerLink::new(addr, FrameLimits::default(), Default::default());
             let big = vec![7u8; 32 << 20];
             let started = Instant::now();
             let err = link
@@ -524,7 +575,7 @@ mod tests {
     fn a_call_dropped_mid_write_closes_the_connection() {
         run(|| async {
             let addr = never_reading_peer();
-            let link = PeerLink::new(addr, FrameLimits::default(), None);
+            let link = PeerLink::new(addr, FrameLimits::default(), Default::default());
             let caller = link.clone();
             let call = glommio::spawn_local(async move {
                 let big = vec![7u8; 32 << 20];
@@ -566,7 +617,7 @@ mod tests {
                     }
                 }),
             );
-            let link = PeerLink::new(addr, FrameLimits::default(), None);
+            let link = PeerLink::new(addr, FrameLimits::default(), Default::default());
             let started = Instant::now();
             let err = link
                 .call(Api::ApiVersions, b"a", TailBuilder::default(), Duration::from_secs(10))
@@ -590,7 +641,7 @@ mod tests {
         run(|| async {
             let (l, addr) = listener();
             drop(l);
-            let link = PeerLink::new(addr, FrameLimits::default(), None);
+            let link = PeerLink::new(addr, FrameLimits::default(), Default::default());
             let err = link
                 .call(Api::ApiVersions, b"a", TailBuilder::default(), Duration::from_secs(2))
                 .await

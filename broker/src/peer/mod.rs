@@ -26,18 +26,18 @@ use strand_net::frame::FrameLimits;
 pub struct Peers {
     links: RefCell<HashMap<SocketAddr, PeerLink>>,
     limits: FrameLimits,
-    /// With TLS (`server::tls`): how links open their sessions.
-    tls: Option<crate::frame_io::PeerTls>,
+    /// TLS (`server::tls`) and the inter-broker login, when on.
+    security: crate::frame_io::PeerSecurity,
 }
 
 impl Peers {
-    /// Links that take answers up to `max_frame_bytes`, over TLS when
-    /// `tls` is given.
-    pub fn new(max_frame_bytes: u32, tls: Option<crate::frame_io::PeerTls>) -> Peers {
+    /// Links that take answers up to `max_frame_bytes`, secured as
+    /// `security` says.
+    pub fn new(max_frame_bytes: u32, security: crate::frame_io::PeerSecurity) -> Peers {
         Peers {
             links: RefCell::default(),
             limits: FrameLimits { max_frame_bytes },
-            tls,
+            security,
         }
     }
 
@@ -46,7 +46,7 @@ impl Peers {
         self.links
             .borrow_mut()
             .entry(addr)
-            .or_insert_with(|| PeerLink::new(addr, self.limits, self.tls.clone()))
+            .or_insert_with(|| PeerLink::new(addr, self.limits, self.security.clone()))
             .clone()
     }
 }

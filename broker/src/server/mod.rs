@@ -77,6 +77,18 @@ struct Lifecycle {
     connections: Arc<ConnectionLimiter>,
     /// With `--tls-cert`: the listener's and the peer links' TLS.
     tls: Option<tls::ServerTls>,
+    /// `--auth` and the inter-broker login (`crate::auth`).
+    auth: Arc<crate::auth::ServerAuth>,
+}
+
+impl Lifecycle {
+    /// How this node's peer links secure themselves.
+    fn peer_security(&self) -> crate::frame_io::PeerSecurity {
+        crate::frame_io::PeerSecurity {
+            tls: self.tls.as_ref().map(|t| t.connector.clone()),
+            login: self.auth.login.clone(),
+        }
+    }
 }
 
 enum Event {
@@ -199,6 +211,7 @@ fn run_locked(
         None => None,
     };
     reload_on_sighup(server_tls.clone())?;
+    let auth = Arc::new(crate::auth::ServerAuth::from_settings(&config).map_err(ServeError::Startup)?);
     let connections = ConnectionLimiter::new(ConnectionLimits {
         max_total: config.max_connections,
         max_per_ip: config.max_connections_per_ip,
@@ -220,6 +233,7 @@ fn run_locked(
             directory_id,
             connections: connections.clone(),
             tls: server_tls.clone(),
+            auth: auth.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
@@ -375,12 +389,13 @@ async fn shard_main(
         partitions,
         senders,
         lifecycle.controller_leader.clone(),
-        lifecycle.tls.as_ref().map(|t| t.connector.clone()),
+        lifecycle.peer_security(),
     ));
     shard::set_current(&shard);
     if let Some(tls) = &lifecycle.tls {
         connection::ListenerTls::install(&shard, tls.acceptor.clone());
     }
+    crate::auth::ServerAuth::install(&shard, lifecycle.auth.clone());
     mesh::start_receivers(&shard, receivers);
     crate::groups::start(&shard);
     // Accepting from now on: the other nodes' controller members must
@@ -408,7 +423,7 @@ async fn shard_main(
             broker_session_ms: config.broker_session_ms,
             leader_balance_interval_ms: config.leader_balance_interval_ms,
             max_frame_bytes: config.max_frame_bytes,
-            peer_tls: lifecycle.tls.as_ref().map(|t| t.connector.clone()),
+            peer: lifecycle.peer_security(),
         };
         let member = ControllerMember {
             dir: config.data_dir.join("__controller"),
@@ -430,6 +445,8 @@ async fn shard_main(
             tracing::info!("removed {swept} replica directories left behind while this broker was down");
         }
         lifecycle.metadata_ready.store(true, Ordering::SeqCst);
+        let (s, auth) = (shard.clone(), lifecycle.auth.clone());
+        glommio::spawn_local(async move { crate::auth::bootstrap_superusers(&s, &auth).await }).detach();
     }
     // Serve only once this shard holds the metadata (and its partitions).
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -110,12 +110,12 @@ impl Shard {
         partitions: Partitions,
         peers: Senders<ShardMessage>,
         controller_leader: Arc<AtomicU64>,
-        peer_tls: Option<crate::frame_io::PeerTls>,
+        peer: crate::frame_io::PeerSecurity,
     ) -> Shard {
         Shard {
             id,
             shards,
-            nodes: crate::peer::Peers::new(config.max_frame_bytes, peer_tls),
+            nodes: crate::peer::Peers::new(config.max_frame_bytes, peer),
             config,
             partitions,
             table: RefCell::new(Arc::new(MetadataTable::default())),

@@ -27,6 +27,8 @@ pub struct Cluster {
     pub nodes: Vec<Option<Broker>>,
     /// Nodes 1 to `voters` vote; later ones are learners.
     pub voters: u8,
+    /// Environment variables every node starts with.
+    pub env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -37,6 +39,11 @@ impl Cluster {
 
     /// [`Cluster::start`] with more settings (TOML lines) for every node.
     pub fn start_with(n: u8, settings: &str) -> Cluster {
+        Cluster::start_with_env(n, settings, &[])
+    }
+
+    /// [`Cluster::start_with`], every node also given the variables `env`.
+    pub fn start_with_env(n: u8, settings: &str, env: &[(&str, &str)]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("small.toml"), format!("{SMALL}{settings}")).unwrap();
         // Two more addresses free: a learner, and a node that tries to
@@ -47,6 +54,7 @@ impl Cluster {
             port,
             nodes: Vec::new(),
             voters: n,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         let starting: Vec<Starting> = (1..=n).map(|id| cluster.launch(id, n)).collect();
         cluster.nodes = starting.into_iter().map(|s| Some(s.ready())).collect();
@@ -95,6 +103,7 @@ impl Cluster {
             ],
         );
         command.arg("--config").arg(&config).arg("--data-dir").arg(dir);
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
         command
     }
 

@@ -21,6 +21,22 @@ use strand_wire::*;
 
 pub const TS: i64 = 1_700_000_000_000;
 
+/// A finished command's stdout, asserting it succeeded.
+pub fn ok(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A finished command's stderr, asserting it failed.
+pub fn failed(out: &std::process::Output) -> String {
+    assert!(
+        !out.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// A running `strand serve`; killed (SIGKILL) if still running when dropped.
 pub struct Broker {
     pub child: Child,

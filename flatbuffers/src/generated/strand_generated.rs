@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 29;
+pub const ENUM_MAX_ERROR_CODE: u16 = 31;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 30] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 32] = [
   ErrorCode::None,
   ErrorCode::InvalidRequest,
   ErrorCode::UnsupportedApi,
@@ -47,6 +47,8 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 30] = [
   ErrorCode::UnknownProducer,
   ErrorCode::BrokerUnavailable,
   ErrorCode::TooManyProducers,
+  ErrorCode::AuthenticationFailed,
+  ErrorCode::NotAuthorized,
 ];
 
 /// Every error the broker reports. 0 is success.
@@ -116,9 +118,18 @@ impl ErrorCode {
   /// stored twice. Retriable (a slot frees once a producer has been idle
   /// that long).
   pub const TooManyProducers: Self = Self(29);
+  /// SASL authentication failed: a wrong user name or password (which is
+  /// not said), or an exchange out of order. The connection stays open
+  /// and unauthenticated.
+  pub const AuthenticationFailed: Self = Self(30);
+  /// The connection's principal may not do this (unauthenticated on a
+  /// listener that requires authentication, a user calling an API only
+  /// brokers or superusers may). The message names the operation and the
+  /// resource; nothing changed.
+  pub const NotAuthorized: Self = Self(31);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 29;
+  pub const ENUM_MAX: u16 = 31;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::InvalidRequest,
@@ -150,6 +161,8 @@ impl ErrorCode {
     Self::UnknownProducer,
     Self::BrokerUnavailable,
     Self::TooManyProducers,
+    Self::AuthenticationFailed,
+    Self::NotAuthorized,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -184,6 +197,8 @@ impl ErrorCode {
       Self::UnknownProducer => Some("UnknownProducer"),
       Self::BrokerUnavailable => Some("BrokerUnavailable"),
       Self::TooManyProducers => Some("TooManyProducers"),
+      Self::AuthenticationFailed => Some("AuthenticationFailed"),
+      Self::NotAuthorized => Some("NotAuthorized"),
       _ => None,
     }
   }
@@ -12759,6 +12774,1321 @@ impl ::core::fmt::Debug for ReplicaFetchResponse<'_> {
     let mut ds = f.debug_struct("ReplicaFetchResponse");
       ds.field("error", &self.error());
       ds.field("queues", &self.queues());
+      ds.finish()
+  }
+}
+pub enum SaslHandshakeRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Starts a SASL exchange on this connection with `mechanism`
+/// (`SCRAM-SHA-256` or `SCRAM-SHA-512`).
+pub struct SaslHandshakeRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SaslHandshakeRequest<'a> {
+  type Inner = SaslHandshakeRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SaslHandshakeRequest<'a> {
+  pub const VT_MECHANISM: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SaslHandshakeRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SaslHandshakeRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SaslHandshakeRequest<'bldr>> {
+    let mut builder = SaslHandshakeRequestBuilder::new(_fbb);
+    if let Some(x) = args.mechanism { builder.add_mechanism(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn mechanism(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SaslHandshakeRequest::VT_MECHANISM, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SaslHandshakeRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("mechanism", Self::VT_MECHANISM, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SaslHandshakeRequestArgs<'a> {
+    pub mechanism: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for SaslHandshakeRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SaslHandshakeRequestArgs {
+      mechanism: None,
+    }
+  }
+}
+
+pub struct SaslHandshakeRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SaslHandshakeRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_mechanism(&mut self, mechanism: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SaslHandshakeRequest::VT_MECHANISM, mechanism);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SaslHandshakeRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SaslHandshakeRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SaslHandshakeRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SaslHandshakeRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SaslHandshakeRequest");
+      ds.field("mechanism", &self.mechanism());
+      ds.finish()
+  }
+}
+pub enum SaslHandshakeResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct SaslHandshakeResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SaslHandshakeResponse<'a> {
+  type Inner = SaslHandshakeResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SaslHandshakeResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MECHANISMS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SaslHandshakeResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SaslHandshakeResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SaslHandshakeResponse<'bldr>> {
+    let mut builder = SaslHandshakeResponseBuilder::new(_fbb);
+    if let Some(x) = args.mechanisms { builder.add_mechanisms(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(SaslHandshakeResponse::VT_ERROR, None)}
+  }
+  /// The mechanisms this listener takes (also with an error).
+  #[inline]
+  pub fn mechanisms(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(SaslHandshakeResponse::VT_MECHANISMS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SaslHandshakeResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("mechanisms", Self::VT_MECHANISMS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SaslHandshakeResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub mechanisms: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+}
+impl<'a> Default for SaslHandshakeResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SaslHandshakeResponseArgs {
+      error: None,
+      mechanisms: None,
+    }
+  }
+}
+
+pub struct SaslHandshakeResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SaslHandshakeResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(SaslHandshakeResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_mechanisms(&mut self, mechanisms: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SaslHandshakeResponse::VT_MECHANISMS, mechanisms);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SaslHandshakeResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SaslHandshakeResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SaslHandshakeResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SaslHandshakeResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SaslHandshakeResponse");
+      ds.field("error", &self.error());
+      ds.field("mechanisms", &self.mechanisms());
+      ds.finish()
+  }
+}
+pub enum SaslAuthenticateRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One SCRAM message of the exchange the handshake began: client-first,
+/// then client-final.
+pub struct SaslAuthenticateRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SaslAuthenticateRequest<'a> {
+  type Inner = SaslAuthenticateRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SaslAuthenticateRequest<'a> {
+  pub const VT_AUTH_BYTES: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SaslAuthenticateRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SaslAuthenticateRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SaslAuthenticateRequest<'bldr>> {
+    let mut builder = SaslAuthenticateRequestBuilder::new(_fbb);
+    if let Some(x) = args.auth_bytes { builder.add_auth_bytes(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn auth_bytes(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(SaslAuthenticateRequest::VT_AUTH_BYTES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SaslAuthenticateRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("auth_bytes", Self::VT_AUTH_BYTES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SaslAuthenticateRequestArgs<'a> {
+    pub auth_bytes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for SaslAuthenticateRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SaslAuthenticateRequestArgs {
+      auth_bytes: None,
+    }
+  }
+}
+
+pub struct SaslAuthenticateRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SaslAuthenticateRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_auth_bytes(&mut self, auth_bytes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SaslAuthenticateRequest::VT_AUTH_BYTES, auth_bytes);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SaslAuthenticateRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SaslAuthenticateRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SaslAuthenticateRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SaslAuthenticateRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SaslAuthenticateRequest");
+      ds.field("auth_bytes", &self.auth_bytes());
+      ds.finish()
+  }
+}
+pub enum SaslAuthenticateResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// server-first, then server-final (after which the connection is
+/// authenticated as the user).
+pub struct SaslAuthenticateResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SaslAuthenticateResponse<'a> {
+  type Inner = SaslAuthenticateResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SaslAuthenticateResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_AUTH_BYTES: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SaslAuthenticateResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SaslAuthenticateResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SaslAuthenticateResponse<'bldr>> {
+    let mut builder = SaslAuthenticateResponseBuilder::new(_fbb);
+    if let Some(x) = args.auth_bytes { builder.add_auth_bytes(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(SaslAuthenticateResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn auth_bytes(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(SaslAuthenticateResponse::VT_AUTH_BYTES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SaslAuthenticateResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("auth_bytes", Self::VT_AUTH_BYTES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SaslAuthenticateResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub auth_bytes: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for SaslAuthenticateResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SaslAuthenticateResponseArgs {
+      error: None,
+      auth_bytes: None,
+    }
+  }
+}
+
+pub struct SaslAuthenticateResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SaslAuthenticateResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(SaslAuthenticateResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_auth_bytes(&mut self, auth_bytes: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SaslAuthenticateResponse::VT_AUTH_BYTES, auth_bytes);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SaslAuthenticateResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SaslAuthenticateResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SaslAuthenticateResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SaslAuthenticateResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SaslAuthenticateResponse");
+      ds.field("error", &self.error());
+      ds.field("auth_bytes", &self.auth_bytes());
+      ds.finish()
+  }
+}
+pub enum ScramCredentialOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// What the cluster keeps of a password for one mechanism: salt, PBKDF2
+/// iterations, StoredKey and ServerKey (never the password).
+pub struct ScramCredential<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ScramCredential<'a> {
+  type Inner = ScramCredential<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ScramCredential<'a> {
+  pub const VT_MECHANISM: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SALT: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ITERATIONS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_STORED_KEY: ::flatbuffers::VOffsetT = 10;
+  pub const VT_SERVER_KEY: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ScramCredential { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ScramCredentialArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ScramCredential<'bldr>> {
+    let mut builder = ScramCredentialBuilder::new(_fbb);
+    if let Some(x) = args.server_key { builder.add_server_key(x); }
+    if let Some(x) = args.stored_key { builder.add_stored_key(x); }
+    builder.add_iterations(args.iterations);
+    if let Some(x) = args.salt { builder.add_salt(x); }
+    if let Some(x) = args.mechanism { builder.add_mechanism(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn mechanism(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ScramCredential::VT_MECHANISM, None)}
+  }
+  #[inline]
+  pub fn salt(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ScramCredential::VT_SALT, None)}
+  }
+  #[inline]
+  pub fn iterations(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ScramCredential::VT_ITERATIONS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn stored_key(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ScramCredential::VT_STORED_KEY, None)}
+  }
+  #[inline]
+  pub fn server_key(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ScramCredential::VT_SERVER_KEY, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ScramCredential<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("mechanism", Self::VT_MECHANISM, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("salt", Self::VT_SALT, false)?
+     .visit_field::<u32>("iterations", Self::VT_ITERATIONS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("stored_key", Self::VT_STORED_KEY, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("server_key", Self::VT_SERVER_KEY, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ScramCredentialArgs<'a> {
+    pub mechanism: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub salt: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub iterations: u32,
+    pub stored_key: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub server_key: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for ScramCredentialArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ScramCredentialArgs {
+      mechanism: None,
+      salt: None,
+      iterations: 0,
+      stored_key: None,
+      server_key: None,
+    }
+  }
+}
+
+pub struct ScramCredentialBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ScramCredentialBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_mechanism(&mut self, mechanism: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ScramCredential::VT_MECHANISM, mechanism);
+  }
+  #[inline]
+  pub fn add_salt(&mut self, salt: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ScramCredential::VT_SALT, salt);
+  }
+  #[inline]
+  pub fn add_iterations(&mut self, iterations: u32) {
+    self.fbb_.push_slot::<u32>(ScramCredential::VT_ITERATIONS, iterations, 0);
+  }
+  #[inline]
+  pub fn add_stored_key(&mut self, stored_key: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ScramCredential::VT_STORED_KEY, stored_key);
+  }
+  #[inline]
+  pub fn add_server_key(&mut self, server_key: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ScramCredential::VT_SERVER_KEY, server_key);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ScramCredentialBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ScramCredentialBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ScramCredential<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ScramCredential<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ScramCredential");
+      ds.field("mechanism", &self.mechanism());
+      ds.field("salt", &self.salt());
+      ds.field("iterations", &self.iterations());
+      ds.field("stored_key", &self.stored_key());
+      ds.field("server_key", &self.server_key());
+      ds.finish()
+  }
+}
+pub enum PutUserRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Creates user `name`, or replaces its credentials.
+pub struct PutUserRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for PutUserRequest<'a> {
+  type Inner = PutUserRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> PutUserRequest<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_CREDENTIALS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    PutUserRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args PutUserRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<PutUserRequest<'bldr>> {
+    let mut builder = PutUserRequestBuilder::new(_fbb);
+    if let Some(x) = args.credentials { builder.add_credentials(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(PutUserRequest::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn credentials(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ScramCredential<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ScramCredential>>>>(PutUserRequest::VT_CREDENTIALS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for PutUserRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ScramCredential>>>>("credentials", Self::VT_CREDENTIALS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct PutUserRequestArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub credentials: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ScramCredential<'a>>>>>,
+}
+impl<'a> Default for PutUserRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    PutUserRequestArgs {
+      name: None,
+      credentials: None,
+    }
+  }
+}
+
+pub struct PutUserRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PutUserRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PutUserRequest::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_credentials(&mut self, credentials: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ScramCredential<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(PutUserRequest::VT_CREDENTIALS, credentials);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PutUserRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    PutUserRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<PutUserRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for PutUserRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("PutUserRequest");
+      ds.field("name", &self.name());
+      ds.field("credentials", &self.credentials());
+      ds.finish()
+  }
+}
+pub enum PutUserResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct PutUserResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for PutUserResponse<'a> {
+  type Inner = PutUserResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> PutUserResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    PutUserResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args PutUserResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<PutUserResponse<'bldr>> {
+    let mut builder = PutUserResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(PutUserResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for PutUserResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct PutUserResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for PutUserResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    PutUserResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct PutUserResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PutUserResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(PutUserResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PutUserResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    PutUserResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<PutUserResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for PutUserResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("PutUserResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum DeleteUserRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DeleteUserRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DeleteUserRequest<'a> {
+  type Inner = DeleteUserRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DeleteUserRequest<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DeleteUserRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DeleteUserRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DeleteUserRequest<'bldr>> {
+    let mut builder = DeleteUserRequestBuilder::new(_fbb);
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DeleteUserRequest::VT_NAME, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DeleteUserRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DeleteUserRequestArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for DeleteUserRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DeleteUserRequestArgs {
+      name: None,
+    }
+  }
+}
+
+pub struct DeleteUserRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteUserRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DeleteUserRequest::VT_NAME, name);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteUserRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DeleteUserRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DeleteUserRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DeleteUserRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DeleteUserRequest");
+      ds.field("name", &self.name());
+      ds.finish()
+  }
+}
+pub enum DeleteUserResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DeleteUserResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DeleteUserResponse<'a> {
+  type Inner = DeleteUserResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DeleteUserResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DeleteUserResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DeleteUserResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DeleteUserResponse<'bldr>> {
+    let mut builder = DeleteUserResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(DeleteUserResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DeleteUserResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DeleteUserResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for DeleteUserResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DeleteUserResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct DeleteUserResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteUserResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(DeleteUserResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteUserResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DeleteUserResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DeleteUserResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DeleteUserResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DeleteUserResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum ListUsersRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListUsersRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListUsersRequest<'a> {
+  type Inner = ListUsersRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListUsersRequest<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListUsersRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args ListUsersRequestArgs
+  ) -> ::flatbuffers::WIPOffset<ListUsersRequest<'bldr>> {
+    let mut builder = ListUsersRequestBuilder::new(_fbb);
+    builder.finish()
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for ListUsersRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListUsersRequestArgs {
+}
+impl<'a> Default for ListUsersRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    ListUsersRequestArgs {
+    }
+  }
+}
+
+pub struct ListUsersRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListUsersRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListUsersRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListUsersRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListUsersRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListUsersRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListUsersRequest");
+      ds.finish()
+  }
+}
+pub enum UserListingOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct UserListing<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for UserListing<'a> {
+  type Inner = UserListing<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> UserListing<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MECHANISMS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_SUPERUSER: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    UserListing { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UserListingArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<UserListing<'bldr>> {
+    let mut builder = UserListingBuilder::new(_fbb);
+    if let Some(x) = args.mechanisms { builder.add_mechanisms(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.add_superuser(args.superuser);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UserListing::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn mechanisms(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(UserListing::VT_MECHANISMS, None)}
+  }
+  /// Named in the brokers' --superusers.
+  #[inline]
+  pub fn superuser(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(UserListing::VT_SUPERUSER, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for UserListing<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("mechanisms", Self::VT_MECHANISMS, false)?
+     .visit_field::<bool>("superuser", Self::VT_SUPERUSER, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UserListingArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub mechanisms: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub superuser: bool,
+}
+impl<'a> Default for UserListingArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    UserListingArgs {
+      name: None,
+      mechanisms: None,
+      superuser: false,
+    }
+  }
+}
+
+pub struct UserListingBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UserListingBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UserListing::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_mechanisms(&mut self, mechanisms: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UserListing::VT_MECHANISMS, mechanisms);
+  }
+  #[inline]
+  pub fn add_superuser(&mut self, superuser: bool) {
+    self.fbb_.push_slot::<bool>(UserListing::VT_SUPERUSER, superuser, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UserListingBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UserListingBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<UserListing<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for UserListing<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("UserListing");
+      ds.field("name", &self.name());
+      ds.field("mechanisms", &self.mechanisms());
+      ds.field("superuser", &self.superuser());
+      ds.finish()
+  }
+}
+pub enum ListUsersResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListUsersResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListUsersResponse<'a> {
+  type Inner = ListUsersResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListUsersResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_USERS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListUsersResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListUsersResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ListUsersResponse<'bldr>> {
+    let mut builder = ListUsersResponseBuilder::new(_fbb);
+    if let Some(x) = args.users { builder.add_users(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ListUsersResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn users(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<UserListing<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<UserListing>>>>(ListUsersResponse::VT_USERS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListUsersResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<UserListing>>>>("users", Self::VT_USERS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListUsersResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub users: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<UserListing<'a>>>>>,
+}
+impl<'a> Default for ListUsersResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ListUsersResponseArgs {
+      error: None,
+      users: None,
+    }
+  }
+}
+
+pub struct ListUsersResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListUsersResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ListUsersResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_users(&mut self, users: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<UserListing<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListUsersResponse::VT_USERS, users);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListUsersResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListUsersResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListUsersResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListUsersResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListUsersResponse");
+      ds.field("error", &self.error());
+      ds.field("users", &self.users());
       ds.finish()
   }
 }

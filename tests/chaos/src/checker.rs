@@ -88,6 +88,7 @@ pub fn failure_kind(e: &strand_client::ClientError) -> String {
         E::Broker { code, .. } => format!("{code:?}"),
         E::Io { .. } => "Io".into(),
         E::Tls { .. } => "Tls".into(),
+        E::Authentication(_) => "Authentication".into(),
         E::Protocol(_) => "Protocol".into(),
         E::Invalid(_) => "Invalid".into(),
         E::MessageTooLarge { .. } => "MessageTooLarge".into(),

@@ -1,0 +1,326 @@
+//! Who a connection is, and what it may call.
+//!
+//! A connection starts unauthenticated. With `--auth scram` it must log in
+//! (SASL SCRAM-SHA-256 or -512: `SaslHandshake`, then two
+//! `SaslAuthenticate` messages, `handlers::sasl`) before any API other than
+//! those three and `ApiVersions`. The user is then its [`Principal`]:
+//! - [`Principal::Broker`]: the other brokers, which log in on every peer
+//!   link as the inter-broker user (`inter_broker_user`, default
+//!   `strand-broker`, with the password every broker is given in
+//!   `$STRAND_INTER_BROKER_PASSWORD`; checked against the key each broker
+//!   derives from it at start, not against the users table, so it works
+//!   before the controller has a table). Only it may call the internal APIs
+//!   (`Controller`, `ReplicaFetch`): a client that sends a replica fetch
+//!   naming an in-sync follower can no longer move the high watermark.
+//! - [`Principal::User`]: a user of the controller's table
+//!   (`controller::users`). Superusers (`--superusers`) may also manage
+//!   users and nodes (drain, decommission, reassign, elect); other users may
+//!   produce, consume and manage queues and groups (per-user ACLs are the
+//!   next step of issue 42).
+//!
+//! With `--auth none` (the default on a loopback address; elsewhere it must
+//! be said) nothing is required, as before, and a client may still log in.
+//!
+//! Runs on: every shard; [`ServerAuth`] is made once at start and shared.
+
+use std::sync::Arc;
+
+use strand_net::scram::{Credential, Mechanism, DEFAULT_ITERATIONS};
+use strand_wire::{Api, ErrorCode};
+
+use crate::frame_io::PeerLogin;
+use crate::shard::messages::WireError;
+use crate::shard::Shard;
+
+pub use crate::config::{AuthMode, DEFAULT_INTER_BROKER_USER};
+
+/// The environment variable with the inter-broker user's password.
+pub const INTER_BROKER_PASSWORD_ENV: &str = "STRAND_INTER_BROKER_PASSWORD";
+/// The environment variable with the first superusers' password.
+pub const BOOTSTRAP_PASSWORD_ENV: &str = "STRAND_BOOTSTRAP_PASSWORD";
+
+/// Who an authenticated connection is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// Another broker of the cluster.
+    Broker,
+    /// A user of the cluster's table.
+    User(String),
+}
+
+/// The node's authentication settings, shared by its shards.
+#[derive(Debug, Default)]
+pub struct ServerAuth {
+    pub mode: AuthMode,
+    pub superusers: Vec<String>,
+    pub inter_broker_user: String,
+    /// The inter-broker user's keys, one per mechanism (derived at start
+    /// from its password), when it has one.
+    broker_credentials: Vec<Credential>,
+    /// This broker's login on its peer links, when it has a password.
+    pub login: Option<Arc<PeerLogin>>,
+}
+
+impl ServerAuth {
+    /// From the settings and the environment (the inter-broker password).
+    /// `--auth scram` needs that password: the brokers could not reach
+    /// one another's internal APIs without it.
+    pub fn from_settings(config: &crate::config::BrokerConfig) -> Result<ServerAuth, String> {
+        let password = std::env::var(INTER_BROKER_PASSWORD_ENV).ok().filter(|p| !p.is_empty());
+        let mode = config.auth.unwrap_or_default();
+        if mode == AuthMode::Scram && password.is_none() {
+            return Err(format!(
+                "auth = scram needs the inter-broker user's password in ${INTER_BROKER_PASSWORD_ENV} (the same on \
+                 every broker): brokers log in to one another with it"
+            ));
+        }
+        let user = config.inter_broker_user.clone();
+        let mut broker_credentials = Vec::new();
+        let login = match password {
+            Some(password) => {
+                for mechanism in Mechanism::ALL {
+                    let c = Credential::generate(mechanism, password.as_bytes(), DEFAULT_ITERATIONS)
+                        .map_err(|e| e.to_string())?;
+                    broker_credentials.push(c);
+                }
+                Some(Arc::new(PeerLogin {
+                    user: user.clone(),
+                    password: password.into_bytes(),
+                }))
+            }
+            None => None,
+        };
+        Ok(ServerAuth {
+            mode,
+            superusers: config.superusers.clone(),
+            inter_broker_user: user,
+            broker_credentials,
+            login,
+        })
+    }
+
+    /// Installs it on a shard (`Shard::ext`).
+    pub fn install(shard: &Shard, auth: Arc<ServerAuth>) {
+        let _ = shard.ext.get_or_default::<Installed>().0.set(auth);
+    }
+
+    /// The shard's settings (none installed: `--auth none`, nothing else).
+    pub fn of(shard: &Shard) -> Arc<ServerAuth> {
+        shard
+            .ext
+            .get_or_default::<Installed>()
+            .0
+            .get_or_init(Arc::default)
+            .clone()
+    }
+
+    /// `user`'s credential for `mechanism`: the inter-broker user's from
+    /// this node's settings, any other from the table.
+    pub fn credential(&self, shard: &Shard, user: &str, mechanism: Mechanism) -> Option<Credential> {
+        if user == self.inter_broker_user {
+            return self
+                .broker_credentials
+                .iter()
+                .find(|c| c.mechanism == mechanism)
+                .cloned();
+        }
+        shard.table().users.get(user)?.credential(mechanism)
+    }
+
+    /// Who `user`, just authenticated, is.
+    pub fn principal(&self, user: String) -> Principal {
+        if user == self.inter_broker_user {
+            Principal::Broker
+        } else {
+            Principal::User(user)
+        }
+    }
+
+    /// Whether `principal` may call `api`; the refusal names both.
+    pub fn check(&self, principal: Option<&Principal>, api: Api) -> Result<(), WireError> {
+        let needs = needs(api);
+        if needs == Needs::Anyone {
+            return Ok(());
+        }
+        let Some(principal) = principal else {
+            if self.mode == AuthMode::None {
+                return Ok(());
+            }
+            return Err(WireError::new(
+                ErrorCode::NotAuthorized,
+                format!(
+                    "{}: this broker requires SASL SCRAM authentication first (strand: --user NAME with the \
+                     password in $STRAND_PASSWORD)",
+                    api.name()
+                ),
+            ));
+        };
+        let allowed = match (principal, needs) {
+            (Principal::Broker, _) => true,
+            (Principal::User(_), Needs::Broker) => false,
+            (Principal::User(name), Needs::Superuser) => self.mode == AuthMode::None || self.is_superuser(name),
+            (Principal::User(_), Needs::User | Needs::Anyone) => true,
+        };
+        if allowed {
+            return Ok(());
+        }
+        let who = match principal {
+            Principal::User(name) => format!("user {name:?}"),
+            Principal::Broker => "a broker".into(),
+        };
+        let what = match needs {
+            Needs::Broker => "only brokers may call it",
+            _ => "only superusers (--superusers) may call it",
+        };
+        Err(WireError::new(
+            ErrorCode::NotAuthorized,
+            format!("{who} may not call {} on the cluster: {what}", api.name()),
+        ))
+    }
+
+    pub fn is_superuser(&self, name: &str) -> bool {
+        self.superusers.iter().any(|s| s == name)
+    }
+}
+
+/// Who may call an API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    /// Before logging in too.
+    Anyone,
+    /// Any authenticated principal.
+    User,
+    /// A superuser (or a broker).
+    Superuser,
+    /// Another broker only (internal APIs).
+    Broker,
+}
+
+fn needs(api: Api) -> Needs {
+    match api {
+        Api::ApiVersions | Api::SaslHandshake | Api::SaslAuthenticate => Needs::Anyone,
+        Api::Controller | Api::ReplicaFetch => Needs::Broker,
+        Api::PutUser
+        | Api::DeleteUser
+        | Api::ListUsers
+        | Api::DrainBroker
+        | Api::DecommissionBroker
+        | Api::ReassignPartition
+        | Api::ElectLeaders => Needs::Superuser,
+        Api::Metadata
+        | Api::CreateQueue
+        | Api::DeleteQueue
+        | Api::AlterQueue
+        | Api::DescribeQueue
+        | Api::Produce
+        | Api::Fetch
+        | Api::ListOffsets
+        | Api::JoinGroup
+        | Api::Heartbeat
+        | Api::LeaveGroup
+        | Api::CommitOffsets
+        | Api::FetchOffsets
+        | Api::ListGroups
+        | Api::DescribeGroup
+        | Api::ResetGroup
+        | Api::DeleteGroup
+        | Api::Receive
+        | Api::Settle
+        | Api::DescribeBroker => Needs::User,
+    }
+}
+
+/// At a cluster's first start: with `--superusers` and
+/// `$STRAND_BOOTSTRAP_PASSWORD`, creates those users with that password
+/// (`Command::BootstrapUsers`, which applies only while the cluster never
+/// held a user: every node may propose it, and a later start with the
+/// variable still set changes nothing). Shard 0, once the node holds the
+/// table.
+pub async fn bootstrap_superusers(shard: &std::rc::Rc<Shard>, auth: &ServerAuth) {
+    use crate::controller::users::StoredCredential;
+    let Some(password) = std::env::var(BOOTSTRAP_PASSWORD_ENV).ok().filter(|p| !p.is_empty()) else {
+        if auth.mode == AuthMode::Scram && !shard.table().had_users {
+            tracing::warn!(
+                "authentication is on and the cluster has no users yet: start with --superusers NAME and the \
+                 password in ${BOOTSTRAP_PASSWORD_ENV} to create the first"
+            );
+        }
+        return;
+    };
+    if auth.superusers.is_empty() || shard.table().had_users {
+        return;
+    }
+    let mut users = Vec::with_capacity(auth.superusers.len());
+    for name in &auth.superusers {
+        let mut credentials = Vec::new();
+        for mechanism in Mechanism::ALL {
+            match Credential::generate(mechanism, password.as_bytes(), DEFAULT_ITERATIONS) {
+                Ok(c) => credentials.push(StoredCredential::from_credential(&c)),
+                Err(e) => {
+                    tracing::error!("deriving the first superusers' keys: {e}");
+                    return;
+                }
+            }
+        }
+        users.push((name.clone(), credentials));
+    }
+    match shard
+        .propose(crate::controller::Command::BootstrapUsers { users })
+        .await
+    {
+        Ok(()) if shard.table().users.keys().any(|u| auth.is_superuser(u)) => {
+            tracing::info!(superusers = ?auth.superusers, "the first superusers exist (from ${BOOTSTRAP_PASSWORD_ENV})")
+        }
+        Ok(()) => {}
+        Err(e) => tracing::warn!("creating the first superusers: {e}"),
+    }
+}
+
+#[derive(Default)]
+struct Installed(std::cell::OnceCell<Arc<ServerAuth>>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scram() -> ServerAuth {
+        ServerAuth {
+            mode: AuthMode::Scram,
+            superusers: vec!["root".into()],
+            inter_broker_user: DEFAULT_INTER_BROKER_USER.into(),
+            ..ServerAuth::default()
+        }
+    }
+
+    #[test]
+    fn each_principal_reaches_what_it_may() {
+        let auth = scram();
+        let user = Principal::User("alice".into());
+        let root = Principal::User("root".into());
+        for api in Api::ALL {
+            let need = needs(api);
+            assert_eq!(auth.check(Some(&Principal::Broker), api), Ok(()), "{api:?}");
+            assert_eq!(auth.check(None, api).is_ok(), need == Needs::Anyone, "{api:?}");
+            assert_eq!(
+                auth.check(Some(&user), api).is_ok(),
+                matches!(need, Needs::Anyone | Needs::User),
+                "{api:?}"
+            );
+            assert_eq!(auth.check(Some(&root), api).is_ok(), need != Needs::Broker, "{api:?}");
+        }
+        let refused = auth.check(Some(&user), Api::ReplicaFetch).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::NotAuthorized);
+        assert!(refused.message.contains("alice") && refused.message.contains("ReplicaFetch"));
+    }
+
+    #[test]
+    fn without_auth_anyone_may_call_anything_but_a_user_still_not_an_internal_api() {
+        let auth = ServerAuth::default();
+        for api in Api::ALL {
+            assert_eq!(auth.check(None, api), Ok(()), "{api:?}");
+        }
+        let user = Principal::User("alice".into());
+        assert!(auth.check(Some(&user), Api::Controller).is_err());
+        assert_eq!(auth.check(Some(&user), Api::DrainBroker), Ok(()));
+    }
+}

@@ -1,0 +1,315 @@
+//! SASL SCRAM from outside (issue 42): three brokers with `--auth scram`
+//! log in to one another and replicate; the CLI logs in with `--user` and
+//! `$STRAND_PASSWORD`; a wrong password is `AuthenticationFailed`; an
+//! unauthenticated connection and an ordinary user calling the brokers'
+//! internal APIs (a replica fetch naming an in-sync follower, a raw
+//! controller message) get `NotAuthorized` and nothing moves; users are
+//! created, listed and deleted by a superuser only.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use common::cluster::Cluster;
+use common::{failed, ok, scrape, serve_command, value, Client};
+use strand_net::message::{body, TailBuilder};
+use strand_net::scram::{ClientExchange, Mechanism};
+use strand_wire::flatbuffers::FlatBufferBuilder;
+use strand_wire::*;
+
+const INTER_BROKER: &str = "broker-secret-1";
+const BOOTSTRAP: &str = "admin-secret-1";
+
+/// `strand ARGS --brokers ADDR`, logged in as `user` with `password`
+/// (`None`: no login), `stdin` on its standard input.
+fn strand_as(addr: &str, login: Option<(&str, &str)>, args: &[&str], stdin: &str) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_strand"));
+    command
+        .args(args)
+        .args(["--brokers", addr])
+        .env_remove("STRAND_USER")
+        .env_remove("STRAND_PASSWORD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some((user, password)) = login {
+        command.args(["--user", user]).env("STRAND_PASSWORD", password);
+    }
+    let mut child = command.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Logs a raw connection in; returns the broker's error code.
+fn log_in(client: &mut Client, user: &str, password: &str) -> ErrorCode {
+    let f = client.call_body(
+        Api::SaslHandshake,
+        &strand_client::sasl::handshake_request(Mechanism::Sha256),
+        TailBuilder::default(),
+    );
+    assert_eq!(
+        common::error_code(body::<SaslHandshakeResponse>(&f).unwrap().error()),
+        ErrorCode::None
+    );
+    let (mut scram, first) = ClientExchange::start(Mechanism::Sha256, user, password.as_bytes());
+    let f = client.call_body(
+        Api::SaslAuthenticate,
+        &strand_client::sasl::authenticate_request(&first),
+        TailBuilder::default(),
+    );
+    let r = body::<SaslAuthenticateResponse>(&f).unwrap();
+    let code = common::error_code(r.error());
+    if code != ErrorCode::None {
+        return code;
+    }
+    let last = scram.final_message(r.auth_bytes().unwrap().bytes()).unwrap();
+    let f = client.call_body(
+        Api::SaslAuthenticate,
+        &strand_client::sasl::authenticate_request(&last),
+        TailBuilder::default(),
+    );
+    let r = body::<SaslAuthenticateResponse>(&f).unwrap();
+    let code = common::error_code(r.error());
+    if code == ErrorCode::None {
+        scram.verify(r.auth_bytes().unwrap().bytes()).unwrap();
+    }
+    code
+}
+
+/// A replica fetch naming `replica` for partition 0 of `queue` at
+/// `offset` (what a follower at the log end sends): its error code.
+fn replica_fetch(client: &mut Client, queue: &str, replica: u64, epoch: u32, offset: u64) -> ErrorCode {
+    let mut fbb = FlatBufferBuilder::new();
+    let p = ReplicaFetchPartition::create(
+        &mut fbb,
+        &ReplicaFetchPartitionArgs {
+            partition: 0,
+            leader_epoch: epoch,
+            fetch_offset: offset,
+            last_epoch: epoch as i32,
+            flushed_offset: offset,
+            ..Default::default()
+        },
+    );
+    let partitions = fbb.create_vector(&[p]);
+    let name = fbb.create_string(queue);
+    let q = ReplicaFetchQueue::create(
+        &mut fbb,
+        &ReplicaFetchQueueArgs {
+            name: Some(name),
+            partitions: Some(partitions),
+            id: 0,
+        },
+    );
+    let queues = fbb.create_vector(&[q]);
+    let root = ReplicaFetchRequest::create(
+        &mut fbb,
+        &ReplicaFetchRequestArgs {
+            replica_id: replica,
+            max_wait_ms: 0,
+            queues: Some(queues),
+        },
+    );
+    fbb.finish_minimal(root);
+    let f = client.call(Api::ReplicaFetch, &fbb, TailBuilder::default());
+    common::error_code(body::<ReplicaFetchResponse>(&f).unwrap().error())
+}
+
+/// A raw controller message (a vote request's op, any payload).
+fn controller_call(client: &mut Client) -> ErrorCode {
+    let mut fbb = FlatBufferBuilder::new();
+    let payload = fbb.create_vector(b"{}");
+    let root = ControllerRequest::create(
+        &mut fbb,
+        &ControllerRequestArgs {
+            op: ControllerOp(1),
+            from: 2,
+            payload: Some(payload),
+        },
+    );
+    fbb.finish_minimal(root);
+    let f = client.call(Api::Controller, &fbb, TailBuilder::default());
+    common::error_code(body::<ControllerResponse>(&f).unwrap().error())
+}
+
+#[test]
+fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brokers() {
+    let cluster = Cluster::start_with_env(
+        3,
+        "auth = \"scram\"\nsuperusers = [\"admin\"]\n",
+        &[
+            ("STRAND_INTER_BROKER_PASSWORD", INTER_BROKER),
+            ("STRAND_BOOTSTRAP_PASSWORD", BOOTSTRAP),
+        ],
+    );
+    let addr = |id: u8| cluster.addr(id).to_string();
+    let admin = Some(("admin", BOOTSTRAP));
+    // The first superuser exists once the cluster started (any node's
+    // bootstrap may have made it); replication runs over logged-in links.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = strand_as(&addr(1), admin, &["queue", "list"], "");
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    ok(&strand_as(
+        &addr(2),
+        admin,
+        &["queue", "create", "s", "--partitions", "1", "--replication-factor", "3"],
+        "",
+    ));
+    let lines: String = (0..50).map(|i| format!("record-{i}\n")).collect();
+    ok(&strand_as(&addr(1), admin, &["produce", "s", "--acks", "all"], &lines));
+
+    // No login, a wrong password, an unknown user.
+    let none = failed(&strand_as(&addr(1), None, &["queue", "list"], ""));
+    assert!(none.contains("NotAuthorized") && none.contains("SCRAM"), "{none}");
+    let wrong = failed(&strand_as(&addr(1), Some(("admin", "nope")), &["queue", "list"], ""));
+    assert!(wrong.contains("AuthenticationFailed"), "{wrong}");
+    let unknown = failed(&strand_as(&addr(1), Some(("mallory", "x")), &["queue", "list"], ""));
+    assert!(unknown.contains("AuthenticationFailed"), "{unknown}");
+    let no_password = failed(&strand_as(&addr(1), Some(("admin", "")), &["queue", "list"], ""));
+    assert!(no_password.contains("STRAND_PASSWORD"), "{no_password}");
+
+    // A superuser makes an ordinary user; it works on every node.
+    ok(&strand_as(&addr(1), admin, &["user", "create", "alice"], "alice-pw\n"));
+    let listed = ok(&strand_as(&addr(3), admin, &["user", "list", "--output", "json"], ""));
+    let users: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let find = |name: &str| users.as_array().unwrap().iter().find(|u| u["name"] == name).cloned();
+    assert_eq!(find("admin").unwrap()["superuser"], true, "{listed}");
+    assert_eq!(find("alice").unwrap()["superuser"], false, "{listed}");
+    assert_eq!(find("alice").unwrap()["mechanisms"].as_array().unwrap().len(), 2);
+    assert!(!listed.contains("alice-pw"), "no password in the listing");
+    let alice = Some(("alice", "alice-pw"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !strand_as(&addr(3), alice, &["queue", "list"], "").status.success() {
+        assert!(std::time::Instant::now() < deadline, "alice cannot log in on node 3");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ok(&strand_as(
+        &addr(3),
+        alice,
+        &["produce", "s", "--acks", "all"],
+        "from-alice\n",
+    ));
+    let read = ok(&strand_as(
+        &addr(2),
+        alice,
+        &["consume", "s", "--from", "earliest", "--max", "51"],
+        "",
+    ));
+    assert!(read.contains("from-alice") && read.contains("record-49"), "{read}");
+    // Not node or user management.
+    for args in [
+        &["node", "drain", "1"][..],
+        &["user", "create", "bob"],
+        &["user", "list"],
+    ] {
+        let refused = failed(&strand_as(&addr(1), alice, args, "bob-pw\n"));
+        assert!(
+            refused.contains("NotAuthorized") && refused.contains("alice"),
+            "{args:?}: {refused}"
+        );
+    }
+
+    // The internal APIs, unauthenticated and as alice: refused, nothing moves.
+    let before: serde_json::Value = serde_json::from_str(&ok(&strand_as(
+        &addr(1),
+        admin,
+        &["queue", "describe", "s", "--output", "json"],
+        "",
+    )))
+    .unwrap();
+    let p = &before["partitions"][0];
+    let leader = p["leader"].as_u64().unwrap() as u8;
+    let follower = p["isr"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_u64().unwrap())
+        .find(|r| *r != u64::from(leader))
+        .unwrap();
+    let epoch = p["leader_epoch"].as_u64().unwrap() as u32;
+    let end = p["log_end"].as_u64().unwrap();
+    let mut anonymous = cluster.client(leader);
+    assert_eq!(
+        replica_fetch(&mut anonymous, "s", follower, epoch, end),
+        ErrorCode::NotAuthorized
+    );
+    assert_eq!(controller_call(&mut anonymous), ErrorCode::NotAuthorized);
+    let mut as_alice = cluster.client(leader);
+    assert_eq!(log_in(&mut as_alice, "alice", "wrong"), ErrorCode::AuthenticationFailed);
+    assert_eq!(log_in(&mut as_alice, "alice", "alice-pw"), ErrorCode::None);
+    assert_eq!(
+        replica_fetch(&mut as_alice, "s", follower, epoch, end),
+        ErrorCode::NotAuthorized
+    );
+    assert_eq!(controller_call(&mut as_alice), ErrorCode::NotAuthorized);
+    let after: serde_json::Value = serde_json::from_str(&ok(&strand_as(
+        &addr(1),
+        admin,
+        &["queue", "describe", "s", "--output", "json"],
+        "",
+    )))
+    .unwrap();
+    assert_eq!(before["partitions"], after["partitions"], "nothing moved");
+    let metrics = scrape(cluster.node(leader));
+    assert!(
+        value(
+            &metrics,
+            "strand_authorization_denials_total{shard=\"0\",reason=\"ReplicaFetch\"}"
+        )
+        .unwrap()
+            >= 2.0
+    );
+    assert!(
+        value(
+            &metrics,
+            "strand_authentication_failures_total{shard=\"0\",reason=\"wrong_password\"}"
+        )
+        .unwrap()
+            >= 1.0
+    );
+
+    // A deleted user no longer logs in.
+    ok(&strand_as(&addr(2), admin, &["user", "delete", "alice"], ""));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = strand_as(&addr(1), alice, &["queue", "list"], "");
+        if !out.status.success() {
+            assert!(failed(&out).contains("AuthenticationFailed"));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "alice still logs in");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_broker_refuses_to_start_open_off_loopback_or_scram_without_the_brokers_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |extra: &[&str], listen: &str| -> String {
+        let mut command = serve_command(listen, &["--cores", "1"]);
+        command
+            .args(extra)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env_remove("STRAND_INTER_BROKER_PASSWORD");
+        let out = command.output().unwrap();
+        assert!(!out.status.success(), "started with {extra:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let open = start(&["--advertise", "127.0.0.1:9400"], "0.0.0.0:0");
+    assert!(open.contains("--auth none") && open.contains("--auth scram"), "{open}");
+    let scram = start(&["--auth", "scram"], "127.0.0.1:0");
+    assert!(scram.contains("STRAND_INTER_BROKER_PASSWORD"), "{scram}");
+}
