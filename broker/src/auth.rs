@@ -13,10 +13,9 @@
 //!   (`Controller`, `ReplicaFetch`): a client that sends a replica fetch
 //!   naming an in-sync follower can no longer move the high watermark.
 //! - [`Principal::User`]: a user of the controller's table
-//!   (`controller::users`). Superusers (`--superusers`) may also manage
-//!   users and nodes (drain, decommission, reassign, elect); other users may
-//!   produce, consume and manage queues and groups (per-user ACLs are the
-//!   next step of issue 42).
+//!   (`controller::users`). Superusers (`--superusers`) may do anything
+//!   but the internal APIs; any other user what its ACLs allow
+//!   (`controller::acls`, checked per request by `handlers::authorize`).
 //!
 //! With `--auth none` (the default on a loopback address; elsewhere it must
 //! be said) nothing is required, as before, and a client may still log in.
@@ -59,6 +58,10 @@ pub struct ServerAuth {
     broker_credentials: Vec<Credential>,
     /// This broker's login on its peer links, when it has a password.
     pub login: Option<Arc<PeerLogin>>,
+    /// Keys the decoy salt an unknown user is shown
+    /// (`strand_net::scram::decoy_salt`): derived from the inter-broker
+    /// password, so every broker shows the same one; random without it.
+    pub decoy_secret: Vec<u8>,
 }
 
 impl ServerAuth {
@@ -76,13 +79,19 @@ impl ServerAuth {
         }
         let user = config.inter_broker_user.clone();
         let mut broker_credentials = Vec::new();
+        // rand's thread generator is a CSPRNG seeded from the OS.
+        let mut decoy_secret = rand::random::<[u8; 32]>().to_vec();
         let login = match password {
             Some(password) => {
+                // The same keys and salt on every broker and every start:
+                // the inter-broker user looks like any other user.
                 for mechanism in Mechanism::ALL {
-                    let c = Credential::generate(mechanism, password.as_bytes(), DEFAULT_ITERATIONS)
+                    let salt = strand_net::scram::decoy_salt(password.as_bytes(), mechanism, &user);
+                    let c = Credential::derive(mechanism, password.as_bytes(), &salt, DEFAULT_ITERATIONS)
                         .map_err(|e| e.to_string())?;
                     broker_credentials.push(c);
                 }
+                decoy_secret = strand_net::scram::decoy_salt(password.as_bytes(), Mechanism::Sha512, "\0decoy");
                 Some(Arc::new(PeerLogin {
                     user: user.clone(),
                     password: password.into_bytes(),
@@ -96,6 +105,7 @@ impl ServerAuth {
             inter_broker_user: user,
             broker_credentials,
             login,
+            decoy_secret,
         })
     }
 
@@ -136,46 +146,40 @@ impl ServerAuth {
         }
     }
 
-    /// Whether `principal` may call `api`; the refusal names both.
+    /// Whether `principal` may call `api` at all: the login a listener
+    /// requires, and the internal APIs kept to brokers. What a user may do
+    /// beyond that is its ACLs' ([`ServerAuth::acl_user`]). The refusal
+    /// names the API and the principal.
     pub fn check(&self, principal: Option<&Principal>, api: Api) -> Result<(), WireError> {
         let needs = needs(api);
         if needs == Needs::Anyone {
             return Ok(());
         }
-        let Some(principal) = principal else {
-            if self.mode == AuthMode::None {
-                return Ok(());
-            }
-            return Err(WireError::new(
+        match (principal, needs) {
+            (None, _) if self.mode == AuthMode::None => Ok(()),
+            (None, _) => Err(WireError::new(
                 ErrorCode::NotAuthorized,
                 format!(
                     "{}: this broker requires SASL SCRAM authentication first (strand: --user NAME with the \
                      password in $STRAND_PASSWORD)",
                     api.name()
                 ),
-            ));
-        };
-        let allowed = match (principal, needs) {
-            (Principal::Broker, _) => true,
-            (Principal::User(_), Needs::Broker) => false,
-            (Principal::User(name), Needs::Superuser) => self.mode == AuthMode::None || self.is_superuser(name),
-            (Principal::User(_), Needs::User | Needs::Anyone) => true,
-        };
-        if allowed {
-            return Ok(());
+            )),
+            (Some(Principal::User(name)), Needs::Broker) => Err(WireError::new(
+                ErrorCode::NotAuthorized,
+                format!("user {name:?} may not call {}: only brokers may", api.name()),
+            )),
+            (Some(_), _) => Ok(()),
         }
-        let who = match principal {
-            Principal::User(name) => format!("user {name:?}"),
-            Principal::Broker => "a broker".into(),
-        };
-        let what = match needs {
-            Needs::Broker => "only brokers may call it",
-            _ => "only superusers (--superusers) may call it",
-        };
-        Err(WireError::new(
-            ErrorCode::NotAuthorized,
-            format!("{who} may not call {} on the cluster: {what}", api.name()),
-        ))
+    }
+
+    /// The user whose requests the ACLs decide (`handlers::authorize`):
+    /// with `--auth scram`, a logged-in user that is not a superuser.
+    pub fn acl_user<'a>(&self, principal: Option<&'a Principal>) -> Option<&'a str> {
+        match principal {
+            Some(Principal::User(name)) if self.mode == AuthMode::Scram && !self.is_superuser(name) => Some(name),
+            _ => None,
+        }
     }
 
     pub fn is_superuser(&self, name: &str) -> bool {
@@ -183,15 +187,13 @@ impl ServerAuth {
     }
 }
 
-/// Who may call an API.
+/// Who may call an API at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Needs {
     /// Before logging in too.
     Anyone,
-    /// Any authenticated principal.
-    User,
-    /// A superuser (or a broker).
-    Superuser,
+    /// A logged-in principal (a user, as its ACLs allow).
+    Principal,
     /// Another broker only (internal APIs).
     Broker,
 }
@@ -200,33 +202,7 @@ fn needs(api: Api) -> Needs {
     match api {
         Api::ApiVersions | Api::SaslHandshake | Api::SaslAuthenticate => Needs::Anyone,
         Api::Controller | Api::ReplicaFetch => Needs::Broker,
-        Api::PutUser
-        | Api::DeleteUser
-        | Api::ListUsers
-        | Api::DrainBroker
-        | Api::DecommissionBroker
-        | Api::ReassignPartition
-        | Api::ElectLeaders => Needs::Superuser,
-        Api::Metadata
-        | Api::CreateQueue
-        | Api::DeleteQueue
-        | Api::AlterQueue
-        | Api::DescribeQueue
-        | Api::Produce
-        | Api::Fetch
-        | Api::ListOffsets
-        | Api::JoinGroup
-        | Api::Heartbeat
-        | Api::LeaveGroup
-        | Api::CommitOffsets
-        | Api::FetchOffsets
-        | Api::ListGroups
-        | Api::DescribeGroup
-        | Api::ResetGroup
-        | Api::DeleteGroup
-        | Api::Receive
-        | Api::Settle
-        | Api::DescribeBroker => Needs::User,
+        _ => Needs::Principal,
     }
 }
 
@@ -264,15 +240,29 @@ pub async fn bootstrap_superusers(shard: &std::rc::Rc<Shard>, auth: &ServerAuth)
         }
         users.push((name.clone(), credentials));
     }
-    match shard
-        .propose(crate::controller::Command::BootstrapUsers { users })
-        .await
-    {
-        Ok(()) if shard.table().users.keys().any(|u| auth.is_superuser(u)) => {
-            tracing::info!(superusers = ?auth.superusers, "the first superusers exist (from ${BOOTSTRAP_PASSWORD_ENV})")
+    // Until it is committed (the controller may have no leader yet), or
+    // another node's bootstrap or a created user made it moot.
+    let mut wait = std::time::Duration::from_millis(500);
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    loop {
+        let command = crate::controller::Command::BootstrapUsers { users: users.clone() };
+        match shard.propose(command).await {
+            Ok(()) => {
+                if shard.table().users.keys().any(|u| auth.is_superuser(u)) {
+                    tracing::info!(superusers = ?auth.superusers, "the first superusers exist (from ${BOOTSTRAP_PASSWORD_ENV})");
+                }
+                return;
+            }
+            Err(e) if std::time::Instant::now() < give_up && !shard.stopping.get() && !shard.table().had_users => {
+                tracing::warn!("creating the first superusers (trying again in {wait:?}): {e}");
+                glommio::timer::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(10));
+            }
+            Err(e) => {
+                tracing::error!("creating the first superusers: {e}");
+                return;
+            }
         }
-        Ok(()) => {}
-        Err(e) => tracing::warn!("creating the first superusers: {e}"),
     }
 }
 
@@ -301,13 +291,13 @@ mod tests {
             let need = needs(api);
             assert_eq!(auth.check(Some(&Principal::Broker), api), Ok(()), "{api:?}");
             assert_eq!(auth.check(None, api).is_ok(), need == Needs::Anyone, "{api:?}");
-            assert_eq!(
-                auth.check(Some(&user), api).is_ok(),
-                matches!(need, Needs::Anyone | Needs::User),
-                "{api:?}"
-            );
+            assert_eq!(auth.check(Some(&user), api).is_ok(), need != Needs::Broker, "{api:?}");
             assert_eq!(auth.check(Some(&root), api).is_ok(), need != Needs::Broker, "{api:?}");
         }
+        // ACLs decide for users, not for superusers or brokers.
+        assert_eq!(auth.acl_user(Some(&user)), Some("alice"));
+        assert_eq!(auth.acl_user(Some(&root)), None);
+        assert_eq!(auth.acl_user(Some(&Principal::Broker)), None);
         let refused = auth.check(Some(&user), Api::ReplicaFetch).unwrap_err();
         assert_eq!(refused.code, ErrorCode::NotAuthorized);
         assert!(refused.message.contains("alice") && refused.message.contains("ReplicaFetch"));
@@ -322,5 +312,6 @@ mod tests {
         let user = Principal::User("alice".into());
         assert!(auth.check(Some(&user), Api::Controller).is_err());
         assert_eq!(auth.check(Some(&user), Api::DrainBroker), Ok(()));
+        assert_eq!(auth.acl_user(Some(&user)), None, "no ACLs without --auth scram");
     }
 }

@@ -28,6 +28,9 @@ impl std::fmt::Debug for PeerTls {
 pub struct PeerSecurity {
     pub tls: Option<PeerTls>,
     pub login: Option<std::sync::Arc<PeerLogin>>,
+    /// This broker requires logins (`--auth scram`): a link whose login the
+    /// peer refuses fails. Otherwise it goes on unauthenticated.
+    pub required: bool,
 }
 
 /// A broker's own login on its peer links (the inter-broker user,

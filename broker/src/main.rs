@@ -35,6 +35,18 @@ enum Command {
         #[arg(long, global = true, default_value = "table", value_name = "table|json")]
         output: String,
     },
+    /// What each user may do (ACLs, with --auth scram).
+    Acl {
+        #[command(subcommand)]
+        command: strand_broker::cli::acl::AclCommand,
+        /// (`--user` names the entry's user: the command logs in as
+        /// $STRAND_USER with $STRAND_PASSWORD.)
+        #[command(flatten)]
+        brokers: strand_broker::cli::Reach,
+        /// Output format: table (for people) or json (one document).
+        #[arg(long, global = true, default_value = "table", value_name = "table|json")]
+        output: String,
+    },
     /// The cluster's users (SASL SCRAM logins, with --auth scram).
     User {
         #[command(subcommand)]
@@ -169,6 +181,14 @@ fn main() -> ExitCode {
             output,
         } => match json_output(&output) {
             Ok(json) => finish(strand_broker::cli::cluster::run(command, &brokers.list(), json)),
+            Err(code) => code,
+        },
+        Command::Acl {
+            command,
+            brokers,
+            output,
+        } => match json_output(&output) {
+            Ok(json) => finish(strand_broker::cli::acl::run(command, &brokers.list(None), json)),
             Err(code) => code,
         },
         Command::User {

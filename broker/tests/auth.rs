@@ -4,7 +4,9 @@
 //! unauthenticated connection and an ordinary user calling the brokers'
 //! internal APIs (a replica fetch naming an in-sync follower, a raw
 //! controller message) get `NotAuthorized` and nothing moves; users are
-//! created, listed and deleted by a superuser only.
+//! created, listed and deleted by a superuser only; a user without ACLs may
+//! not produce, consume, delete a queue or decommission a node, and once
+//! allowed (`strand acl add`) may, on every node within a second.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 mod common;
@@ -35,7 +37,13 @@ fn strand_as(addr: &str, login: Option<(&str, &str)>, args: &[&str], stdin: &str
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some((user, password)) = login {
-        command.args(["--user", user]).env("STRAND_PASSWORD", password);
+        command.env("STRAND_PASSWORD", password);
+        // `strand acl`'s --user names the entry's user: it logs in as
+        // $STRAND_USER.
+        match args.first() {
+            Some(&"acl") => command.env("STRAND_USER", user),
+            _ => command.args(["--user", user]),
+        };
     }
     let mut child = command.spawn().unwrap();
     child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
@@ -167,6 +175,12 @@ fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brok
         &["queue", "create", "s", "--partitions", "1", "--replication-factor", "3"],
         "",
     ));
+    ok(&strand_as(
+        &addr(2),
+        admin,
+        &["queue", "create", "t", "--partitions", "1"],
+        "",
+    ));
     let lines: String = (0..50).map(|i| format!("record-{i}\n")).collect();
     ok(&strand_as(&addr(1), admin, &["produce", "s", "--acks", "all"], &lines));
 
@@ -195,30 +209,98 @@ fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brok
         assert!(std::time::Instant::now() < deadline, "alice cannot log in on node 3");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    ok(&strand_as(
-        &addr(3),
-        alice,
-        &["produce", "s", "--acks", "all"],
-        "from-alice\n",
-    ));
-    let read = ok(&strand_as(
-        &addr(2),
-        alice,
-        &["consume", "s", "--from", "earliest", "--max", "51"],
-        "",
-    ));
-    assert!(read.contains("from-alice") && read.contains("record-49"), "{read}");
-    // Not node or user management.
-    for args in [
-        &["node", "drain", "1"][..],
-        &["user", "create", "bob"],
-        &["user", "list"],
+    // Without ACLs alice may do nothing with queues, groups or nodes.
+    for (args, stdin) in [
+        (&["produce", "s", "--acks", "all"][..], "from-alice\n"),
+        (&["consume", "s", "--from", "earliest", "--max", "1"], ""),
+        (&["queue", "delete", "s"], ""),
+        (&["node", "decommission", "3"], ""),
+        (&["node", "drain", "1"], ""),
+        (&["user", "create", "bob"], "bob-pw\n"),
+        (&["user", "list"], ""),
+        (
+            &["acl", "add", "--user", "alice", "--operation", "admin", "--cluster"],
+            "",
+        ),
     ] {
-        let refused = failed(&strand_as(&addr(1), alice, args, "bob-pw\n"));
+        let refused = failed(&strand_as(&addr(1), alice, args, stdin));
         assert!(
             refused.contains("NotAuthorized") && refused.contains("alice"),
             "{args:?}: {refused}"
         );
+    }
+    // Granted, it works on every node within a second.
+    for (op, flag, name) in [("produce", "--queue", "s"), ("consume", "--queue-prefix", "s")] {
+        ok(&strand_as(
+            &addr(1),
+            admin,
+            &["acl", "add", "--user", "alice", "--operation", op, flag, name],
+            "",
+        ));
+    }
+    let granted = std::time::Instant::now();
+    for id in [3, 2, 1] {
+        while !strand_as(&addr(id), alice, &["produce", "s", "--acks", "all"], "from-alice\n")
+            .status
+            .success()
+        {
+            assert!(
+                granted.elapsed() < std::time::Duration::from_secs(1),
+                "node {id}: not allowed within 1 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    let read = ok(&strand_as(
+        &addr(2),
+        alice,
+        &["consume", "s", "--from", "earliest", "--max", "53"],
+        "",
+    ));
+    assert!(read.contains("from-alice") && read.contains("record-49"), "{read}");
+    let acls = ok(&strand_as(&addr(2), admin, &["acl", "list", "--output", "json"], ""));
+    let acls: serde_json::Value = serde_json::from_str(&acls).unwrap();
+    assert_eq!(
+        acls,
+        serde_json::json!([
+            {"user": "alice", "operation": "produce", "resource_type": "queue", "resource_name": "s"},
+            {"user": "alice", "operation": "consume", "resource_type": "queue-prefix", "resource_name": "s"},
+        ])
+    );
+    // Still not another queue, nor deleting this one.
+    let other = failed(&strand_as(&addr(1), alice, &["produce", "t", "--acks", "all"], "x\n"));
+    assert!(other.contains("NotAuthorized"), "{other}");
+    let delete = failed(&strand_as(&addr(1), alice, &["queue", "delete", "s"], ""));
+    assert!(
+        delete.contains("NotAuthorized") && delete.contains("delete"),
+        "{delete}"
+    );
+    // Taken away, refused again.
+    ok(&strand_as(
+        &addr(3),
+        admin,
+        &[
+            "acl",
+            "remove",
+            "--user",
+            "alice",
+            "--operation",
+            "produce",
+            "--queue",
+            "s",
+        ],
+        "",
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while strand_as(&addr(1), alice, &["produce", "s", "--acks", "all"], "late\n")
+        .status
+        .success()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "produce still allowed after acl remove"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 
     // The internal APIs, unauthenticated and as alice: refused, nothing moves.

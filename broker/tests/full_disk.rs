@@ -273,6 +273,17 @@ fn enospc_then_space_freed(journal: bool) {
             Ok(d) => break d,
             Err(e) => {
                 assert_eq!(e.code(), Some(ErrorCode::StorageFull), "{e}");
+                if Instant::now() >= deadline {
+                    // What the disk held then, to tell why (seen now and
+                    // then under load).
+                    let df = Command::new("df").arg("-B1").arg(fs.path()).output().unwrap();
+                    let du = Command::new("du").arg("-ab").arg(&data).output().unwrap();
+                    eprintln!(
+                        "df: {}\ndu: {}",
+                        String::from_utf8_lossy(&df.stdout),
+                        String::from_utf8_lossy(&du.stdout)
+                    );
+                }
                 assert!(
                     Instant::now() < deadline,
                     "the log never came back without a restart: {e}"

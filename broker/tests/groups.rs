@@ -314,9 +314,21 @@ fn a_rebalance_moves_only_the_partitions_that_change_member() {
     let mut longest_gap: BTreeMap<u32, Duration> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut round = 0;
+    // One producer for the rounds: a new one each round opened connections
+    // faster than the broker's max_connection_rate_per_ip takes from one
+    // address, and the broker closed one (seen under load).
+    let producer = Producer::new(&broker.addr.to_string(), ProducerConfig::default()).unwrap();
     while a.assignment().len() > 2 || !b.is_finished() {
         assert!(Instant::now() < deadline, "the rebalance did not finish");
-        produce(&broker, "events", &format!("r{round}"), 8, 8);
+        let sent: Vec<Delivery> = (0..8)
+            .map(|i| {
+                let (key, value) = (format!("k{i}"), format!("r{round}-{i}"));
+                block_on(producer.enqueue("events", Some(key.as_bytes()), value.as_bytes(), &[])).unwrap()
+            })
+            .collect();
+        for d in sent {
+            block_on(d).unwrap();
+        }
         round += 1;
         for r in block_on(a.poll()).unwrap() {
             let now = Instant::now();

@@ -407,7 +407,10 @@ fn failed_starts_say_why_and_leave_no_directory() {
     // 192.0.2.1 (TEST-NET-1) is no address of this machine: binding fails
     // (nothing is sent anywhere).
     let data = tmp.path().join("new/data");
-    let out = serve("192.0.2.1:0", &data);
+    let out = serve_command("192.0.2.1:0", &["--cores", "1", "--auth", "none", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("binding 192.0.2.1:0"), "{err}");

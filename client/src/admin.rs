@@ -192,6 +192,18 @@ pub struct ClusterDescription {
 }
 
 /// The admin client.
+/// An ACL entry: `user` may do `operation` (produce, consume, describe,
+/// create, alter, delete, admin) on a resource: `resource_type` queue,
+/// queue-prefix, group or cluster, `resource_name` its name or prefix
+/// (empty for the cluster).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AclSpec {
+    pub user: String,
+    pub operation: String,
+    pub resource_type: String,
+    pub resource_name: String,
+}
+
 /// A user as `Admin::list_users` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserDescription {
@@ -373,6 +385,49 @@ impl Admin {
                 name: u.name().unwrap_or_default().to_string(),
                 mechanisms: u.mechanisms().iter().flatten().map(str::to_string).collect(),
                 superuser: u.superuser(),
+            })
+            .collect())
+    }
+
+    /// Adds an ACL entry (or, with `remove`, removes it).
+    pub async fn alter_acl(&self, acl: &AclSpec, remove: bool) -> Result<(), ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let args = AclBindingArgs {
+            user: Some(fbb.create_string(&acl.user)),
+            operation: Some(fbb.create_string(&acl.operation)),
+            resource_type: Some(fbb.create_string(&acl.resource_type)),
+            resource_name: Some(fbb.create_string(&acl.resource_name)),
+        };
+        let binding = AclBinding::create(&mut fbb, &args);
+        let root = AlterAclsRequest::create(
+            &mut fbb,
+            &AlterAclsRequestArgs {
+                remove,
+                acl: Some(binding),
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = self.call(Api::AlterAcls, &fbb).await?;
+        ClientError::check(response::<AlterAclsResponse>(&f)?.error())
+    }
+
+    /// Every ACL entry, or only `user`'s.
+    pub async fn list_acls(&self, user: Option<&str>) -> Result<Vec<AclSpec>, ClientError> {
+        let mut fbb = FlatBufferBuilder::new();
+        let user = user.map(|u| fbb.create_string(u));
+        let root = ListAclsRequest::create(&mut fbb, &ListAclsRequestArgs { user });
+        fbb.finish_minimal(root);
+        let f = self.call(Api::ListAcls, &fbb).await?;
+        let r = response::<ListAclsResponse>(&f)?;
+        ClientError::check(r.error())?;
+        Ok(r.acls()
+            .iter()
+            .flatten()
+            .map(|a| AclSpec {
+                user: a.user().unwrap_or_default().to_string(),
+                operation: a.operation().unwrap_or_default().to_string(),
+                resource_type: a.resource_type().unwrap_or_default().to_string(),
+                resource_name: a.resource_name().unwrap_or_default().to_string(),
             })
             .collect())
     }

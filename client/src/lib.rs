@@ -38,8 +38,8 @@ pub mod sasl;
 pub mod tls;
 
 pub use admin::{
-    Admin, BrokerDescription, BrokerDisk, ClusterDescription, FsyncSpec, PartitionDescription, PartitionPlacement,
-    QueueDescription, QueueSpec, UserDescription,
+    AclSpec, Admin, BrokerDescription, BrokerDisk, ClusterDescription, FsyncSpec, PartitionDescription,
+    PartitionPlacement, QueueDescription, QueueSpec, UserDescription,
 };
 pub use cluster::{parse_brokers, Cluster, QueueInfo, Timeouts, METADATA_MAX_AGE};
 pub use connection::Connection;

@@ -49,11 +49,15 @@ pub enum Api {
     DeleteUser = 30,
     /// Users: every user and its mechanisms.
     ListUsers = 31,
+    /// ACLs: add or remove an entry.
+    AlterAcls = 32,
+    /// ACLs: every entry (or one user's).
+    ListAcls = 33,
 }
 
 impl Api {
     /// Every API this build knows.
-    pub const ALL: [Api; 32] = [
+    pub const ALL: [Api; 34] = [
         Api::ApiVersions,
         Api::Metadata,
         Api::CreateQueue,
@@ -86,6 +90,8 @@ impl Api {
         Api::PutUser,
         Api::DeleteUser,
         Api::ListUsers,
+        Api::AlterAcls,
+        Api::ListAcls,
     ];
 
     /// The API a frame's number names, if this build knows it.
@@ -138,6 +144,8 @@ impl Api {
             Api::PutUser => "PutUser",
             Api::DeleteUser => "DeleteUser",
             Api::ListUsers => "ListUsers",
+            Api::AlterAcls => "AlterAcls",
+            Api::ListAcls => "ListAcls",
         }
     }
 }

@@ -83,7 +83,7 @@ pub fn sasl_exchange(data: &[u8]) {
     let mut pieces = rest.split(|b| *b == 0xff);
     let (a, b, c, d) = (pieces.next(), pieces.next(), pieces.next(), pieces.next());
     let lookup = |user: &str| (user == "user").then(|| credentials[usize::from(pick & 1)].clone());
-    if let Ok((server, _first)) = ServerExchange::start(mechanism, a.unwrap_or_default(), lookup) {
+    if let Ok((server, _first)) = ServerExchange::start(mechanism, a.unwrap_or_default(), lookup, b"decoy") {
         assert!(
             server.finish(b.unwrap_or_default()).is_err(),
             "a made-up proof logged in"

@@ -29,8 +29,10 @@
 //! clients do; a password with characters SASLprep would map is still
 //! accepted by clients that agree on the bytes).
 //!
-//! A user the server does not know gets a made-up salt and fails at the
-//! proof, like a wrong password: the exchange does not tell which names
+//! A user the server does not know gets a decoy: a salt derived from the
+//! name and a server secret (the same every time, and on every server
+//! given the same secret) and the default iteration count, and fails at the
+//! proof like a wrong password: the exchange does not tell which names
 //! exist.
 
 use std::fmt;
@@ -215,6 +217,18 @@ fn random_bytes(n: usize) -> Vec<u8> {
     out
 }
 
+/// The salt a server shows for a user it does not know: 16 bytes of
+/// HMAC-SHA-256(`secret`, mechanism name, 0, user name).
+pub fn decoy_salt(secret: &[u8], mechanism: Mechanism, user: &str) -> Vec<u8> {
+    let mut data = Vec::with_capacity(mechanism.name().len() + 1 + user.len());
+    data.extend_from_slice(mechanism.name().as_bytes());
+    data.push(0);
+    data.extend_from_slice(user.as_bytes());
+    let mut salt = sign(Mechanism::Sha256, secret, &data);
+    salt.truncate(16);
+    salt
+}
+
 /// A fresh nonce: 24 random bytes, base64 (printable, no `,`).
 pub fn new_nonce() -> String {
     BASE64.encode(random_bytes(24))
@@ -364,14 +378,16 @@ pub struct ServerExchange {
 
 impl ServerExchange {
     /// Reads client-first; `lookup` gives the user's credential for this
-    /// mechanism, if the user exists. Returns the exchange and
+    /// mechanism, if the user exists; `decoy_secret` keys the decoy salt of
+    /// a user that does not (see the module doc). Returns the exchange and
     /// server-first.
     pub fn start(
         mechanism: Mechanism,
         client_first: &[u8],
         lookup: impl FnOnce(&str) -> Option<Credential>,
+        decoy_secret: &[u8],
     ) -> Result<(ServerExchange, Vec<u8>), ScramError> {
-        Self::with_nonce(mechanism, client_first, lookup, new_nonce())
+        Self::with_nonce(mechanism, client_first, lookup, decoy_secret, new_nonce())
     }
 
     /// [`ServerExchange::start`] with a given server nonce (for tests).
@@ -379,6 +395,7 @@ impl ServerExchange {
         mechanism: Mechanism,
         client_first: &[u8],
         lookup: impl FnOnce(&str) -> Option<Credential>,
+        decoy_secret: &[u8],
         server_nonce: String,
     ) -> Result<(ServerExchange, Vec<u8>), ScramError> {
         let client_first = text(client_first)?;
@@ -411,7 +428,7 @@ impl ServerExchange {
         let known = found.is_some();
         let credential = found.unwrap_or_else(|| Credential {
             mechanism,
-            salt: random_bytes(16),
+            salt: decoy_salt(decoy_secret, mechanism, &user),
             iterations: DEFAULT_ITERATIONS,
             stored_key: random_bytes(mechanism.key_len()),
             server_key: random_bytes(mechanism.key_len()),
@@ -493,6 +510,7 @@ mod tests {
             Mechanism::Sha256,
             &first,
             |u| (u == "user").then(|| credential.clone()),
+            b"decoy",
             "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0".into(),
         )
         .unwrap();
@@ -516,8 +534,12 @@ mod tests {
 
     fn exchange(mechanism: Mechanism, user: &str, stored: &Credential, password: &[u8]) -> Result<String, ScramError> {
         let (mut client, first) = ClientExchange::start(mechanism, user, password);
-        let (server, server_first) =
-            ServerExchange::start(mechanism, &first, |u| (u == "al,i=ce").then(|| stored.clone()))?;
+        let (server, server_first) = ServerExchange::start(
+            mechanism,
+            &first,
+            |u| (u == "al,i=ce").then(|| stored.clone()),
+            b"decoy",
+        )?;
         let last = client.final_message(&server_first)?;
         let (user, server_final) = server.finish(&last)?;
         client.verify(&server_final)?;
@@ -547,11 +569,30 @@ mod tests {
         );
     }
 
+    /// An unknown name gets the same salt every time (and from every
+    /// server with the same secret), as a known one does: asking twice does
+    /// not tell them apart.
+    #[test]
+    fn an_unknown_user_is_not_told_apart_by_its_salt() {
+        let salt = |secret: &[u8], user: &str| {
+            let first = format!("n,,n={user},r=abc");
+            let (_, server_first) =
+                ServerExchange::start(Mechanism::Sha256, first.as_bytes(), |_| None, secret).unwrap();
+            let text = String::from_utf8(server_first).unwrap();
+            text.split(',').nth(1).unwrap().to_string()
+        };
+        assert_eq!(salt(b"k", "ghost"), salt(b"k", "ghost"));
+        assert_ne!(salt(b"k", "ghost"), salt(b"k", "other"));
+        assert_ne!(salt(b"k", "ghost"), salt(b"k", "ghost2"));
+        assert_ne!(salt(b"k", "ghost"), salt(b"j", "ghost"));
+    }
+
     #[test]
     fn a_server_without_the_keys_is_found_out() {
         let stored = Credential::generate(Mechanism::Sha256, b"pw", MIN_ITERATIONS).unwrap();
         let (mut client, first) = ClientExchange::start(Mechanism::Sha256, "u", b"pw");
-        let (_, server_first) = ServerExchange::start(Mechanism::Sha256, &first, |_| Some(stored.clone())).unwrap();
+        let (_, server_first) =
+            ServerExchange::start(Mechanism::Sha256, &first, |_| Some(stored.clone()), b"decoy").unwrap();
         client.final_message(&server_first).unwrap();
         let forged = format!("v={}", BASE64.encode([7u8; 32]));
         assert_eq!(client.verify(forged.as_bytes()), Err(ScramError::BadServerSignature));
@@ -573,7 +614,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    ServerExchange::start(Mechanism::Sha256, bad, lookup),
+                    ServerExchange::start(Mechanism::Sha256, bad, lookup, b"decoy"),
                     Err(ScramError::Malformed(_))
                 ),
                 "{bad:?}"
@@ -602,14 +643,14 @@ mod tests {
         // A proof for another nonce is malformed; a garbled one is wrong.
         let stored = Credential::generate(Mechanism::Sha256, b"pw", MIN_ITERATIONS).unwrap();
         let (server, server_first) =
-            ServerExchange::start(Mechanism::Sha256, b"n,,n=u,r=abc", |_| Some(stored.clone())).unwrap();
+            ServerExchange::start(Mechanism::Sha256, b"n,,n=u,r=abc", |_| Some(stored.clone()), b"decoy").unwrap();
         let nonce = std::str::from_utf8(&server_first).unwrap()[2..]
             .split(',')
             .next()
             .unwrap()
             .to_string();
         assert!(matches!(
-            ServerExchange::start(Mechanism::Sha256, b"n,,n=u,r=abc", |_| Some(stored.clone()))
+            ServerExchange::start(Mechanism::Sha256, b"n,,n=u,r=abc", |_| Some(stored.clone()), b"decoy")
                 .unwrap()
                 .0
                 .finish(b"c=biws,r=other,p=AAAA"),

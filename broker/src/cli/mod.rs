@@ -20,6 +20,7 @@ macro_rules! out_part {
     };
 }
 
+pub mod acl;
 pub mod cluster;
 pub mod consume;
 pub mod dlq;
@@ -55,6 +56,26 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>, newline: bool) {
 /// The `--brokers`, TLS and login flags every client command takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Brokers {
+    #[command(flatten)]
+    pub reach: Reach,
+    /// Log in as this user (SASL SCRAM), with the password in
+    /// $STRAND_PASSWORD [default: $STRAND_USER; neither: no login].
+    #[arg(long = "user", global = true, value_name = "NAME")]
+    pub user: Option<String>,
+}
+
+impl Brokers {
+    /// [`Reach::list`], logging in as `--user` (else `$STRAND_USER`).
+    pub fn list(self) -> String {
+        self.reach.list(self.user.as_deref())
+    }
+}
+
+/// Where the cluster is and how to reach it (`--brokers` and TLS): the
+/// flags of [`Brokers`] but the login's, for commands whose `--user` means
+/// something else (`strand acl`: they log in as `$STRAND_USER`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Reach {
     /// Brokers to contact [default: $STRAND_BROKERS, else 127.0.0.1:9400].
     #[arg(long = "brokers", global = true, value_name = "HOST:PORT[,HOST:PORT...]")]
     pub flag: Option<String>,
@@ -69,19 +90,17 @@ pub struct Brokers {
     /// PEM private key of --tls-cert.
     #[arg(long = "tls-key", global = true, value_name = "FILE")]
     pub tls_key: Option<std::path::PathBuf>,
-    /// Log in as this user (SASL SCRAM), with the password in
-    /// $STRAND_PASSWORD [default: $STRAND_USER; neither: no login].
-    #[arg(long = "user", global = true, value_name = "NAME")]
-    pub user: Option<String>,
 }
 
-impl Brokers {
+impl Reach {
     /// Where to reach the cluster (`HOST:PORT[,HOST:PORT...]`): the flag,
     /// else `$STRAND_BROKERS`, else the local default. The client library
     /// parses it and uses the first broker that answers. Also turns TLS on
-    /// for every connection the command makes when a CA is given (a bad
-    /// file ends the command with a line naming it, exit status 2).
-    pub fn list(self) -> String {
+    /// for every connection the command makes when a CA is given, and the
+    /// login as `user` (else `$STRAND_USER`) with `$STRAND_PASSWORD` (a bad
+    /// file or a user without a password ends the command with a line
+    /// naming it, exit status 2).
+    pub fn list(self, user: Option<&str>) -> String {
         let files = strand_client::tls::TlsFiles {
             ca: self.tls_ca,
             cert: self.tls_cert,
@@ -91,7 +110,7 @@ impl Brokers {
             eprintln!("strand: TLS: {e}");
             std::process::exit(2);
         }
-        match strand_client::sasl::Credentials::from_env(self.user.as_deref()) {
+        match strand_client::sasl::Credentials::from_env(user) {
             Ok(credentials) => strand_client::sasl::set_default(credentials),
             Err(e) => {
                 eprintln!("strand: {e}");

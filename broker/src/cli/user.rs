@@ -4,8 +4,9 @@
 //! `user create NAME` reads the password from standard input (its first
 //! line; typed, or piped from a secret store), never from a flag, derives
 //! the salted SCRAM-SHA-256 and SCRAM-SHA-512 keys here and sends only
-//! those; run again, it changes the password. Only superusers may manage
-//! users when authentication is on.
+//! those; run again, it changes the password. With authentication on,
+//! only superusers and users allowed `admin` on the cluster (`strand acl`)
+//! may manage users; deleting a user removes its ACLs.
 //!
 //! `user list --output json`, a contract: a list of `{"name": "alice",
 //! "mechanisms": ["SCRAM-SHA-512", "SCRAM-SHA-256"], "superuser": false}`.

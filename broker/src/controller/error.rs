@@ -48,6 +48,10 @@ pub enum ControllerError {
     UnknownUser(String),
     #[error("invalid user: {0}")]
     InvalidUser(String),
+    #[error("invalid ACL: {0}")]
+    InvalidAcl(String),
+    #[error("no such ACL: {0}")]
+    UnknownAcl(String),
     #[error(
         "cannot decommission broker {id}: {queue}/{partition} needs {wanted} replicas and no other alive broker \
          that is not leaving can take broker {id}'s place (start a new broker first)"
@@ -77,7 +81,9 @@ impl ControllerError {
             | ControllerError::ElectionRefused(_)
             | ControllerError::InvalidProposal(_)
             | ControllerError::UnknownUser(_)
-            | ControllerError::InvalidUser(_) => ErrorCode::InvalidRequest,
+            | ControllerError::InvalidUser(_)
+            | ControllerError::InvalidAcl(_)
+            | ControllerError::UnknownAcl(_) => ErrorCode::InvalidRequest,
             ControllerError::CannotDecommission { .. } => ErrorCode::InvalidConfig,
             ControllerError::StaleIsrChange { .. } => ErrorCode::NotLeader,
         }

@@ -11,7 +11,7 @@
 //!   order give the same table on every node, so all validation needs only
 //!   the table and the command. [`error`]: why a command is refused;
 //!   [`proposals`]: a proposal sent again applies once. [`users`]: SASL
-//!   users' SCRAM keys.
+//!   users' SCRAM keys; [`acls`]: what each may do.
 //! - [`leases`]: broker leases as the controller leader keeps them (sans
 //!   I/O): who is alive, whose lease ran out, which id is taken.
 //! - [`store`]: the Raft log, vote and snapshots on disk (byte layout there)
@@ -21,6 +21,7 @@
 //!   to the leader from other nodes), serving the other members.
 //! - [`network`]: the Raft messages and forwarded proposals on peer links.
 
+pub mod acls;
 pub mod error;
 pub mod leases;
 pub mod network;

@@ -42,10 +42,17 @@ pub struct ProposalId {
 }
 
 /// Proposer runs kept per node (a node's restarts each start one; the one
-/// proposing least recently goes first).
-pub(crate) const MAX_SESSIONS_PER_NODE: usize = 4;
-/// Answers kept per run, should a proposer never settle its proposals.
-pub(crate) const MAX_ANSWERS_PER_SESSION: usize = 4096;
+/// proposing least recently goes first). A copy from a run dropped so is
+/// taken as new and applies again: that needs this many newer runs of the
+/// node, each proposing, while the copy is still on its way — restarts
+/// within the proposer's 10 s of retries, which a start (seconds) makes
+/// implausible. (Runs are random, not ordered: a wiped disk must not
+/// leave a node unable to propose.)
+pub(crate) const MAX_SESSIONS_PER_NODE: usize = 8;
+/// Answers kept per run, should a proposer never settle its proposals: far
+/// above what a broker has in flight (it settles each within 10 s), so it
+/// never settles a live one; only a broker, which is trusted, proposes.
+pub(crate) const MAX_ANSWERS_PER_SESSION: usize = 65_536;
 
 /// One proposer run's proposals that may still be sent again, with what
 /// each answered (part of the table so every member, and one restored

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::acls::AclEntry;
 pub use super::error::ControllerError;
 use super::proposals::{CommandAnswer, ProposalId, ProposalSession, MAX_ANSWERS_PER_SESSION, MAX_SESSIONS_PER_NODE};
 use super::table::{
@@ -313,10 +314,19 @@ pub enum Command {
         name: String,
         credentials: Vec<StoredCredential>,
     },
-    /// Deletes user `name`; its connections already authenticated stay so
-    /// until they close.
+    /// Deletes user `name` and its ACLs; its connections already
+    /// authenticated stay so until they close (their requests are checked
+    /// against ACLs that no longer name it).
     DeleteUser {
         name: String,
+    },
+    /// Allows `entry` (`strand acl add`); already there, nothing changes.
+    AddAcl {
+        entry: AclEntry,
+    },
+    /// Removes `entry` (`strand acl remove`); refused when absent.
+    RemoveAcl {
+        entry: AclEntry,
     },
     /// The first superusers of a cluster (`--superusers` with
     /// `STRAND_BOOTSTRAP_PASSWORD`, proposed by a broker at start): applies
@@ -590,12 +600,34 @@ impl MetadataStm {
                 self.table.had_users = true;
                 Ok(())
             }
-            Command::DeleteUser { name } => self
-                .table
-                .users
-                .remove(name)
-                .map(|_| ())
-                .ok_or_else(|| ControllerError::UnknownUser(name.clone())),
+            Command::DeleteUser { name } => {
+                self.table
+                    .users
+                    .remove(name)
+                    .ok_or_else(|| ControllerError::UnknownUser(name.clone()))?;
+                self.table.acls.retain(|a| a.user != *name);
+                Ok(())
+            }
+            Command::AddAcl { entry } => {
+                entry.check()?;
+                if let Err(at) = self.table.acls.binary_search(entry) {
+                    self.table.acls.insert(at, entry.clone());
+                }
+                Ok(())
+            }
+            Command::RemoveAcl { entry } => match self.table.acls.binary_search(entry) {
+                Ok(at) => {
+                    self.table.acls.remove(at);
+                    Ok(())
+                }
+                Err(_) => Err(ControllerError::UnknownAcl(format!(
+                    "{} may {} on {} {:?}",
+                    entry.user,
+                    entry.operation.name(),
+                    entry.resource.kind(),
+                    entry.resource.name()
+                ))),
+            },
             Command::BootstrapUsers { users } => {
                 if self.table.had_users {
                     return Ok(());

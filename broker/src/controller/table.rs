@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::acls::AclEntry;
 use super::proposals::ProposalSession;
 use super::users::UserRecord;
 
@@ -265,6 +266,9 @@ pub struct MetadataTable {
     /// The cluster has held a user (`BootstrapUsers` applies only before).
     #[serde(default)]
     pub had_users: bool,
+    /// Who may do what (`super::acls`), sorted, without repeats.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acls: Vec<AclEntry>,
 }
 
 impl MetadataTable {

@@ -10,8 +10,10 @@
 //! has only that field set, which reads as any API's response with the
 //! error filled in.
 
+mod acls;
 mod alter_queue;
 mod api_versions;
+mod authorize;
 mod brokers;
 mod controller;
 mod create_queue;
@@ -56,10 +58,22 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         Ok(api) => api,
         Err(e) => return Some(error_response(header, &WireError::new(e.code(), e.to_string()))),
     };
-    // Who may call what (`crate::auth`): before anything else is read.
-    let allowed = crate::auth::ServerAuth::of(shard).check(conn.login.borrow().principal.as_ref(), api);
+    // Who may call what (`crate::auth`; a user's ACLs, `authorize.rs`):
+    // before the handler reads anything.
+    let auth = crate::auth::ServerAuth::of(shard);
+    let allowed = {
+        let login = conn.login.borrow();
+        let principal = login.principal.as_ref();
+        auth.check(principal, api)
+            .and_then(|()| match auth.acl_user(principal) {
+                Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
+                None => Ok(()),
+            })
+    };
     if let Err(e) = allowed {
-        shard.metrics.denied(api.name());
+        if e.code == ErrorCode::NotAuthorized {
+            shard.metrics.denied(api.name());
+        }
         return Some(error_response(header, &e));
     }
     // Until the node serves (its ready line), the listener is open for the
@@ -98,6 +112,8 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         Api::PutUser => users::put(shard, header, &frame.body).await,
         Api::DeleteUser => users::delete(shard, header, &frame.body).await,
         Api::ListUsers => users::list(shard, header, &frame.body),
+        Api::AlterAcls => acls::alter(shard, header, &frame.body).await,
+        Api::ListAcls => acls::list(shard, header, &frame.body),
         Api::JoinGroup
         | Api::Heartbeat
         | Api::LeaveGroup

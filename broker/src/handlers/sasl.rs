@@ -125,9 +125,13 @@ fn step(shard: &Rc<Shard>, login: &RefCell<Login>, message: &[u8]) -> Result<Vec
             "SaslAuthenticate before SaslHandshake",
         )),
         Step::Chosen(mechanism) => {
-            let (exchange, server_first) =
-                ServerExchange::start(mechanism, message, |user| auth.credential(shard, user, mechanism))
-                    .map_err(failed)?;
+            let (exchange, server_first) = ServerExchange::start(
+                mechanism,
+                message,
+                |user| auth.credential(shard, user, mechanism),
+                &auth.decoy_secret,
+            )
+            .map_err(failed)?;
             // Users are in the table, which a starting broker may not hold
             // yet: a client retries (the other brokers' login needs none).
             if !shard.serving.get() && exchange.user() != auth.inter_broker_user {

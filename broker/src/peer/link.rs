@@ -240,14 +240,19 @@ impl PeerLink {
             }
         };
         if let Some(login) = &self.inner.security.login {
+            let failed = |message: String| PeerError::Unreachable {
+                addr,
+                message: format!("logging in as {:?}: {message}", login.user),
+            };
             match before(deadline, log_in(&mut stream, login, self.inner.limits)).await {
                 Some(Ok(())) => {}
-                Some(Err(message)) => {
-                    return Err(PeerError::Unreachable {
-                        addr,
-                        message: format!("logging in as {:?}: {message}", login.user),
-                    })
+                // While this broker requires no login, a peer that takes
+                // none yet (authentication being turned on, one broker at a
+                // time) is served unauthenticated, as before.
+                Some(Err(LoginFailed::Refused(message))) if !self.inner.security.required => {
+                    tracing::debug!(%addr, "the peer refused this broker's login, going on without: {message}");
                 }
+                Some(Err(LoginFailed::Refused(message) | LoginFailed::Broken(message))) => return Err(failed(message)),
                 None => return Err(PeerError::Timeout { addr, after: timeout }),
             }
         }
@@ -326,39 +331,59 @@ const READ_CHUNK: usize = 64 << 10;
 /// Logs in as the inter-broker user on a new connection, before its first
 /// call (`crate::auth`): SCRAM-SHA-512, three requests each answered
 /// before the next (`strand_client::sasl` builds and reads them).
-async fn log_in(stream: &mut Stream, login: &crate::frame_io::PeerLogin, limits: FrameLimits) -> Result<(), String> {
+async fn log_in(
+    stream: &mut Stream,
+    login: &crate::frame_io::PeerLogin,
+    limits: FrameLimits,
+) -> Result<(), LoginFailed> {
     use strand_client::sasl;
     use strand_net::scram::{ClientExchange, Mechanism};
     let mechanism = Mechanism::Sha512;
     let mut buf = BytesMut::new();
     let mut chunk = vec![0u8; 4096];
     let mut id = 0;
-    let mut call = async |api: Api, body: Vec<u8>| -> Result<Frame, String> {
+    let broken = LoginFailed::Broken;
+    let mut call = async |api: Api, body: Vec<u8>| -> Result<Frame, LoginFailed> {
         id += 1;
         let out = OutFrame::request(api, id, &body, TailBuilder::default());
         crate::frame_io::write_frame(stream, &out)
             .await
-            .map_err(|e| format!("writing: {e}"))?;
+            .map_err(|e| broken(format!("writing: {e}")))?;
         loop {
-            if let Some(frame) = frame::decode(&mut buf, limits).map_err(|e| format!("a malformed frame: {e}"))? {
+            let decoded = frame::decode(&mut buf, limits).map_err(|e| broken(format!("a malformed frame: {e}")))?;
+            if let Some(frame) = decoded {
                 return Ok(frame);
             }
             match stream.read(&mut chunk).await {
-                Ok(0) => return Err("the peer closed the connection".into()),
+                Ok(0) => return Err(broken("the peer closed the connection".into())),
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) => return Err(format!("reading: {e}")),
+                Err(e) => return Err(broken(format!("reading: {e}"))),
             }
         }
     };
-    let said = |e: strand_client::ClientError| e.to_string();
-    sasl::handshake_answer(&call(Api::SaslHandshake, sasl::handshake_request(mechanism)).await?).map_err(said)?;
+    // The peer answered, and refused (a wrong password, a peer that does
+    // not know the API or has no inter-broker keys): the stream is still
+    // in step.
+    let refused = |e: strand_client::ClientError| LoginFailed::Refused(e.to_string());
+    let scram_failed = |e: strand_net::scram::ScramError| LoginFailed::Refused(e.to_string());
+    let frame = call(Api::SaslHandshake, sasl::handshake_request(mechanism)).await?;
+    sasl::handshake_answer(&frame).map_err(refused)?;
     let (mut scram, first) = ClientExchange::start(mechanism, &login.user, &login.password);
     let frame = call(Api::SaslAuthenticate, sasl::authenticate_request(&first)).await?;
-    let server_first = sasl::authenticate_answer(&frame).map_err(said)?;
-    let last = scram.final_message(&server_first).map_err(|e| e.to_string())?;
+    let server_first = sasl::authenticate_answer(&frame).map_err(refused)?;
+    let last = scram.final_message(&server_first).map_err(scram_failed)?;
     let frame = call(Api::SaslAuthenticate, sasl::authenticate_request(&last)).await?;
-    let server_final = sasl::authenticate_answer(&frame).map_err(said)?;
-    scram.verify(&server_final).map_err(|e| e.to_string())
+    let server_final = sasl::authenticate_answer(&frame).map_err(refused)?;
+    scram.verify(&server_final).map_err(scram_failed)
+}
+
+/// Why a peer link's login failed.
+#[derive(Debug)]
+enum LoginFailed {
+    /// The peer answered and refused: the connection is still usable.
+    Refused(String),
+    /// The connection broke or fell out of step.
+    Broken(String),
 }
 
 async fn read_responses(

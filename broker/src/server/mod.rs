@@ -87,6 +87,7 @@ impl Lifecycle {
         crate::frame_io::PeerSecurity {
             tls: self.tls.as_ref().map(|t| t.connector.clone()),
             login: self.auth.login.clone(),
+            required: self.auth.mode == crate::auth::AuthMode::Scram,
         }
     }
 }

@@ -14092,6 +14092,577 @@ impl ::core::fmt::Debug for ListUsersResponse<'_> {
       ds.finish()
   }
 }
+pub enum AclBindingOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One ACL entry: `user` may do `operation` (produce, consume, describe,
+/// create, alter, delete, admin) on the resource: `resource_type` queue,
+/// queue-prefix, group or cluster, `resource_name` its name or prefix
+/// (empty for the cluster).
+pub struct AclBinding<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AclBinding<'a> {
+  type Inner = AclBinding<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AclBinding<'a> {
+  pub const VT_USER: ::flatbuffers::VOffsetT = 4;
+  pub const VT_OPERATION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_RESOURCE_TYPE: ::flatbuffers::VOffsetT = 8;
+  pub const VT_RESOURCE_NAME: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AclBinding { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AclBindingArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AclBinding<'bldr>> {
+    let mut builder = AclBindingBuilder::new(_fbb);
+    if let Some(x) = args.resource_name { builder.add_resource_name(x); }
+    if let Some(x) = args.resource_type { builder.add_resource_type(x); }
+    if let Some(x) = args.operation { builder.add_operation(x); }
+    if let Some(x) = args.user { builder.add_user(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn user(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AclBinding::VT_USER, None)}
+  }
+  #[inline]
+  pub fn operation(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AclBinding::VT_OPERATION, None)}
+  }
+  #[inline]
+  pub fn resource_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AclBinding::VT_RESOURCE_TYPE, None)}
+  }
+  #[inline]
+  pub fn resource_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AclBinding::VT_RESOURCE_NAME, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AclBinding<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("user", Self::VT_USER, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("operation", Self::VT_OPERATION, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("resource_type", Self::VT_RESOURCE_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("resource_name", Self::VT_RESOURCE_NAME, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AclBindingArgs<'a> {
+    pub user: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub operation: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub resource_type: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub resource_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for AclBindingArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AclBindingArgs {
+      user: None,
+      operation: None,
+      resource_type: None,
+      resource_name: None,
+    }
+  }
+}
+
+pub struct AclBindingBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AclBindingBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_user(&mut self, user: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AclBinding::VT_USER, user);
+  }
+  #[inline]
+  pub fn add_operation(&mut self, operation: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AclBinding::VT_OPERATION, operation);
+  }
+  #[inline]
+  pub fn add_resource_type(&mut self, resource_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AclBinding::VT_RESOURCE_TYPE, resource_type);
+  }
+  #[inline]
+  pub fn add_resource_name(&mut self, resource_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AclBinding::VT_RESOURCE_NAME, resource_name);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AclBindingBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AclBindingBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AclBinding<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AclBinding<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AclBinding");
+      ds.field("user", &self.user());
+      ds.field("operation", &self.operation());
+      ds.field("resource_type", &self.resource_type());
+      ds.field("resource_name", &self.resource_name());
+      ds.finish()
+  }
+}
+pub enum AlterAclsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Adds the entry, or with `remove` removes it.
+pub struct AlterAclsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AlterAclsRequest<'a> {
+  type Inner = AlterAclsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AlterAclsRequest<'a> {
+  pub const VT_REMOVE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ACL: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AlterAclsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AlterAclsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AlterAclsRequest<'bldr>> {
+    let mut builder = AlterAclsRequestBuilder::new(_fbb);
+    if let Some(x) = args.acl { builder.add_acl(x); }
+    builder.add_remove(args.remove);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn remove(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(AlterAclsRequest::VT_REMOVE, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn acl(&self) -> Option<AclBinding<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<AclBinding>>(AlterAclsRequest::VT_ACL, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AlterAclsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<bool>("remove", Self::VT_REMOVE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<AclBinding>>("acl", Self::VT_ACL, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AlterAclsRequestArgs<'a> {
+    pub remove: bool,
+    pub acl: Option<::flatbuffers::WIPOffset<AclBinding<'a>>>,
+}
+impl<'a> Default for AlterAclsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AlterAclsRequestArgs {
+      remove: false,
+      acl: None,
+    }
+  }
+}
+
+pub struct AlterAclsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AlterAclsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_remove(&mut self, remove: bool) {
+    self.fbb_.push_slot::<bool>(AlterAclsRequest::VT_REMOVE, remove, false);
+  }
+  #[inline]
+  pub fn add_acl(&mut self, acl: ::flatbuffers::WIPOffset<AclBinding<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<AclBinding>>(AlterAclsRequest::VT_ACL, acl);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AlterAclsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AlterAclsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AlterAclsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AlterAclsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AlterAclsRequest");
+      ds.field("remove", &self.remove());
+      ds.field("acl", &self.acl());
+      ds.finish()
+  }
+}
+pub enum AlterAclsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct AlterAclsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AlterAclsResponse<'a> {
+  type Inner = AlterAclsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AlterAclsResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AlterAclsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AlterAclsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AlterAclsResponse<'bldr>> {
+    let mut builder = AlterAclsResponseBuilder::new(_fbb);
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(AlterAclsResponse::VT_ERROR, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AlterAclsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AlterAclsResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+}
+impl<'a> Default for AlterAclsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AlterAclsResponseArgs {
+      error: None,
+    }
+  }
+}
+
+pub struct AlterAclsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AlterAclsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(AlterAclsResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AlterAclsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AlterAclsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AlterAclsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AlterAclsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AlterAclsResponse");
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum ListAclsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Every entry, or only `user`'s when it is given.
+pub struct ListAclsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListAclsRequest<'a> {
+  type Inner = ListAclsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListAclsRequest<'a> {
+  pub const VT_USER: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListAclsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListAclsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ListAclsRequest<'bldr>> {
+    let mut builder = ListAclsRequestBuilder::new(_fbb);
+    if let Some(x) = args.user { builder.add_user(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn user(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ListAclsRequest::VT_USER, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListAclsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("user", Self::VT_USER, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListAclsRequestArgs<'a> {
+    pub user: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ListAclsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ListAclsRequestArgs {
+      user: None,
+    }
+  }
+}
+
+pub struct ListAclsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListAclsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_user(&mut self, user: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListAclsRequest::VT_USER, user);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListAclsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListAclsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListAclsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListAclsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListAclsRequest");
+      ds.field("user", &self.user());
+      ds.finish()
+  }
+}
+pub enum ListAclsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListAclsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListAclsResponse<'a> {
+  type Inner = ListAclsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListAclsResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ACLS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListAclsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListAclsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ListAclsResponse<'bldr>> {
+    let mut builder = ListAclsResponseBuilder::new(_fbb);
+    if let Some(x) = args.acls { builder.add_acls(x); }
+    if let Some(x) = args.error { builder.add_error(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> Option<Error<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Error>>(ListAclsResponse::VT_ERROR, None)}
+  }
+  #[inline]
+  pub fn acls(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AclBinding<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AclBinding>>>>(ListAclsResponse::VT_ACLS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListAclsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Error>>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<AclBinding>>>>("acls", Self::VT_ACLS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListAclsResponseArgs<'a> {
+    pub error: Option<::flatbuffers::WIPOffset<Error<'a>>>,
+    pub acls: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AclBinding<'a>>>>>,
+}
+impl<'a> Default for ListAclsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ListAclsResponseArgs {
+      error: None,
+      acls: None,
+    }
+  }
+}
+
+pub struct ListAclsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListAclsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ::flatbuffers::WIPOffset<Error<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Error>>(ListAclsResponse::VT_ERROR, error);
+  }
+  #[inline]
+  pub fn add_acls(&mut self, acls: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<AclBinding<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListAclsResponse::VT_ACLS, acls);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListAclsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListAclsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListAclsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListAclsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListAclsResponse");
+      ds.field("error", &self.error());
+      ds.field("acls", &self.acls());
+      ds.finish()
+  }
+}
 }  // pub mod wire
 }  // pub mod strand
 

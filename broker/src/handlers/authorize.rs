@@ -1,0 +1,159 @@
+//! What each request asks of the ACLs: the (operation, resource) pairs a
+//! user's request needs allowed (`controller::acls`), read from its body
+//! before the handler runs. `crate::auth` decides who is checked at all
+//! (users with `--auth scram`; not superusers, not brokers).
+//!
+//! | API | needs |
+//! |---|---|
+//! | Metadata, ListGroups, DescribeBroker | nothing more (any user) |
+//! | CreateQueue | create on the queue (or the cluster) |
+//! | DeleteQueue, AlterQueue, DescribeQueue | delete, alter, describe on the queue |
+//! | Produce | produce on each queue |
+//! | Fetch | consume on each queue |
+//! | ListOffsets | describe on each queue |
+//! | JoinGroup, CommitOffsets | consume on the group and on each queue |
+//! | Heartbeat, LeaveGroup, FetchOffsets, Receive, Settle | consume on the group |
+//! | ResetGroup | consume on the group and the queue |
+//! | DescribeGroup, DeleteGroup | describe, delete on the group |
+//! | node, user and ACL APIs | admin on the cluster |
+
+use strand_wire::*;
+
+use super::request;
+use crate::controller::acls::{allows, AclEntry, Operation, Resource};
+use crate::shard::messages::WireError;
+
+/// A resource a request names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Named {
+    Queue(String),
+    Group(String),
+    Cluster,
+}
+
+impl Named {
+    fn as_resource(&self) -> Resource<'_> {
+        match self {
+            Named::Queue(q) => Resource::Queue(q),
+            Named::Group(g) => Resource::Group(g),
+            Named::Cluster => Resource::Cluster,
+        }
+    }
+}
+
+/// Refuses `user`'s request to `api` unless `acls` allow all it needs; the
+/// refusal names the first operation and resource missing and how to
+/// grant it.
+pub fn check(acls: &[AclEntry], user: &str, api: Api, body: &[u8]) -> Result<(), WireError> {
+    for (operation, named) in needs(api, body)? {
+        let resource = named.as_resource();
+        let allowed = allows(acls, user, operation, &resource)
+            // A queue may be created under a cluster-wide create.
+            || (operation == Operation::Create && allows(acls, user, operation, &Resource::Cluster));
+        if !allowed {
+            let grant = match &named {
+                Named::Queue(q) => format!("--queue {q}"),
+                Named::Group(g) => format!("--group {g}"),
+                Named::Cluster => "--cluster".into(),
+            };
+            return Err(WireError::new(
+                ErrorCode::NotAuthorized,
+                format!(
+                    "user {user:?} may not {} on {resource} ({}; a superuser can allow it: strand acl add --user \
+                     {user} --operation {} {grant})",
+                    operation.name(),
+                    api.name(),
+                    operation.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The pairs `api`'s request in `body` needs allowed.
+fn needs(api: Api, body: &[u8]) -> Result<Vec<(Operation, Named)>, WireError> {
+    use Operation::*;
+    let queue = |n: Option<&str>| Named::Queue(n.unwrap_or_default().to_string());
+    let group = |n: Option<&str>| Named::Group(n.unwrap_or_default().to_string());
+    Ok(match api {
+        Api::ApiVersions
+        | Api::SaslHandshake
+        | Api::SaslAuthenticate
+        | Api::Metadata
+        | Api::ListGroups
+        | Api::DescribeBroker => Vec::new(),
+        // Brokers only (`crate::auth` refuses users before this).
+        Api::Controller | Api::ReplicaFetch => vec![(Admin, Named::Cluster)],
+        Api::DrainBroker
+        | Api::DecommissionBroker
+        | Api::ReassignPartition
+        | Api::ElectLeaders
+        | Api::PutUser
+        | Api::DeleteUser
+        | Api::ListUsers
+        | Api::AlterAcls
+        | Api::ListAcls => vec![(Admin, Named::Cluster)],
+        Api::CreateQueue => vec![(Create, queue(request::<CreateQueueRequest>(body)?.name()))],
+        Api::DeleteQueue => vec![(Delete, queue(request::<DeleteQueueRequest>(body)?.name()))],
+        Api::AlterQueue => vec![(Alter, queue(request::<AlterQueueRequest>(body)?.name()))],
+        Api::DescribeQueue => vec![(Describe, queue(request::<DescribeQueueRequest>(body)?.name()))],
+        Api::Produce => each(
+            Produce,
+            request::<ProduceRequest>(body)?
+                .queues()
+                .iter()
+                .flatten()
+                .map(|q| q.name()),
+        ),
+        Api::Fetch => each(
+            Consume,
+            request::<FetchRequest>(body)?
+                .queues()
+                .iter()
+                .flatten()
+                .map(|q| q.name()),
+        ),
+        Api::ListOffsets => each(
+            Describe,
+            request::<ListOffsetsRequest>(body)?
+                .queues()
+                .iter()
+                .flatten()
+                .map(|q| q.name()),
+        ),
+        Api::JoinGroup => {
+            let r = request::<JoinGroupRequest>(body)?;
+            let mut out = vec![(Consume, group(r.group()))];
+            out.extend(each(Consume, r.queues().iter().flatten().map(Some)));
+            out
+        }
+        Api::CommitOffsets => {
+            let r = request::<CommitOffsetsRequest>(body)?;
+            let mut out = vec![(Consume, group(r.group()))];
+            out.extend(each(Consume, r.queues().iter().flatten().map(|q| q.queue())));
+            out
+        }
+        Api::Heartbeat => vec![(Consume, group(request::<HeartbeatRequest>(body)?.group()))],
+        Api::LeaveGroup => vec![(Consume, group(request::<LeaveGroupRequest>(body)?.group()))],
+        Api::FetchOffsets => vec![(Consume, group(request::<FetchOffsetsRequest>(body)?.group()))],
+        Api::Receive => vec![(Consume, group(request::<ReceiveRequest>(body)?.group()))],
+        Api::Settle => vec![(Consume, group(request::<SettleRequest>(body)?.group()))],
+        Api::ResetGroup => {
+            let r = request::<ResetGroupRequest>(body)?;
+            vec![(Consume, group(r.group())), (Consume, queue(r.queue()))]
+        }
+        Api::DescribeGroup => vec![(Describe, group(request::<DescribeGroupRequest>(body)?.group()))],
+        Api::DeleteGroup => vec![(Delete, group(request::<DeleteGroupRequest>(body)?.group()))],
+    })
+}
+
+/// `operation` on each named queue, once each (a request may name one
+/// queue per partition: up to `PARTITIONS_PER_REQUEST_MAX`).
+fn each<'a>(operation: Operation, names: impl Iterator<Item = Option<&'a str>>) -> Vec<(Operation, Named)> {
+    let distinct: std::collections::BTreeSet<&str> = names.map(Option::unwrap_or_default).collect();
+    distinct
+        .into_iter()
+        .map(|name| (operation, Named::Queue(name.to_string())))
+        .collect()
+}
