@@ -17,6 +17,11 @@
 //!   but the internal APIs; any other user what its ACLs allow
 //!   (`controller::acls`, checked per request by `handlers::authorize`).
 //!
+//! With `--auth mtls` there is no login: the listener requires a client
+//! certificate (`--tls-client-ca`), and its subject's common name is the
+//! principal — the inter-broker user's name for the brokers' own
+//! certificates, which they present on their links.
+//!
 //! With `--auth none` (the default on a loopback address; elsewhere it must
 //! be said) nothing is required, as before, and a client may still log in.
 //!
@@ -137,6 +142,16 @@ impl ServerAuth {
         shard.table().users.get(user)?.credential(mechanism)
     }
 
+    /// The principal of a connection that showed a certificate whose
+    /// subject CN is `name` (`--auth mtls`; else none: the connection may
+    /// log in with SCRAM).
+    pub fn certified(&self, name: Option<String>) -> Option<Principal> {
+        match self.mode {
+            AuthMode::Mtls => name.map(|n| self.principal(n)),
+            AuthMode::None | AuthMode::Scram => None,
+        }
+    }
+
     /// Who `user`, just authenticated, is.
     pub fn principal(&self, user: String) -> Principal {
         if user == self.inter_broker_user {
@@ -157,6 +172,14 @@ impl ServerAuth {
         }
         match (principal, needs) {
             (None, _) if self.mode == AuthMode::None => Ok(()),
+            (None, _) if self.mode == AuthMode::Mtls => Err(WireError::new(
+                ErrorCode::NotAuthorized,
+                format!(
+                    "{}: this broker names users by their client certificate's subject CN, and this \
+                     connection's certificate has none",
+                    api.name()
+                ),
+            )),
             (None, _) => Err(WireError::new(
                 ErrorCode::NotAuthorized,
                 format!(
@@ -174,10 +197,10 @@ impl ServerAuth {
     }
 
     /// The user whose requests the ACLs decide (`handlers::authorize`):
-    /// with `--auth scram`, a logged-in user that is not a superuser.
+    /// with `--auth scram` or `mtls`, a user that is not a superuser.
     pub fn acl_user<'a>(&self, principal: Option<&'a Principal>) -> Option<&'a str> {
         match principal {
-            Some(Principal::User(name)) if self.mode == AuthMode::Scram && !self.is_superuser(name) => Some(name),
+            Some(Principal::User(name)) if self.mode != AuthMode::None && !self.is_superuser(name) => Some(name),
             _ => None,
         }
     }

@@ -46,7 +46,7 @@
 //! request_memory_bytes = 268435456     # per shard: large requests (> 64 KiB) held at once
 //! max_request_timeout_ms = 300000      # a produce's timeout_ms is cut to this
 //! max_partition_replicas_per_shard = 2000  # the cluster's partition replicas, per shard of its brokers
-//! auth = "scram"                       # none or scram (default: none; must be said off loopback)
+//! auth = "scram"                       # none, scram or mtls (default: none; must be said off loopback)
 //! superusers = ["admin"]               # users that may manage users and nodes
 //! inter_broker_user = "strand-broker"  # the brokers' own login (password: $STRAND_INTER_BROKER_PASSWORD)
 //! ```
@@ -165,6 +165,9 @@ pub enum AuthMode {
     None,
     /// SASL SCRAM-SHA-256/512 with the cluster's users.
     Scram,
+    /// The client certificate (TLS with `tls_client_ca`): its subject's
+    /// common name is the user.
+    Mtls,
 }
 
 /// The inter-broker user's default name.
@@ -468,11 +471,14 @@ pub struct Overrides {
     /// brokers [default: --tls-client-ca].
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
-    /// What a client must do before it is served: none, or scram (SASL
+    /// What a client must do before it is served: none; scram (SASL
     /// SCRAM-SHA-256/512 with the cluster's users; the brokers then log in
-    /// to one another with $STRAND_INTER_BROKER_PASSWORD) [default: none,
-    /// which must be said when --listen is not a loopback address].
-    #[arg(long, value_name = "none|scram")]
+    /// to one another with $STRAND_INTER_BROKER_PASSWORD); or mtls (a
+    /// client certificate, with --tls-client-ca: its subject CN is the
+    /// user, and brokers' certificates name the inter-broker user)
+    /// [default: none, which must be said when --listen is not a loopback
+    /// address].
+    #[arg(long, value_name = "none|scram|mtls")]
     pub auth: Option<AuthMode>,
     /// Users that may manage users and nodes; at a cluster's first start,
     /// with $STRAND_BOOTSTRAP_PASSWORD set, they are created with it.
@@ -716,6 +722,13 @@ impl BrokerConfig {
                 "user name {bad_name:?} (superusers, inter_broker_user): 1 to {} bytes, no control characters",
                 strand_net::scram::MAX_USER_BYTES
             ));
+        }
+        if self.auth == Some(AuthMode::Mtls) && self.tls_client_ca.is_none() {
+            return bad(
+                "auth = mtls (--auth mtls) needs client certificates: tls_cert, tls_key and tls_client_ca \
+                 (--tls-client-ca), the CA that signs them"
+                    .into(),
+            );
         }
         if self.superusers.contains(&self.inter_broker_user) {
             return bad(format!(

@@ -370,9 +370,18 @@ fn a_voter_whose_disk_filled_exits_and_is_back_once_restarted_with_space() {
             "3",
         ],
     );
+    // The first entries may fit in what the end of its log file's last
+    // block has left (no block to allocate): more changes, long-named,
+    // until one needs a new block.
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut more = 0;
     while alive(&c, 1, 3) {
         assert!(Instant::now() < deadline, "node 3 was never fenced with its disk full");
+        if more < 32 {
+            let name = format!("more-{more}-{}", "x".repeat(180));
+            c.strand(1, &["queue", "create", &name, "--partitions", "1"]);
+            more += 1;
+        }
         std::thread::sleep(Duration::from_millis(250));
     }
     // It exits for its supervisor to start it again (it no longer serves

@@ -318,3 +318,71 @@ fn a_broker_without_tls_takes_sighup_and_serves_on() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     ok(&strand(&broker.addr.to_string(), &["queue", "list"], &[]));
 }
+
+/// `--auth mtls`: a client certificate's subject CN is the user, and the
+/// brokers' certificates name the inter-broker user, so three brokers
+/// replicate over links only they may use; ACLs apply to certificate
+/// users as to SCRAM ones.
+#[test]
+fn with_mtls_the_certificate_names_the_user_and_acls_apply() {
+    let pki = Pki::new();
+    pki.ca(
+        "ca",
+        &[
+            ("strand-broker", &["127.0.0.1", "127.0.0.2", "127.0.0.3"], FRESH),
+            ("admin", &[], FRESH),
+            ("alice", &[], FRESH),
+        ],
+    );
+    let settings = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_client_ca = \"{}\"\nauth = \"mtls\"\nsuperusers = [\"admin\"]\n",
+        pki.path("strand-broker.pem").display(),
+        pki.path("strand-broker.key").display(),
+        pki.path("ca.pem").display()
+    );
+    let cluster = Cluster::start_with(3, &settings);
+    let ca = pki.path("ca.pem");
+    let (admin, admin_key) = (pki.path("admin.pem"), pki.path("admin.key"));
+    let (alice, alice_key) = (pki.path("alice.pem"), pki.path("alice.key"));
+    let as_admin = ["--tls-ca", s(&ca), "--tls-cert", s(&admin), "--tls-key", s(&admin_key)];
+    let as_alice = ["--tls-ca", s(&ca), "--tls-cert", s(&alice), "--tls-key", s(&alice_key)];
+    let addr = |id: u8| cluster.addr(id).to_string();
+    ok(&strand(
+        &addr(2),
+        &["queue", "create", "m", "--partitions", "1", "--replication-factor", "3"],
+        &as_admin,
+    ));
+    // acks=all over RF 3: the followers' fetches went through as brokers.
+    produce(&addr(1), "m", "one\n", &as_admin);
+    let refused = failed(&strand(&addr(3), &["queue", "delete", "m"], &as_alice));
+    assert!(
+        refused.contains("NotAuthorized") && refused.contains("alice"),
+        "{refused}"
+    );
+    ok(&strand(
+        &addr(1),
+        &["acl", "add", "--user", "alice", "--operation", "delete", "--queue", "m"],
+        &as_admin,
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let out = strand(&addr(3), &["queue", "delete", "m"], &as_alice);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A login by password is not how this broker names users.
+    let scram = Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["queue", "list", "--brokers", &addr(1), "--user", "admin"])
+        .args(as_admin)
+        .env("STRAND_PASSWORD", "x")
+        .output()
+        .unwrap();
+    assert!(failed(&scram).contains("certificate"));
+}

@@ -51,6 +51,16 @@ pub struct ConnectionState {
     pub login: std::cell::RefCell<sasl::Login>,
 }
 
+impl ConnectionState {
+    /// A connection's state, its principal already known from its
+    /// certificate (`--auth mtls`) when `principal` is given.
+    pub fn new(principal: Option<crate::auth::Principal>) -> ConnectionState {
+        let state = ConnectionState::default();
+        state.login.borrow_mut().principal = principal;
+        state
+    }
+}
+
 /// Serves one request; `None` when no response is due (produce, acks=0).
 pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut) -> Option<OutFrame> {
     let header = frame.header;

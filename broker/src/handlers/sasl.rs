@@ -57,7 +57,12 @@ pub async fn handshake(
         .mechanism()
         .unwrap_or_default()
         .to_string();
+    let mtls = ServerAuth::of(shard).mode == crate::auth::AuthMode::Mtls;
     let result = match Mechanism::from_name(&asked) {
+        _ if mtls => Err(WireError::new(
+            ErrorCode::InvalidRequest,
+            "this broker names users by their client certificate (--auth mtls): connect without --user",
+        )),
         _ if login.borrow().principal.is_some() => Err(WireError::new(
             ErrorCode::InvalidRequest,
             "this connection is already authenticated",

@@ -163,10 +163,16 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     shard.metrics.connection_opened();
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let mut certified_as = None;
     let stream = match ListenerTls::of(&shard) {
         None => Stream::Plain(stream),
         Some(acceptor) => match accept_tls(&shard, &acceptor, stream, &peer).await {
-            Some(tls) => Stream::Accepted(Box::new(tls)),
+            Some(tls) => {
+                // The client certificate's subject CN (`--auth mtls`).
+                let certificate = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+                certified_as = certificate.and_then(|c| crate::server::tls::subject_common_name(c));
+                Stream::Accepted(Box::new(tls))
+            }
             None => {
                 drop(slot);
                 shard.metrics.connection_closed();
@@ -200,6 +206,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
         to_writer: &to_writer,
         writer_failed: &writer_failed,
         peer: &peer,
+        principal: crate::auth::ServerAuth::of(&shard).certified(certified_as),
     };
     read_requests(&shard, &mut reader, low_water, &budget, &watch, ends, tls).await;
     drop(to_writer);
@@ -412,6 +419,8 @@ struct Ends<'a> {
     to_writer: &'a local_channel::LocalSender<Pending>,
     writer_failed: &'a Cell<bool>,
     peer: &'a str,
+    /// Who the connection is from its certificate (`--auth mtls`).
+    principal: Option<crate::auth::Principal>,
 }
 
 async fn read_requests(
@@ -427,6 +436,7 @@ async fn read_requests(
         to_writer,
         writer_failed,
         peer,
+        principal,
     } = ends;
     let limits = FrameLimits {
         max_frame_bytes: shard.config.max_frame_bytes,
@@ -443,7 +453,7 @@ async fn read_requests(
     let mut reserved: Option<Reservation> = None;
     // This connection's fetch chains (pipelined fetches: handlers::fetch)
     // and the producer ids it brought (handlers::produce).
-    let state = Rc::new(handlers::ConnectionState::default());
+    let state = Rc::new(handlers::ConnectionState::new(principal));
     // Until the first frame: a TLS client on this plaintext listener is
     // closed at its hello, not left waiting for a frame that never ends.
     let mut first = !tls;

@@ -363,38 +363,54 @@ impl Log {
         result
     }
 
-    /// `close` once it holds the I/O lock.
+    /// `close` once it holds the I/O lock. A close that fails part way (a
+    /// full disk: the journal failed under a log not marked failed itself)
+    /// still closes: the log takes nothing more and its cached segment
+    /// files are let go — else a deleted queue's files stayed open and
+    /// their space was not freed until a restart — and the error is
+    /// returned. What it did not write is where a crash would leave it (in
+    /// the journal, or lost unacknowledged), and the next open recovers.
     async fn close_locked(&self) -> Result<()> {
         let _sync = self.lock_sync().await?;
-        if self.inner.state.borrow().failed.is_some() {
+        let result = if self.inner.state.borrow().failed.is_some() {
             self.finish_zeroing().await;
             // Best effort: the next open checks its data against them
             // (and rebuilds what is missing) as after a crash.
             let _ = self.save_epochs_locked().await;
             let _ = self.save_high_watermark().await;
+            Ok(())
         } else {
-            self.write_locked().await?;
-            self.finish_zeroing().await;
-            self.sync_held().await?;
-            // The segment holds everything: the journal need not.
-            self.detach_from_journal().await?;
-            self.persist_index_locked(true).await?;
-            self.save_epochs_locked().await?;
-            // The high watermark as it is now (the next open starts from it).
-            self.save_high_watermark().await?;
-            // The next open then has no batch to note.
-            self.save_producers(true).await?;
-            // Everything above is durable: the next open may trust the
-            // indexes (`Log::open`).
-            checkpoint::write_atomically(&self.inner.dir, CLEAN_CLOSE_FILE, Vec::new(), true).await?;
-        }
+            let clean = self.close_cleanly().await;
+            if clean.is_err() {
+                self.finish_zeroing().await;
+            }
+            clean
+        };
         self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();
         st.closed = true;
         st.cache.clear();
         st.readahead.clear();
         st.last_sync_ms = mono_ms();
-        Ok(())
+        result
+    }
+
+    /// Everything written, synced and checkpointed, marked a clean close.
+    async fn close_cleanly(&self) -> Result<()> {
+        self.write_locked().await?;
+        self.finish_zeroing().await;
+        self.sync_held().await?;
+        // The segment holds everything: the journal need not.
+        self.detach_from_journal().await?;
+        self.persist_index_locked(true).await?;
+        self.save_epochs_locked().await?;
+        // The high watermark as it is now (the next open starts from it).
+        self.save_high_watermark().await?;
+        // The next open then has no batch to note.
+        self.save_producers(true).await?;
+        // Everything above is durable: the next open may trust the
+        // indexes (`Log::open`).
+        checkpoint::write_atomically(&self.inner.dir, CLEAN_CLOSE_FILE, Vec::new(), true).await
     }
 }
 
