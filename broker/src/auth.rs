@@ -40,6 +40,43 @@ pub use crate::config::{AuthMode, DEFAULT_INTER_BROKER_USER};
 
 /// The environment variable with the inter-broker user's password.
 pub const INTER_BROKER_PASSWORD_ENV: &str = "STRAND_INTER_BROKER_PASSWORD";
+/// With `--auth mtls` the other brokers know this one by its certificate's
+/// subject CN, which must be the inter-broker user's name: refused at
+/// start otherwise (the cluster could not form).
+fn check_broker_certificate(config: &crate::config::BrokerConfig, user: &str) -> Result<(), String> {
+    let Some(path) = &config.tls_cert else {
+        return Ok(());
+    };
+    let certs = strand_client::tls::load_certs(path)?;
+    let name = certs.first().and_then(|c| subject_common_name(c));
+    match name {
+        Some(name) if name == user => Ok(()),
+        other => Err(format!(
+            "auth = mtls: {}'s subject CN is {}, not the inter-broker user {user:?} (inter_broker_user): the other \
+             brokers would take this one for a user",
+            path.display(),
+            other.map_or("missing (or not exactly one)".to_string(), |n| format!("{n:?}"))
+        )),
+    }
+}
+
+/// The subject's common name (CN) of a DER certificate (`--auth mtls`:
+/// the connection's principal): only when it has exactly one, in UTF-8
+/// (tools differ on which of several they read).
+pub fn subject_common_name(der: &[u8]) -> Option<String> {
+    use x509_parser::prelude::*;
+    let (_, parsed) = X509Certificate::from_der(der).ok()?;
+    let mut names = parsed.subject().iter_common_name();
+    let cn = names.next()?;
+    if names.next().is_some() {
+        return None;
+    }
+    cn.as_str().ok().map(str::to_string)
+}
+
+/// Keys the inter-broker user's salt (public: a constant, not the password).
+const INTER_BROKER_SALT_KEY: &[u8] = b"strand inter-broker salt";
+
 /// The environment variable with the first superusers' password.
 pub const BOOTSTRAP_PASSWORD_ENV: &str = "STRAND_BOOTSTRAP_PASSWORD";
 
@@ -64,8 +101,9 @@ pub struct ServerAuth {
     /// This broker's login on its peer links, when it has a password.
     pub login: Option<Arc<PeerLogin>>,
     /// Keys the decoy salt an unknown user is shown
-    /// (`strand_net::scram::decoy_salt`): derived from the inter-broker
-    /// password, so every broker shows the same one; random without it.
+    /// (`strand_net::scram::decoy_salt`) until the cluster's own is in the
+    /// table (`MetadataTable::decoy_secret`, the same on every broker):
+    /// random, this process's.
     pub decoy_secret: Vec<u8>,
 }
 
@@ -83,20 +121,24 @@ impl ServerAuth {
             ));
         }
         let user = config.inter_broker_user.clone();
+        if mode == AuthMode::Mtls {
+            check_broker_certificate(config, &user)?;
+        }
         let mut broker_credentials = Vec::new();
         // rand's thread generator is a CSPRNG seeded from the OS.
-        let mut decoy_secret = rand::random::<[u8; 32]>().to_vec();
+        let decoy_secret = rand::random::<[u8; 32]>().to_vec();
         let login = match password {
             Some(password) => {
                 // The same keys and salt on every broker and every start:
-                // the inter-broker user looks like any other user.
+                // the inter-broker user looks like any other user. The
+                // salt is public (anyone may ask for it): derived from the
+                // name, never from the password.
                 for mechanism in Mechanism::ALL {
-                    let salt = strand_net::scram::decoy_salt(password.as_bytes(), mechanism, &user);
+                    let salt = strand_net::scram::decoy_salt(INTER_BROKER_SALT_KEY, mechanism, &user);
                     let c = Credential::derive(mechanism, password.as_bytes(), &salt, DEFAULT_ITERATIONS)
                         .map_err(|e| e.to_string())?;
                     broker_credentials.push(c);
                 }
-                decoy_secret = strand_net::scram::decoy_salt(password.as_bytes(), Mechanism::Sha512, "\0decoy");
                 Some(Arc::new(PeerLogin {
                     user: user.clone(),
                     password: password.into_bytes(),
@@ -112,6 +154,16 @@ impl ServerAuth {
             login,
             decoy_secret,
         })
+    }
+
+    /// The key of unknown users' decoy salts: the cluster's, once the
+    /// table has it, else this process's.
+    pub fn decoy_secret<'a>(&'a self, table: &'a crate::controller::MetadataTable) -> &'a [u8] {
+        if table.decoy_secret.is_empty() {
+            &self.decoy_secret
+        } else {
+            &table.decoy_secret
+        }
     }
 
     /// Installs it on a shard (`Shard::ext`).
@@ -176,7 +228,7 @@ impl ServerAuth {
                 ErrorCode::NotAuthorized,
                 format!(
                     "{}: this broker names users by their client certificate's subject CN, and this \
-                     connection's certificate has none",
+                     connection's certificate has not exactly one readable CN",
                     api.name()
                 ),
             )),
@@ -236,6 +288,7 @@ fn needs(api: Api) -> Needs {
 /// variable still set changes nothing). Shard 0, once the node holds the
 /// table.
 pub async fn bootstrap_superusers(shard: &std::rc::Rc<Shard>, auth: &ServerAuth) {
+    ensure_decoy_secret(shard).await;
     use crate::controller::users::StoredCredential;
     let Some(password) = std::env::var(BOOTSTRAP_PASSWORD_ENV).ok().filter(|p| !p.is_empty()) else {
         if auth.mode == AuthMode::Scram && !shard.table().had_users {
@@ -286,6 +339,22 @@ pub async fn bootstrap_superusers(shard: &std::rc::Rc<Shard>, auth: &ServerAuth)
                 return;
             }
         }
+    }
+}
+
+/// Gives the cluster its decoy-salt key (`Command::SetDecoySecret`: 32
+/// random bytes, applied only while the table has none), so that every
+/// broker shows an unknown name the same salt. Shard 0, at start.
+async fn ensure_decoy_secret(shard: &std::rc::Rc<Shard>) {
+    if !shard.table().decoy_secret.is_empty() {
+        return;
+    }
+    let secret = rand::random::<[u8; 32]>().to_vec();
+    if let Err(e) = shard
+        .propose(crate::controller::Command::SetDecoySecret { secret })
+        .await
+    {
+        tracing::warn!("giving the cluster its decoy-salt key (asked again at the next start): {e}");
     }
 }
 

@@ -267,6 +267,46 @@ fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brok
             {"user": "alice", "operation": "consume", "resource_type": "queue-prefix", "resource_name": "s"},
         ])
     );
+    // The broker's own queues and dead-letter queues are no user's,
+    // whatever an entry says.
+    for (op, flag, name) in [("consume", "--queue-prefix", "_"), ("create", "--cluster", "")] {
+        let mut args = vec!["acl", "add", "--user", "alice", "--operation", op, flag];
+        if !name.is_empty() {
+            args.push(name);
+        }
+        ok(&strand_as(&addr(1), admin, &args, ""));
+    }
+    // (A group's first use makes __groups.)
+    ok(&strand_as(
+        &addr(1),
+        admin,
+        &["consume", "s", "--group", "g", "--from", "earliest", "--max", "1"],
+        "",
+    ));
+    let internal = failed(&strand_as(
+        &addr(1),
+        alice,
+        &["consume", "__groups", "--from", "earliest", "--max", "1"],
+        "",
+    ));
+    assert!(
+        internal.contains("NotAuthorized") && internal.contains("own queues"),
+        "{internal}"
+    );
+    let dlq = failed(&strand_as(
+        &addr(1),
+        alice,
+        &["queue", "create", "s.dlq", "--partitions", "1"],
+        "",
+    ));
+    assert!(dlq.contains("NotAuthorized") && dlq.contains("dead-letter"), "{dlq}");
+    for (op, flag, name) in [("consume", "--queue-prefix", "_"), ("create", "--cluster", "")] {
+        let mut args = vec!["acl", "remove", "--user", "alice", "--operation", op, flag];
+        if !name.is_empty() {
+            args.push(name);
+        }
+        ok(&strand_as(&addr(1), admin, &args, ""));
+    }
     // Still not another queue, nor deleting this one.
     let other = failed(&strand_as(&addr(1), alice, &["produce", "t", "--acks", "all"], "x\n"));
     assert!(other.contains("NotAuthorized"), "{other}");

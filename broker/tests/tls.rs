@@ -386,3 +386,24 @@ fn with_mtls_the_certificate_names_the_user_and_acls_apply() {
         .unwrap();
     assert!(failed(&scram).contains("certificate"));
 }
+
+/// With `--auth mtls` a broker whose certificate does not carry the
+/// inter-broker user's name is refused at start (the others would take it
+/// for a user), in one line naming the file.
+#[test]
+fn with_mtls_a_broker_certificate_must_name_the_inter_broker_user() {
+    let pki = Pki::new();
+    pki.ca("ca", &[("broker", &["127.0.0.1"], FRESH)]);
+    let (cert, key, ca) = (pki.path("broker.pem"), pki.path("broker.key"), pki.path("ca.pem"));
+    let out = serve_command("127.0.0.1:0", &["--cores", "1", "--auth", "mtls"])
+        .args(["--tls-cert", s(&cert), "--tls-key", s(&key), "--tls-client-ca", s(&ca)])
+        .arg("--data-dir")
+        .arg(pki.path("data"))
+        .output()
+        .unwrap();
+    let refused = failed(&out);
+    assert!(
+        refused.contains("broker.pem") && refused.contains("\"broker\"") && refused.contains("strand-broker"),
+        "{refused}"
+    );
+}

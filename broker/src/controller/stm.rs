@@ -328,6 +328,11 @@ pub enum Command {
     RemoveAcl {
         entry: AclEntry,
     },
+    /// The key of unknown users' decoy salts (32 bytes), proposed by a
+    /// broker at start: applies only while the table has none.
+    SetDecoySecret {
+        secret: Vec<u8>,
+    },
     /// The first superusers of a cluster (`--superusers` with
     /// `STRAND_BOOTSTRAP_PASSWORD`, proposed by a broker at start): applies
     /// only while the cluster never held a user, so a later start with the
@@ -606,6 +611,15 @@ impl MetadataStm {
                     .remove(name)
                     .ok_or_else(|| ControllerError::UnknownUser(name.clone()))?;
                 self.table.acls.retain(|a| a.user != *name);
+                Ok(())
+            }
+            Command::SetDecoySecret { secret } => {
+                if secret.len() != 32 {
+                    return Err(ControllerError::InvalidUser("a decoy-salt key of 32 bytes".into()));
+                }
+                if self.table.decoy_secret.is_empty() {
+                    self.table.decoy_secret = secret.clone();
+                }
                 Ok(())
             }
             Command::AddAcl { entry } => {

@@ -269,6 +269,11 @@ pub struct MetadataTable {
     /// Who may do what (`super::acls`), sorted, without repeats.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub acls: Vec<AclEntry>,
+    /// Keys the decoy salt a SCRAM login for an unknown name is shown
+    /// (`strand_net::scram::decoy_salt`): random, set once, the same on
+    /// every broker, so no broker tells a known name from an unknown one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decoy_secret: Vec<u8>,
 }
 
 impl MetadataTable {

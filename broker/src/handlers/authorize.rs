@@ -12,7 +12,12 @@
 //! | Fetch | consume on each queue |
 //! | ListOffsets | describe on each queue |
 //! | JoinGroup, CommitOffsets | consume on the group and on each queue |
-//! | Heartbeat, LeaveGroup, FetchOffsets, Receive, Settle | consume on the group |
+//! | Settle | consume on the group and on each queue it settles |
+//! | Receive | consume on the group; on each queue of the records it hands out (checked on the answer) |
+//! | Heartbeat, LeaveGroup, FetchOffsets | consume on the group |
+//!
+//! The broker's own queues (`__groups`) are no user's, and dead-letter
+//! queues are created only by the broker.
 //! | ResetGroup | consume on the group and the queue |
 //! | DescribeGroup, DeleteGroup | describe, delete on the group |
 //! | node, user and ACL APIs | admin on the cluster |
@@ -43,30 +48,76 @@ impl Named {
 
 /// Refuses `user`'s request to `api` unless `acls` allow all it needs; the
 /// refusal names the first operation and resource missing and how to
-/// grant it.
+/// grant it. The broker's own queues (`__groups`) are no user's, whatever
+/// an entry says, and no user creates a dead-letter queue (`<queue>.dlq`:
+/// the broker does, with the settings it chooses).
 pub fn check(acls: &[AclEntry], user: &str, api: Api, body: &[u8]) -> Result<(), WireError> {
     for (operation, named) in needs(api, body)? {
-        let resource = named.as_resource();
-        let allowed = allows(acls, user, operation, &resource)
-            // A queue may be created under a cluster-wide create.
-            || (operation == Operation::Create && allows(acls, user, operation, &Resource::Cluster));
-        if !allowed {
-            let grant = match &named {
-                Named::Queue(q) => format!("--queue {q}"),
-                Named::Group(g) => format!("--group {g}"),
-                Named::Cluster => "--cluster".into(),
-            };
+        allowed(acls, user, api, operation, &named)?;
+    }
+    Ok(())
+}
+
+/// Refuses a Receive answer that hands out records of a queue `user` may
+/// not consume (another member of the group subscribed to it): the records
+/// stay locked to the member until their lock runs out, then go to
+/// another.
+pub fn check_received<'a>(
+    acls: &[AclEntry],
+    user: &str,
+    queues: impl Iterator<Item = &'a str>,
+) -> Result<(), WireError> {
+    let distinct: std::collections::BTreeSet<&str> = queues.collect();
+    for queue in distinct {
+        allowed(
+            acls,
+            user,
+            Api::Receive,
+            Operation::Consume,
+            &Named::Queue(queue.to_string()),
+        )?;
+    }
+    Ok(())
+}
+
+/// Refuses one (operation, resource) of `user`'s request to `api` unless
+/// `acls` allow it.
+fn allowed(acls: &[AclEntry], user: &str, api: Api, operation: Operation, named: &Named) -> Result<(), WireError> {
+    let resource = named.as_resource();
+    if let Named::Queue(q) = named {
+        let refusal = if crate::groups::is_internal(q) {
+            Some("the broker's own queues are no user's")
+        } else if operation == Operation::Create && q.ends_with(".dlq") {
+            Some("dead-letter queues are created by the broker")
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
             return Err(WireError::new(
                 ErrorCode::NotAuthorized,
-                format!(
-                    "user {user:?} may not {} on {resource} ({}; a superuser can allow it: strand acl add --user \
-                     {user} --operation {} {grant})",
-                    operation.name(),
-                    api.name(),
-                    operation.name()
-                ),
+                format!("user {user:?} may not {} on {resource}: {why}", operation.name()),
             ));
         }
+    }
+    let allowed = allows(acls, user, operation, &resource)
+        // A queue may be created under a cluster-wide create.
+        || (operation == Operation::Create && allows(acls, user, operation, &Resource::Cluster));
+    if !allowed {
+        let grant = match named {
+            Named::Queue(q) => format!("--queue {q}"),
+            Named::Group(g) => format!("--group {g}"),
+            Named::Cluster => "--cluster".into(),
+        };
+        return Err(WireError::new(
+            ErrorCode::NotAuthorized,
+            format!(
+                "user {user:?} may not {} on {resource} ({}; a superuser can allow it: strand acl add --user \
+                 {user} --operation {} {grant})",
+                operation.name(),
+                api.name(),
+                operation.name()
+            ),
+        ));
     }
     Ok(())
 }
@@ -138,7 +189,12 @@ fn needs(api: Api, body: &[u8]) -> Result<Vec<(Operation, Named)>, WireError> {
         Api::LeaveGroup => vec![(Consume, group(request::<LeaveGroupRequest>(body)?.group()))],
         Api::FetchOffsets => vec![(Consume, group(request::<FetchOffsetsRequest>(body)?.group()))],
         Api::Receive => vec![(Consume, group(request::<ReceiveRequest>(body)?.group()))],
-        Api::Settle => vec![(Consume, group(request::<SettleRequest>(body)?.group()))],
+        Api::Settle => {
+            let r = request::<SettleRequest>(body)?;
+            let mut out = vec![(Consume, group(r.group()))];
+            out.extend(each(Consume, r.records().iter().flatten().map(|s| s.queue())));
+            out
+        }
         Api::ResetGroup => {
             let r = request::<ResetGroupRequest>(body)?;
             vec![(Consume, group(r.group())), (Consume, queue(r.queue()))]

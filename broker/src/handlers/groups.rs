@@ -32,7 +32,15 @@ use crate::shard::Shard;
 /// How long another node may take to list its groups.
 const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+/// Serves a group request; `acl_user` is the user whose ACLs decide (its
+/// Receive answers are checked queue by queue: `super::authorize`).
+pub async fn handle(
+    shard: &Rc<Shard>,
+    api: Api,
+    header: FrameHeader,
+    body: &[u8],
+    acl_user: Option<String>,
+) -> Result<OutFrame, WireError> {
     let mut fbb = FlatBufferBuilder::new();
     let mut tail = TailBuilder::default();
     match api {
@@ -68,6 +76,10 @@ pub async fn handle(shard: &Rc<Shard>, api: Api, header: FrameHeader, body: &[u8
             let (group, op) = read_op(api, body)?;
             let p = g::coordinator_partition(shard, &group).await?;
             let reply = coordinator(shard, p, op).await?;
+            if let (Some(user), GroupReply::Received(parts)) = (&acl_user, &reply) {
+                let queues = parts.iter().map(|part| part.tp.0.as_str());
+                super::authorize::check_received(&shard.table().acls, user, queues)?;
+            }
             write_reply(&mut fbb, &mut tail, api, reply)?;
         }
     }

@@ -71,14 +71,15 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
     // Who may call what (`crate::auth`; a user's ACLs, `authorize.rs`):
     // before the handler reads anything.
     let auth = crate::auth::ServerAuth::of(shard);
-    let allowed = {
+    let (allowed, acl_user) = {
         let login = conn.login.borrow();
         let principal = login.principal.as_ref();
-        auth.check(principal, api)
-            .and_then(|()| match auth.acl_user(principal) {
-                Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
-                None => Ok(()),
-            })
+        let acl_user = auth.acl_user(principal);
+        let allowed = auth.check(principal, api).and_then(|()| match acl_user {
+            Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
+            None => Ok(()),
+        });
+        (allowed, acl_user.map(str::to_string))
     };
     if let Err(e) = allowed {
         if e.code == ErrorCode::NotAuthorized {
@@ -134,7 +135,7 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         | Api::ResetGroup
         | Api::DeleteGroup
         | Api::Receive
-        | Api::Settle => groups::handle(shard, api, header, &frame.body).await,
+        | Api::Settle => groups::handle(shard, api, header, &frame.body, acl_user).await,
     };
     Some(result.unwrap_or_else(|e| error_response(header, &e)))
 }

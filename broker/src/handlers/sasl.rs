@@ -130,11 +130,12 @@ fn step(shard: &Rc<Shard>, login: &RefCell<Login>, message: &[u8]) -> Result<Vec
             "SaslAuthenticate before SaslHandshake",
         )),
         Step::Chosen(mechanism) => {
+            let table = shard.table();
             let (exchange, server_first) = ServerExchange::start(
                 mechanism,
                 message,
                 |user| auth.credential(shard, user, mechanism),
-                &auth.decoy_secret,
+                auth.decoy_secret(&table),
             )
             .map_err(failed)?;
             // Users are in the table, which a starting broker may not hold

@@ -170,7 +170,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
             Some(tls) => {
                 // The client certificate's subject CN (`--auth mtls`).
                 let certificate = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
-                certified_as = certificate.and_then(|c| crate::server::tls::subject_common_name(c));
+                certified_as = certificate.and_then(|c| crate::auth::subject_common_name(c));
                 Stream::Accepted(Box::new(tls))
             }
             None => {

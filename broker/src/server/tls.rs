@@ -137,15 +137,6 @@ fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
     Ok(certified)
 }
 
-/// The subject's common name (CN) of a DER certificate, if it has one
-/// (`--auth mtls`: the connection's principal).
-pub fn subject_common_name(der: &[u8]) -> Option<String> {
-    use x509_parser::prelude::*;
-    let (_, parsed) = X509Certificate::from_der(der).ok()?;
-    let cn = parsed.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_string)
-}
-
 /// `Err` naming `path` if the certificate is not valid at this moment.
 fn check_validity(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), String> {
     use x509_parser::prelude::*;

@@ -368,8 +368,9 @@ impl Log {
     /// still closes: the log takes nothing more and its cached segment
     /// files are let go — else a deleted queue's files stayed open and
     /// their space was not freed until a restart — and the error is
-    /// returned. What it did not write is where a crash would leave it (in
-    /// the journal, or lost unacknowledged), and the next open recovers.
+    /// returned. The log is marked failed first, so what only the journal
+    /// holds of it stays replayable until the restart (as after any failed
+    /// write); the next open recovers from the disk and that replay.
     async fn close_locked(&self) -> Result<()> {
         let _sync = self.lock_sync().await?;
         let result = if self.inner.state.borrow().failed.is_some() {
@@ -380,11 +381,15 @@ impl Log {
             let _ = self.save_high_watermark().await;
             Ok(())
         } else {
-            let clean = self.close_cleanly().await;
-            if clean.is_err() {
-                self.finish_zeroing().await;
+            match self.close_cleanly().await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    self.finish_zeroing().await;
+                    // Failed: what only the journal holds of this log stays
+                    // replayable until the restart (`fail`).
+                    Err(self.fail(e))
+                }
             }
-            clean
         };
         self.inner.shard.forget_dir(&self.inner.dir);
         let mut st = self.inner.state.borrow_mut();
