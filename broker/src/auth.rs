@@ -257,9 +257,53 @@ impl ServerAuth {
         }
     }
 
+    /// Whether `user` with `password` (HTTP basic auth on the metrics
+    /// endpoint) is a cluster user that is a superuser or allowed
+    /// `describe` on the cluster: `Err` says which it is not. One PBKDF2
+    /// per check (the endpoint remembers what it checked).
+    pub fn may_read_metrics(
+        &self,
+        table: &crate::controller::MetadataTable,
+        user: &str,
+        password: &str,
+    ) -> Result<(), MetricsRefusal> {
+        let known = table.users.get(user).and_then(|u| {
+            u.credential(Mechanism::Sha256)
+                .or_else(|| u.credential(Mechanism::Sha512))
+        });
+        if !known.is_some_and(|c| c.matches_password(password.as_bytes())) {
+            return Err(MetricsRefusal::Unauthenticated);
+        }
+        self.may_read_metrics_again(table, user)
+    }
+
+    /// [`ServerAuth::may_read_metrics`] for a user whose password was
+    /// checked lately: its rights only.
+    pub fn may_read_metrics_again(
+        &self,
+        table: &crate::controller::MetadataTable,
+        user: &str,
+    ) -> Result<(), MetricsRefusal> {
+        use crate::controller::acls::{allows, Operation, Resource};
+        if self.is_superuser(user) || allows(&table.acls, user, Operation::Describe, &Resource::Cluster) {
+            Ok(())
+        } else {
+            Err(MetricsRefusal::Forbidden)
+        }
+    }
+
     pub fn is_superuser(&self, name: &str) -> bool {
         self.superusers.iter().any(|s| s == name)
     }
+}
+
+/// Why the metrics endpoint refused a scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsRefusal {
+    /// No user, an unknown one, or a wrong password (401).
+    Unauthenticated,
+    /// A user neither superuser nor allowed `describe` on the cluster (403).
+    Forbidden,
 }
 
 /// Who may call an API at all.

@@ -49,6 +49,8 @@
 //! auth = "scram"                       # none, scram or mtls (default: none; must be said off loopback)
 //! superusers = ["admin"]               # users that may manage users and nodes
 //! inter_broker_user = "strand-broker"  # the brokers' own login (password: $STRAND_INTER_BROKER_PASSWORD)
+//! metrics_tls = false                  # the metrics endpoint serves TLS (with tls_cert)
+//! metrics_basic_auth = false           # /metrics needs a cluster user allowed describe on the cluster
 //! ```
 //!
 //! **A cluster.** `controller_voters` names the nodes whose controller
@@ -302,6 +304,13 @@ pub struct BrokerConfig {
     /// The user the brokers log in to one another as (its password is
     /// `$STRAND_INTER_BROKER_PASSWORD`, the same on every broker).
     pub inter_broker_user: String,
+    /// The metrics endpoint serves TLS, with the listener's certificate
+    /// (`tls_cert`).
+    pub metrics_tls: bool,
+    /// `/metrics` needs HTTP basic auth: a cluster user (its SCRAM
+    /// password) that is a superuser or allowed `describe` on the cluster.
+    /// `/health` stays open.
+    pub metrics_basic_auth: bool,
 }
 
 /// The TLS files a broker was started with (`server::tls`).
@@ -405,6 +414,8 @@ impl Default for BrokerConfig {
             auth: None,
             superusers: Vec::new(),
             inter_broker_user: DEFAULT_INTER_BROKER_USER.into(),
+            metrics_tls: false,
+            metrics_basic_auth: false,
         }
     }
 }
@@ -722,6 +733,11 @@ impl BrokerConfig {
                 "user name {bad_name:?} (superusers, inter_broker_user): 1 to {} bytes, no control characters",
                 strand_net::scram::MAX_USER_BYTES
             ));
+        }
+        if self.metrics_tls && self.tls_cert.is_none() {
+            return bad(
+                "metrics_tls needs tls_cert and tls_key (the endpoint serves the listener's certificate)".into(),
+            );
         }
         if self.auth == Some(AuthMode::Mtls) && self.tls_client_ca.is_none() {
             return bad(

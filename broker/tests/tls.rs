@@ -407,3 +407,123 @@ fn with_mtls_a_broker_certificate_must_name_the_inter_broker_user() {
         "{refused}"
     );
 }
+
+/// `GET path` on the metrics endpoint over TLS (trusting `ca`), with
+/// `login` as basic auth: the status and the body.
+fn https_get(addr: std::net::SocketAddr, ca: &Path, path: &str, login: Option<(&str, &str)>) -> (u16, String) {
+    use base64::Engine;
+    use std::io::{Read, Write};
+    let files = strand_client::tls::TlsFiles {
+        ca: Some(ca.to_path_buf()),
+        cert: None,
+        key: None,
+    };
+    let config = files.client_config().unwrap().unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let auth = login.map_or(String::new(), |(u, p)| {
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+        format!("Authorization: Basic {token}\r\n")
+    });
+    write!(tls, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n").unwrap();
+    let mut text = String::new();
+    let _ = tls.read_to_string(&mut text);
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+/// The metrics endpoint with `metrics_tls` and `metrics_basic_auth`: TLS
+/// with the listener's certificate; `/metrics` only for a cluster user that
+/// is a superuser or allowed describe on the cluster (401 without a login
+/// or with a wrong password, 403 for another user); `/health` open.
+#[test]
+fn the_metrics_endpoint_takes_tls_and_basic_auth() {
+    let pki = Pki::new();
+    pki.ca("ca", &[("broker", &["127.0.0.1"], FRESH)]);
+    let ca = pki.path("ca.pem");
+    let settings = pki.write(
+        "broker.toml",
+        &format!(
+            "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"\nauth = \"scram\"\nsuperusers = [\"admin\"]\n\
+             metrics_tls = true\nmetrics_basic_auth = true\n",
+            pki.path("broker.pem").display(),
+            pki.path("broker.key").display(),
+            ca.display()
+        ),
+    );
+    let mut command = serve_command("127.0.0.1:0", &["--cores", "1", "--config", s(&settings)]);
+    command
+        .arg("--data-dir")
+        .arg(pki.path("data"))
+        .env("STRAND_INTER_BROKER_PASSWORD", "brokers")
+        .env("STRAND_BOOTSTRAP_PASSWORD", "admin-pw");
+    let broker = Broker::spawn(command, &pki.path("data"));
+    let metrics = broker.metrics;
+    assert_eq!(https_get(metrics, &ca, "/health", None).0, 200);
+    let (status, text) = https_get(metrics, &ca, "/metrics", None);
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("WWW-Authenticate: Basic"), "{text}");
+    // The first superuser exists once the broker bootstrapped it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, text) = https_get(metrics, &ca, "/metrics", Some(("admin", "admin-pw")));
+        if status == 200 {
+            assert!(text.contains("strand_connections"), "{text}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(https_get(metrics, &ca, "/metrics", Some(("admin", "wrong"))).0, 401);
+    // Another user: forbidden until allowed describe on the cluster.
+    let addr = broker.addr.to_string();
+    let cli = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strand"))
+            .args(args)
+            .args(["--brokers", &addr, "--tls-ca", s(&ca)])
+            .env("STRAND_USER", "admin")
+            .env("STRAND_PASSWORD", "admin-pw")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        ok(&child.wait_with_output().unwrap())
+    };
+    cli(&["user", "create", "prometheus"], "scrape-pw\n");
+    assert_eq!(
+        https_get(metrics, &ca, "/metrics", Some(("prometheus", "scrape-pw"))).0,
+        403
+    );
+    cli(
+        &[
+            "acl",
+            "add",
+            "--user",
+            "prometheus",
+            "--operation",
+            "describe",
+            "--cluster",
+        ],
+        "",
+    );
+    assert_eq!(
+        https_get(metrics, &ca, "/metrics", Some(("prometheus", "scrape-pw"))).0,
+        200
+    );
+    // Plain HTTP gets no HTTP answer from a TLS endpoint.
+    use std::io::{Read, Write};
+    let mut plain = std::net::TcpStream::connect(metrics).unwrap();
+    plain
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    plain.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(!answer.starts_with(b"HTTP"), "{}", String::from_utf8_lossy(&answer));
+}

@@ -177,6 +177,15 @@ impl Credential {
         Credential::derive(mechanism, password, &random_bytes(16), iterations)
     }
 
+    /// Whether `password` is the one this credential was made from (one
+    /// PBKDF2: for a password given in the clear, as HTTP basic auth does).
+    pub fn matches_password(&self, password: &[u8]) -> bool {
+        match Credential::derive(self.mechanism, password, &self.salt, self.iterations) {
+            Ok(derived) => bool::from(derived.stored_key.ct_eq(&self.stored_key)),
+            Err(_) => false,
+        }
+    }
+
     /// Checks the fields' shape (a credential that came over the wire).
     pub fn check(&self) -> Result<(), ScramError> {
         if !(MIN_ITERATIONS..=MAX_ITERATIONS).contains(&self.iterations) {
@@ -660,6 +669,13 @@ mod tests {
             server.finish(format!("c=biws,r={nonce},p=AAAA").as_bytes()),
             Err(ScramError::WrongPassword)
         );
+    }
+
+    #[test]
+    fn a_credential_knows_its_password() {
+        let c = Credential::generate(Mechanism::Sha256, b"pw", MIN_ITERATIONS).unwrap();
+        assert!(c.matches_password(b"pw"));
+        assert!(!c.matches_password(b"pW"));
     }
 
     #[test]

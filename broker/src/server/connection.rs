@@ -231,7 +231,7 @@ impl ListenerTls {
         let _ = shard.ext.get_or_default::<ListenerTls>().0.set(acceptor);
     }
 
-    fn of(shard: &Shard) -> Option<futures_rustls::TlsAcceptor> {
+    pub(crate) fn of(shard: &Shard) -> Option<futures_rustls::TlsAcceptor> {
         shard.ext.get::<ListenerTls>().and_then(|t| t.0.get().cloned())
     }
 }

@@ -2,6 +2,13 @@
 //! and `GET /health` (200 when every shard answers, else 503 with the
 //! reason). Minimal HTTP/1.x: one request per connection, then close.
 //!
+//! With `metrics_tls` it serves TLS with the listener's certificate; with
+//! `metrics_basic_auth`, `/metrics` needs `Authorization: Basic` of a
+//! cluster user (its SCRAM password, checked with one PBKDF2 and then
+//! remembered as a SHA-256 for a minute) that is a superuser or allowed
+//! `describe` on the cluster: 401 without, 403 for another user.
+//! `/health` stays open (liveness probes).
+//!
 //! Runs on: shard 0 (every shard answers its part over the mesh:
 //! `mesh.rs`). Robust to slow or bad clients: a request head must
 //! arrive within 2 s and fit in 8 KiB, at most 64 scrapes are served at
@@ -11,11 +18,25 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::{TcpListener, TcpStream};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::Instant;
 
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpListener;
+
+use crate::auth::{MetricsRefusal, ServerAuth};
+use crate::frame_io::Stream;
 use crate::metrics::{render, ShardSnapshot};
 use crate::shard::Shard;
+
+/// How long a checked basic-auth password is remembered.
+const REMEMBER: Duration = Duration::from_secs(60);
+
+/// Basic-auth passwords checked lately: per user, the SHA-256 of the
+/// password, the StoredKey it matched (a changed password misses) and
+/// when.
+type Checked = RefCell<HashMap<String, (Vec<u8>, Vec<u8>, Instant)>>;
 
 const HEAD_MAX: usize = 8 << 10;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
@@ -26,6 +47,7 @@ const CONCURRENT_MAX: usize = 64;
 pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
     let shard = shard.clone();
     let slots = Rc::new(glommio::sync::Semaphore::new(CONCURRENT_MAX as u64));
+    let checked: Rc<Checked> = Rc::default();
     glommio::spawn_local(async move {
         loop {
             let stream = match listener.accept().await {
@@ -43,9 +65,25 @@ pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
             let Ok(slot) = slots.acquire_static_permit(1).await else {
                 return;
             };
-            let s = shard.clone();
+            let (s, checked) = (shard.clone(), checked.clone());
             glommio::spawn_local(async move {
-                if let Err(e) = serve(&s, stream).await {
+                let stream = match (s.config.metrics_tls, super::connection::ListenerTls::of(&s)) {
+                    (true, Some(acceptor)) => {
+                        match glommio::timer::timeout(HEAD_TIMEOUT, async {
+                            acceptor.accept(stream).await.map_err(glommio::GlommioError::IoError)
+                        })
+                        .await
+                        {
+                            Ok(tls) => Stream::Accepted(Box::new(tls)),
+                            Err(e) => {
+                                tracing::debug!("metrics TLS handshake: {e}");
+                                return;
+                            }
+                        }
+                    }
+                    _ => Stream::Plain(stream),
+                };
+                if let Err(e) = serve(&s, stream, &checked).await {
                     tracing::debug!("metrics request: {e}");
                 }
                 drop(slot);
@@ -57,7 +95,7 @@ pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
 }
 
 /// Reads the request line (within the limits), answers, closes.
-async fn serve(shard: &Rc<Shard>, mut stream: TcpStream) -> Result<(), String> {
+async fn serve(shard: &Rc<Shard>, mut stream: Stream, checked: &Checked) -> Result<(), String> {
     let mut head = Vec::with_capacity(512);
     let read = glommio::timer::timeout(HEAD_TIMEOUT, async {
         let mut buf = [0u8; 1024];
@@ -88,27 +126,26 @@ async fn serve(shard: &Rc<Shard>, mut stream: TcpStream) -> Result<(), String> {
         return respond(&mut stream, 405, "text/plain", "only GET is served\n").await;
     }
     match path.split('?').next().unwrap_or_default() {
-        "/metrics" => {
-            let (snapshots, missing) = gather(shard).await;
-            // Without a shard its counters would seem to fall (and then
-            // jump): no partial answer.
-            if let Some(m) = missing {
-                tracing::warn!("metrics scrape failed: {m}");
-                return respond(&mut stream, 503, "text/plain", &format!("{m}\n")).await;
+        "/metrics" if shard.config.metrics_basic_auth => match scraper(shard, &head, checked) {
+            Err(MetricsRefusal::Unauthenticated) => {
+                let body = "a cluster user's name and password, by HTTP basic auth\n";
+                respond_with(
+                    &mut stream,
+                    401,
+                    "text/plain",
+                    body,
+                    "WWW-Authenticate: Basic realm=\"strand\"\r\n",
+                )
+                .await
             }
-            match render(snapshots) {
-                Ok(text) => {
-                    respond(
-                        &mut stream,
-                        200,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        &text,
-                    )
-                    .await
-                }
-                Err(e) => respond(&mut stream, 500, "text/plain", &format!("{e}\n")).await,
+            Err(MetricsRefusal::Forbidden) => {
+                let body =
+                    "this user may not read metrics: a superuser, or strand acl add --operation describe --cluster\n";
+                respond(&mut stream, 403, "text/plain", body).await
             }
-        }
+            Ok(()) => metrics(shard, &mut stream).await,
+        },
+        "/metrics" => metrics(shard, &mut stream).await,
         "/health" => {
             let (_, missing) = gather(shard).await;
             match missing {
@@ -164,9 +201,85 @@ async fn gather(shard: &Rc<Shard>) -> (Vec<ShardSnapshot>, Option<String>) {
     (all, missing)
 }
 
-async fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &str) -> Result<(), String> {
+/// Whether the request `head`'s basic auth names a user that may read
+/// metrics (see the module doc).
+fn scraper(shard: &Shard, head: &[u8], checked: &Checked) -> Result<(), MetricsRefusal> {
+    use base64::Engine;
+    let head = String::from_utf8_lossy(head);
+    let given = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("authorization"))
+        .and_then(|(_, value)| value.trim().strip_prefix("Basic "))
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or(MetricsRefusal::Unauthenticated)?;
+    let (user, password) = given.split_once(':').ok_or(MetricsRefusal::Unauthenticated)?;
+    let table = shard.table();
+    let auth = ServerAuth::of(shard);
+    let digest = ring::digest::digest(&ring::digest::SHA256, password.as_bytes())
+        .as_ref()
+        .to_vec();
+    let stored = table
+        .users
+        .get(user)
+        .and_then(|u| u.credentials.first())
+        .map(|c| c.stored_key.clone())
+        .unwrap_or_default();
+    let remembered = checked
+        .borrow()
+        .get(user)
+        .is_some_and(|(d, s, at)| *d == digest && *s == stored && at.elapsed() < REMEMBER);
+    if !remembered {
+        auth.may_read_metrics(&table, user, password)?;
+        checked
+            .borrow_mut()
+            .insert(user.to_string(), (digest, stored, Instant::now()));
+        return Ok(());
+    }
+    // The password was checked; the user's rights may have changed.
+    auth.may_read_metrics_again(&table, user)
+}
+
+/// `GET /metrics`: every shard's snapshot, rendered.
+async fn metrics(shard: &Rc<Shard>, stream: &mut Stream) -> Result<(), String> {
+    let (snapshots, missing) = gather(shard).await;
+    // Without a shard its counters would seem to fall (and then jump):
+    // no partial answer.
+    if let Some(m) = missing {
+        tracing::warn!("metrics scrape failed: {m}");
+        return respond(stream, 503, "text/plain", &format!("{m}\n")).await;
+    }
+    match render(snapshots) {
+        Ok(text) => {
+            respond(
+                stream,
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                &text,
+            )
+            .await
+        }
+        Err(e) => respond(stream, 500, "text/plain", &format!("{e}\n")).await,
+    }
+}
+
+async fn respond(stream: &mut Stream, status: u16, content_type: &str, body: &str) -> Result<(), String> {
+    respond_with(stream, status, content_type, body, "").await
+}
+
+/// An answer with `extra` header lines (each ending in CRLF).
+async fn respond_with(
+    stream: &mut Stream,
+    status: u16,
+    content_type: &str,
+    body: &str,
+    extra: &str,
+) -> Result<(), String> {
     let reason = match status {
         200 => "OK",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
@@ -175,7 +288,7 @@ async fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: 
         _ => "Service Unavailable",
     };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
         body.len()
     );
     let write = async {
