@@ -271,7 +271,17 @@ impl ServerAuth {
             u.credential(Mechanism::Sha256)
                 .or_else(|| u.credential(Mechanism::Sha512))
         });
-        if !known.is_some_and(|c| c.matches_password(password.as_bytes())) {
+        let matched = match known {
+            Some(c) => c.matches_password(password.as_bytes()),
+            // As long as a known user's check: the time does not tell
+            // which names exist.
+            None => {
+                let salt = strand_net::scram::decoy_salt(&self.decoy_secret, Mechanism::Sha256, user);
+                let _ = Credential::derive(Mechanism::Sha256, password.as_bytes(), &salt, DEFAULT_ITERATIONS);
+                false
+            }
+        };
+        if !matched {
             return Err(MetricsRefusal::Unauthenticated);
         }
         self.may_read_metrics_again(table, user)
@@ -304,6 +314,9 @@ pub enum MetricsRefusal {
     Unauthenticated,
     /// A user neither superuser nor allowed `describe` on the cluster (403).
     Forbidden,
+    /// A password check too soon after the last (429; see
+    /// `server::metrics_http`).
+    Busy,
 }
 
 /// Who may call an API at all.

@@ -734,6 +734,13 @@ impl BrokerConfig {
                 strand_net::scram::MAX_USER_BYTES
             ));
         }
+        if self.metrics_basic_auth && !self.metrics_tls {
+            return bad(
+                "metrics_basic_auth needs metrics_tls: basic auth sends the password as it is, so the endpoint \
+                 must serve TLS"
+                    .into(),
+            );
+        }
         if self.metrics_tls && self.tls_cert.is_none() {
             return bad(
                 "metrics_tls needs tls_cert and tls_key (the endpoint serves the listener's certificate)".into(),
@@ -973,6 +980,12 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("control"));
+        // Basic auth only over TLS.
+        std::fs::write(&file, "metrics_basic_auth = true\n").unwrap();
+        let e = BrokerConfig::load(Some(&file), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("metrics_tls"), "{e}");
     }
 
     #[test]

@@ -28,6 +28,9 @@ use crate::error::ClientError;
 pub const USER_ENV: &str = "STRAND_USER";
 /// The environment variable the CLI reads the password from (never a flag).
 pub const PASSWORD_ENV: &str = "STRAND_PASSWORD";
+/// Or the file whose first line is the password (kept off the process's
+/// environment and command line, e.g. by an Ansible play).
+pub const PASSWORD_FILE_ENV: &str = "STRAND_PASSWORD_FILE";
 
 /// A user and password to log in with.
 #[derive(Clone)]
@@ -68,10 +71,22 @@ impl Credentials {
                 _ => return Ok(None),
             },
         };
-        let password = std::env::var(PASSWORD_ENV).unwrap_or_default();
+        let mut password = std::env::var(PASSWORD_ENV).unwrap_or_default();
+        if password.is_empty() {
+            if let Some(path) = std::env::var_os(PASSWORD_FILE_ENV).filter(|p| !p.is_empty()) {
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    ClientError::Invalid(format!(
+                        "reading the password from {} (${PASSWORD_FILE_ENV}): {e}",
+                        std::path::Path::new(&path).display()
+                    ))
+                })?;
+                password = text.lines().next().unwrap_or_default().to_string();
+            }
+        }
         if password.is_empty() {
             return Err(ClientError::Invalid(format!(
-                "user {user:?} needs its password in ${PASSWORD_ENV} (passwords are never taken as flags)"
+                "user {user:?} needs its password in ${PASSWORD_ENV} or a file named by ${PASSWORD_FILE_ENV} \
+                 (passwords are never taken as flags)"
             )));
         }
         Ok(Some(Credentials::new(&user, &password)))

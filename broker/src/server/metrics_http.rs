@@ -6,7 +6,9 @@
 //! `metrics_basic_auth`, `/metrics` needs `Authorization: Basic` of a
 //! cluster user (its SCRAM password, checked with one PBKDF2 and then
 //! remembered as a SHA-256 for a minute) that is a superuser or allowed
-//! `describe` on the cluster: 401 without, 403 for another user.
+//! `describe` on the cluster: 401 without, 403 for another user, 429 when
+//! password checks would take more than a tenth of shard 0's time (an
+//! unknown name costs a check too). It needs `metrics_tls`.
 //! `/health` stays open (liveness probes).
 //!
 //! Runs on: shard 0 (every shard answers its part over the mesh:
@@ -38,6 +40,19 @@ const REMEMBER: Duration = Duration::from_secs(60);
 /// when.
 type Checked = RefCell<HashMap<String, (Vec<u8>, Vec<u8>, Instant)>>;
 
+/// Password checks (each a PBKDF2 on shard 0, which also serves clients
+/// and the controller) take at most a tenth of the shard's time: after a
+/// check that took `t`, none starts for `9 t`; a scrape that comes sooner
+/// is answered 429 without one.
+const CHECK_DUTY: u32 = 10;
+
+/// When the next password check may start.
+#[derive(Default)]
+struct Checks {
+    remembered: Checked,
+    next: std::cell::Cell<Option<Instant>>,
+}
+
 const HEAD_MAX: usize = 8 << 10;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 const SHARD_TIMEOUT: Duration = Duration::from_secs(1);
@@ -47,7 +62,7 @@ const CONCURRENT_MAX: usize = 64;
 pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
     let shard = shard.clone();
     let slots = Rc::new(glommio::sync::Semaphore::new(CONCURRENT_MAX as u64));
-    let checked: Rc<Checked> = Rc::default();
+    let checked: Rc<Checks> = Rc::default();
     glommio::spawn_local(async move {
         loop {
             let stream = match listener.accept().await {
@@ -81,7 +96,11 @@ pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
                             }
                         }
                     }
-                    _ => Stream::Plain(stream),
+                    (true, None) => {
+                        tracing::warn!("metrics_tls is set but the listener has no TLS: closing the scrape");
+                        return;
+                    }
+                    (false, _) => Stream::Plain(stream),
                 };
                 if let Err(e) = serve(&s, stream, &checked).await {
                     tracing::debug!("metrics request: {e}");
@@ -95,7 +114,7 @@ pub fn start(shard: &Rc<Shard>, listener: TcpListener) {
 }
 
 /// Reads the request line (within the limits), answers, closes.
-async fn serve(shard: &Rc<Shard>, mut stream: Stream, checked: &Checked) -> Result<(), String> {
+async fn serve(shard: &Rc<Shard>, mut stream: Stream, checked: &Checks) -> Result<(), String> {
     let mut head = Vec::with_capacity(512);
     let read = glommio::timer::timeout(HEAD_TIMEOUT, async {
         let mut buf = [0u8; 1024];
@@ -135,6 +154,15 @@ async fn serve(shard: &Rc<Shard>, mut stream: Stream, checked: &Checked) -> Resu
                     "text/plain",
                     body,
                     "WWW-Authenticate: Basic realm=\"strand\"\r\n",
+                )
+                .await
+            }
+            Err(MetricsRefusal::Busy) => {
+                respond(
+                    &mut stream,
+                    429,
+                    "text/plain",
+                    "too many password checks: try again in a moment\n",
                 )
                 .await
             }
@@ -203,14 +231,17 @@ async fn gather(shard: &Rc<Shard>) -> (Vec<ShardSnapshot>, Option<String>) {
 
 /// Whether the request `head`'s basic auth names a user that may read
 /// metrics (see the module doc).
-fn scraper(shard: &Shard, head: &[u8], checked: &Checked) -> Result<(), MetricsRefusal> {
+fn scraper(shard: &Shard, head: &[u8], checks: &Checks) -> Result<(), MetricsRefusal> {
     use base64::Engine;
     let head = String::from_utf8_lossy(head);
     let given = head
         .lines()
         .filter_map(|l| l.split_once(':'))
         .find(|(name, _)| name.trim().eq_ignore_ascii_case("authorization"))
-        .and_then(|(_, value)| value.trim().strip_prefix("Basic "))
+        .and_then(|(_, value)| {
+            let (scheme, token) = value.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("basic").then_some(token)
+        })
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
         .and_then(|b| String::from_utf8(b).ok())
         .ok_or(MetricsRefusal::Unauthenticated)?;
@@ -226,13 +257,21 @@ fn scraper(shard: &Shard, head: &[u8], checked: &Checked) -> Result<(), MetricsR
         .and_then(|u| u.credentials.first())
         .map(|c| c.stored_key.clone())
         .unwrap_or_default();
-    let remembered = checked
+    let remembered = checks
+        .remembered
         .borrow()
         .get(user)
         .is_some_and(|(d, s, at)| *d == digest && *s == stored && at.elapsed() < REMEMBER);
     if !remembered {
-        auth.may_read_metrics(&table, user, password)?;
-        checked
+        let now = Instant::now();
+        if checks.next.get().is_some_and(|next| now < next) {
+            return Err(MetricsRefusal::Busy);
+        }
+        let checked = auth.may_read_metrics(&table, user, password);
+        checks.next.set(Some(Instant::now() + now.elapsed() * (CHECK_DUTY - 1)));
+        checked?;
+        checks
+            .remembered
             .borrow_mut()
             .insert(user.to_string(), (digest, stored, Instant::now()));
         return Ok(());
@@ -279,6 +318,7 @@ async fn respond_with(
     let reason = match status {
         200 => "OK",
         401 => "Unauthorized",
+        429 => "Too Many Requests",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
