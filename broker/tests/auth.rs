@@ -144,7 +144,7 @@ fn controller_call(client: &mut Client) -> ErrorCode {
 
 #[test]
 fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brokers() {
-    let cluster = Cluster::start_with_env(
+    let mut cluster = Cluster::start_with_env(
         3,
         "auth = \"scram\"\nsuperusers = [\"admin\"]\n",
         &[
@@ -414,6 +414,25 @@ fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brok
         assert!(std::time::Instant::now() < deadline, "alice still logs in");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+
+    // The leader the forged fetches were sent to dies: every acknowledged
+    // record is on the replica that takes over (the forged fetch moved no
+    // high watermark).
+    let survivor = addr(if leader == 1 { 2 } else { 1 });
+    cluster.kill9(leader);
+    let read = ok(&strand_as(
+        &survivor,
+        admin,
+        &["consume", "s", "--from", "earliest", "--idle-exit-ms", "5000"],
+        "",
+    ));
+    for i in 0..50 {
+        assert!(
+            read.lines().any(|l| l == format!("record-{i}")),
+            "record-{i} lost: {read}"
+        );
+    }
+    assert_eq!(read.lines().filter(|l| *l == "from-alice").count(), 3, "{read}");
 }
 
 #[test]
