@@ -15,7 +15,8 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use common::cluster::Cluster;
-use common::{failed, ok, scrape, serve_command, value, Client};
+use common::{failed, ok, scrape, serve_command, until_ok, value, Client};
+use std::time::Duration;
 use strand_net::message::{body, TailBuilder};
 use strand_net::scram::{ClientExchange, Mechanism};
 use strand_wire::flatbuffers::FlatBufferBuilder;
@@ -156,19 +157,9 @@ fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brok
     let admin = Some(("admin", BOOTSTRAP));
     // The first superuser exists once the cluster started (any node's
     // bootstrap may have made it); replication runs over logged-in links.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let out = strand_as(&addr(1), admin, &["queue", "list"], "");
-        if out.status.success() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    until_ok(Duration::from_secs(30), Duration::from_millis(200), || {
+        strand_as(&addr(1), admin, &["queue", "list"], "")
+    });
     ok(&strand_as(
         &addr(2),
         admin,

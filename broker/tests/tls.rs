@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::cluster::Cluster;
-use common::{failed, ok, serve_command, Broker};
+use common::{failed, ok, serve_command, until_ok, Broker};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use std::time::Duration;
 
 /// A CA and what it signed, written as PEM files in a directory.
 struct Pki {
@@ -260,19 +261,9 @@ fn a_certificate_rotated_by_sighup_is_served_to_new_connections() {
     std::fs::copy(pki.path("rotated.pem"), pki.path("broker.pem")).unwrap();
     std::fs::copy(pki.path("rotated.key"), pki.path("broker.key")).unwrap();
     broker.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let out = strand(&addr, &["queue", "list"], &["--tls-ca", s(&next)]);
-        if out.status.success() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    until_ok(Duration::from_secs(10), Duration::from_millis(100), || {
+        strand(&addr, &["queue", "list"], &["--tls-ca", s(&next)])
+    });
 }
 
 #[test]
@@ -364,19 +355,9 @@ fn with_mtls_the_certificate_names_the_user_and_acls_apply() {
         &["acl", "add", "--user", "alice", "--operation", "delete", "--queue", "m"],
         &as_admin,
     ));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let out = strand(&addr(3), &["queue", "delete", "m"], &as_alice);
-        if out.status.success() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    until_ok(Duration::from_secs(5), Duration::from_millis(50), || {
+        strand(&addr(3), &["queue", "delete", "m"], &as_alice)
+    });
     // A login by password is not how this broker names users.
     let scram = Command::new(env!("CARGO_BIN_EXE_strand"))
         .args(["queue", "list", "--brokers", &addr(1), "--user", "admin"])

@@ -27,6 +27,20 @@ pub fn ok(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `run` every `every` until its command succeeds, failing with its
+/// last stderr once `within` has passed; returns its stdout.
+pub fn until_ok(within: Duration, every: Duration, mut run: impl FnMut() -> std::process::Output) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let out = run();
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(Instant::now() < deadline, "{}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(every);
+    }
+}
+
 /// A finished command's stderr, asserting it failed.
 pub fn failed(out: &std::process::Output) -> String {
     assert!(
