@@ -32,7 +32,6 @@ use std::sync::Arc;
 use strand_net::scram::{Credential, Mechanism, DEFAULT_ITERATIONS};
 use strand_wire::{Api, ErrorCode};
 
-use crate::frame_io::PeerLogin;
 use crate::shard::messages::WireError;
 use crate::shard::Shard;
 
@@ -40,6 +39,11 @@ pub use crate::config::{AuthMode, DEFAULT_INTER_BROKER_USER};
 
 /// The environment variable with the inter-broker user's password.
 pub const INTER_BROKER_PASSWORD_ENV: &str = "STRAND_INTER_BROKER_PASSWORD";
+/// The environment variable with the first superusers' password.
+pub const BOOTSTRAP_PASSWORD_ENV: &str = "STRAND_BOOTSTRAP_PASSWORD";
+/// Keys the inter-broker user's salt (public: a constant, not the password).
+const INTER_BROKER_SALT_KEY: &[u8] = b"strand inter-broker salt";
+
 /// With `--auth mtls` the other brokers know this one by its certificate's
 /// subject CN, which must be the inter-broker user's name: refused at
 /// start otherwise (the cluster could not form).
@@ -74,12 +78,6 @@ pub fn subject_common_name(der: &[u8]) -> Option<String> {
     cn.as_str().ok().map(str::to_string)
 }
 
-/// Keys the inter-broker user's salt (public: a constant, not the password).
-const INTER_BROKER_SALT_KEY: &[u8] = b"strand inter-broker salt";
-
-/// The environment variable with the first superusers' password.
-pub const BOOTSTRAP_PASSWORD_ENV: &str = "STRAND_BOOTSTRAP_PASSWORD";
-
 /// Who an authenticated connection is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Principal {
@@ -99,7 +97,7 @@ pub struct ServerAuth {
     /// from its password), when it has one.
     broker_credentials: Vec<Credential>,
     /// This broker's login on its peer links, when it has a password.
-    pub login: Option<Arc<PeerLogin>>,
+    pub login: Option<strand_client::sasl::Credentials>,
     /// Keys the decoy salt an unknown user is shown
     /// (`strand_net::scram::decoy_salt`) until the cluster's own is in the
     /// table (`MetadataTable::decoy_secret`, the same on every broker):
@@ -139,10 +137,7 @@ impl ServerAuth {
                         .map_err(|e| e.to_string())?;
                     broker_credentials.push(c);
                 }
-                Some(Arc::new(PeerLogin {
-                    user: user.clone(),
-                    password: password.into_bytes(),
-                }))
+                Some(strand_client::sasl::Credentials::new(&user, &password))
             }
             None => None,
         };

@@ -27,32 +27,11 @@ impl std::fmt::Debug for PeerTls {
 #[derive(Clone, Debug, Default)]
 pub struct PeerSecurity {
     pub tls: Option<PeerTls>,
-    pub login: Option<std::sync::Arc<PeerLogin>>,
+    /// The inter-broker user and its password.
+    pub login: Option<strand_client::sasl::Credentials>,
     /// This broker requires logins (`--auth scram`): a link whose login the
     /// peer refuses fails. Otherwise it goes on unauthenticated.
     pub required: bool,
-}
-
-/// A broker's own login on its peer links (the inter-broker user,
-/// `crate::auth`).
-pub struct PeerLogin {
-    pub user: String,
-    pub password: Vec<u8>,
-}
-
-impl std::fmt::Debug for PeerLogin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The password is not for logs.
-        f.debug_struct("PeerLogin")
-            .field("user", &self.user)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for PeerLogin {
-    fn drop(&mut self) {
-        self.password.fill(0);
-    }
 }
 
 /// A broker's socket: plain, or a TLS session over it (`server::tls`) as
@@ -99,11 +78,38 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Writes `out` whole, then flushes.
-pub async fn write_frame<W: AsyncWrite + Unpin>(stream: &mut W, out: &OutFrame) -> std::io::Result<()> {
-    stream.write_all(&out.head).await?;
-    for piece in &out.tail {
-        stream.write_all(piece).await?;
+/// Writes `out` whole, then flushes. With `staging` (a TLS stream) the
+/// frame is first copied into it and written at once: rustls makes a
+/// record of each write and the stream sends it, so a fetch answer of many
+/// batches would otherwise cost a record and a send per batch (the copy
+/// costs little beside the encryption, which reads every byte anyway). The
+/// staging buffer keeps at most [`STAGING_KEEP`] between frames.
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    stream: &mut W,
+    out: &OutFrame,
+    staging: Option<&mut Vec<u8>>,
+) -> std::io::Result<()> {
+    match staging {
+        None => {
+            stream.write_all(&out.head).await?;
+            for piece in &out.tail {
+                stream.write_all(piece).await?;
+            }
+        }
+        Some(staging) => {
+            staging.clear();
+            out.copy_into(staging);
+            let written = stream.write_all(staging).await;
+            staging.clear();
+            if staging.capacity() > STAGING_KEEP {
+                *staging = Vec::new();
+            }
+            written?;
+        }
     }
     stream.flush().await
 }
+
+/// Most a TLS staging buffer keeps between frames (a larger frame's room is
+/// let go after it).
+pub const STAGING_KEEP: usize = 1 << 20;

@@ -258,8 +258,8 @@ impl Connection {
         // Logged in before anything else is sent (`crate::sasl`).
         if let Some(credentials) = crate::sasl::default_credentials() {
             let due = connect_timeout.max(LOGIN_TIMEOUT);
-            let login = crate::sasl::exchange(&credentials, |api, body| {
-                conn.request_within(api, &body, TailBuilder::default(), due)
+            let login = crate::sasl::exchange(&credentials, async |api: Api, body: Vec<u8>| {
+                conn.request_within(api, &body, TailBuilder::default(), due).await
             });
             if let Err(e) = crate::block_on(login) {
                 conn.abandon("the login failed");
@@ -485,7 +485,11 @@ fn handshake(
                 })
             }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                let hint = match e.to_string().contains("certificate") {
+                let certificate = e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    .is_some_and(|tls| matches!(tls, rustls::Error::InvalidCertificate(_)));
+                let hint = match certificate {
                     true => {
                         " (is the CA given the one that signed the broker's certificate, and does the \
                              certificate name the host or IP address connected to?)"
@@ -666,8 +670,10 @@ fn read_loop(stream: TcpStream, pending: Pending, addr: String, busy_poll: Durat
         let mut got = None;
         let into = match tls {
             Some(_) => {
+                // The frame's rest is on its way sealed (a little more,
+                // with the records' overhead): as few reads as plaintext.
                 sealed.clear();
-                sealed.reserve(READ_CHUNK);
+                sealed.reserve(needed.saturating_sub(buf.len()).clamp(READ_CHUNK, READ_GROW));
                 &mut sealed
             }
             None => &mut buf,

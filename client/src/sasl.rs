@@ -147,11 +147,10 @@ pub fn authenticate_answer(frame: &Frame) -> Result<Vec<u8>, ClientError> {
 /// broker's signature checked. A SCRAM failure on this side (a broker
 /// without the user's keys, a malformed message) is
 /// `ClientError::Authentication`.
-pub async fn exchange<F, Fut>(credentials: &Credentials, mut call: F) -> Result<(), ClientError>
-where
-    F: FnMut(Api, Vec<u8>) -> Fut,
-    Fut: std::future::Future<Output = Result<Frame, ClientError>>,
-{
+pub async fn exchange(
+    credentials: &Credentials,
+    mut call: impl AsyncFnMut(Api, Vec<u8>) -> Result<Frame, ClientError>,
+) -> Result<(), ClientError> {
     let failed = |e: strand_net::scram::ScramError| ClientError::Authentication(e.to_string());
     handshake_answer(&call(Api::SaslHandshake, handshake_request(credentials.mechanism)).await?)?;
     let (mut scram, first) = ClientExchange::start(credentials.mechanism, &credentials.user, &credentials.password);

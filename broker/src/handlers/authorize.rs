@@ -15,12 +15,13 @@
 //! | Settle | consume on the group and on each queue it settles |
 //! | Receive | consume on the group; on each queue of the records it hands out (checked on the answer) |
 //! | Heartbeat, LeaveGroup, FetchOffsets | consume on the group |
-//!
-//! The broker's own queues (`__groups`) are no user's, and dead-letter
-//! queues are created only by the broker.
 //! | ResetGroup | consume on the group and the queue |
 //! | DescribeGroup, DeleteGroup | describe, delete on the group |
 //! | node, user and ACL APIs | admin on the cluster |
+//!
+//! The broker's own queues (`__groups`) are no user's, and dead-letter
+//! queues are created only by the broker. The names are borrowed from the
+//! request body: checking allocates no copy of them.
 
 use strand_wire::*;
 
@@ -28,32 +29,14 @@ use super::request;
 use crate::controller::acls::{allows, AclEntry, Operation, Resource};
 use crate::shard::messages::WireError;
 
-/// A resource a request names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Named {
-    Queue(String),
-    Group(String),
-    Cluster,
-}
-
-impl Named {
-    fn as_resource(&self) -> Resource<'_> {
-        match self {
-            Named::Queue(q) => Resource::Queue(q),
-            Named::Group(g) => Resource::Group(g),
-            Named::Cluster => Resource::Cluster,
-        }
-    }
-}
-
 /// Refuses `user`'s request to `api` unless `acls` allow all it needs; the
 /// refusal names the first operation and resource missing and how to
 /// grant it. The broker's own queues (`__groups`) are no user's, whatever
 /// an entry says, and no user creates a dead-letter queue (`<queue>.dlq`:
 /// the broker does, with the settings it chooses).
 pub fn check(acls: &[AclEntry], user: &str, api: Api, body: &[u8]) -> Result<(), WireError> {
-    for (operation, named) in needs(api, body)? {
-        allowed(acls, user, api, operation, &named)?;
+    for (operation, resource) in needs(api, body)? {
+        allowed(acls, user, api, operation, resource)?;
     }
     Ok(())
 }
@@ -67,24 +50,22 @@ pub fn check_received<'a>(
     user: &str,
     queues: impl Iterator<Item = &'a str>,
 ) -> Result<(), WireError> {
-    let distinct: std::collections::BTreeSet<&str> = queues.collect();
-    for queue in distinct {
-        allowed(
-            acls,
-            user,
-            Api::Receive,
-            Operation::Consume,
-            &Named::Queue(queue.to_string()),
-        )?;
+    for (operation, resource) in each(Operation::Consume, queues.map(Some)) {
+        allowed(acls, user, Api::Receive, operation, resource)?;
     }
     Ok(())
 }
 
 /// Refuses one (operation, resource) of `user`'s request to `api` unless
 /// `acls` allow it.
-fn allowed(acls: &[AclEntry], user: &str, api: Api, operation: Operation, named: &Named) -> Result<(), WireError> {
-    let resource = named.as_resource();
-    if let Named::Queue(q) = named {
+fn allowed(
+    acls: &[AclEntry],
+    user: &str,
+    api: Api,
+    operation: Operation,
+    resource: Resource<'_>,
+) -> Result<(), WireError> {
+    if let Resource::Queue(q) = resource {
         let refusal = if crate::groups::is_internal(q) {
             Some("the broker's own queues are no user's")
         } else if operation == Operation::Create && q.ends_with(".dlq") {
@@ -103,10 +84,10 @@ fn allowed(acls: &[AclEntry], user: &str, api: Api, operation: Operation, named:
         // A queue may be created under a cluster-wide create.
         || (operation == Operation::Create && allows(acls, user, operation, &Resource::Cluster));
     if !allowed {
-        let grant = match named {
-            Named::Queue(q) => format!("--queue {q}"),
-            Named::Group(g) => format!("--group {g}"),
-            Named::Cluster => "--cluster".into(),
+        let grant = match resource {
+            Resource::Queue(q) => format!("--queue {q}"),
+            Resource::Group(g) => format!("--group {g}"),
+            Resource::Cluster => "--cluster".into(),
         };
         return Err(WireError::new(
             ErrorCode::NotAuthorized,
@@ -123,10 +104,14 @@ fn allowed(acls: &[AclEntry], user: &str, api: Api, operation: Operation, named:
 }
 
 /// The pairs `api`'s request in `body` needs allowed.
-fn needs(api: Api, body: &[u8]) -> Result<Vec<(Operation, Named)>, WireError> {
+fn needs(api: Api, body: &[u8]) -> Result<Vec<(Operation, Resource<'_>)>, WireError> {
     use Operation::*;
-    let queue = |n: Option<&str>| Named::Queue(n.unwrap_or_default().to_string());
-    let group = |n: Option<&str>| Named::Group(n.unwrap_or_default().to_string());
+    fn queue(n: Option<&str>) -> Resource<'_> {
+        Resource::Queue(n.unwrap_or_default())
+    }
+    fn group(n: Option<&str>) -> Resource<'_> {
+        Resource::Group(n.unwrap_or_default())
+    }
     Ok(match api {
         Api::ApiVersions
         | Api::SaslHandshake
@@ -135,7 +120,7 @@ fn needs(api: Api, body: &[u8]) -> Result<Vec<(Operation, Named)>, WireError> {
         | Api::ListGroups
         | Api::DescribeBroker => Vec::new(),
         // Brokers only (`crate::auth` refuses users before this).
-        Api::Controller | Api::ReplicaFetch => vec![(Admin, Named::Cluster)],
+        Api::Controller | Api::ReplicaFetch => vec![(Admin, Resource::Cluster)],
         Api::DrainBroker
         | Api::DecommissionBroker
         | Api::ReassignPartition
@@ -144,7 +129,7 @@ fn needs(api: Api, body: &[u8]) -> Result<Vec<(Operation, Named)>, WireError> {
         | Api::DeleteUser
         | Api::ListUsers
         | Api::AlterAcls
-        | Api::ListAcls => vec![(Admin, Named::Cluster)],
+        | Api::ListAcls => vec![(Admin, Resource::Cluster)],
         Api::CreateQueue => vec![(Create, queue(request::<CreateQueueRequest>(body)?.name()))],
         Api::DeleteQueue => vec![(Delete, queue(request::<DeleteQueueRequest>(body)?.name()))],
         Api::AlterQueue => vec![(Alter, queue(request::<AlterQueueRequest>(body)?.name()))],
@@ -206,10 +191,10 @@ fn needs(api: Api, body: &[u8]) -> Result<Vec<(Operation, Named)>, WireError> {
 
 /// `operation` on each named queue, once each (a request may name one
 /// queue per partition: up to `PARTITIONS_PER_REQUEST_MAX`).
-fn each<'a>(operation: Operation, names: impl Iterator<Item = Option<&'a str>>) -> Vec<(Operation, Named)> {
+fn each<'a>(operation: Operation, names: impl Iterator<Item = Option<&'a str>>) -> Vec<(Operation, Resource<'a>)> {
     let distinct: std::collections::BTreeSet<&str> = names.map(Option::unwrap_or_default).collect();
     distinct
         .into_iter()
-        .map(|name| (operation, Named::Queue(name.to_string())))
+        .map(|name| (operation, Resource::Queue(name)))
         .collect()
 }

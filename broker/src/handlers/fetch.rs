@@ -224,13 +224,7 @@ pub async fn handle(
     let (wants, max_wait, min_bytes, max_bytes) = {
         let req = request::<FetchRequest>(body)?;
         let mut wants = Vec::new();
-        super::check_entries(
-            req.queues()
-                .iter()
-                .flatten()
-                .map(|q| q.partitions().map_or(0, |p| p.len()))
-                .sum(),
-        )?;
+        super::check_entries(super::partitions_named!(req))?;
         for q in req.queues().iter().flatten() {
             let queue = super::named_queue(q.name())?;
             for p in q.partitions().iter().flatten() {

@@ -32,8 +32,8 @@ use crate::shard::Shard;
 /// How long another node may take to list its groups.
 const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves a group request; `acl_user` is the user whose ACLs decide (its
-/// Receive answers are checked queue by queue: `super::authorize`).
+/// Serves a group request; `acl_user`, for a Receive, is the user whose
+/// ACLs decide (its answer is checked queue by queue: `super::authorize`).
 pub async fn handle(
     shard: &Rc<Shard>,
     api: Api,

@@ -18,13 +18,7 @@ pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Resu
     let mut wants = Vec::new();
     {
         let req = request::<ListOffsetsRequest>(body)?;
-        super::check_entries(
-            req.queues()
-                .iter()
-                .flatten()
-                .map(|q| q.partitions().map_or(0, |p| p.len()))
-                .sum(),
-        )?;
+        super::check_entries(super::partitions_named!(req))?;
         for q in req.queues().iter().flatten() {
             let queue = super::named_queue(q.name())?;
             for p in q.partitions().iter().flatten() {

@@ -41,8 +41,10 @@ use crate::shard::messages::WireError;
 use crate::shard::Shard;
 
 /// What one client connection remembers between its requests.
-#[derive(Default)]
 pub struct ConnectionState {
+    /// The node's authentication settings (taken once per connection, not
+    /// looked up per request).
+    auth: std::sync::Arc<crate::auth::ServerAuth>,
     /// Its pipelined fetches (`fetch.rs`).
     pub fetch: fetch::FetchChains,
     /// The producer ids it brought to each partition (`produce.rs`).
@@ -52,12 +54,18 @@ pub struct ConnectionState {
 }
 
 impl ConnectionState {
-    /// A connection's state, its principal already known from its
-    /// certificate (`--auth mtls`) when `principal` is given.
-    pub fn new(principal: Option<crate::auth::Principal>) -> ConnectionState {
-        let state = ConnectionState::default();
-        state.login.borrow_mut().principal = principal;
-        state
+    /// A connection's state under `auth`; its principal already known from
+    /// its certificate (`--auth mtls`) when `principal` is given.
+    pub fn new(
+        auth: std::sync::Arc<crate::auth::ServerAuth>,
+        principal: Option<crate::auth::Principal>,
+    ) -> ConnectionState {
+        ConnectionState {
+            auth,
+            fetch: fetch::FetchChains::default(),
+            producers: produce::NewProducers::default(),
+            login: std::cell::RefCell::new(sasl::Login::new(principal)),
+        }
     }
 }
 
@@ -70,8 +78,8 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
     };
     // Who may call what (`crate::auth`; a user's ACLs, `authorize.rs`):
     // before the handler reads anything.
-    let auth = crate::auth::ServerAuth::of(shard);
-    let (allowed, acl_user) = {
+    let auth = &conn.auth;
+    let (allowed, receiver) = {
         let login = conn.login.borrow();
         let principal = login.principal.as_ref();
         let acl_user = auth.acl_user(principal);
@@ -79,7 +87,10 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
             Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
             None => Ok(()),
         });
-        (allowed, acl_user.map(str::to_string))
+        // A Receive answer is checked too (`groups.rs`): its user outlives
+        // the borrow.
+        let receiver = acl_user.filter(|_| api == Api::Receive).map(str::to_string);
+        (allowed, receiver)
     };
     if let Err(e) = allowed {
         if e.code == ErrorCode::NotAuthorized {
@@ -135,7 +146,7 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         | Api::ResetGroup
         | Api::DeleteGroup
         | Api::Receive
-        | Api::Settle => groups::handle(shard, api, header, &frame.body, acl_user).await,
+        | Api::Settle => groups::handle(shard, api, header, &frame.body, receiver).await,
     };
     Some(result.unwrap_or_else(|e| error_response(header, &e)))
 }
@@ -177,6 +188,20 @@ fn named_queue(name: Option<&str>) -> Result<String, WireError> {
     }
     Ok(name.to_string())
 }
+
+/// How many partitions a request's `queues` vector names, from the body's
+/// vector lengths (nothing built): for [`check_entries`]. The request
+/// tables differ in type but share the shape `queues[].partitions[]`.
+macro_rules! partitions_named {
+    ($req:expr) => {
+        $req.queues()
+            .iter()
+            .flatten()
+            .map(|q| q.partitions().map_or(0, |p| p.len()))
+            .sum::<usize>()
+    };
+}
+pub(crate) use partitions_named;
 
 /// Refuses a request naming more partitions than [`PARTITIONS_PER_REQUEST_MAX`]
 /// (counted from the body's vector lengths, before anything is built).

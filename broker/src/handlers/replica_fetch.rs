@@ -47,13 +47,7 @@ pub(crate) fn parse(body: &[u8], max_frame_bytes: u32) -> Result<(Vec<Want>, Dur
         let req = request::<ReplicaFetchRequest>(body)?;
         let replica = req.replica_id();
         let mut wants = Vec::new();
-        super::check_entries(
-            req.queues()
-                .iter()
-                .flatten()
-                .map(|q| q.partitions().map_or(0, |p| p.len()))
-                .sum(),
-        )?;
+        super::check_entries(super::partitions_named!(req))?;
         for q in req.queues().iter().flatten() {
             let queue = super::named_queue(q.name())?;
             for p in q.partitions().iter().flatten() {

@@ -36,6 +36,16 @@ pub struct Login {
     step: Step,
 }
 
+impl Login {
+    /// Logged in already as `principal` (its certificate named it), or not.
+    pub fn new(principal: Option<Principal>) -> Login {
+        Login {
+            principal,
+            step: Step::Idle,
+        }
+    }
+}
+
 #[derive(Default)]
 enum Step {
     /// No exchange begun.

@@ -80,6 +80,9 @@ struct Inner {
 struct Conn {
     /// Taken out while a call writes (under the write lock).
     writer: RefCell<Option<WriteHalf<Stream>>>,
+    /// Through TLS: where a frame is gathered to be written at once
+    /// (`frame_io::write_frame`); taken out with the writer.
+    staging: RefCell<Option<Vec<u8>>>,
     waiting: Rc<Waiting>,
     /// Cleared by the reader when the connection fails.
     alive: Rc<Cell<bool>>,
@@ -177,7 +180,10 @@ impl PeerLink {
                     message: "the connection's writer is gone".into(),
                 });
             };
-            match before(deadline, crate::frame_io::write_frame(writer, &out)).await {
+            let mut staging = waiter.conn.staging.borrow_mut().take();
+            let written = before(deadline, crate::frame_io::write_frame(writer, &out, staging.as_mut())).await;
+            *waiter.conn.staging.borrow_mut() = staging;
+            match written {
                 Some(Ok(())) => write.finish(),
                 None => return Err(timed_out()),
                 Some(Err(e)) => {
@@ -239,12 +245,13 @@ impl PeerLink {
                 }
             }
         };
+        let mut read = BytesMut::with_capacity(READ_CHUNK);
         if let Some(login) = &self.inner.security.login {
             let failed = |message: String| PeerError::Unreachable {
                 addr,
                 message: format!("logging in as {:?}: {message}", login.user),
             };
-            match before(deadline, log_in(&mut stream, login, self.inner.limits)).await {
+            match before(deadline, log_in(&mut stream, login, self.inner.limits, &mut read)).await {
                 Some(Ok(())) => {}
                 // While this broker requires no login, a peer that takes
                 // none yet (authentication being turned on, one broker at a
@@ -261,6 +268,7 @@ impl PeerLink {
         let alive = Rc::new(Cell::new(true));
         let task = glommio::spawn_local(read_responses(
             reader,
+            read,
             waiting.clone(),
             alive.clone(),
             self.inner.limits,
@@ -268,6 +276,7 @@ impl PeerLink {
         ));
         let conn = Rc::new(Conn {
             writer: RefCell::new(Some(writer)),
+            staging: RefCell::new(self.inner.security.tls.as_ref().map(|_| Vec::new())),
             waiting,
             alive,
             _reader: task,
@@ -326,55 +335,41 @@ impl Drop for UnfinishedWrite<'_> {
 /// Bytes read from the socket at a time (at least).
 const READ_CHUNK: usize = 64 << 10;
 
-/// Reads responses until the connection fails, handing each to the call
-/// waiting for its correlation id (none waits for a call that gave up).
 /// Logs in as the inter-broker user on a new connection, before its first
-/// call (`crate::auth`): SCRAM-SHA-512, three requests each answered
-/// before the next (`strand_client::sasl` builds and reads them).
+/// call (`crate::auth`): `strand_client::sasl::exchange`, each request
+/// answered before the next. What was read past the last answer stays in
+/// `buf` for the connection's reader.
 async fn log_in(
     stream: &mut Stream,
-    login: &crate::frame_io::PeerLogin,
+    credentials: &strand_client::sasl::Credentials,
     limits: FrameLimits,
+    buf: &mut BytesMut,
 ) -> Result<(), LoginFailed> {
-    use strand_client::sasl;
-    use strand_net::scram::{ClientExchange, Mechanism};
-    let mechanism = Mechanism::Sha512;
-    let mut buf = BytesMut::new();
+    use strand_client::ClientError;
     let mut chunk = vec![0u8; 4096];
     let mut id = 0;
-    let broken = LoginFailed::Broken;
-    let mut call = async |api: Api, body: Vec<u8>| -> Result<Frame, LoginFailed> {
+    // A broken connection is `Io`; anything else the peer answered.
+    let broken = |message: String| ClientError::Io {
+        addr: String::new(),
+        message,
+    };
+    let call = async |api: Api, body: Vec<u8>| -> Result<Frame, ClientError> {
         id += 1;
         let out = OutFrame::request(api, id, &body, TailBuilder::default());
-        crate::frame_io::write_frame(stream, &out)
+        crate::frame_io::write_frame(stream, &out, None)
             .await
             .map_err(|e| broken(format!("writing: {e}")))?;
-        loop {
-            let decoded = frame::decode(&mut buf, limits).map_err(|e| broken(format!("a malformed frame: {e}")))?;
-            if let Some(frame) = decoded {
-                return Ok(frame);
-            }
-            match stream.read(&mut chunk).await {
-                Ok(0) => return Err(broken("the peer closed the connection".into())),
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) => return Err(broken(format!("reading: {e}"))),
-            }
-        }
+        next_frame(stream, buf, &mut chunk, limits).await.map_err(broken)
     };
-    // The peer answered, and refused (a wrong password, a peer that does
-    // not know the API or has no inter-broker keys): the stream is still
-    // in step.
-    let refused = |e: strand_client::ClientError| LoginFailed::Refused(e.to_string());
-    let scram_failed = |e: strand_net::scram::ScramError| LoginFailed::Refused(e.to_string());
-    let frame = call(Api::SaslHandshake, sasl::handshake_request(mechanism)).await?;
-    sasl::handshake_answer(&frame).map_err(refused)?;
-    let (mut scram, first) = ClientExchange::start(mechanism, &login.user, &login.password);
-    let frame = call(Api::SaslAuthenticate, sasl::authenticate_request(&first)).await?;
-    let server_first = sasl::authenticate_answer(&frame).map_err(refused)?;
-    let last = scram.final_message(&server_first).map_err(scram_failed)?;
-    let frame = call(Api::SaslAuthenticate, sasl::authenticate_request(&last)).await?;
-    let server_final = sasl::authenticate_answer(&frame).map_err(refused)?;
-    scram.verify(&server_final).map_err(scram_failed)
+    strand_client::sasl::exchange(credentials, call)
+        .await
+        .map_err(|e| match e {
+            ClientError::Io { message, .. } => LoginFailed::Broken(message),
+            // The peer answered, and refused (a wrong password, a peer that
+            // does not know the API or has no inter-broker keys): the
+            // stream is still in step.
+            refused => LoginFailed::Refused(refused.to_string()),
+        })
 }
 
 /// Why a peer link's login failed.
@@ -386,31 +381,49 @@ enum LoginFailed {
     Broken(String),
 }
 
+/// The next whole frame from `stream`; `buf` holds what was read past it.
+/// `Err` says why there is none (the connection is done for).
+async fn next_frame<R: futures_lite::AsyncRead + Unpin>(
+    stream: &mut R,
+    buf: &mut BytesMut,
+    chunk: &mut [u8],
+    limits: FrameLimits,
+) -> Result<Frame, String> {
+    loop {
+        match frame::decode(buf, limits) {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(format!("a malformed frame: {e}")),
+        }
+        match stream.read(chunk).await {
+            Ok(0) => return Err("the peer closed the connection".to_string()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(format!("reading: {e}")),
+        }
+    }
+}
+
+/// Reads responses until the connection fails, handing each to the call
+/// waiting for its correlation id (none waits for a call that gave up);
+/// `buf` holds what was read before (past the login).
 async fn read_responses(
     mut reader: ReadHalf<Stream>,
+    mut buf: BytesMut,
     waiting: Rc<Waiting>,
     alive: Rc<Cell<bool>>,
     limits: FrameLimits,
     addr: SocketAddr,
 ) {
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut chunk = vec![0u8; READ_CHUNK];
     let why = loop {
-        match frame::decode(&mut buf, limits) {
-            Ok(Some(f)) => {
+        match next_frame(&mut reader, &mut buf, &mut chunk, limits).await {
+            Ok(f) => {
                 let waiter = waiting.borrow_mut().remove(&f.header.correlation_id);
                 if let Some(tx) = waiter {
                     let _ = tx.send(Ok(f));
                 }
-                continue;
             }
-            Ok(None) => {}
-            Err(e) => break format!("a malformed frame: {e}"),
-        }
-        match reader.read(&mut chunk).await {
-            Ok(0) => break "the peer closed the connection".to_string(),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => break format!("reading: {e}"),
+            Err(why) => break why,
         }
     };
     tracing::debug!(%addr, "peer link closed: {why}");
@@ -462,7 +475,7 @@ mod tests {
                             let (out, close) = answer(std::mem::take(&mut got));
                             for f in out {
                                 let o = OutFrame::new(f.header, &f.body, TailBuilder::default());
-                                if crate::frame_io::write_frame(&mut w, &o).await.is_err() {
+                                if crate::frame_io::write_frame(&mut w, &o, None).await.is_err() {
                                     return;
                                 }
                             }

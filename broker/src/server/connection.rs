@@ -197,7 +197,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     let writer_failed = Rc::new(Cell::new(false));
     let failed = writer_failed.clone();
     let peer_w = peer.clone();
-    let writing = glommio::spawn_local(write_responses(writer, responses, failed, peer_w));
+    let writing = glommio::spawn_local(write_responses(writer, responses, failed, peer_w, tls));
     let budget = Budget {
         connection: Rc::new(Semaphore::new(shard.config.connection_in_flight_bytes)),
         shard: RequestMemory::of(&shard),
@@ -206,7 +206,8 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
         to_writer: &to_writer,
         writer_failed: &writer_failed,
         peer: &peer,
-        principal: crate::auth::ServerAuth::of(&shard).certified(certified_as),
+        auth: crate::auth::ServerAuth::of(&shard),
+        certified_as,
     };
     read_requests(&shard, &mut reader, low_water, &budget, &watch, ends, tls).await;
     drop(to_writer);
@@ -267,7 +268,7 @@ async fn accept_tls(
         .await;
         match peeked {
             Some(Ok(0)) | Some(Err(_)) => return None,
-            Some(Ok(n)) if n >= 6 || n == head.len() => break n,
+            Some(Ok(n)) if n >= 6 => break n,
             // A hello in pieces: look again, less and less often.
             Some(Ok(_)) => {
                 glommio::timer::sleep(backoff).await;
@@ -290,11 +291,11 @@ async fn accept_tls(
                     .to_string(),
             );
             let (mut reader, mut writer) = futures_lite::io::split(stream);
-            let _ = crate::frame_io::write_frame(&mut writer, &out).await;
+            let _ = crate::frame_io::write_frame(&mut writer, &out, None).await;
             // Take in what the client sent (a little, briefly) so that
             // closing sends a FIN after the answer rather than a reset
             // that may overtake it.
-            let mut sink = vec![0u8; 64 << 10];
+            let mut sink = vec![0u8; 4 << 10];
             let _ = futures_lite::future::or(
                 async {
                     let _ = reader.read(&mut sink).await;
@@ -335,10 +336,13 @@ async fn write_responses(
     responses: local_channel::LocalReceiver<Pending>,
     failed: Rc<Cell<bool>>,
     peer: String,
+    tls: bool,
 ) {
     let mut carried: Option<Pending> = None;
     let mut together: Vec<OutFrame> = Vec::new();
     let mut gathered: Vec<u8> = Vec::new();
+    // Through TLS a response alone is copied too (`frame_io::write_frame`).
+    let mut staging: Option<Vec<u8>> = tls.then(Vec::new);
     loop {
         let next = match carried.take() {
             Some(next) => next,
@@ -378,10 +382,10 @@ async fn write_responses(
                 }
             }
         }
-        // Alone, a response is written as it is (its batches uncopied);
-        // several are copied into one buffer, for one send.
+        // Alone, a response is written as it is (its batches uncopied, but
+        // through TLS); several are copied into one buffer, for one send.
         let result = match together.as_slice() {
-            [alone] => crate::frame_io::write_frame(&mut writer, alone).await,
+            [alone] => crate::frame_io::write_frame(&mut writer, alone, staging.as_mut()).await,
             several => {
                 gathered.clear();
                 for out in several {
@@ -419,8 +423,10 @@ struct Ends<'a> {
     to_writer: &'a local_channel::LocalSender<Pending>,
     writer_failed: &'a Cell<bool>,
     peer: &'a str,
-    /// Who the connection is from its certificate (`--auth mtls`).
-    principal: Option<crate::auth::Principal>,
+    /// The node's authentication settings.
+    auth: std::sync::Arc<crate::auth::ServerAuth>,
+    /// Its client certificate's subject CN (`--auth mtls`: its principal).
+    certified_as: Option<String>,
 }
 
 async fn read_requests(
@@ -436,7 +442,8 @@ async fn read_requests(
         to_writer,
         writer_failed,
         peer,
-        principal,
+        auth,
+        certified_as,
     } = ends;
     let limits = FrameLimits {
         max_frame_bytes: shard.config.max_frame_bytes,
@@ -453,7 +460,8 @@ async fn read_requests(
     let mut reserved: Option<Reservation> = None;
     // This connection's fetch chains (pipelined fetches: handlers::fetch)
     // and the producer ids it brought (handlers::produce).
-    let state = Rc::new(handlers::ConnectionState::new(principal));
+    let principal = auth.certified(certified_as);
+    let state = Rc::new(handlers::ConnectionState::new(auth, principal));
     // Until the first frame: a TLS client on this plaintext listener is
     // closed at its hello, not left waiting for a frame that never ends.
     let mut first = !tls;

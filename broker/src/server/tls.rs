@@ -95,7 +95,7 @@ impl ServerTls {
             .peer_ca
             .as_ref()
             .or(files.client_ca.as_ref())
-            .ok_or("no CA for the other brokers' certificates (BrokerConfig::validate requires one)")?;
+            .ok_or("no CA for the other brokers' certificates (give --tls-ca or --tls-client-ca)")?;
         let client = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
