@@ -4,14 +4,22 @@
 //! (SASL SCRAM-SHA-256 or -512: `SaslHandshake`, then two
 //! `SaslAuthenticate` messages, `handlers::sasl`) before any API other than
 //! those three and `ApiVersions`. The user is then its [`Principal`]:
-//! - [`Principal::Broker`]: the other brokers, which log in on every peer
-//!   link as the inter-broker user (`inter_broker_user`, default
-//!   `strand-broker`, with the password every broker is given in
-//!   `$STRAND_INTER_BROKER_PASSWORD`; checked against the key each broker
-//!   derives from it at start, not against the users table, so it works
-//!   before the controller has a table). Only it may call the internal APIs
-//!   (`Controller`, `ReplicaFetch`): a client that sends a replica fetch
-//!   naming an in-sync follower can no longer move the high watermark.
+//! - [`Principal::Broker`]: the other brokers. Broker N logs in on every
+//!   peer link as `<inter_broker_user>.N` (`inter_broker_user`, default
+//!   `strand-broker`: `strand-broker.3` for node 3) with the password every
+//!   broker is given in `$STRAND_INTER_BROKER_PASSWORD`, checked against the
+//!   key each broker derives from it at start, not against the users table,
+//!   so it works before the controller has a table. The SCRAM proof covers
+//!   the name, so the login says which node it is; only a broker may call
+//!   the internal APIs (`Controller`, `ReplicaFetch`), and only about
+//!   itself ([`Principal::node`]): a replica fetch's replica id, a lease
+//!   renewal's broker id, a Raft message's sender, an ISR change's leader
+//!   must be the logged-in node's (`handlers::replica_fetch`,
+//!   `controller::node::Controller::serve`). A client that sends a replica
+//!   fetch naming an in-sync follower can no longer move the high
+//!   watermark. Every broker knows the one password, so with SCRAM a
+//!   broker that is taken over can still log in as another; per-broker
+//!   certificates (`--auth mtls`) bind each node's id to its own key.
 //! - [`Principal::User`]: a user of the controller's table
 //!   (`controller::users`). Superusers (`--superusers`) may do anything
 //!   but the internal APIs; any other user what its ACLs allow
@@ -19,8 +27,8 @@
 //!
 //! With `--auth mtls` there is no login: the listener requires a client
 //! certificate (`--tls-client-ca`), and its subject's common name is the
-//! principal — the inter-broker user's name for the brokers' own
-//! certificates, which they present on their links.
+//! principal — `<inter_broker_user>.N` for broker N's own certificate,
+//! which it presents on its links (checked at start against `node_id`).
 //!
 //! With `--auth none` (the default on a loopback address; elsewhere it must
 //! be said) nothing is required, as before, and a client may still log in.
@@ -32,10 +40,11 @@ use std::sync::Arc;
 use strand_net::scram::{Credential, Mechanism, DEFAULT_ITERATIONS};
 use strand_wire::{Api, ErrorCode};
 
+use crate::controller::NodeId;
 use crate::shard::messages::WireError;
 use crate::shard::Shard;
 
-pub use crate::config::{AuthMode, DEFAULT_INTER_BROKER_USER};
+pub use crate::config::{broker_login, broker_login_node, is_broker_name, AuthMode, DEFAULT_INTER_BROKER_USER};
 
 /// The environment variable with the inter-broker user's password.
 pub const INTER_BROKER_PASSWORD_ENV: &str = "STRAND_INTER_BROKER_PASSWORD";
@@ -45,19 +54,20 @@ pub const BOOTSTRAP_PASSWORD_ENV: &str = "STRAND_BOOTSTRAP_PASSWORD";
 const INTER_BROKER_SALT_KEY: &[u8] = b"strand inter-broker salt";
 
 /// With `--auth mtls` the other brokers know this one by its certificate's
-/// subject CN, which must be the inter-broker user's name: refused at
-/// start otherwise (the cluster could not form).
+/// subject CN, which must be its login name (`<inter_broker_user>.<node_id>`):
+/// refused at start otherwise (the cluster could not form).
 fn check_broker_certificate(config: &crate::config::BrokerConfig, user: &str) -> Result<(), String> {
     let Some(path) = &config.tls_cert else {
         return Ok(());
     };
     let certs = strand_client::tls::load_certs(path)?;
     let name = certs.first().and_then(|c| subject_common_name(c));
+    let expected = broker_login(user, config.node_id);
     match name {
-        Some(name) if name == user => Ok(()),
+        Some(name) if name == expected => Ok(()),
         other => Err(format!(
-            "auth = mtls: {}'s subject CN is {}, not the inter-broker user {user:?} (inter_broker_user): the other \
-             brokers would take this one for a user",
+            "auth = mtls: {}'s subject CN is {}, not {expected:?} (inter_broker_user \".\" node_id): the other \
+             brokers know a broker by its certificate's name",
             path.display(),
             other.map_or("missing (or not exactly one)".to_string(), |n| format!("{n:?}"))
         )),
@@ -81,10 +91,28 @@ pub fn subject_common_name(der: &[u8]) -> Option<String> {
 /// Who an authenticated connection is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Principal {
-    /// Another broker of the cluster.
-    Broker,
+    /// A broker of the cluster: the node its login or certificate named.
+    Broker(NodeId),
     /// A user of the cluster's table.
     User(String),
+}
+
+impl Principal {
+    /// The node a broker principal is.
+    pub fn node(&self) -> Option<NodeId> {
+        match self {
+            Principal::Broker(node) => Some(*node),
+            Principal::User(_) => None,
+        }
+    }
+}
+
+/// Checks that an internal call about broker `claimed` (a replica fetch's
+/// replica, a lease renewal's broker, a Raft message's sender) comes from
+/// that broker: `caller` is the logged-in broker (none: `--auth none`,
+/// where nothing is checked).
+pub fn check_sent_by(caller: Option<NodeId>, claimed: NodeId, what: &str) -> Result<(), WireError> {
+    crate::controller::network::sent_by(caller, claimed, what).map_err(|e| WireError::new(ErrorCode::NotAuthorized, e))
 }
 
 /// The node's authentication settings, shared by its shards.
@@ -96,7 +124,8 @@ pub struct ServerAuth {
     /// The inter-broker user's keys, one per mechanism (derived at start
     /// from its password), when it has one.
     broker_credentials: Vec<Credential>,
-    /// This broker's login on its peer links, when it has a password.
+    /// This broker's login on its peer links (as
+    /// `<inter_broker_user>.<node_id>`), when it has a password.
     pub login: Option<strand_client::sasl::Credentials>,
     /// Keys the decoy salt an unknown user is shown
     /// (`strand_net::scram::decoy_salt`) until the cluster's own is in the
@@ -137,7 +166,10 @@ impl ServerAuth {
                         .map_err(|e| e.to_string())?;
                     broker_credentials.push(c);
                 }
-                Some(strand_client::sasl::Credentials::new(&user, &password))
+                Some(strand_client::sasl::Credentials::new(
+                    &broker_login(&user, config.node_id),
+                    &password,
+                ))
             }
             None => None,
         };
@@ -176,10 +208,13 @@ impl ServerAuth {
             .clone()
     }
 
-    /// `user`'s credential for `mechanism`: the inter-broker user's from
-    /// this node's settings, any other from the table.
+    /// `user`'s credential for `mechanism`: a broker's login's (every
+    /// `<inter_broker_user>.N` shares the inter-broker user's keys; the
+    /// SCRAM proof covers the name) from this node's settings, any other
+    /// from the table. The bare inter-broker user logs in as no one.
     pub fn credential(&self, shard: &Shard, user: &str, mechanism: Mechanism) -> Option<Credential> {
-        if user == self.inter_broker_user {
+        if is_broker_name(&self.inter_broker_user, user) {
+            broker_login_node(&self.inter_broker_user, user)?;
             return self
                 .broker_credentials
                 .iter()
@@ -201,11 +236,15 @@ impl ServerAuth {
 
     /// Who `user`, just authenticated, is.
     pub fn principal(&self, user: String) -> Principal {
-        if user == self.inter_broker_user {
-            Principal::Broker
-        } else {
-            Principal::User(user)
+        match broker_login_node(&self.inter_broker_user, &user) {
+            Some(node) => Principal::Broker(node),
+            None => Principal::User(user),
         }
+    }
+
+    /// Whether `user` is a broker's login name.
+    pub fn is_broker_login(&self, user: &str) -> bool {
+        broker_login_node(&self.inter_broker_user, user).is_some()
     }
 
     /// Whether `principal` may call `api` at all: the login a listener
@@ -433,7 +472,7 @@ mod tests {
         let root = Principal::User("root".into());
         for api in Api::ALL {
             let need = needs(api);
-            assert_eq!(auth.check(Some(&Principal::Broker), api), Ok(()), "{api:?}");
+            assert_eq!(auth.check(Some(&Principal::Broker(2)), api), Ok(()), "{api:?}");
             assert_eq!(auth.check(None, api).is_ok(), need == Needs::Anyone, "{api:?}");
             assert_eq!(auth.check(Some(&user), api).is_ok(), need != Needs::Broker, "{api:?}");
             assert_eq!(auth.check(Some(&root), api).is_ok(), need != Needs::Broker, "{api:?}");
@@ -441,7 +480,7 @@ mod tests {
         // ACLs decide for users, not for superusers or brokers.
         assert_eq!(auth.acl_user(Some(&user)), Some("alice"));
         assert_eq!(auth.acl_user(Some(&root)), None);
-        assert_eq!(auth.acl_user(Some(&Principal::Broker)), None);
+        assert_eq!(auth.acl_user(Some(&Principal::Broker(2))), None);
         let refused = auth.check(Some(&user), Api::ReplicaFetch).unwrap_err();
         assert_eq!(refused.code, ErrorCode::NotAuthorized);
         assert!(refused.message.contains("alice") && refused.message.contains("ReplicaFetch"));
@@ -457,5 +496,46 @@ mod tests {
         assert!(auth.check(Some(&user), Api::Controller).is_err());
         assert_eq!(auth.check(Some(&user), Api::DrainBroker), Ok(()));
         assert_eq!(auth.acl_user(Some(&user)), None, "no ACLs without --auth scram");
+    }
+
+    #[test]
+    fn a_broker_login_names_its_node_and_only_that_spelling_does() {
+        let auth = scram();
+        assert_eq!(broker_login("strand-broker", 3), "strand-broker.3");
+        assert_eq!(auth.principal("strand-broker.3".into()), Principal::Broker(3));
+        assert_eq!(auth.principal("strand-broker.3".into()).node(), Some(3));
+        for not_a_broker in [
+            "strand-broker",
+            "strand-broker.",
+            "strand-broker.03",
+            "strand-broker.+3",
+            "strand-broker.x",
+            "strand-broker3",
+            "other.3",
+        ] {
+            assert_eq!(broker_login_node("strand-broker", not_a_broker), None, "{not_a_broker}");
+        }
+        // No user may take a broker's name, the bare one included.
+        for taken in ["strand-broker", "strand-broker.3", "strand-broker.x"] {
+            assert!(is_broker_name("strand-broker", taken), "{taken}");
+        }
+        assert!(!is_broker_name("strand-broker", "strand-brokers"));
+        assert_eq!(
+            auth.principal("strand-broker".into()),
+            Principal::User("strand-broker".into())
+        );
+    }
+
+    #[test]
+    fn a_broker_speaks_only_for_itself() {
+        assert_eq!(check_sent_by(Some(2), 2, "a replica fetch"), Ok(()));
+        let refused = check_sent_by(Some(2), 1, "a replica fetch").unwrap_err();
+        assert_eq!(refused.code, ErrorCode::NotAuthorized);
+        assert!(
+            refused.message.contains("broker 2") && refused.message.contains("broker 1"),
+            "{refused:?}"
+        );
+        // --auth none: no logged-in broker, nothing to check.
+        assert_eq!(check_sent_by(None, 1, "a replica fetch"), Ok(()));
     }
 }

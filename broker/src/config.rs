@@ -301,8 +301,10 @@ pub struct BrokerConfig {
     pub auth: Option<AuthMode>,
     /// Users that may manage users and nodes.
     pub superusers: Vec<String>,
-    /// The user the brokers log in to one another as (its password is
-    /// `$STRAND_INTER_BROKER_PASSWORD`, the same on every broker).
+    /// The user the brokers log in to one another as, broker N as
+    /// `<inter_broker_user>.N` (its password is
+    /// `$STRAND_INTER_BROKER_PASSWORD`, the same on every broker; with
+    /// `auth = mtls`, broker N's certificate's CN).
     pub inter_broker_user: String,
     /// The metrics endpoint serves TLS, with the listener's certificate
     /// (`tls_cert`).
@@ -311,6 +313,26 @@ pub struct BrokerConfig {
     /// password) that is a superuser or allowed `describe` on the cluster.
     /// `/health` stays open.
     pub metrics_basic_auth: bool,
+}
+
+/// Broker `node`'s login name: `<inter_broker_user>.<node>`.
+pub fn broker_login(inter_broker_user: &str, node: u64) -> String {
+    format!("{inter_broker_user}.{node}")
+}
+
+/// The node a broker login name names (`<inter_broker_user>.<node>`, the
+/// node in decimal without leading zeros), or none: not a broker's name.
+pub fn broker_login_node(inter_broker_user: &str, name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(inter_broker_user)?.strip_prefix('.')?;
+    let node: u64 = digits.parse().ok()?;
+    // One spelling per node: "+3" and "03" are not broker 3.
+    (node.to_string() == digits).then_some(node)
+}
+
+/// Whether `name` is the brokers' own (the inter-broker user, or one of
+/// its per-node logins): no user of the table may take it.
+pub fn is_broker_name(inter_broker_user: &str, name: &str) -> bool {
+    name == inter_broker_user || name.starts_with(&format!("{inter_broker_user}."))
 }
 
 /// The TLS files a broker was started with (`server::tls`).
@@ -753,9 +775,14 @@ impl BrokerConfig {
                     .into(),
             );
         }
-        if self.superusers.contains(&self.inter_broker_user) {
+        if let Some(taken) = self
+            .superusers
+            .iter()
+            .find(|n| is_broker_name(&self.inter_broker_user, n))
+        {
             return bad(format!(
-                "{:?} is the inter-broker user (inter_broker_user): a superuser needs another name",
+                "{taken:?} is the brokers' own login (inter_broker_user {:?}, or it and \".\" a node id): a \
+                 superuser needs another name",
                 self.inter_broker_user
             ));
         }
@@ -971,7 +998,13 @@ mod tests {
             ..Overrides::default()
         };
         let e = BrokerConfig::load(Some(&file), &flags).unwrap_err().to_string();
-        assert!(e.contains("inter-broker user"), "{e}");
+        assert!(e.contains("brokers' own login"), "{e}");
+        let flags = Overrides {
+            superusers: Some(vec![format!("{DEFAULT_INTER_BROKER_USER}.2")]),
+            ..Overrides::default()
+        };
+        let e = BrokerConfig::load(Some(&file), &flags).unwrap_err().to_string();
+        assert!(e.contains("brokers' own login"), "{e}");
         let flags = Overrides {
             superusers: Some(vec!["bad\nname".into()]),
             ..Overrides::default()

@@ -94,6 +94,7 @@ pub async fn controller_rpc(
     shard: &Shard,
     op: strand_wire::ControllerOp,
     payload: Vec<u8>,
+    caller: Option<NodeId>,
 ) -> Result<Vec<u8>, Refusal> {
     let unavailable = |message: &str| {
         Err(Refusal {
@@ -105,11 +106,16 @@ pub async fn controller_rpc(
     if shard.id.0 == 0 {
         let controller = shard.controller.borrow().clone();
         return match controller {
-            Some(c) => c.serve(op, &payload).await,
+            Some(c) => c.serve(op, &payload, caller).await,
             None => unavailable("the controller member is not running here yet"),
         };
     }
-    let make = |reply| ShardMessage::ControllerRpc { op, payload, reply };
+    let make = |reply| ShardMessage::ControllerRpc {
+        op,
+        payload,
+        caller,
+        reply,
+    };
     shard.ask_shard_0(make, unavailable).await
 }
 

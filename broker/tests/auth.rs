@@ -126,15 +126,20 @@ fn replica_fetch(client: &mut Client, queue: &str, replica: u64, epoch: u32, off
     common::error_code(body::<ReplicaFetchResponse>(&f).unwrap().error())
 }
 
-/// A raw controller message (a vote request's op, any payload).
+/// A raw controller message (log entries' op, any payload).
 fn controller_call(client: &mut Client) -> ErrorCode {
+    controller_op(client, ControllerOp(1), 2, "{}")
+}
+
+/// A controller message `op` said to be from node `from`, with `payload`.
+fn controller_op(client: &mut Client, op: ControllerOp, from: u64, payload: &str) -> ErrorCode {
     let mut fbb = FlatBufferBuilder::new();
-    let payload = fbb.create_vector(b"{}");
+    let payload = fbb.create_vector(payload.as_bytes());
     let root = ControllerRequest::create(
         &mut fbb,
         &ControllerRequestArgs {
-            op: ControllerOp(1),
-            from: 2,
+            op,
+            from,
             payload: Some(payload),
         },
     );
@@ -367,6 +372,51 @@ fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brok
         ErrorCode::NotAuthorized
     );
     assert_eq!(controller_call(&mut as_alice), ErrorCode::NotAuthorized);
+    // A broker speaks only for itself: logged in as the third node (the
+    // brokers' password, the name covered by the SCRAM proof), a replica
+    // fetch naming the follower, a lease renewal for it, a message said to
+    // be from it, log entries as the leader, an ISR change as the leader:
+    // all refused. The bare inter-broker name logs in as no one.
+    let third = (1..=3u64).find(|n| *n != u64::from(leader) && *n != follower).unwrap();
+    let mut bare = cluster.client(leader);
+    assert_eq!(
+        log_in(&mut bare, "strand-broker", INTER_BROKER),
+        ErrorCode::AuthenticationFailed
+    );
+    let mut as_third = cluster.client(leader);
+    assert_eq!(
+        log_in(&mut as_third, &format!("strand-broker.{third}"), INTER_BROKER),
+        ErrorCode::None
+    );
+    assert_eq!(
+        replica_fetch(&mut as_third, "s", follower, epoch, end),
+        ErrorCode::NotAuthorized
+    );
+    let renewal = format!("{{\"id\":{follower},\"address\":\"127.0.0.9:1\",\"shards\":1}}");
+    for (op, from, payload) in [
+        (ControllerOp::BrokerHeartbeat, third, renewal.clone()),
+        (ControllerOp::BrokerHeartbeat, follower, renewal),
+        (ControllerOp(1), u64::from(leader), "{}".to_string()),
+        (
+            ControllerOp::Propose,
+            third,
+            format!(
+                "{{\"AlterIsr\":{{\"queue\":\"s\",\"partition\":0,\"leader\":{leader},\"leader_epoch\":{epoch},\
+                 \"partition_epoch\":0,\"isr\":[{leader}]}}}}"
+            ),
+        ),
+        (
+            ControllerOp::Propose,
+            third,
+            format!("{{\"FenceBroker\":{{\"id\":{follower},\"term\":1}}}}"),
+        ),
+    ] {
+        assert_eq!(
+            controller_op(&mut as_third, op, from, &payload),
+            ErrorCode::NotAuthorized,
+            "{op:?} from {from}: {payload}"
+        );
+    }
     let after: serde_json::Value = serde_json::from_str(&ok(&strand_as(
         &addr(1),
         admin,
@@ -444,4 +494,188 @@ fn a_broker_refuses_to_start_open_off_loopback_or_scram_without_the_brokers_pass
     assert!(open.contains("--auth none") && open.contains("--auth scram"), "{open}");
     let scram = start(&["--auth", "scram"], "127.0.0.1:0");
     assert!(scram.contains("STRAND_INTER_BROKER_PASSWORD"), "{scram}");
+}
+
+/// JoinGroup of `group` on `queue`: the member id, or the error code.
+fn join(client: &mut Client, group: &str, queue: &str) -> Result<String, ErrorCode> {
+    let mut fbb = FlatBufferBuilder::new();
+    let g = fbb.create_string(group);
+    let q = fbb.create_string(queue);
+    let queues = fbb.create_vector(&[q]);
+    let name = fbb.create_string("test");
+    let root = JoinGroupRequest::create(
+        &mut fbb,
+        &JoinGroupRequestArgs {
+            group: Some(g),
+            queues: Some(queues),
+            session_timeout_ms: 30_000,
+            client_name: Some(name),
+            ..Default::default()
+        },
+    );
+    fbb.finish_minimal(root);
+    let f = client.call(Api::JoinGroup, &fbb, TailBuilder::default());
+    let r = body::<JoinGroupResponse>(&f).unwrap();
+    match common::error_code(r.error()) {
+        ErrorCode::None => Ok(r.member_id().unwrap().to_string()),
+        other => Err(other),
+    }
+}
+
+/// Heartbeat (`leave`: LeaveGroup) as member `member` of `group`.
+fn as_member(client: &mut Client, group: &str, member: &str, leave: bool) -> ErrorCode {
+    let mut fbb = FlatBufferBuilder::new();
+    let g = fbb.create_string(group);
+    let m = fbb.create_string(member);
+    if leave {
+        let root = LeaveGroupRequest::create(
+            &mut fbb,
+            &LeaveGroupRequestArgs {
+                group: Some(g),
+                member_id: Some(m),
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = client.call(Api::LeaveGroup, &fbb, TailBuilder::default());
+        common::error_code(body::<LeaveGroupResponse>(&f).unwrap().error())
+    } else {
+        let root = HeartbeatRequest::create(
+            &mut fbb,
+            &HeartbeatRequestArgs {
+                group: Some(g),
+                member_id: Some(m),
+                owned: None,
+            },
+        );
+        fbb.finish_minimal(root);
+        let f = client.call(Api::Heartbeat, &fbb, TailBuilder::default());
+        common::error_code(body::<HeartbeatResponse>(&f).unwrap().error())
+    }
+}
+
+/// The queues a FetchOffsets of all `group`'s positions answers with.
+fn fetch_offsets(client: &mut Client, group: &str) -> Vec<String> {
+    let mut fbb = FlatBufferBuilder::new();
+    let g = fbb.create_string(group);
+    let root = FetchOffsetsRequest::create(
+        &mut fbb,
+        &FetchOffsetsRequestArgs {
+            group: Some(g),
+            queues: None,
+        },
+    );
+    fbb.finish_minimal(root);
+    let f = client.call(Api::FetchOffsets, &fbb, TailBuilder::default());
+    let r = body::<FetchOffsetsResponse>(&f).unwrap();
+    assert_eq!(common::error_code(r.error()), ErrorCode::None);
+    r.queues()
+        .iter()
+        .flatten()
+        .map(|q| q.queue().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Within a group, a member is the user's that joined it: another user
+/// with `consume` on the group may not heartbeat or leave as it; and a
+/// group's answers (FetchOffsets, DescribeGroup) show a user only the
+/// queues it may describe.
+#[test]
+fn a_users_group_member_is_its_own_and_group_answers_show_only_its_queues() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = serve_command(
+        "127.0.0.1:0",
+        &["--cores", "1", "--auth", "scram", "--superusers", "admin"],
+    );
+    command
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("STRAND_INTER_BROKER_PASSWORD", INTER_BROKER)
+        .env("STRAND_BOOTSTRAP_PASSWORD", BOOTSTRAP);
+    let broker = common::Broker::spawn(command, dir.path());
+    let addr = broker.addr.to_string();
+    let admin = Some(("admin", BOOTSTRAP));
+    until_ok(Duration::from_secs(30), Duration::from_millis(200), || {
+        strand_as(&addr, admin, &["queue", "list"], "")
+    });
+    for q in ["a", "b"] {
+        ok(&strand_as(
+            &addr,
+            admin,
+            &["queue", "create", q, "--partitions", "1"],
+            "",
+        ));
+        ok(&strand_as(&addr, admin, &["produce", q], "x\ny\n"));
+    }
+    for user in ["alice", "bob"] {
+        ok(&strand_as(
+            &addr,
+            admin,
+            &["user", "create", user],
+            &format!("{user}-pw\n"),
+        ));
+    }
+    let grants: &[(&str, &str, &str, &str)] = &[
+        ("alice", "consume", "--group", "g"),
+        ("alice", "describe", "--group", "g"),
+        ("alice", "consume", "--queue", "a"),
+        ("alice", "describe", "--queue", "a"),
+        ("bob", "consume", "--group", "g"),
+        ("bob", "describe", "--group", "g"),
+        ("bob", "consume", "--queue", "b"),
+        ("bob", "describe", "--queue", "b"),
+    ];
+    for (user, op, kind, name) in grants {
+        ok(&strand_as(
+            &addr,
+            admin,
+            &["acl", "add", "--user", user, "--operation", op, kind, name],
+            "",
+        ));
+    }
+    // Both commit a position in g, each on its own queue.
+    for (user, queue) in [("alice", "a"), ("bob", "b")] {
+        let login = Some((user, if user == "alice" { "alice-pw" } else { "bob-pw" }));
+        until_ok(Duration::from_secs(10), Duration::from_millis(100), || {
+            strand_as(
+                &addr,
+                login,
+                &["consume", queue, "--group", "g", "--idle-exit-ms", "1000"],
+                "",
+            )
+        });
+    }
+    let mut as_alice = broker.client();
+    assert_eq!(log_in(&mut as_alice, "alice", "alice-pw"), ErrorCode::None);
+    let mut as_bob = broker.client();
+    assert_eq!(log_in(&mut as_bob, "bob", "bob-pw"), ErrorCode::None);
+    let member = join(&mut as_alice, "g", "a").unwrap();
+    assert_eq!(as_member(&mut as_bob, "g", &member, false), ErrorCode::NotAuthorized);
+    assert_eq!(as_member(&mut as_bob, "g", &member, true), ErrorCode::NotAuthorized);
+    // Nothing moved: alice's member is still in the group, and hers.
+    assert_eq!(as_member(&mut as_alice, "g", &member, false), ErrorCode::None);
+    assert_eq!(fetch_offsets(&mut as_alice, "g"), vec!["a".to_string()]);
+    assert_eq!(fetch_offsets(&mut as_bob, "g"), vec!["b".to_string()]);
+    let bob_sees: String = ok(&strand_as(
+        &addr,
+        Some(("bob", "bob-pw")),
+        &["group", "describe", "g", "--output", "json"],
+        "",
+    ))
+    .split_whitespace()
+    .collect();
+    assert!(!bob_sees.contains("\"queue\":\"a\""), "{bob_sees}");
+    let admin_sees: String = ok(&strand_as(
+        &addr,
+        admin,
+        &["group", "describe", "g", "--output", "json"],
+        "",
+    ))
+    .split_whitespace()
+    .collect();
+    assert!(
+        admin_sees.contains("\"queue\":\"a\"") && admin_sees.contains("\"queue\":\"b\""),
+        "{admin_sees}"
+    );
+    assert_eq!(as_member(&mut as_alice, "g", &member, true), ErrorCode::None);
+    broker.terminate();
 }

@@ -320,15 +320,17 @@ fn with_mtls_the_certificate_names_the_user_and_acls_apply() {
     pki.ca(
         "ca",
         &[
-            ("strand-broker", &["127.0.0.1", "127.0.0.2", "127.0.0.3"], FRESH),
+            ("strand-broker.1", &["127.0.0.1"], FRESH),
+            ("strand-broker.2", &["127.0.0.2"], FRESH),
+            ("strand-broker.3", &["127.0.0.3"], FRESH),
             ("admin", &[], FRESH),
             ("alice", &[], FRESH),
         ],
     );
     let settings = format!(
         "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_client_ca = \"{}\"\nauth = \"mtls\"\nsuperusers = [\"admin\"]\n",
-        pki.path("strand-broker.pem").display(),
-        pki.path("strand-broker.key").display(),
+        pki.path("strand-broker.{node}.pem").display(),
+        pki.path("strand-broker.{node}.key").display(),
         pki.path("ca.pem").display()
     );
     let cluster = Cluster::start_with(3, &settings);
@@ -368,25 +370,37 @@ fn with_mtls_the_certificate_names_the_user_and_acls_apply() {
     assert!(failed(&scram).contains("certificate"));
 }
 
-/// With `--auth mtls` a broker whose certificate does not carry the
-/// inter-broker user's name is refused at start (the others would take it
-/// for a user), in one line naming the file.
+/// With `--auth mtls` a broker whose certificate does not carry its own
+/// login name (`<inter_broker_user>.<node_id>`) is refused at start (the
+/// others would take it for a user, or for another broker), in one line
+/// naming the file: a user's name, the bare inter-broker user, another
+/// node's.
 #[test]
-fn with_mtls_a_broker_certificate_must_name_the_inter_broker_user() {
+fn with_mtls_a_broker_certificate_must_name_the_broker_and_its_node() {
     let pki = Pki::new();
-    pki.ca("ca", &[("broker", &["127.0.0.1"], FRESH)]);
-    let (cert, key, ca) = (pki.path("broker.pem"), pki.path("broker.key"), pki.path("ca.pem"));
-    let out = serve_command("127.0.0.1:0", &["--cores", "1", "--auth", "mtls"])
-        .args(["--tls-cert", s(&cert), "--tls-key", s(&key), "--tls-client-ca", s(&ca)])
-        .arg("--data-dir")
-        .arg(pki.path("data"))
-        .output()
-        .unwrap();
-    let refused = failed(&out);
-    assert!(
-        refused.contains("broker.pem") && refused.contains("\"broker\"") && refused.contains("strand-broker"),
-        "{refused}"
-    );
+    let names = ["broker", "strand-broker", "strand-broker.2"];
+    let leaves: Vec<(&str, &[&str], (i64, i64))> = names.iter().map(|n| (*n, &["127.0.0.1"][..], FRESH)).collect();
+    pki.ca("ca", &leaves);
+    for name in names {
+        let (cert, key, ca) = (
+            pki.path(&format!("{name}.pem")),
+            pki.path(&format!("{name}.key")),
+            pki.path("ca.pem"),
+        );
+        let out = serve_command("127.0.0.1:0", &["--cores", "1", "--auth", "mtls", "--node-id", "1"])
+            .args(["--tls-cert", s(&cert), "--tls-key", s(&key), "--tls-client-ca", s(&ca)])
+            .arg("--data-dir")
+            .arg(pki.path("data"))
+            .output()
+            .unwrap();
+        let refused = failed(&out);
+        assert!(
+            refused.contains(&format!("{name}.pem"))
+                && refused.contains(&format!("\"{name}\""))
+                && refused.contains("\"strand-broker.1\""),
+            "{refused}"
+        );
+    }
 }
 
 /// `GET path` on the metrics endpoint over TLS (trusting `ca`), with

@@ -41,6 +41,19 @@ use crate::peer::{PeerError, Peers};
 /// How long a forwarded proposal may take, end to end.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Refuses a message about broker `claimed` (a vote asked, a lease renewed,
+/// an ISR changed as its leader...) from logged-in broker `caller` when
+/// they differ: a broker speaks only for itself. `caller` none (`--auth
+/// none`): nothing to check. The refusal is `NotAuthorized`'s message.
+pub fn sent_by(caller: Option<u64>, claimed: u64, what: &str) -> Result<(), String> {
+    match caller {
+        Some(node) if node != claimed => Err(format!(
+            "broker {node} may not send {what} for broker {claimed}: a broker speaks only for itself"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A controller request's body.
 pub fn encode_request(op: ControllerOp, from: u64, payload: &[u8]) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::new();

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use openraft::{AsyncRuntime, BasicNode, Raft};
 use strand_wire::{ControllerOp, ErrorCode};
 
@@ -53,6 +53,7 @@ use super::proposals::ProposalId;
 use super::runtime::GlommioRuntime;
 use super::stm::{Command, ControllerError, MetadataStm};
 use super::store::{LogStore, Publish, StateMachineStore, TypeConfig};
+use super::table::NodeId;
 use crate::lease::{mono_ms, OwnLease};
 
 /// Why a proposal did not apply.
@@ -1135,11 +1136,24 @@ impl Controller {
 
     /// Serves another member's message (`op` with its JSON `payload`);
     /// the answer's payload is JSON too (see `network.rs`).
-    pub async fn serve(&self, op: ControllerOp, payload: &[u8]) -> Result<Vec<u8>, Refusal> {
+    ///
+    /// `caller` is the logged-in broker that sent it (none: `--auth none`,
+    /// nothing checked): a broker speaks only for itself — a vote asked or
+    /// log entries sent as leader, a lease renewed, a learner added, and
+    /// the proposals about a broker's own state ([`sent_for`]) must name
+    /// it, or are refused with `NotAuthorized` and change nothing.
+    pub async fn serve(&self, op: ControllerOp, payload: &[u8], caller: Option<NodeId>) -> Result<Vec<u8>, Refusal> {
         let bad = |e: serde_json::Error| Refusal {
             code: ErrorCode::InvalidRequest,
             message: format!("a malformed controller payload: {e}"),
             leader: 0,
+        };
+        let not_sender = |claimed: NodeId, what: &str| {
+            super::network::sent_by(caller, claimed, what).map_err(|message| Refusal {
+                code: ErrorCode::NotAuthorized,
+                message,
+                leader: 0,
+            })
         };
         match op {
             ControllerOp::Vote if self.rejoining.get() => Err(Refusal {
@@ -1151,20 +1165,38 @@ impl Controller {
                 ),
                 leader: 0,
             }),
-            ControllerOp::Vote => Ok(to_json(
-                &self.raft.vote(serde_json::from_slice(payload).map_err(bad)?).await,
-            )),
+            ControllerOp::Vote => {
+                let request: VoteRequest<u64> = serde_json::from_slice(payload).map_err(bad)?;
+                not_sender(
+                    request.vote.leader_id().voted_for().unwrap_or_default(),
+                    "a vote request",
+                )?;
+                Ok(to_json(&self.raft.vote(request).await))
+            }
             ControllerOp::Status => Ok(to_json(&self.status())),
             ControllerOp::AppendEntries => {
                 let request = self.leader_request(payload, |r: &AppendEntriesRequest<TypeConfig>| r.vote)?;
+                not_sender(request.vote.leader_id().voted_for().unwrap_or_default(), "log entries")?;
                 Ok(to_json(&self.raft.append_entries(request).await))
             }
             ControllerOp::InstallSnapshot => {
                 let request = self.leader_request(payload, |r: &InstallSnapshotRequest<TypeConfig>| r.vote)?;
+                not_sender(request.vote.leader_id().voted_for().unwrap_or_default(), "a snapshot")?;
                 Ok(to_json(&self.raft.install_snapshot(request).await))
             }
             ControllerOp::Propose => {
                 let command: Command = serde_json::from_slice(payload).map_err(bad)?;
+                for (claimed, what) in sent_for(&command) {
+                    not_sender(claimed, what)?;
+                }
+                if caller.is_some() && command_is_leaders_own(&command) {
+                    return Err(Refusal {
+                        code: ErrorCode::NotAuthorized,
+                        message: "a lease expiry is the controller leader's own proposal, never another broker's"
+                            .to_string(),
+                        leader: 0,
+                    });
+                }
                 match self.raft.client_write(command).await {
                     Ok(resp) => Ok(to_json(&resp.data.map(|()| resp.log_id.index))),
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(self.not_leader(f.leader_id)),
@@ -1177,6 +1209,7 @@ impl Controller {
             }
             ControllerOp::AddLearner => {
                 let learner: LearnerRequest = serde_json::from_slice(payload).map_err(bad)?;
+                not_sender(learner.id, "a request to join as a learner")?;
                 // An id another live broker holds is not for this one.
                 if matches!(self.leader(), Leader::Here) {
                     let term = self.raft.metrics().borrow().current_term;
@@ -1198,6 +1231,7 @@ impl Controller {
             }
             ControllerOp::BrokerHeartbeat => {
                 let request: Heartbeat = serde_json::from_slice(payload).map_err(bad)?;
+                not_sender(request.id, "a lease renewal")?;
                 if !matches!(self.leader(), Leader::Here) {
                     return Err(self.not_leader(self.raft.metrics().borrow().current_leader));
                 }
@@ -1224,6 +1258,39 @@ impl Controller {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!("controller shutdown: {e}");
         }
+    }
+}
+
+/// The broker a forwarded proposal speaks for, where it is about the
+/// sender's own state (and what it is, for the refusal): a registration,
+/// a shutdown, an ISR change or lost writes as a partition's leader, a
+/// damaged replica, and the proposal id's node of a numbered one. None
+/// for what a broker forwards for a user (the user's rights were checked
+/// where it logged in) or for the cluster.
+fn sent_for(command: &Command) -> Vec<(NodeId, &'static str)> {
+    match command {
+        Command::Once { id, command } => {
+            let mut claims = sent_for(command);
+            claims.push((id.node, "a numbered proposal"));
+            claims
+        }
+        Command::RegisterBroker { id, .. } => vec![(*id, "a broker registration")],
+        Command::ShutdownBroker { id, .. } => vec![(*id, "a controlled shutdown")],
+        Command::AlterIsr { leader, .. } => vec![(*leader, "an ISR change")],
+        Command::LeaderLostWrites { leader, .. } => vec![(*leader, "a leader's lost writes")],
+        Command::ReplicaDamaged { broker, .. } => vec![(*broker, "a damaged replica's report")],
+        _ => Vec::new(),
+    }
+}
+
+/// Whether only the controller leader itself proposes `command`: a lease
+/// expiry (`FenceBroker`) is its own judgement, which a forwarded copy
+/// from another broker must not stand in for.
+fn command_is_leaders_own(command: &Command) -> bool {
+    match command {
+        Command::Once { command, .. } => command_is_leaders_own(command),
+        Command::FenceBroker { .. } => true,
+        _ => false,
     }
 }
 
@@ -1401,10 +1468,10 @@ mod tests {
             let c = Controller::open(&asking, &three, publish.clone(), OwnLease::default())
                 .await
                 .unwrap();
-            let refused = c.serve(ControllerOp::Vote, &vote).await.unwrap_err();
+            let refused = c.serve(ControllerOp::Vote, &vote, None).await.unwrap_err();
             assert_eq!(refused.code, ErrorCode::ControllerUnavailable, "{}", refused.message);
             let status: MemberStatus =
-                serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
+                serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}", None).await.unwrap()).unwrap();
             assert!(!status.holds_cluster, "an empty log, unmarked: the group may be new");
             c.rejoin().unwrap();
             // Rejoining, it takes no entries before a majority of the
@@ -1416,22 +1483,22 @@ mod tests {
                 leader_commit: None,
             })
             .unwrap();
-            let refused = c.serve(ControllerOp::AppendEntries, &append).await.unwrap_err();
+            let refused = c.serve(ControllerOp::AppendEntries, &append, None).await.unwrap_err();
             assert!(refused.message.contains("no majority"), "{}", refused.message);
             c.rejoin_floor.set(Some((2, 5)));
-            let refused = c.serve(ControllerOp::AppendEntries, &append).await.unwrap_err();
+            let refused = c.serve(ControllerOp::AppendEntries, &append, None).await.unwrap_err();
             assert!(refused.message.contains("below the term 2"), "{}", refused.message);
             c.rejoin_floor.set(Some((1, 5)));
-            c.serve(ControllerOp::AppendEntries, &append).await.unwrap();
+            c.serve(ControllerOp::AppendEntries, &append, None).await.unwrap();
             let status: MemberStatus =
-                serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}").await.unwrap()).unwrap();
+                serde_json::from_slice(&c.serve(ControllerOp::Status, b"{}", None).await.unwrap()).unwrap();
             assert!(status.holds_cluster, "marked as rejoining: the group exists");
             c.shutdown().await;
             // Opened again, the marker keeps it out of votes.
             let c = Controller::open(&asking, &three, publish.clone(), OwnLease::default())
                 .await
                 .unwrap();
-            c.serve(ControllerOp::Vote, &vote).await.unwrap_err();
+            c.serve(ControllerOp::Vote, &vote, None).await.unwrap_err();
             c.shutdown().await;
             // A member with a log of its own votes.
             let kept = path.join("kept");
@@ -1443,7 +1510,7 @@ mod tests {
             let c = Controller::open(&kept, &one_node(3), publish, OwnLease::default())
                 .await
                 .unwrap();
-            c.serve(ControllerOp::Vote, &vote).await.unwrap();
+            c.serve(ControllerOp::Vote, &vote, None).await.unwrap();
             c.shutdown().await;
         });
     }

@@ -50,6 +50,10 @@ pub enum GroupError {
 #[derive(Debug, Clone)]
 pub struct Member {
     pub id: String,
+    /// The user that joined it (`crate::auth`: a user whose ACLs decide;
+    /// none for a superuser, a broker or `--auth none`): only that user
+    /// may act as the member (`Group::check_owner`).
+    pub owner: Option<String>,
     pub client_name: String,
     pub queues: Vec<String>,
     pub session_timeout: Duration,
@@ -115,6 +119,26 @@ impl Group {
             busy: false,
             queue_ids: BTreeMap::new(),
             rebalances: 0,
+        }
+    }
+
+    /// Refuses `user` acting as member `member_id` when another user
+    /// joined it (a user's member is its own: another with `consume` on the
+    /// group may not heartbeat, leave, commit, receive or settle as it).
+    /// `user` none (a superuser, a broker, `--auth none`) may act as any;
+    /// an unknown member is left to the operation to refuse.
+    pub fn check_owner(&self, member_id: &str, user: Option<&str>) -> Result<(), String> {
+        let Some(user) = user else {
+            return Ok(());
+        };
+        match self.members().iter().find(|m| m.id == member_id) {
+            Some(m) if m.owner.as_deref() != Some(user) => Err(format!(
+                "user {user:?} may not act as member {member_id:?}: {} joined it",
+                m.owner
+                    .as_deref()
+                    .map_or("a superuser".to_string(), |o| format!("user {o:?}"))
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -391,6 +415,7 @@ mod tests {
     fn member(id: &str, now: Instant) -> Member {
         Member {
             id: id.into(),
+            owner: None,
             client_name: "test".into(),
             queues: vec!["q".into()],
             session_timeout: Duration::from_secs(10),
@@ -445,6 +470,26 @@ mod tests {
         let later = now + Duration::from_secs(6);
         let (_, a) = g.heartbeat("a", &[tp(0)], later, counts(3)).unwrap();
         assert_eq!((a.len(), g.withheld("a")), (3, 0));
+    }
+
+    #[test]
+    fn a_member_is_its_joiners() {
+        let now = Instant::now();
+        let mut g = Group::created(Strategy::Range, Start::Earliest, 0);
+        let alices = Member {
+            owner: Some("alice".into()),
+            ..member("a", now)
+        };
+        g.join(alices, counts(1));
+        g.join(member("root's", now), counts(1));
+        assert_eq!(g.check_owner("a", Some("alice")), Ok(()));
+        let refused = g.check_owner("a", Some("bob")).unwrap_err();
+        assert!(refused.contains("bob") && refused.contains("alice"), "{refused}");
+        // A superuser's member is no user's; a superuser acts as any.
+        assert!(g.check_owner("root's", Some("alice")).is_err());
+        assert_eq!(g.check_owner("a", None), Ok(()));
+        // An unknown member: the operation says so.
+        assert_eq!(g.check_owner("gone", Some("bob")), Ok(()));
     }
 
     #[test]

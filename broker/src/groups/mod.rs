@@ -163,6 +163,25 @@ pub struct JoinRequest {
     pub client_name: String,
 }
 
+impl GroupOp {
+    /// The group and member an operation acts as, for those that name one.
+    fn member(&self) -> Option<(&str, &str)> {
+        match self {
+            GroupOp::Heartbeat { group, member_id, .. }
+            | GroupOp::Leave { group, member_id }
+            | GroupOp::Commit { group, member_id, .. }
+            | GroupOp::Receive { group, member_id, .. }
+            | GroupOp::Settle { group, member_id, .. } => Some((group, member_id)),
+            GroupOp::Join(_)
+            | GroupOp::FetchOffsets { .. }
+            | GroupOp::List
+            | GroupOp::Describe { .. }
+            | GroupOp::Reset { .. }
+            | GroupOp::Delete { .. } => None,
+        }
+    }
+}
+
 /// A group request, as the coordinator's shard receives it.
 #[derive(Debug)]
 pub enum GroupOp {
@@ -521,20 +540,24 @@ pub fn add_to_snapshot(shard: &Shard, snap: &mut crate::metrics::ShardSnapshot) 
 #[derive(Debug)]
 pub struct GroupCall {
     op: GroupOp,
+    /// The user whose ACLs decide (none: a superuser, a broker, `--auth
+    /// none`): a member is its joiner's (`Group::check_owner`).
+    user: Option<String>,
     reply: Reply<GroupReply>,
 }
 
 impl GroupCall {
-    /// The partition request that carries `op` to its coordinator.
-    pub fn request(op: GroupOp, reply: Reply<GroupReply>) -> PartitionRequest {
-        PartitionRequest::Call(Box::new(GroupCall { op, reply }))
+    /// The partition request that carries `op`, sent by `user`, to its
+    /// coordinator.
+    pub fn request(op: GroupOp, user: Option<String>, reply: Reply<GroupReply>) -> PartitionRequest {
+        PartitionRequest::Call(Box::new(GroupCall { op, user, reply }))
     }
 }
 
 impl PartitionCall for GroupCall {
     fn run(self: Box<Self>, at: OpenPartition) -> LocalTask {
         Box::pin(async move {
-            let GroupCall { op, reply } = *self;
+            let GroupCall { op, user, reply } = *self;
             let OpenPartition {
                 shard,
                 queue,
@@ -546,7 +569,7 @@ impl PartitionCall for GroupCall {
                 return reply.send(Err(err));
             }
             let coordinator = shard.ext.get_or_default::<Coordinator>();
-            reply.send(coordinator.serve(&shard, partition, &part, op).await);
+            reply.send(coordinator.serve(&shard, partition, &part, op, user.as_deref()).await);
         })
     }
 
@@ -556,17 +579,31 @@ impl PartitionCall for GroupCall {
 }
 
 impl Coordinator {
-    /// Serves `op` for `__groups` partition `p` (open here as `part`).
+    /// Serves `op` for `__groups` partition `p` (open here as `part`),
+    /// sent by `user` (none: a superuser, a broker, `--auth none`), who
+    /// may act only as the members it joined.
     pub async fn serve(
         &self,
         shard: &Rc<Shard>,
         p: u32,
         part: &Rc<Partition>,
         op: GroupOp,
+        user: Option<&str>,
     ) -> Result<GroupReply, WireError> {
         self.ensure_loaded(shard, p, part).await?;
+        if let Some((group, member_id)) = op.member() {
+            let owned = self.with_group(p, group, |g| {
+                g.check_owner(member_id, user)
+                    .map_err(|e| WireError::new(ErrorCode::NotAuthorized, e))
+            });
+            match owned {
+                Err(e) if e.code == ErrorCode::NotAuthorized => return Err(e),
+                // An unknown group or member: the operation says so.
+                _ => {}
+            }
+        }
         match op {
-            GroupOp::Join(join) => self.join(shard, p, part, join).await,
+            GroupOp::Join(join) => self.join(shard, p, part, join, user).await,
             GroupOp::Heartbeat {
                 group,
                 member_id,
@@ -766,6 +803,7 @@ impl Coordinator {
         p: u32,
         part: &Rc<Partition>,
         join: JoinRequest,
+        user: Option<&str>,
     ) -> Result<GroupReply, WireError> {
         let JoinRequest {
             group,
@@ -837,6 +875,7 @@ impl Coordinator {
         let now = Instant::now();
         let member = Member {
             id: member_id.clone(),
+            owner: user.map(str::to_string),
             client_name,
             queues,
             session_timeout,

@@ -14,9 +14,15 @@
 //! | JoinGroup, CommitOffsets | consume on the group and on each queue |
 //! | Settle | consume on the group and on each queue it settles |
 //! | Receive | consume on the group; on each queue of the records it hands out (checked on the answer) |
-//! | Heartbeat, LeaveGroup, FetchOffsets | consume on the group |
+//! | Heartbeat, LeaveGroup | consume on the group |
+//! | FetchOffsets | consume on the group; the answer shows only queues it may describe |
 //! | ResetGroup | consume on the group and the queue |
-//! | DescribeGroup, DeleteGroup | describe, delete on the group |
+//! | DescribeGroup | describe on the group; the answer shows only queues it may describe |
+//! | DeleteGroup | delete on the group |
+//!
+//! A member is the user's that joined it: another user (with consume on
+//! the group) acting as it — Heartbeat, LeaveGroup, CommitOffsets, Receive,
+//! Settle — is refused by the coordinator (`groups::Group::check_owner`).
 //! | node, user and ACL APIs | admin on the cluster |
 //!
 //! The broker's own queues (`__groups`) are no user's, and dead-letter
@@ -54,6 +60,12 @@ pub fn check_received<'a>(
         allowed(acls, user, Api::Receive, operation, resource)?;
     }
     Ok(())
+}
+
+/// Whether `user` may describe `queue` (what a group's answers show of
+/// it: FetchOffsets, DescribeGroup).
+pub fn may_describe(acls: &[AclEntry], user: &str, queue: &str) -> bool {
+    !crate::groups::is_internal(queue) && allows(acls, user, Operation::Describe, &Resource::Queue(queue))
 }
 
 /// Refuses one (operation, resource) of `user`'s request to `api` unless

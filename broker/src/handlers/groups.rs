@@ -32,8 +32,11 @@ use crate::shard::Shard;
 /// How long another node may take to list its groups.
 const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves a group request; `acl_user`, for a Receive, is the user whose
-/// ACLs decide (its answer is checked queue by queue: `super::authorize`).
+/// Serves a group request; `acl_user` is the user whose ACLs decide (none:
+/// a superuser, a broker, `--auth none`): it acts only as the members it
+/// joined (the coordinator checks), a Receive answer is checked queue by
+/// queue, and FetchOffsets and DescribeGroup answers show only the queues
+/// it may describe (`super::authorize`).
 pub async fn handle(
     shard: &Rc<Shard>,
     api: Api,
@@ -75,10 +78,25 @@ pub async fn handle(
         _ => {
             let (group, op) = read_op(api, body)?;
             let p = g::coordinator_partition(shard, &group).await?;
-            let reply = coordinator(shard, p, op).await?;
-            if let (Some(user), GroupReply::Received(parts)) = (&acl_user, &reply) {
-                let queues = parts.iter().map(|part| part.tp.0.as_str());
-                super::authorize::check_received(&shard.table().acls, user, queues)?;
+            let mut reply = coordinator(shard, p, op, acl_user.clone()).await?;
+            if let Some(user) = &acl_user {
+                let table = shard.table();
+                let may_describe = |queue: &str| super::authorize::may_describe(&table.acls, user, queue);
+                match &mut reply {
+                    GroupReply::Received(parts) => {
+                        let queues = parts.iter().map(|part| part.tp.0.as_str());
+                        super::authorize::check_received(&table.acls, user, queues)?;
+                    }
+                    GroupReply::Offsets { offsets, .. } => offsets.retain(|(tp, _)| may_describe(&tp.0)),
+                    GroupReply::Describe(d) => {
+                        d.partitions.retain(|p| may_describe(&p.tp.0));
+                        for m in &mut d.members {
+                            m.queues.retain(|q| may_describe(q));
+                            m.owned.retain(|tp| may_describe(&tp.0));
+                        }
+                    }
+                    _ => {}
+                }
             }
             write_reply(&mut fbb, &mut tail, api, reply)?;
         }
@@ -106,7 +124,7 @@ async fn list_groups(shard: &Rc<Shard>, only_led_here: bool) -> Result<Vec<g::Gr
             continue;
         }
         // Led here, offline, or not open yet: the shard says which.
-        if let GroupReply::List(list) = coordinator(shard, p, GroupOp::List).await? {
+        if let GroupReply::List(list) = coordinator(shard, p, GroupOp::List, None).await? {
             all.extend(list);
         }
     }
@@ -151,9 +169,9 @@ async fn list_groups_on(shard: &Rc<Shard>, node: NodeId) -> Result<Vec<g::GroupS
 }
 
 /// Sends `op` to the shard owning `__groups` partition `p`.
-async fn coordinator(shard: &Rc<Shard>, p: u32, op: GroupOp) -> Result<GroupReply, WireError> {
+async fn coordinator(shard: &Rc<Shard>, p: u32, op: GroupOp, user: Option<String>) -> Result<GroupReply, WireError> {
     ask(shard, GROUPS_QUEUE.to_string(), p, |reply| {
-        g::GroupCall::request(op, reply)
+        g::GroupCall::request(op, user, reply)
     })
     .await
 }

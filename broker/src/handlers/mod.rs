@@ -67,6 +67,14 @@ impl ConnectionState {
             login: std::cell::RefCell::new(sasl::Login::new(principal)),
         }
     }
+
+    /// The user whose ACLs decide its requests, if any (a copy: a group
+    /// request carries it to the coordinator, where members are their
+    /// joiner's and answers are checked queue by queue).
+    fn acl_user(&self) -> Option<String> {
+        let login = self.login.borrow();
+        self.auth.acl_user(login.principal.as_ref()).map(str::to_string)
+    }
 }
 
 /// Serves one request; `None` when no response is due (produce, acks=0).
@@ -79,18 +87,18 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
     // Who may call what (`crate::auth`; a user's ACLs, `authorize.rs`):
     // before the handler reads anything.
     let auth = &conn.auth;
-    let (allowed, receiver) = {
+    let (allowed, caller) = {
         let login = conn.login.borrow();
         let principal = login.principal.as_ref();
+        // The broker it is, for the internal APIs' checks that a broker
+        // speaks only for itself (none: `--auth none`, nothing checked).
+        let caller = principal.and_then(crate::auth::Principal::node);
         let acl_user = auth.acl_user(principal);
         let allowed = auth.check(principal, api).and_then(|()| match acl_user {
             Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
             None => Ok(()),
         });
-        // A Receive answer is checked too (`groups.rs`): its user outlives
-        // the borrow.
-        let receiver = acl_user.filter(|_| api == Api::Receive).map(str::to_string);
-        (allowed, receiver)
+        (allowed, caller)
     };
     if let Err(e) = allowed {
         if e.code == ErrorCode::NotAuthorized {
@@ -110,7 +118,7 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
     }
     let result = match api {
         Api::ApiVersions => api_versions::handle(header),
-        Api::Controller => controller::handle(shard, header, &frame.body).await,
+        Api::Controller => controller::handle(shard, header, &frame.body, caller).await,
         Api::Metadata => metadata::handle(shard, header, &frame.body),
         Api::CreateQueue => create_queue::handle(shard, header, &frame.body).await,
         Api::DeleteQueue => delete_queue::handle(shard, header, &frame.body).await,
@@ -123,7 +131,7 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         }
         Api::Fetch => fetch::handle(shard, &conn.fetch, header, &frame.body).await,
         Api::ListOffsets => list_offsets::handle(shard, header, &frame.body).await,
-        Api::ReplicaFetch => replica_fetch::handle(shard, header, &frame.body).await,
+        Api::ReplicaFetch => replica_fetch::handle(shard, header, &frame.body, caller).await,
         Api::DrainBroker => brokers::drain(shard, header, &frame.body).await,
         Api::DescribeBroker => brokers::describe(shard, header, &frame.body),
         Api::DecommissionBroker => brokers::decommission(shard, header, &frame.body).await,
@@ -146,9 +154,14 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         | Api::ResetGroup
         | Api::DeleteGroup
         | Api::Receive
-        | Api::Settle => groups::handle(shard, api, header, &frame.body, receiver).await,
+        | Api::Settle => groups::handle(shard, api, header, &frame.body, conn.acl_user()).await,
     };
-    Some(result.unwrap_or_else(|e| error_response(header, &e)))
+    Some(result.unwrap_or_else(|e| {
+        if e.code == ErrorCode::NotAuthorized {
+            shard.metrics.denied(api.name());
+        }
+        error_response(header, &e)
+    }))
 }
 
 /// Runs `futures` at once on this shard and returns their outputs in

@@ -21,6 +21,7 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use super::{error_table, request, respond};
+use crate::controller::NodeId;
 use crate::router::ask;
 use crate::shard::messages::{PartitionRequest, ReplicaFetched, ReplicaWant, WireError};
 use crate::shard::Shard;
@@ -94,8 +95,19 @@ pub(crate) fn share_of(max_frame_bytes: u32, partitions: usize) -> u32 {
     (frame_room / partitions.max(1)).max(64 << 10) as u32
 }
 
-pub async fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+/// Serves a follower's fetch; `caller` is the logged-in broker that sent
+/// it, which must be the replica the fetch names (a fetch counts towards
+/// the high watermark as that replica's).
+pub async fn handle(
+    shard: &Rc<Shard>,
+    header: FrameHeader,
+    body: &[u8],
+    caller: Option<NodeId>,
+) -> Result<OutFrame, WireError> {
     let (wants, max_wait) = parse(body, shard.config.max_frame_bytes)?;
+    if let Some(w) = wants.first() {
+        crate::auth::check_sent_by(caller, w.want.replica, "a replica fetch")?;
+    }
     let deadline = Instant::now() + max_wait;
     let all_local = wants.iter().all(|w| shard.owner(&w.queue, w.partition) == shard.id);
     let results = loop {

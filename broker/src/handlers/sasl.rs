@@ -150,7 +150,7 @@ fn step(shard: &Rc<Shard>, login: &RefCell<Login>, message: &[u8]) -> Result<Vec
             .map_err(failed)?;
             // Users are in the table, which a starting broker may not hold
             // yet: a client retries (the other brokers' login needs none).
-            if !shard.serving.get() && exchange.user() != auth.inter_broker_user {
+            if !shard.serving.get() && !auth.is_broker_login(exchange.user()) {
                 return Err(WireError::new(
                     ErrorCode::ControllerUnavailable,
                     "the broker is starting; retry",

@@ -22,10 +22,13 @@ use crate::shard::Shard;
 /// A user name from a request, refused when it is the brokers' own.
 fn user_name(shard: &Shard, name: Option<&str>) -> Result<String, WireError> {
     let name = name.unwrap_or_default();
-    if name == ServerAuth::of(shard).inter_broker_user {
+    if crate::auth::is_broker_name(&ServerAuth::of(shard).inter_broker_user, name) {
         return Err(WireError::new(
             ErrorCode::InvalidRequest,
-            format!("{name:?} is the brokers' own login (inter_broker_user), not a user to manage"),
+            format!(
+                "{name:?} is the brokers' own login (inter_broker_user, or it and \".\" a node id), not a user to \
+                 manage"
+            ),
         ));
     }
     crate::controller::users::check_name(name).map_err(|e| WireError::new(e.code(), e.to_string()))?;

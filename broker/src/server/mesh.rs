@@ -47,8 +47,13 @@ async fn on_message(shard: Rc<Shard>, msg: ShardMessage) {
         ShardMessage::Propose { command, reply } => {
             reply.send(shard.commit_proposal(command).await);
         }
-        ShardMessage::ControllerRpc { op, payload, reply } => {
-            reply.send(crate::router::controller_rpc(&shard, op, payload).await);
+        ShardMessage::ControllerRpc {
+            op,
+            payload,
+            caller,
+            reply,
+        } => {
+            reply.send(crate::router::controller_rpc(&shard, op, payload, caller).await);
         }
         ShardMessage::Run(Deferred(work)) => work(), // (run by the receiver)
         ShardMessage::Metadata { table, applied } => {

@@ -267,6 +267,8 @@ pub enum ShardMessage {
     ControllerRpc {
         op: strand_wire::ControllerOp,
         payload: Vec<u8>,
+        /// The logged-in broker that sent it (`crate::auth`; none: `--auth none`).
+        caller: Option<crate::controller::NodeId>,
         reply: Answer<Result<Vec<u8>, crate::controller::network::Refusal>>,
     },
     /// A reply (or other work) to run on the receiving shard.

@@ -43,11 +43,18 @@ impl Cluster {
     }
 
     /// [`Cluster::start_with`], every node also given the variables `env`.
+    /// `{node}` in `settings` is each node's id (per-node certificates).
     pub fn start_with_env(n: u8, settings: &str, env: &[(&str, &str)]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("small.toml"), format!("{SMALL}{settings}")).unwrap();
         // Two more addresses free: a learner, and a node that tries to
         // take another's id.
+        if settings.contains("{node}") {
+            for id in 1..=n + 2 {
+                let mine = settings.replace("{node}", &id.to_string());
+                std::fs::write(dir.path().join(format!("small-{id}.toml")), format!("{SMALL}{mine}")).unwrap();
+            }
+        }
         let port = free_port(n + 2);
         let mut cluster = Cluster {
             dir,
@@ -90,7 +97,12 @@ impl Cluster {
         };
         let listen = listen.to_string();
         let id_text = id.to_string();
-        let config = self.dir.path().join("small.toml");
+        let own = self.dir.path().join(format!("small-{id}.toml"));
+        let config = if own.exists() {
+            own
+        } else {
+            self.dir.path().join("small.toml")
+        };
         let mut command = serve_command(
             &listen,
             &[
