@@ -7,68 +7,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use common::cluster::Cluster;
+use common::pki::{Pki, FRESH};
 use common::{failed, ok, serve_command, until_ok, Broker};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use std::time::Duration;
-
-/// A CA and what it signed, written as PEM files in a directory.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        Pki {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.path(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
-    /// A CA named `name` (`name.pem`), and a certificate it signed for
-    /// each of `leaves` (name, subject alternative names, validity in days
-    /// from now: start, end), as `leaf.pem` and `leaf.key`.
-    fn ca(&self, name: &str, leaves: &[(&str, &[&str], (i64, i64))]) {
-        let ca_key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("{name} CA"));
-        let ca = params.self_signed(&ca_key).unwrap();
-        self.write(&format!("{name}.pem"), &ca.pem());
-        for (leaf, names, (from, to)) in leaves {
-            let key = KeyPair::generate().unwrap();
-            let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
-            params
-                .distinguished_name
-                .push(rcgen::DnType::CommonName, leaf.to_string());
-            let day = time_days(*from);
-            params.not_before = day;
-            params.not_after = time_days(*to);
-            let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-            self.write(&format!("{leaf}.pem"), &cert.pem());
-            self.write(&format!("{leaf}.key"), &key.serialize_pem());
-        }
-    }
-}
-
-/// Now plus `days` (negative: before).
-fn time_days(days: i64) -> time::OffsetDateTime {
-    time::OffsetDateTime::now_utc() + time::Duration::days(days)
-}
 
 /// `strand ARGS --brokers ADDR` with `tls` flags.
 fn strand(addr: &str, args: &[&str], tls: &[&str]) -> Output {
@@ -116,8 +61,6 @@ fn tls_broker(pki: &Pki, data: &Path, extra: &[&str]) -> Broker {
     args.extend_from_slice(extra);
     Broker::start_with(data, &args)
 }
-
-const FRESH: (i64, i64) = (-1, 30);
 
 #[test]
 fn the_cli_talks_tls_and_wrong_clients_are_told_why() {
