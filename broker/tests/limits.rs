@@ -143,6 +143,63 @@ fn half_sent_large_frames_hold_bounded_memory_and_are_closed_while_others_are_se
     drop(streams);
 }
 
+/// A client that pipelines fetches of large answers and never reads them
+/// pins its connection's budget, not 64 answers: the broker stops reading
+/// it while its answers wait, serves an ordinary client meanwhile, and
+/// closes it once it has not taken what was written for the idle timeout
+/// (before, it was kept for ever). Answers of data just written share the
+/// log's buffers, so the memory they pin shows little here either way (9
+/// MiB before the bound); answers read from disk each have their own.
+#[test]
+fn answers_a_client_does_not_read_hold_its_budget_and_it_is_closed() {
+    const FETCHES: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    // 4 MiB frames, 8 MiB a connection: room for one fetch's answer and
+    // its request, where 64 fetches of 4 MiB would hold 256 MiB.
+    let file = settings(
+        dir.path(),
+        "max_frame_bytes = 4194304\nmax_message_bytes = 2097152\nconnection_in_flight_bytes = 8388608\n\
+         connection_idle_timeout_ms = 3000\n",
+    );
+    let data = dir.path().join("data");
+    let broker = Broker::start_with(&data, &["--config", file.to_str().unwrap(), "--cores", "1"]);
+    let mut client = broker.client();
+    assert_eq!(client.create_queue("big", 1), strand_wire::ErrorCode::None);
+    assert_eq!(client.create_queue("ordinary", 1), strand_wire::ErrorCode::None);
+    // 16 MiB in batches of 1 MiB (16 records of 64 KiB).
+    let value = vec![7u8; 64 << 10];
+    for _ in 0..16 {
+        let mut b = strand_storage::batch::BatchBuilder::new();
+        for _ in 0..16 {
+            b.push(None, Some(&value), &[], TS);
+        }
+        assert!(client.produce("big", 0, b.build().freeze(), 1).is_ok());
+    }
+    let before = rss(&broker);
+    let mut hog = broker.client();
+    for _ in 0..FETCHES {
+        hog.send_fetch("big", &[(0, 0)], 4 << 20, 0, 0, false);
+    }
+    // It reads nothing; an ordinary client is served meanwhile.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        assert!(client.produce("ordinary", 0, batch("o", 5, TS), 1).is_ok());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let grown = rss(&broker).saturating_sub(before);
+    eprintln!("the broker grew by {} MiB", grown >> 20);
+    assert!(grown < 64 << 20, "the broker grew by {} MiB", grown >> 20);
+    // Not taking its answers for the idle timeout closes it.
+    let slow = "strand_connections_closed_total{shard=\"0\",reason=\"slow_reader\"}";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(&broker, slow) < 1.0 {
+        assert!(Instant::now() < deadline, "the hog was kept: {}", scrape(&broker));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(client.produce("ordinary", 0, batch("o", 5, TS), 1).is_ok());
+    drop(hog);
+}
+
 #[test]
 fn queues_past_the_clusters_partition_room_are_refused_and_nothing_changes() {
     let dir = tempfile::tempdir().unwrap();

@@ -47,7 +47,9 @@
 //!   (`crate::limits`); `strand_connections_closed_total` {shard, reason}:
 //!   connections the broker closed for `idle` (nothing sent and nothing
 //!   served for `connection_idle_timeout_ms`), `slow_frame` (a frame
-//!   begun not whole within `frame_receive_timeout_ms`), `tls_handshake`
+//!   begun not whole within `frame_receive_timeout_ms`), `slow_reader`
+//!   (answers written to it not taken for `connection_idle_timeout_ms`),
+//!   `tls_handshake`
 //!   (a TLS handshake that failed or took over 10 s), `plaintext_on_tls`
 //!   or `tls_on_plaintext` (a client speaking the other);
 //!   `strand_request_memory_bytes` {shard}: large requests the shard's
@@ -819,7 +821,7 @@ impl Collector for Scrape {
         counter(
             &mut encoder,
             "strand_connections_closed",
-            "Connections the broker closed: idle, slow_frame, tls_handshake, plaintext_on_tls or tls_on_plaintext.",
+            "Connections the broker closed: idle, slow_frame, slow_reader, tls_handshake, plaintext_on_tls or tls_on_plaintext.",
             by_reason(|s| &s.connections_closed),
         )?;
         counter(

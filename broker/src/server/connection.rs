@@ -25,15 +25,20 @@
 //! 1393 MiB/s.
 //!
 //! What one connection may take (issue 42): at most
-//! `connection_in_flight_bytes` of requests received and not yet answered
-//! (the reader waits past it), and a frame over [`READ_CHUNK`] first
+//! `connection_in_flight_bytes` of requests received and of answers not yet
+//! written (the reader waits past it): a request holds its own bytes until
+//! its answer is written, and a fetch, replica fetch or Receive also the
+//! largest answer it may get ([`answer_room`], a frame), so a client that
+//! pipelines fetches and never reads the answers pins its budget, not
+//! [`MAX_IN_FLIGHT`] frames. A frame over [`READ_CHUNK`] first
 //! reserves its size from its shard's `request_memory_bytes` (the reader
 //! waits for room before it reads the frame's bytes: what many
 //! half-sent large frames can pin is bounded, and small requests never
 //! wait for it). A [`Watch`] closes a connection that serves nothing and
 //! sends nothing for `connection_idle_timeout_ms`, or whose frame begun is
 //! not whole within `frame_receive_timeout_ms` (a client that sends half a
-//! frame and stops). Connection counts and rates are `crate::limits`,
+//! frame and stops), or that does not take the answers written to it for
+//! `connection_idle_timeout_ms` (`slow_reader`). Connection counts and rates are `crate::limits`,
 //! applied before a connection gets here.
 //!
 //! A malformed frame (bad length, body past the frame) ends the connection
@@ -77,8 +82,41 @@ pub const MAX_IN_FLIGHT: usize = 64;
 
 /// A response in the making, in request order.
 enum Pending {
-    Task(JoinHandle<Option<OutFrame>>),
-    Ready(OutFrame),
+    Task(JoinHandle<Answered>),
+    Ready(Answered),
+}
+
+/// A request's answer (none: it needs none) and the room its request
+/// holds in the connection's budget until the answer is written.
+struct Answered {
+    out: Option<OutFrame>,
+    _room: Option<Reservation>,
+}
+
+impl Answered {
+    fn now(out: OutFrame) -> Answered {
+        Answered {
+            out: Some(out),
+            _room: None,
+        }
+    }
+}
+
+/// The room a request reserves for its answer besides its own bytes: the
+/// largest answer it may get, for the APIs whose answers are large (a
+/// fetch, a replica fetch, a Receive: at most a frame each). Held until the
+/// answer is written, so a client that asks and does not read holds at
+/// most its budget, not [`MAX_IN_FLIGHT`] answers.
+fn answer_room(api: u16, max_frame_bytes: u32) -> usize {
+    let large = [
+        strand_wire::Api::Fetch,
+        strand_wire::Api::ReplicaFetch,
+        strand_wire::Api::Receive,
+    ];
+    match large.iter().any(|a| *a as u16 == api) {
+        true => max_frame_bytes as usize,
+        false => 0,
+    }
 }
 
 /// Serves a connection this shard accepted on the shard its client port
@@ -197,9 +235,10 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     let writer_failed = Rc::new(Cell::new(false));
     let failed = writer_failed.clone();
     let peer_w = peer.clone();
-    let writing = glommio::spawn_local(write_responses(writer, responses, failed, peer_w, tls));
+    let writing = glommio::spawn_local(write_responses(writer, responses, failed, peer_w, tls, watch.clone()));
     let budget = Budget {
         connection: Rc::new(Semaphore::new(shard.config.connection_in_flight_bytes)),
+        total: shard.config.connection_in_flight_bytes as usize,
         shard: RequestMemory::of(&shard),
     };
     let ends = Ends {
@@ -337,9 +376,12 @@ async fn write_responses(
     failed: Rc<Cell<bool>>,
     peer: String,
     tls: bool,
+    watch: Rc<Watch>,
 ) {
     let mut carried: Option<Pending> = None;
     let mut together: Vec<OutFrame> = Vec::new();
+    // The room `together`'s requests hold, given back once written.
+    let mut rooms: Vec<Option<Reservation>> = Vec::new();
     let mut gathered: Vec<u8> = Vec::new();
     // Through TLS a response alone is copied too (`frame_io::write_frame`).
     let mut staging: Option<Vec<u8>> = tls.then(Vec::new);
@@ -351,29 +393,40 @@ async fn write_responses(
                 None => return,
             },
         };
-        let out = match next {
-            Pending::Task(task) => task.await.flatten(),
-            Pending::Ready(out) => Some(out),
+        let answered = match next {
+            Pending::Task(task) => task.await.unwrap_or(Answered { out: None, _room: None }),
+            Pending::Ready(answered) => answered,
         };
-        let Some(out) = out else { continue };
+        let Answered {
+            out: Some(out),
+            _room: room,
+        } = answered
+        else {
+            continue;
+        };
         if failed.get() {
             continue; // drain the rest so every handler finishes
         }
         // The responses ready right behind it, while they fit.
         let mut size = out.len();
         together.push(out);
+        rooms.push(room);
         while size < COALESCE_BYTES {
             let Some(Some(next)) = futures_lite::future::poll_once(responses.recv()).await else {
                 break;
             };
             match ready_now(next).await {
-                Ok(None) => {}
-                Ok(Some(out)) if size + out.len() <= COALESCE_BYTES => {
+                Ok(Answered { out: None, .. }) => {}
+                Ok(Answered {
+                    out: Some(out),
+                    _room: room,
+                }) if size + out.len() <= COALESCE_BYTES => {
                     size += out.len();
                     together.push(out);
+                    rooms.push(room);
                 }
-                Ok(Some(out)) => {
-                    carried = Some(Pending::Ready(out));
+                Ok(answered) => {
+                    carried = Some(Pending::Ready(answered));
                     break;
                 }
                 Err(not_yet) => {
@@ -384,6 +437,7 @@ async fn write_responses(
         }
         // Alone, a response is written as it is (its batches uncopied, but
         // through TLS); several are copied into one buffer, for one send.
+        watch.writing_since.set(Some(Instant::now()));
         let result = match together.as_slice() {
             [alone] => crate::frame_io::write_frame(&mut writer, alone, staging.as_mut()).await,
             several => {
@@ -397,7 +451,9 @@ async fn write_responses(
                 }
             }
         };
+        watch.writing_since.set(None);
         together.clear();
+        rooms.clear();
         if let Err(e) = result {
             tracing::debug!(%peer, "write failed: {e}");
             failed.set(true);
@@ -406,13 +462,12 @@ async fn write_responses(
     }
 }
 
-/// A pending response if it is ready now (`Ok(None)`: its handler
-/// answered nothing), else the pending response back.
-async fn ready_now(pending: Pending) -> Result<Option<OutFrame>, Pending> {
+/// A pending response if it is ready now, else the pending response back.
+async fn ready_now(pending: Pending) -> Result<Answered, Pending> {
     match pending {
-        Pending::Ready(out) => Ok(Some(out)),
+        Pending::Ready(answered) => Ok(answered),
         Pending::Task(mut task) => match futures_lite::future::poll_once(&mut task).await {
-            Some(out) => Ok(out.flatten()),
+            Some(answered) => Ok(answered.unwrap_or(Answered { out: None, _room: None })),
             None => Err(Pending::Task(task)),
         },
     }
@@ -482,13 +537,25 @@ async fn read_requests(
         match decoded {
             Ok(Some(request)) => {
                 let size = frame::HEADER_LEN + request.body.len() + request.tail.len();
-                let held = match reserved.take() {
+                let mut held = match reserved.take() {
                     Some(held) => held,
                     None => match watch.waiting_for_room(budget.reserve(size)).await {
                         Some(held) => held,
                         None => return,
                     },
                 };
+                // And room for a large answer, as long as it is unwritten.
+                let room = answer_room(request.header.api, shard.config.max_frame_bytes)
+                    .min(budget.total.saturating_sub(size));
+                if room > 0 {
+                    match watch
+                        .waiting_for_room(budget.connection.acquire_static_permit(room as u64))
+                        .await
+                    {
+                        Ok(answer) => held._answer = Some(answer),
+                        Err(_) => return,
+                    }
+                }
                 watch.frame_since.set(None);
                 // Counted from now: shutdown waits for every accepted request.
                 shard.in_flight.set(shard.in_flight.get() + 1);
@@ -504,9 +571,11 @@ async fn read_requests(
                         s.in_flight.set(s.in_flight.get() - 1);
                         s.metrics.request(api, arrived.elapsed());
                         w.answered(Instant::now());
-                        // The request's bytes are gone: its room goes back.
-                        drop(held);
-                        response
+                        // Its room goes back once the answer is written.
+                        Answered {
+                            out: response,
+                            _room: Some(held),
+                        }
                     }
                     .instrument(span),
                 )
@@ -526,7 +595,7 @@ async fn read_requests(
                         _ => strand_wire::ErrorCode::MalformedFrame,
                     };
                     let out = handlers::error_frame(header, code, e.to_string());
-                    let _ = to_writer.send(Pending::Ready(out)).await;
+                    let _ = to_writer.send(Pending::Ready(Answered::now(out))).await;
                 }
                 return;
             }
@@ -581,13 +650,17 @@ async fn read_requests(
 /// over [`READ_CHUNK`], the shard's.
 struct Budget {
     connection: Rc<Semaphore>,
+    /// The connection's whole budget (`connection_in_flight_bytes`).
+    total: usize,
     shard: Rc<Semaphore>,
 }
 
-/// Room held for one request until it is answered.
+/// Room held for one request until its answer is written.
 struct Reservation {
     _connection: StaticPermit,
     _shard: Option<StaticPermit>,
+    /// Room for its answer ([`answer_room`]), in the connection's budget.
+    _answer: Option<StaticPermit>,
 }
 
 impl Budget {
@@ -605,6 +678,7 @@ impl Budget {
         Some(Reservation {
             _connection: connection,
             _shard: shard,
+            _answer: None,
         })
     }
 }
@@ -663,6 +737,9 @@ struct Watch {
     /// The reader waits for room for a frame whose header came (the
     /// client is not idle, and its frame's clock has not started).
     waiting: Cell<bool>,
+    /// Since when the writer has been writing answers it has not finished
+    /// writing (a client that does not read them stalls it).
+    writing_since: Cell<Option<Instant>>,
 }
 
 /// What the watchdog does next.
@@ -686,6 +763,7 @@ impl Watch {
             frame_since: Cell::new(None),
             in_flight: Cell::new(0),
             waiting: Cell::new(false),
+            writing_since: Cell::new(None),
         }
     }
 
@@ -721,6 +799,16 @@ impl Watch {
             sleep = sleep.min((frame / 2).max(Duration::from_millis(1)));
         }
         if let Some(idle) = t.idle {
+            // Answers the client does not read hold the connection's
+            // budget (and so its reader): a whole idle timeout without
+            // taking the bytes written to it ends the connection.
+            if let Some(since) = self.writing_since.get() {
+                let waited = now.saturating_duration_since(since);
+                if waited >= idle {
+                    return Due::Close("slow_reader");
+                }
+                sleep = sleep.min(idle - waited);
+            }
             let quiet = self.in_flight.get() == 0 && self.frame_since.get().is_none() && !self.waiting.get();
             match quiet {
                 true => {
@@ -894,6 +982,24 @@ mod watch_tests {
         let w3 = Watch::new(start);
         w3.waiting.set(true);
         assert!(matches!(w3.due(start + Duration::from_secs(600), T), Due::Sleep(_)));
+    }
+
+    #[test]
+    fn a_client_that_does_not_take_its_answers_is_closed_after_the_idle_timeout() {
+        let start = Instant::now();
+        let w = Watch::new(start);
+        // Waiting for room (its answers hold the budget) while the writer
+        // is stuck: not idle, but a slow reader.
+        w.waiting.set(true);
+        w.writing_since.set(Some(start + Duration::from_secs(1)));
+        assert_eq!(
+            w.due(start + Duration::from_secs(9), T),
+            Due::Sleep(Duration::from_secs(2))
+        );
+        assert_eq!(w.due(start + Duration::from_secs(11), T), Due::Close("slow_reader"));
+        // A write that completes starts nothing.
+        w.writing_since.set(None);
+        assert!(matches!(w.due(start + Duration::from_secs(60), T), Due::Sleep(_)));
     }
 
     #[test]
