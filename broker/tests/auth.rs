@@ -644,8 +644,23 @@ fn a_users_group_member_is_its_own_and_group_answers_show_only_its_queues() {
             )
         });
     }
+    // A connection that has not logged in yet is counted as such.
+    let _waiting = broker.client();
     let mut as_alice = broker.client();
     assert_eq!(log_in(&mut as_alice, "alice", "alice-pw"), ErrorCode::None);
+    let by_state = |state: &str| {
+        value(
+            &scrape(&broker),
+            &format!("strand_connections_by_state{{shard=\"0\",listener=\"client\",state=\"{state}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        by_state("login") >= 1.0 && by_state("open") >= 1.0,
+        "{}",
+        scrape(&broker)
+    );
+    assert_eq!(by_state("tls_handshake"), 0.0);
     let mut as_bob = broker.client();
     assert_eq!(log_in(&mut as_bob, "bob", "bob-pw"), ErrorCode::None);
     let member = join(&mut as_alice, "g", "a").unwrap();

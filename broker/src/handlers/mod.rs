@@ -51,20 +51,62 @@ pub struct ConnectionState {
     pub producers: produce::NewProducers,
     /// Who it logged in as, or how far it got (`sasl.rs`).
     pub login: std::cell::RefCell<sasl::Login>,
+    /// Where it stands, in the shard's gauge.
+    phase: Phase,
+}
+
+/// Where a connection stands (`strand_connections_by_state`), counted in
+/// its shard's gauge until it closes.
+pub struct Phase {
+    shard: Rc<Shard>,
+    now: std::cell::Cell<crate::metrics::ConnectionPhase>,
+}
+
+impl Phase {
+    /// A connection that opened at `now`.
+    pub fn new(shard: Rc<Shard>, now: crate::metrics::ConnectionPhase) -> Phase {
+        shard.metrics.connection_phase(None, Some(now));
+        Phase {
+            shard,
+            now: std::cell::Cell::new(now),
+        }
+    }
+
+    pub fn set(&self, to: crate::metrics::ConnectionPhase) {
+        let from = self.now.replace(to);
+        self.shard.metrics.connection_phase(Some(from), Some(to));
+    }
+}
+
+impl Drop for Phase {
+    fn drop(&mut self) {
+        self.shard.metrics.connection_phase(Some(self.now.get()), None);
+    }
 }
 
 impl ConnectionState {
     /// A connection's state under `auth`; its principal already known from
     /// its certificate (`--auth mtls`) when `principal` is given.
+    /// `phase` moves on from here: to `login` while the listener requires
+    /// one, else to `open`.
     pub fn new(
         auth: std::sync::Arc<crate::auth::ServerAuth>,
         principal: Option<crate::auth::Principal>,
+        phase: Phase,
     ) -> ConnectionState {
+        use crate::metrics::ConnectionPhase;
+        let must_log_in = principal.is_none() && auth.mode == crate::auth::AuthMode::Scram;
+        phase.set(if must_log_in {
+            ConnectionPhase::Login
+        } else {
+            ConnectionPhase::Open
+        });
         ConnectionState {
             auth,
             fetch: fetch::FetchChains::default(),
             producers: produce::NewProducers::default(),
             login: std::cell::RefCell::new(sasl::Login::new(principal)),
+            phase,
         }
     }
 
@@ -138,7 +180,13 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         Api::ReassignPartition => brokers::reassign(shard, header, &frame.body).await,
         Api::ElectLeaders => brokers::elect(shard, header, &frame.body).await,
         Api::SaslHandshake => sasl::handshake(shard, &conn.login, header, &frame.body).await,
-        Api::SaslAuthenticate => sasl::authenticate(shard, &conn.login, header, &frame.body).await,
+        Api::SaslAuthenticate => {
+            let answer = sasl::authenticate(shard, &conn.login, header, &frame.body).await;
+            if conn.login.borrow().principal.is_some() {
+                conn.phase.set(crate::metrics::ConnectionPhase::Open);
+            }
+            answer
+        }
         Api::PutUser => users::put(shard, header, &frame.body).await,
         Api::DeleteUser => users::delete(shard, header, &frame.body).await,
         Api::ListUsers => users::list(shard, header, &frame.body),

@@ -58,6 +58,10 @@
 //!   logins (`wrong_password`, which includes unknown users, or
 //!   `malformed`); `strand_authorization_denials_total` {shard, reason}:
 //!   requests refused for their principal, by API (`crate::auth`)
+//! - `strand_connections_by_state` {shard, listener, state}: open
+//!   connections of a listener (`client`: the client port) by where they
+//!   stand — `tls_handshake`, `login` (waiting for a SASL login the
+//!   listener requires) or `open` (served)
 //! - `strand_connections`, `strand_shard_busy_ratio` (share of the time
 //!   since the previous scrape the shard's executor ran tasks or I/O, spin
 //!   excluded), `strand_shard_requests_in_flight` {shard}
@@ -186,11 +190,41 @@ impl std::ops::AddAssign for QueueCounters {
     }
 }
 
+/// Where an open connection stands (`strand_connections_by_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionPhase {
+    /// Its TLS handshake is under way.
+    TlsHandshake,
+    /// It must log in (SASL) before it is served.
+    Login,
+    /// It is served.
+    Open,
+}
+
+impl ConnectionPhase {
+    pub const ALL: [ConnectionPhase; 3] = [
+        ConnectionPhase::TlsHandshake,
+        ConnectionPhase::Login,
+        ConnectionPhase::Open,
+    ];
+
+    /// The metric's label.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnectionPhase::TlsHandshake => "tls_handshake",
+            ConnectionPhase::Login => "login",
+            ConnectionPhase::Open => "open",
+        }
+    }
+}
+
 /// One shard's counters, touched only by its own thread.
 pub struct ShardMetrics {
     queues: RefCell<HashMap<String, QueueCounters>>,
     latency: RefCell<BTreeMap<u16, LatencyHistogram>>,
     connections: Cell<i64>,
+    /// Open client connections by [`ConnectionPhase`] (in `ALL`'s order).
+    phases: Cell<[i64; 3]>,
     /// Connections refused as they came, by reason.
     refused: RefCell<BTreeMap<&'static str, u64>>,
     /// Connections the broker closed, by reason.
@@ -255,6 +289,7 @@ impl Default for ShardMetrics {
             queues: RefCell::default(),
             latency: RefCell::default(),
             connections: Cell::new(0),
+            phases: Cell::new([0; 3]),
             refused: RefCell::default(),
             closed_by: RefCell::default(),
             auth_failures: RefCell::default(),
@@ -318,6 +353,20 @@ impl ShardMetrics {
         self.connections.set(self.connections.get() - 1);
     }
 
+    /// A connection moved from phase `from` to `to` (`None`: it opened, or
+    /// closed).
+    pub fn connection_phase(&self, from: Option<ConnectionPhase>, to: Option<ConnectionPhase>) {
+        let mut phases = self.phases.get();
+        let at = |p: ConnectionPhase| ConnectionPhase::ALL.iter().position(|q| *q == p).unwrap_or(0);
+        if let Some(from) = from {
+            phases[at(from)] -= 1;
+        }
+        if let Some(to) = to {
+            phases[at(to)] += 1;
+        }
+        self.phases.set(phases);
+    }
+
     /// A connection closed as it came, over the limit `reason` names.
     pub fn connection_refused(&self, reason: &'static str) {
         *self.refused.borrow_mut().entry(reason).or_default() += 1;
@@ -373,6 +422,7 @@ impl ShardMetrics {
         snap.queues = self.queues.borrow().iter().map(|(q, c)| (q.clone(), *c)).collect();
         snap.latency = self.latency.borrow().iter().map(|(a, h)| (*a, h.clone())).collect();
         snap.connections = self.connections.get();
+        snap.connection_phases = self.phases.get();
         snap.connections_refused = self.refused.borrow().iter().map(|(r, n)| (*r, *n)).collect();
         snap.connections_closed = self.closed_by.borrow().iter().map(|(r, n)| (*r, *n)).collect();
         snap.authentication_failures = self.auth_failures.borrow().iter().map(|(r, n)| (*r, *n)).collect();
@@ -438,6 +488,8 @@ pub struct ShardSnapshot {
     pub queues: Vec<(String, QueueCounters)>,
     pub latency: Vec<(u16, LatencyHistogram)>,
     pub connections: i64,
+    /// Open client connections by [`ConnectionPhase`] (in `ALL`'s order).
+    pub connection_phases: [i64; 3],
     /// (reason, count) of connections refused as they came.
     pub connections_refused: Vec<(&'static str, u64)>,
     /// (reason, count) of connections the broker closed.
@@ -798,6 +850,26 @@ impl Collector for Scrape {
             "strand_connections",
             "Open client connections, by shard.",
             by_shard(&self.snapshots, |s| s.connections),
+        )?;
+        let phases: Vec<(Labels, i64)> = self
+            .snapshots
+            .iter()
+            .flat_map(|s| {
+                ConnectionPhase::ALL.iter().zip(s.connection_phases).map(|(p, n)| {
+                    let labels = vec![
+                        ("shard", s.shard.to_string()),
+                        ("listener", "client".to_string()),
+                        ("state", p.name().to_string()),
+                    ];
+                    (labels, n)
+                })
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "strand_connections_by_state",
+            "Open connections by listener and by state: tls_handshake, login (a SASL login required first) or open.",
+            phases,
         )?;
         let by_reason = |pick: fn(&ShardSnapshot) -> &Vec<(&'static str, u64)>| {
             let mut series: Vec<(Labels, u64)> = self

@@ -199,6 +199,12 @@ pub async fn adopt(shard: Rc<Shard>, fd: std::os::fd::OwnedFd, slot: ConnectionS
 /// node's connections) is given back then.
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     shard.metrics.connection_opened();
+    // Until `ConnectionState` says whether it must log in.
+    let phase = match ListenerTls::of(&shard) {
+        Some(_) => crate::metrics::ConnectionPhase::TlsHandshake,
+        None => crate::metrics::ConnectionPhase::Open,
+    };
+    let phase = handlers::Phase::new(shard.clone(), phase);
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let mut certified_as = None;
@@ -247,6 +253,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
         peer: &peer,
         auth: crate::auth::ServerAuth::of(&shard),
         certified_as,
+        phase,
     };
     read_requests(&shard, &mut reader, low_water, &budget, &watch, ends, tls).await;
     drop(to_writer);
@@ -482,6 +489,8 @@ struct Ends<'a> {
     auth: std::sync::Arc<crate::auth::ServerAuth>,
     /// Its client certificate's subject CN (`--auth mtls`: its principal).
     certified_as: Option<String>,
+    /// Where it stands, in the shard's gauge.
+    phase: handlers::Phase,
 }
 
 async fn read_requests(
@@ -499,6 +508,7 @@ async fn read_requests(
         peer,
         auth,
         certified_as,
+        phase,
     } = ends;
     let limits = FrameLimits {
         max_frame_bytes: shard.config.max_frame_bytes,
@@ -516,7 +526,7 @@ async fn read_requests(
     // This connection's fetch chains (pipelined fetches: handlers::fetch)
     // and the producer ids it brought (handlers::produce).
     let principal = auth.certified(certified_as);
-    let state = Rc::new(handlers::ConnectionState::new(auth, principal));
+    let state = Rc::new(handlers::ConnectionState::new(auth, principal, phase));
     // Until the first frame: a TLS client on this plaintext listener is
     // closed at its hello, not left waiting for a frame that never ends.
     let mut first = !tls;
