@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The node's connection limits (`BrokerConfig`'s `max_connections`,
 /// `max_connections_per_ip`, `max_connection_rate_per_ip`).
@@ -165,6 +165,170 @@ impl Drop for ConnectionSlot {
     }
 }
 
+/// What a window of new producer ids refused: a partition's share, or
+/// the total over all partitions (the bound that was reached).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProducerLimit {
+    Partition(usize),
+    All(usize),
+}
+
+/// Producer ids brought lately (sequence-0 batches under an id not seen
+/// here within the window), per partition, oldest first (pure: a
+/// connection keeps one, `handlers::produce::NewProducers`, and the node
+/// one per principal, [`PrincipalProducers`]). Judged by the monotonic
+/// clock: a wall-clock jump neither lifts nor tightens a limit.
+#[derive(Debug, Default)]
+pub struct ProducerWindow {
+    by_partition: HashMap<(String, u32), std::collections::VecDeque<(i64, Instant)>>,
+    /// Ids remembered over all partitions.
+    total: usize,
+    /// When ids of all partitions were last swept for age.
+    swept_at: Option<Instant>,
+}
+
+impl ProducerWindow {
+    /// Whether producer `id` was brought to `partition` of `queue` within
+    /// `window` of `now` (that partition's older ids are forgotten).
+    pub fn knows(&mut self, queue: &str, partition: u32, id: i64, now: Instant, window: Duration) -> bool {
+        let Some(ids) = self.by_partition.get_mut(&(queue.to_string(), partition)) else {
+            return false;
+        };
+        let before = ids.len();
+        while ids.front().is_some_and(|(_, at)| now.duration_since(*at) >= window) {
+            ids.pop_front();
+        }
+        self.total -= before - ids.len();
+        ids.iter().any(|(p, _)| *p == id)
+    }
+
+    /// Whether one more id may come to `partition` of `queue`: at most
+    /// `per_partition` there and `in_all` over all partitions within
+    /// `window` (all partitions are swept for age at most once a second
+    /// when the total is reached: a client at its limit costs no sweep per
+    /// batch).
+    pub fn room(
+        &mut self,
+        queue: &str,
+        partition: u32,
+        now: Instant,
+        window: Duration,
+        (per_partition, in_all): (usize, usize),
+    ) -> Result<(), ProducerLimit> {
+        let here = self
+            .by_partition
+            .get(&(queue.to_string(), partition))
+            .map_or(0, |ids| ids.len());
+        if here >= per_partition {
+            return Err(ProducerLimit::Partition(per_partition));
+        }
+        let swept_lately = self
+            .swept_at
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1));
+        if self.total >= in_all && !swept_lately {
+            self.swept_at = Some(now);
+            self.forget_older(now, window);
+        }
+        match self.total >= in_all {
+            true => Err(ProducerLimit::All(in_all)),
+            false => Ok(()),
+        }
+    }
+
+    /// Forgets every id older than `window` (and the partitions left
+    /// without any).
+    fn forget_older(&mut self, now: Instant, window: Duration) {
+        let mut total = 0;
+        self.by_partition.retain(|_, ids| {
+            ids.retain(|(_, at)| now.duration_since(*at) < window);
+            total += ids.len();
+            !ids.is_empty()
+        });
+        self.total = total;
+    }
+
+    /// Remembers producer `id` brought to `partition` of `queue` at `now`.
+    pub fn insert(&mut self, queue: &str, partition: u32, id: i64, now: Instant) {
+        self.by_partition
+            .entry((queue.to_string(), partition))
+            .or_default()
+            .push_back((id, now));
+        self.total += 1;
+    }
+
+    /// Ids remembered over all partitions.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+}
+
+/// New producer ids each principal (a user) brought to this node lately,
+/// over all its connections (issue 42): a user may not fill a partition's
+/// producer table by opening connections. Shared by the node's shards;
+/// its lock is taken only for a batch that starts a producer new to its
+/// connection, never per request.
+#[derive(Debug)]
+pub struct PrincipalProducers {
+    /// At most this many ids per principal over all partitions (0: no
+    /// limit), and per partition the lesser of it and
+    /// [`PRINCIPAL_PRODUCERS_PER_PARTITION`].
+    in_all: usize,
+    windows: Mutex<HashMap<String, ProducerWindow>>,
+}
+
+/// The most producer ids one principal brings to one partition within the
+/// window: a quarter of a partition's producer table
+/// (`strand_storage::producers::MAX_PRODUCERS`), so one user alone cannot
+/// fill it.
+pub const PRINCIPAL_PRODUCERS_PER_PARTITION: usize = strand_storage::producers::MAX_PRODUCERS / 4;
+
+impl PrincipalProducers {
+    pub fn new(in_all: usize) -> PrincipalProducers {
+        PrincipalProducers {
+            in_all,
+            windows: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Admits producer `id` brought by `principal` to `partition` of
+    /// `queue` at `now` (remembered within `window`), or says which bound
+    /// it reached.
+    pub fn admit(
+        &self,
+        principal: &str,
+        queue: &str,
+        partition: u32,
+        id: i64,
+        now: Instant,
+        window: Duration,
+    ) -> Result<(), ProducerLimit> {
+        if self.in_all == 0 {
+            return Ok(());
+        }
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        if !windows.contains_key(principal) {
+            // Forget the principals whose ids all aged out, now and then.
+            if windows.len() >= 64 {
+                windows.retain(|_, w| {
+                    w.forget_older(now, window);
+                    w.total > 0
+                });
+            }
+            windows.insert(principal.to_string(), ProducerWindow::default());
+        }
+        let Some(w) = windows.get_mut(principal) else {
+            return Ok(());
+        };
+        if w.knows(queue, partition, id, now, window) {
+            return Ok(());
+        }
+        let per_partition = PRINCIPAL_PRODUCERS_PER_PARTITION.min(self.in_all);
+        w.room(queue, partition, now, window, (per_partition, self.in_all))?;
+        w.insert(queue, partition, id, now);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -248,5 +412,39 @@ mod tests {
         assert_eq!(counts.per_ip[&ip(1)].open, 1);
         drop(counts);
         drop(kept);
+    }
+
+    #[test]
+    fn a_principal_brings_at_most_so_many_producer_ids_over_all_its_connections() {
+        let window = Duration::from_secs(600);
+        let counts = PrincipalProducers::new(8);
+        let t0 = Instant::now();
+        for id in 0..8 {
+            counts.admit("alice", "q", (id % 2) as u32, id, t0, window).unwrap();
+        }
+        // An id it brought goes on; a ninth is refused; bob is apart.
+        counts.admit("alice", "q", 0, 0, t0, window).unwrap();
+        assert_eq!(
+            counts.admit("alice", "q", 0, 99, t0, window),
+            Err(ProducerLimit::All(8))
+        );
+        counts.admit("bob", "q", 0, 99, t0, window).unwrap();
+        // Once they age out, new ones come in again.
+        counts.admit("alice", "q", 0, 99, t0 + window, window).unwrap();
+        // Per partition: a quarter of the producer table at most.
+        let counts = PrincipalProducers::new(1 << 20);
+        for id in 0..PRINCIPAL_PRODUCERS_PER_PARTITION as i64 {
+            counts.admit("alice", "q", 0, id, t0, window).unwrap();
+        }
+        assert_eq!(
+            counts.admit("alice", "q", 0, -1, t0, window),
+            Err(ProducerLimit::Partition(PRINCIPAL_PRODUCERS_PER_PARTITION))
+        );
+        counts.admit("alice", "q", 1, -1, t0, window).unwrap();
+        // 0: no limit.
+        let open = PrincipalProducers::new(0);
+        for id in 0..100 {
+            open.admit("alice", "q", 0, id, t0, window).unwrap();
+        }
     }
 }

@@ -496,6 +496,30 @@ fn a_broker_refuses_to_start_open_off_loopback_or_scram_without_the_brokers_pass
     assert!(scram.contains("STRAND_INTER_BROKER_PASSWORD"), "{scram}");
 }
 
+/// One broker with `--auth scram` and the superuser admin (its password
+/// `BOOTSTRAP`), on `cores` shards with the settings `toml`, its data in
+/// `dir`; returned once admin may log in.
+fn scram_broker(dir: &std::path::Path, cores: &str, toml: &str) -> common::Broker {
+    std::fs::write(dir.join("s.toml"), toml).unwrap();
+    let mut command = serve_command(
+        "127.0.0.1:0",
+        &["--cores", cores, "--auth", "scram", "--superusers", "admin"],
+    );
+    command
+        .arg("--config")
+        .arg(dir.join("s.toml"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .env("STRAND_INTER_BROKER_PASSWORD", INTER_BROKER)
+        .env("STRAND_BOOTSTRAP_PASSWORD", BOOTSTRAP);
+    let broker = common::Broker::spawn(command, &dir.join("data"));
+    let addr = broker.addr.to_string();
+    until_ok(Duration::from_secs(30), Duration::from_millis(200), || {
+        strand_as(&addr, Some(("admin", BOOTSTRAP)), &["queue", "list"], "")
+    });
+    broker
+}
+
 /// JoinGroup of `group` on `queue`: the member id, or the error code.
 fn join(client: &mut Client, group: &str, queue: &str) -> Result<String, ErrorCode> {
     let mut fbb = FlatBufferBuilder::new();
@@ -582,21 +606,9 @@ fn fetch_offsets(client: &mut Client, group: &str) -> Vec<String> {
 #[test]
 fn a_users_group_member_is_its_own_and_group_answers_show_only_its_queues() {
     let dir = tempfile::tempdir().unwrap();
-    let mut command = serve_command(
-        "127.0.0.1:0",
-        &["--cores", "1", "--auth", "scram", "--superusers", "admin"],
-    );
-    command
-        .arg("--data-dir")
-        .arg(dir.path())
-        .env("STRAND_INTER_BROKER_PASSWORD", INTER_BROKER)
-        .env("STRAND_BOOTSTRAP_PASSWORD", BOOTSTRAP);
-    let broker = common::Broker::spawn(command, dir.path());
+    let broker = scram_broker(dir.path(), "1", "");
     let addr = broker.addr.to_string();
     let admin = Some(("admin", BOOTSTRAP));
-    until_ok(Duration::from_secs(30), Duration::from_millis(200), || {
-        strand_as(&addr, admin, &["queue", "list"], "")
-    });
     for q in ["a", "b"] {
         ok(&strand_as(
             &addr,
@@ -692,5 +704,70 @@ fn a_users_group_member_is_its_own_and_group_answers_show_only_its_queues() {
         "{admin_sees}"
     );
     assert_eq!(as_member(&mut as_alice, "g", &member, true), ErrorCode::None);
+    broker.terminate();
+}
+
+/// A user's new producer ids are counted over all its connections to a
+/// broker (`max_producer_ids_per_principal`): opening connections does not
+/// let one user fill a partition's producer table; another user is apart.
+#[test]
+fn a_user_brings_at_most_so_many_producer_ids_over_all_its_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = scram_broker(dir.path(), "2", "max_producer_ids_per_principal = 6\n");
+    let addr = broker.addr.to_string();
+    let admin = Some(("admin", BOOTSTRAP));
+    ok(&strand_as(
+        &addr,
+        admin,
+        &["queue", "create", "p", "--partitions", "2"],
+        "",
+    ));
+    for user in ["alice", "bob"] {
+        ok(&strand_as(
+            &addr,
+            admin,
+            &["user", "create", user],
+            &format!("{user}-pw\n"),
+        ));
+        ok(&strand_as(
+            &addr,
+            admin,
+            &["acl", "add", "--user", user, "--operation", "produce", "--queue", "p"],
+            "",
+        ));
+    }
+    let starts = |producer_id: i64| {
+        let mut b = strand_storage::batch::BatchBuilder::new();
+        b.producer(producer_id, 0, 0);
+        b.push(None, Some(b"v"), &[], common::TS);
+        b.build().freeze()
+    };
+    // Three connections of alice's, two new producers each: six in all.
+    let mut conns: Vec<Client> = (0..3).map(|_| broker.client()).collect();
+    for (i, c) in conns.iter_mut().enumerate() {
+        assert_eq!(log_in(c, "alice", "alice-pw"), ErrorCode::None);
+        for j in 0..2 {
+            let id = (i * 2 + j) as i64;
+            c.produce("p", (id % 2) as u32, starts(id), 1).unwrap();
+        }
+    }
+    // A seventh, on any connection of hers: refused, naming her.
+    let (code, message) = conns[0].produce("p", 0, starts(100), 1).unwrap_err();
+    assert_eq!(code, ErrorCode::TooManyProducers, "{message}");
+    assert!(message.contains("alice"), "{message}");
+    let mut fresh = broker.client();
+    assert_eq!(log_in(&mut fresh, "alice", "alice-pw"), ErrorCode::None);
+    assert_eq!(
+        fresh.produce("p", 1, starts(101), 1).unwrap_err().0,
+        ErrorCode::TooManyProducers
+    );
+    // A producer she brought goes on; bob is counted apart.
+    let mut go_on = strand_storage::batch::BatchBuilder::new();
+    go_on.producer(0, 0, 1);
+    go_on.push(None, Some(b"w"), &[], common::TS);
+    conns[0].produce("p", 0, go_on.build().freeze(), 1).unwrap();
+    let mut as_bob = broker.client();
+    assert_eq!(log_in(&mut as_bob, "bob", "bob-pw"), ErrorCode::None);
+    as_bob.produce("p", 0, starts(200), 1).unwrap();
     broker.terminate();
 }

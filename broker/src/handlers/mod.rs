@@ -55,6 +55,16 @@ pub struct ConnectionState {
     phase: Phase,
 }
 
+/// The node's count of each user's new producer ids, on a shard (set at
+/// start).
+#[derive(Default)]
+struct PrincipalProducers(std::cell::OnceCell<std::sync::Arc<crate::limits::PrincipalProducers>>);
+
+/// Installs the node's count of each user's new producer ids on a shard.
+pub fn install_principal_producers(shard: &Shard, counts: std::sync::Arc<crate::limits::PrincipalProducers>) {
+    let _ = shard.ext.get_or_default::<PrincipalProducers>().0.set(counts);
+}
+
 /// Where a connection stands (`strand_connections_by_state`), counted in
 /// its shard's gauge until it closes.
 pub struct Phase {
@@ -101,13 +111,31 @@ impl ConnectionState {
         } else {
             ConnectionPhase::Open
         });
-        ConnectionState {
+        let state = ConnectionState {
             auth,
             fetch: fetch::FetchChains::default(),
             producers: produce::NewProducers::default(),
-            login: std::cell::RefCell::new(sasl::Login::new(principal)),
+            login: std::cell::RefCell::new(sasl::Login::new(None)),
             phase,
+        };
+        if let Some(principal) = principal {
+            state.logged_in(principal);
         }
+        state
+    }
+
+    /// The connection is `principal` from now on (its SASL login, or its
+    /// certificate): served, and a user's new producer ids count for it
+    /// over all its connections to this node (`crate::limits`).
+    fn logged_in(&self, principal: crate::auth::Principal) {
+        if let crate::auth::Principal::User(name) = &principal {
+            let shard = &self.phase.shard;
+            if let Some(counts) = shard.ext.get::<PrincipalProducers>().and_then(|c| c.0.get().cloned()) {
+                self.producers.count_for(counts, name.clone());
+            }
+        }
+        self.login.borrow_mut().principal = Some(principal);
+        self.phase.set(crate::metrics::ConnectionPhase::Open);
     }
 
     /// The user whose ACLs decide its requests, if any (a copy: a group
@@ -181,9 +209,15 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         Api::ElectLeaders => brokers::elect(shard, header, &frame.body).await,
         Api::SaslHandshake => sasl::handshake(shard, &conn.login, header, &frame.body).await,
         Api::SaslAuthenticate => {
+            let before = conn.login.borrow().principal.is_some();
             let answer = sasl::authenticate(shard, &conn.login, header, &frame.body).await;
-            if conn.login.borrow().principal.is_some() {
-                conn.phase.set(crate::metrics::ConnectionPhase::Open);
+            // A login just made (one per connection: `sasl.rs` refuses a
+            // second) takes effect.
+            if !before {
+                let principal = conn.login.borrow_mut().principal.take();
+                if let Some(principal) = principal {
+                    conn.logged_in(principal);
+                }
             }
             answer
         }

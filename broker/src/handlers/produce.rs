@@ -12,8 +12,10 @@
 //! partition's producer table
 //! ([`MAX_PRODUCERS`](strand_storage::producers::MAX_PRODUCERS)) with fresh
 //! ids and leave every other client's new producer refused for ten minutes
-//! (issue 41, item 3); now that takes 16 connections, which a limit on
-//! connections per client and per principal (issue 42) must bound. (64 per
+//! (issue 41, item 3); now that takes 16 connections, and a logged-in
+//! user's new ids also count over all its connections to the node
+//! (`max_producer_ids_per_principal`, and a quarter of a partition's table
+//! per partition: `crate::limits::PrincipalProducers`, issue 42). (64 per
 //! partition was too few for a real client: strand-chaos's producers, which
 //! take a new id after every `UnknownProducer`, met 267 refusals in 30
 //! minutes of faults.)
@@ -21,8 +23,8 @@
 //! only after `UnknownProducer`.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strand_net::frame::FrameHeader;
@@ -32,6 +34,7 @@ use strand_wire::flatbuffers::FlatBufferBuilder;
 use strand_wire::*;
 
 use super::{error_table, request, respond};
+use crate::limits::{PrincipalProducers, ProducerLimit, ProducerWindow};
 use crate::router::ask;
 use crate::shard::messages::{PartitionRequest, Produced, WireError};
 use crate::shard::Shard;
@@ -52,75 +55,47 @@ pub const NEW_PRODUCERS_PER_CONNECTION: usize = 16_384;
 /// As long as a partition keeps an idle producer before it may forget it.
 const NEW_PRODUCERS_WINDOW: Duration = Duration::from_millis(strand_storage::producers::FORGET_AFTER_MS as u64);
 
-/// The producer ids brought to one partition, and when, oldest first.
-type Brought = VecDeque<(i64, Instant)>;
-
 /// The producer ids one connection brought to each partition lately (see
-/// the module doc). Judged by the monotonic clock: a wall-clock jump
-/// neither lifts nor tightens the limit.
+/// the module doc), and who it is.
 #[derive(Default)]
 pub struct NewProducers {
-    by_partition: RefCell<HashMap<(String, u32), Brought>>,
-    /// Ids remembered over all partitions.
-    total: std::cell::Cell<usize>,
-    /// When ids of all partitions were last swept for age.
-    swept_at: std::cell::Cell<Option<Instant>>,
+    window: RefCell<ProducerWindow>,
+    /// The node's count per principal and the user this connection logged
+    /// in as (set at login; none: no user, or `--auth none`).
+    principal: RefCell<Option<(Arc<PrincipalProducers>, String)>>,
 }
 
 impl NewProducers {
+    /// From now on the ids this connection brings count for `user` too,
+    /// in the node's `counts`.
+    pub fn count_for(&self, counts: Arc<PrincipalProducers>, user: String) {
+        *self.principal.borrow_mut() = Some((counts, user));
+    }
+
     /// Whether a batch at sequence 0 of producer `id` may go to
     /// `partition` of `queue` (and, if so, it is remembered).
     fn admit(&self, queue: &str, partition: u32, id: i64, now: Instant) -> Result<(), WireError> {
-        let mut map = self.by_partition.borrow_mut();
-        let key = (queue.to_string(), partition);
-        let fresh = |at: &Instant| now.duration_since(*at) < NEW_PRODUCERS_WINDOW;
-        let minutes = NEW_PRODUCERS_WINDOW.as_secs() / 60;
-        if let Some(ids) = map.get_mut(&key) {
-            let before = ids.len();
-            while ids.front().is_some_and(|(_, at)| !fresh(at)) {
-                ids.pop_front();
-            }
-            self.total.set(self.total.get() - (before - ids.len()));
-            if ids.iter().any(|(p, _)| *p == id) {
-                return Ok(());
-            }
-            if ids.len() >= NEW_PRODUCERS_PER_PARTITION {
-                return Err(WireError::new(
-                    ErrorCode::TooManyProducers,
-                    format!(
-                        "this connection brought {NEW_PRODUCERS_PER_PARTITION} producer ids to partition {partition} \
-                         of {queue:?} within {minutes} minutes: reuse producers (a producer keeps its id), or wait"
-                    ),
-                ));
-            }
+        let mut window = self.window.borrow_mut();
+        if window.knows(queue, partition, id, now, NEW_PRODUCERS_WINDOW) {
+            return Ok(());
         }
-        let swept_lately = self
-            .swept_at
-            .get()
-            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1));
-        if self.total.get() >= NEW_PRODUCERS_PER_CONNECTION && !swept_lately {
-            // Forget the partitions whose ids all aged out (at most once a
-            // second: a connection at its limit costs no sweep per batch).
-            self.swept_at.set(Some(now));
-            let mut total = 0;
-            map.retain(|_, ids| {
-                ids.retain(|(_, at)| fresh(at));
-                total += ids.len();
-                !ids.is_empty()
-            });
-            self.total.set(total);
+        let limits = (NEW_PRODUCERS_PER_PARTITION, NEW_PRODUCERS_PER_CONNECTION);
+        window
+            .room(queue, partition, now, NEW_PRODUCERS_WINDOW, limits)
+            .map_err(|l| too_many("this connection", l, queue, partition))?;
+        if let Some((counts, user)) = &*self.principal.borrow() {
+            counts
+                .admit(user, queue, partition, id, now, NEW_PRODUCERS_WINDOW)
+                .map_err(|l| {
+                    too_many(
+                        &format!("user {user:?} (over all its connections to this broker)"),
+                        l,
+                        queue,
+                        partition,
+                    )
+                })?;
         }
-        if self.total.get() >= NEW_PRODUCERS_PER_CONNECTION {
-            return Err(WireError::new(
-                ErrorCode::TooManyProducers,
-                format!(
-                    "this connection brought {NEW_PRODUCERS_PER_CONNECTION} producer ids within {minutes} minutes: \
-                     reuse producers (a producer keeps its id), or wait"
-                ),
-            ));
-        }
-        map.entry(key).or_default().push_back((id, now));
-        self.total.set(self.total.get() + 1);
+        window.insert(queue, partition, id, now);
         Ok(())
     }
 
@@ -306,6 +281,20 @@ pub async fn handle(
     Ok(Some(respond(header, &fbb, TailBuilder::default())))
 }
 
+/// `TooManyProducers`: `who` brought as many producer ids as `limit`
+/// allows.
+fn too_many(who: &str, limit: ProducerLimit, queue: &str, partition: u32) -> WireError {
+    let minutes = NEW_PRODUCERS_WINDOW.as_secs() / 60;
+    let what = match limit {
+        ProducerLimit::Partition(n) => format!("{n} producer ids to partition {partition} of {queue:?}"),
+        ProducerLimit::All(n) => format!("{n} producer ids"),
+    };
+    WireError::new(
+        ErrorCode::TooManyProducers,
+        format!("{who} brought {what} within {minutes} minutes: reuse producers (a producer keeps its id), or wait"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,7 +335,7 @@ mod tests {
         assert!(refused(p.admit("q", 100_000, -5, t0)));
         let later = t0 + NEW_PRODUCERS_WINDOW;
         p.admit("q", 100_000, 5, later).unwrap();
-        assert_eq!(p.total.get(), 1);
+        assert_eq!(p.window.borrow().total(), 1);
     }
 
     #[test]

@@ -79,6 +79,8 @@ struct Lifecycle {
     tls: Option<tls::ServerTls>,
     /// `--auth` and the inter-broker login (`crate::auth`).
     auth: Arc<crate::auth::ServerAuth>,
+    /// The producer ids each user brought lately, counted across shards.
+    principal_producers: Arc<crate::limits::PrincipalProducers>,
 }
 
 impl Lifecycle {
@@ -218,6 +220,9 @@ fn run_locked(
         max_per_ip: config.max_connections_per_ip,
         rate_per_ip: config.max_connection_rate_per_ip,
     });
+    let principal_producers = Arc::new(crate::limits::PrincipalProducers::new(
+        config.max_producer_ids_per_principal,
+    ));
     let mesh = Mesh::full(usize::from(shards), config.shard_channel_capacity);
     let (events_tx, events) = mpsc::channel();
     let cpus = host::usable_cpu_ids();
@@ -235,6 +240,7 @@ fn run_locked(
             connections: connections.clone(),
             tls: server_tls.clone(),
             auth: auth.clone(),
+            principal_producers: principal_producers.clone(),
         };
         LocalExecutorBuilder::new(Placement::Fixed(cpus[usize::from(id) % cpus.len()]))
             .name(&format!("shard-{id}"))
@@ -397,6 +403,7 @@ async fn shard_main(
         connection::ListenerTls::install(&shard, tls.acceptor.clone());
     }
     crate::auth::ServerAuth::install(&shard, lifecycle.auth.clone());
+    crate::handlers::install_principal_producers(&shard, lifecycle.principal_producers.clone());
     mesh::start_receivers(&shard, receivers);
     crate::groups::start(&shard);
     // Accepting from now on: the other nodes' controller members must
