@@ -455,18 +455,36 @@ fn three_brokers_with_scram_serve_logged_in_users_and_keep_internal_apis_to_brok
         assert!(std::time::Instant::now() < deadline, "alice still logs in");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // And her session logged in before ends with her.
+    let mut fbb = FlatBufferBuilder::new();
+    let root = MetadataRequest::create(&mut fbb, &MetadataRequestArgs::default());
+    fbb.finish_minimal(root);
+    let f = as_alice.call(Api::Metadata, &fbb, TailBuilder::default());
+    assert_eq!(
+        common::error_code(body::<MetadataResponse>(&f).unwrap().error()),
+        ErrorCode::AuthenticationFailed
+    );
 
     // The leader the forged fetches were sent to dies: every acknowledged
     // record is on the replica that takes over (the forged fetch moved no
     // high watermark).
     let survivor = addr(if leader == 1 { 2 } else { 1 });
     cluster.kill9(leader);
-    let read = ok(&strand_as(
-        &survivor,
-        admin,
-        &["consume", "s", "--from", "earliest", "--idle-exit-ms", "5000"],
-        "",
-    ));
+    // Read until the new leader serves all (the failover waits for the dead
+    // leader's lease, longer on a busy machine), at most 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let read = loop {
+        let out = strand_as(
+            &survivor,
+            admin,
+            &["consume", "s", "--from", "earliest", "--idle-exit-ms", "3000"],
+            "",
+        );
+        let read = String::from_utf8_lossy(&out.stdout).to_string();
+        if read.lines().any(|l| l == "record-49") || std::time::Instant::now() > deadline {
+            break read;
+        }
+    };
     for i in 0..50 {
         assert!(
             read.lines().any(|l| l == format!("record-{i}")),
@@ -704,6 +722,34 @@ fn a_users_group_member_is_its_own_and_group_answers_show_only_its_queues() {
         "{admin_sees}"
     );
     assert_eq!(as_member(&mut as_alice, "g", &member, true), ErrorCode::None);
+    // Lists show a user what it may describe: bob's queues and groups, not
+    // alice's queue nor a group of admin's; a queue he names but may not
+    // describe is NotAuthorized.
+    ok(&strand_as(
+        &addr,
+        admin,
+        &["consume", "a", "--group", "h", "--idle-exit-ms", "1000"],
+        "",
+    ));
+    let names = |who: Option<(&str, &str)>, what: &str| -> Vec<String> {
+        let out = ok(&strand_as(&addr, who, &[what, "list", "--output", "json"], ""));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let mut names: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let bob = Some(("bob", "bob-pw"));
+    assert_eq!(names(bob, "queue"), ["b"]);
+    assert_eq!(names(admin, "queue"), ["a", "b"]);
+    assert_eq!(names(bob, "group"), ["g"]);
+    assert_eq!(names(admin, "group"), ["g", "h"]);
+    let refused = failed(&strand_as(&addr, bob, &["produce", "a"], "x\n"));
+    assert!(refused.contains("NotAuthorized"), "{refused}");
     broker.terminate();
 }
 

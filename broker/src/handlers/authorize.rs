@@ -5,7 +5,9 @@
 //!
 //! | API | needs |
 //! |---|---|
-//! | Metadata, ListGroups, DescribeBroker | nothing more (any user) |
+//! | Metadata | nothing more; the answer shows only queues it may describe (one named and not: `NotAuthorized`) |
+//! | ListGroups | nothing more; the answer shows only groups it may describe |
+//! | DescribeBroker | nothing more (any user) |
 //! | CreateQueue | create on the queue (or the cluster) |
 //! | DeleteQueue, AlterQueue, DescribeQueue | delete, alter, describe on the queue |
 //! | Produce | produce on each queue |

@@ -50,6 +50,18 @@ pub async fn handle(
         Api::ListGroups => {
             let only_led_here = request::<ListGroupsRequest>(body)?.only_led_here();
             let mut all = list_groups(shard, only_led_here).await?;
+            // A user sees the groups it may describe.
+            if let Some(user) = &acl_user {
+                let table = shard.table();
+                all.retain(|g| {
+                    crate::controller::acls::allows(
+                        &table.acls,
+                        user,
+                        crate::controller::acls::Operation::Describe,
+                        &crate::controller::acls::Resource::Group(&g.name),
+                    )
+                });
+            }
             all.sort_by(|a, b| a.name.cmp(&b.name));
             let groups: Vec<_> = all
                 .iter()

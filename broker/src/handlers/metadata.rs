@@ -1,4 +1,9 @@
-//! Metadata: brokers, queues, partitions and their leaders.
+//! Metadata: brokers, queues, partitions and their leaders. A user whose
+//! ACLs decide sees only the queues it may describe: all of them means
+//! those, and a queue it names but may not describe is answered
+//! `NotAuthorized`, whether it exists or not. The broker's own queues
+//! (`__groups`) are shown to all: group members find their coordinator
+//! through them.
 
 use std::rc::Rc;
 
@@ -12,12 +17,27 @@ use super::{config_table, error_table, request, respond};
 use crate::shard::messages::WireError;
 use crate::shard::Shard;
 
-pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<OutFrame, WireError> {
+/// `acl_user`: the user whose ACLs decide (none: a superuser, a broker,
+/// `--auth none`).
+pub fn handle(
+    shard: &Rc<Shard>,
+    header: FrameHeader,
+    body: &[u8],
+    acl_user: Option<String>,
+) -> Result<OutFrame, WireError> {
     let req = request::<MetadataRequest>(body)?;
     let table = shard.table();
+    // The broker's own queues are shown to all: a group member finds its
+    // coordinator through `__groups`' leaders.
+    let may_describe = |queue: &str| {
+        crate::groups::is_internal(queue)
+            || acl_user
+                .as_deref()
+                .is_none_or(|user| super::authorize::may_describe(&table.acls, user, queue))
+    };
     let wanted: Vec<String> = match req.queues() {
         Some(names) if !names.is_empty() => names.iter().map(str::to_string).collect(),
-        _ => table.queues.keys().cloned().collect(),
+        _ => table.queues.keys().filter(|q| may_describe(q)).cloned().collect(),
     };
     let mut fbb = FlatBufferBuilder::new();
     let brokers: Vec<_> = table
@@ -47,8 +67,18 @@ pub fn handle(shard: &Rc<Shard>, header: FrameHeader, body: &[u8]) -> Result<Out
     let mut queues = Vec::new();
     for name in &wanted {
         let name_off = fbb.create_string(name);
-        let Some(q) = table.queue(name) else {
-            let err = WireError::new(ErrorCode::UnknownQueue, format!("queue {name:?} does not exist"));
+        let found = table.queue(name).filter(|_| may_describe(name));
+        let Some(q) = found else {
+            let err = match may_describe(name) {
+                true => WireError::new(ErrorCode::UnknownQueue, format!("queue {name:?} does not exist")),
+                false => WireError::new(
+                    ErrorCode::NotAuthorized,
+                    format!(
+                        "user {:?} may not describe queue {name:?}",
+                        acl_user.as_deref().unwrap_or_default()
+                    ),
+                ),
+            };
             let error = error_table(&mut fbb, Some(&err));
             queues.push(QueueMetadata::create(
                 &mut fbb,

@@ -164,10 +164,13 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         // speaks only for itself (none: `--auth none`, nothing checked).
         let caller = principal.and_then(crate::auth::Principal::node);
         let acl_user = auth.acl_user(principal);
-        let allowed = auth.check(principal, api).and_then(|()| match acl_user {
-            Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
-            None => Ok(()),
-        });
+        let allowed = auth
+            .check(principal, api)
+            .and_then(|()| still_a_user(shard, auth, principal))
+            .and_then(|()| match acl_user {
+                Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
+                None => Ok(()),
+            });
         (allowed, caller)
     };
     if let Err(e) = allowed {
@@ -189,7 +192,7 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
     let result = match api {
         Api::ApiVersions => api_versions::handle(header),
         Api::Controller => controller::handle(shard, header, &frame.body, caller).await,
-        Api::Metadata => metadata::handle(shard, header, &frame.body),
+        Api::Metadata => metadata::handle(shard, header, &frame.body, conn.acl_user()),
         Api::CreateQueue => create_queue::handle(shard, header, &frame.body).await,
         Api::DeleteQueue => delete_queue::handle(shard, header, &frame.body).await,
         Api::AlterQueue => alter_queue::handle(shard, header, &frame.body).await,
@@ -244,6 +247,28 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         }
         error_response(header, &e)
     }))
+}
+
+/// Refuses a connection's requests once the user it logged in as (SASL
+/// SCRAM) is deleted: its session ends with the user, as a new login
+/// would fail (`AuthenticationFailed`). Certificate users (`--auth mtls`)
+/// are not in the table.
+fn still_a_user(
+    shard: &Shard,
+    auth: &crate::auth::ServerAuth,
+    principal: Option<&crate::auth::Principal>,
+) -> Result<(), WireError> {
+    match principal {
+        Some(crate::auth::Principal::User(name))
+            if auth.mode == crate::auth::AuthMode::Scram && !shard.table().users.contains_key(name) =>
+        {
+            Err(WireError::new(
+                ErrorCode::AuthenticationFailed,
+                format!("user {name:?} no longer exists: its sessions ended with it"),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Runs `futures` at once on this shard and returns their outputs in
