@@ -315,8 +315,8 @@ pub enum Command {
         credentials: Vec<StoredCredential>,
     },
     /// Deletes user `name` and its ACLs; its connections already
-    /// authenticated stay so until they close (their requests are checked
-    /// against ACLs that no longer name it).
+    /// authenticated get `AuthenticationFailed` from then on
+    /// (`handlers::still_a_user`).
     DeleteUser {
         name: String,
     },
