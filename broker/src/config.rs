@@ -40,7 +40,7 @@
 //! max_connections = 10000              # open connections this node takes (0: no limit)
 //! max_connections_per_ip = 1000        # open connections from one source address (0: no limit)
 //! max_connection_rate_per_ip = 1000    # new connections a second from one address (0: no limit)
-//! max_producer_ids_per_principal = 65536  # new producer ids one user brings to this broker in 10 minutes (0: no limit)
+//! max_producer_ids_per_principal = 65536  # new producers (an id on a partition) one user brings to this broker in 10 minutes (0: no limit)
 //! connection_idle_timeout_ms = 600000  # a connection serving nothing and sending nothing is closed
 //! frame_receive_timeout_ms = 60000     # a frame begun must be whole within this, or the connection closes
 //! connection_in_flight_bytes = 67108864  # requests and answers not yet written, per connection (a fetch reserves a frame for its answer)
@@ -265,7 +265,8 @@ pub struct BrokerConfig {
     /// New connections one source address may open per second (0: no
     /// limit).
     pub max_connection_rate_per_ip: u32,
-    /// New producer ids one user may bring to this broker within ten
+    /// New producers (a producer id on a partition, counted once per
+    /// partition) one user may bring to this broker within ten
     /// minutes over all its connections (0: no limit), and at most a
     /// quarter of a partition's producer table to one partition
     /// (`crate::limits::PrincipalProducers`).

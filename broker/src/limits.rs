@@ -273,7 +273,8 @@ pub struct PrincipalProducers {
     /// limit), and per partition the lesser of it and
     /// [`PRINCIPAL_PRODUCERS_PER_PARTITION`].
     in_all: usize,
-    windows: Mutex<HashMap<String, ProducerWindow>>,
+    /// Each principal's window, and when principals were last swept.
+    windows: Mutex<(HashMap<String, ProducerWindow>, Option<Instant>)>,
 }
 
 /// The most producer ids one principal brings to one partition within the
@@ -286,7 +287,7 @@ impl PrincipalProducers {
     pub fn new(in_all: usize) -> PrincipalProducers {
         PrincipalProducers {
             in_all,
-            windows: Mutex::new(HashMap::new()),
+            windows: Mutex::new((HashMap::new(), None)),
         }
     }
 
@@ -305,10 +306,14 @@ impl PrincipalProducers {
         if self.in_all == 0 {
             return Ok(());
         }
-        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let (windows, swept_at) = &mut *guard;
         if !windows.contains_key(principal) {
-            // Forget the principals whose ids all aged out, now and then.
-            if windows.len() >= 64 {
+            // Forget the principals whose ids all aged out, at most once a
+            // second (a stream of new principals costs no sweep each).
+            let due = swept_at.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1));
+            if windows.len() >= 64 && due {
+                *swept_at = Some(now);
                 windows.retain(|_, w| {
                     w.forget_older(now, window);
                     w.total > 0

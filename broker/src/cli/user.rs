@@ -20,7 +20,7 @@ use strand_client::{block_on, Admin};
 pub enum UserCommand {
     /// Create user NAME, or change its password (read from standard input).
     Create { name: String },
-    /// Delete user NAME (its open connections stay logged in until they close).
+    /// Delete user NAME (its open connections' next requests are refused).
     Delete { name: String },
     /// Every user, its mechanisms, and whether it is a superuser.
     List,

@@ -849,13 +849,18 @@ impl Controller {
             )
         })?;
         if !known {
-            self.propose(Command::RegisterBroker {
-                id: request.id,
-                address: request.address.clone(),
-                shards: request.shards,
-                incarnation: request.incarnation,
-                directory: request.directory,
-            })
+            // Committed here, as the leader that granted the lease, or not
+            // at all: the broker asks the next leader.
+            self.propose_where(
+                Command::RegisterBroker {
+                    id: request.id,
+                    address: request.address.clone(),
+                    shards: request.shards,
+                    incarnation: request.incarnation,
+                    directory: request.directory,
+                },
+                false,
+            )
             .await?;
         }
         match GlommioRuntime::timeout(within, self.raft.ensure_linearizable()).await {
@@ -1093,6 +1098,14 @@ impl Controller {
     /// lost answer, a leader that stepped down) is sent again under the
     /// same id, which applies once ([`Command::Once`]).
     pub async fn propose(&self, command: Command) -> Result<(), ProposeError> {
+        self.propose_where(command, true).await
+    }
+
+    /// [`Controller::propose`], forwarded to another leader only when
+    /// `forward`: a proposal this member makes as the leader (a lease it
+    /// grants for another broker) is not another leader's to commit, and
+    /// the leader would refuse it (a broker speaks only for itself).
+    async fn propose_where(&self, command: Command, forward: bool) -> Result<(), ProposeError> {
         let (command, _in_flight) = self.proposals.number(command);
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
         let mut last_error = String::from("no controller leader");
@@ -1111,6 +1124,11 @@ impl Controller {
                 glommio::timer::sleep(Duration::from_millis(50)).await;
                 continue;
             };
+            if !forward {
+                return Err(ProposeError::Unavailable(format!(
+                    "this member no longer leads the controller (node {leader} does)"
+                )));
+            }
             let Ok(addr) = node.addr.parse::<SocketAddr>() else {
                 return Err(ProposeError::Unavailable(format!(
                     "the controller leader {leader}'s address {:?} is not HOST:PORT",

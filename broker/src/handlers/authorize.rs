@@ -21,11 +21,11 @@
 //! | ResetGroup | consume on the group and the queue |
 //! | DescribeGroup | describe on the group; the answer shows only queues it may describe |
 //! | DeleteGroup | delete on the group |
+//! | node, user and ACL APIs | admin on the cluster |
 //!
 //! A member is the user's that joined it: another user (with consume on
 //! the group) acting as it — Heartbeat, LeaveGroup, CommitOffsets, Receive,
 //! Settle — is refused by the coordinator (`groups::Group::check_owner`).
-//! | node, user and ACL APIs | admin on the cluster |
 //!
 //! The broker's own queues (`__groups`) are no user's, and dead-letter
 //! queues are created only by the broker. The names are borrowed from the

@@ -53,6 +53,9 @@ pub struct ConnectionState {
     pub login: std::cell::RefCell<sasl::Login>,
     /// Where it stands, in the shard's gauge.
     phase: Phase,
+    /// The user record it logged in with (SCRAM): its session lasts while
+    /// the table holds that record (`still_a_user`).
+    logged_in_with: std::cell::RefCell<Option<crate::controller::users::UserRecord>>,
 }
 
 /// The node's count of each user's new producer ids, on a shard (set at
@@ -117,6 +120,7 @@ impl ConnectionState {
             producers: produce::NewProducers::default(),
             login: std::cell::RefCell::new(sasl::Login::new(None)),
             phase,
+            logged_in_with: std::cell::RefCell::new(None),
         };
         if let Some(principal) = principal {
             state.logged_in(principal);
@@ -132,6 +136,9 @@ impl ConnectionState {
             let shard = &self.phase.shard;
             if let Some(counts) = shard.ext.get::<PrincipalProducers>().and_then(|c| c.0.get().cloned()) {
                 self.producers.count_for(counts, name.clone());
+            }
+            if self.auth.mode == crate::auth::AuthMode::Scram {
+                *self.logged_in_with.borrow_mut() = shard.table().users.get(name).cloned();
             }
         }
         self.login.borrow_mut().principal = Some(principal);
@@ -166,7 +173,7 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         let acl_user = auth.acl_user(principal);
         let allowed = auth
             .check(principal, api)
-            .and_then(|()| still_a_user(shard, auth, principal))
+            .and_then(|()| still_a_user(shard, conn, principal))
             .and_then(|()| match acl_user {
                 Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
                 None => Ok(()),
@@ -250,21 +257,27 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
 }
 
 /// Refuses a connection's requests once the user it logged in as (SASL
-/// SCRAM) is deleted: its session ends with the user, as a new login
-/// would fail (`AuthenticationFailed`). Certificate users (`--auth mtls`)
-/// are not in the table.
+/// SCRAM) is deleted, re-created or given another password: its session
+/// ends with the credentials it logged in with (`AuthenticationFailed`;
+/// a new login tells). Certificate users (`--auth mtls`) are not in the
+/// table.
 fn still_a_user(
     shard: &Shard,
-    auth: &crate::auth::ServerAuth,
+    conn: &ConnectionState,
     principal: Option<&crate::auth::Principal>,
 ) -> Result<(), WireError> {
     match principal {
-        Some(crate::auth::Principal::User(name))
-            if auth.mode == crate::auth::AuthMode::Scram && !shard.table().users.contains_key(name) =>
-        {
+        Some(crate::auth::Principal::User(name)) if conn.auth.mode == crate::auth::AuthMode::Scram => {
+            let table = shard.table();
+            if table.users.get(name) == conn.logged_in_with.borrow().as_ref() {
+                return Ok(());
+            }
             Err(WireError::new(
                 ErrorCode::AuthenticationFailed,
-                format!("user {name:?} no longer exists: its sessions ended with it"),
+                format!(
+                    "user {name:?} was deleted or given another password since this connection logged in: log in \
+                     again"
+                ),
             ))
         }
         _ => Ok(()),

@@ -581,7 +581,10 @@ async fn read_requests(
                         s.in_flight.set(s.in_flight.get() - 1);
                         s.metrics.request(api, arrived.elapsed());
                         w.answered(Instant::now());
-                        // Its room goes back once the answer is written.
+                        // The shard's room goes back now; the connection's
+                        // once the answer is written.
+                        let mut held = held;
+                        held.shard = None;
                         Answered {
                             out: response,
                             _room: Some(held),
@@ -665,10 +668,13 @@ struct Budget {
     shard: Rc<Semaphore>,
 }
 
-/// Room held for one request until its answer is written.
+/// Room held for one request: in the connection's budget until its answer
+/// is written, in the shard's until it is answered (its bytes are gone
+/// then; a client that does not read its answers pins only its own
+/// budget).
 struct Reservation {
     _connection: StaticPermit,
-    _shard: Option<StaticPermit>,
+    shard: Option<StaticPermit>,
     /// Room for its answer ([`answer_room`]), in the connection's budget.
     _answer: Option<StaticPermit>,
 }
@@ -687,7 +693,7 @@ impl Budget {
         };
         Some(Reservation {
             _connection: connection,
-            _shard: shard,
+            shard,
             _answer: None,
         })
     }
