@@ -43,7 +43,7 @@
 //! max_producer_ids_per_principal = 65536  # new producers (an id on a partition) one user brings to this broker in 10 minutes (0: no limit)
 //! connection_idle_timeout_ms = 600000  # a connection serving nothing and sending nothing is closed
 //! frame_receive_timeout_ms = 60000     # a frame begun must be whole within this, or the connection closes
-//! connection_in_flight_bytes = 67108864  # requests and answers not yet written, per connection (a fetch reserves a frame for its answer)
+//! connection_in_flight_bytes = 67108864  # requests and answers not yet written, per connection (a fetch counts the largest answer it asks for)
 //! request_memory_bytes = 268435456     # per shard: large requests (> 64 KiB) held at once
 //! max_request_timeout_ms = 300000      # a produce's timeout_ms is cut to this
 //! max_partition_replicas_per_shard = 2000  # the cluster's partition replicas, per shard of its brokers
@@ -280,7 +280,7 @@ pub struct BrokerConfig {
     pub frame_receive_timeout_ms: u64,
     /// Bytes of requests one connection may have received and of their
     /// answers not yet written, a fetch, replica fetch or Receive counting
-    /// a frame for its answer (≥ `max_frame_bytes`); past it the broker
+    /// the largest answer it may get (≥ `max_frame_bytes`); past it the broker
     /// reads no more from it until answers go out.
     pub connection_in_flight_bytes: u64,
     /// Bytes of large requests (over 64 KiB) all connections of one shard

@@ -753,7 +753,10 @@ fn a_users_group_member_is_its_own_and_group_answers_show_only_its_queues() {
     // Given another password, bob's open session ends (its next request).
     assert_eq!(fetch_offsets(&mut as_bob, "g"), vec!["b".to_string()]);
     ok(&strand_as(&addr, admin, &["user", "create", "bob"], "bob-new-pw\n"));
-    assert_eq!(as_member(&mut as_bob, "g", &member, false), ErrorCode::AuthenticationFailed);
+    assert_eq!(
+        as_member(&mut as_bob, "g", &member, false),
+        ErrorCode::AuthenticationFailed
+    );
     broker.terminate();
 }
 

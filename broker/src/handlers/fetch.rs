@@ -215,6 +215,30 @@ impl Drop for Links<'_> {
     }
 }
 
+/// The most a fetch in `body` may be answered with: each partition at
+/// most its `max_bytes` or one batch (a read returns at least one), all of
+/// them at most the request's `max_bytes` and one batch more, and never
+/// more than a frame, plus the answer's own fields; a frame for a body that
+/// does not read (the handler refuses it in a few bytes). What the
+/// connection's budget holds for the answer until it is written
+/// (`server::connection`).
+pub(crate) fn answer_bound(body: &[u8], max_frame_bytes: u32, max_message_bytes: u32) -> usize {
+    let frame = max_frame_bytes as usize;
+    let Ok(req) = request::<FetchRequest>(body) else {
+        return frame;
+    };
+    let batch = max_message_bytes as usize;
+    let partitions: usize = req
+        .queues()
+        .iter()
+        .flatten()
+        .flat_map(|q| q.partitions().into_iter().flatten())
+        .map(|p| (p.max_bytes() as usize).max(batch))
+        .sum();
+    let fields = 64 << 10;
+    (partitions.min(req.max_bytes() as usize + batch) + fields).min(frame)
+}
+
 pub async fn handle(
     shard: &Rc<Shard>,
     chains: &FetchChains,
@@ -373,4 +397,74 @@ async fn fetch_all(shard: &Rc<Shard>, wants: &[Want]) -> Vec<Result<Fetched, Wir
         }
     });
     super::all_of(asks.collect()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fetch body of `partitions` partitions of one queue, each asking
+    /// `partition_max` bytes, `max_bytes` in all.
+    fn body(partitions: u32, partition_max: u32, max_bytes: u32) -> Vec<u8> {
+        let mut fbb = FlatBufferBuilder::new();
+        let parts: Vec<_> = (0..partitions)
+            .map(|partition| {
+                FetchPartition::create(
+                    &mut fbb,
+                    &FetchPartitionArgs {
+                        partition,
+                        max_bytes: partition_max,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        let parts = fbb.create_vector(&parts);
+        let name = fbb.create_string("q");
+        let q = FetchQueue::create(
+            &mut fbb,
+            &FetchQueueArgs {
+                name: Some(name),
+                partitions: Some(parts),
+            },
+        );
+        let queues = fbb.create_vector(&[q]);
+        let root = FetchRequest::create(
+            &mut fbb,
+            &FetchRequestArgs {
+                max_bytes,
+                queues: Some(queues),
+                ..Default::default()
+            },
+        );
+        fbb.finish_minimal(root);
+        fbb.finished_data().to_vec()
+    }
+
+    #[test]
+    fn a_fetch_holds_room_for_what_it_asks_not_a_whole_frame() {
+        const MIB: u32 = 1 << 20;
+        let fields = 64 << 10;
+        // A consumer of two partitions, 1 MiB each: 2 MiB and the fields.
+        assert_eq!(
+            answer_bound(&body(2, MIB, 16 * MIB), 16 * MIB, MIB),
+            2 * MIB as usize + fields
+        );
+        // A partition asking less still gets one whole batch.
+        assert_eq!(
+            answer_bound(&body(1, 1000, 16 * MIB), 16 * MIB, MIB),
+            MIB as usize + fields
+        );
+        // Many partitions: the request's total and one batch more, at most a frame.
+        assert_eq!(
+            answer_bound(&body(10, MIB, 4 * MIB), 16 * MIB, MIB),
+            5 * MIB as usize + fields
+        );
+        assert_eq!(
+            answer_bound(&body(100, MIB, 64 * MIB), 16 * MIB, MIB),
+            16 * MIB as usize
+        );
+        // A body that does not read: a frame (the handler refuses it).
+        assert_eq!(answer_bound(b"junk", 16 * MIB, MIB), 16 * MIB as usize);
+    }
 }

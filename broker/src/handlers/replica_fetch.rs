@@ -88,6 +88,21 @@ pub(crate) fn parse(body: &[u8], max_frame_bytes: u32) -> Result<(Vec<Want>, Dur
     Ok((wants, max_wait))
 }
 
+/// The most a replica fetch in `body` may be answered with (as
+/// `fetch::answer_bound`: each partition its share of a frame or one
+/// batch, never more than a frame).
+pub(crate) fn answer_bound(body: &[u8], max_frame_bytes: u32, max_message_bytes: u32) -> usize {
+    let frame = max_frame_bytes as usize;
+    match parse(body, max_frame_bytes) {
+        Ok((wants, _)) => {
+            let batch = max_message_bytes as usize;
+            let partitions: usize = wants.iter().map(|w| (w.want.max_bytes as usize).max(batch)).sum();
+            (partitions + (64 << 10)).min(frame)
+        }
+        Err(_) => frame,
+    }
+}
+
 /// Each of `partitions`' share of a frame of `max_frame_bytes` (less 1 MiB
 /// for the rest of the answer), at least 64 KiB.
 pub(crate) fn share_of(max_frame_bytes: u32, partitions: usize) -> u32 {

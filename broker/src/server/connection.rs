@@ -28,7 +28,8 @@
 //! `connection_in_flight_bytes` of requests received and of answers not yet
 //! written (the reader waits past it): a request holds its own bytes until
 //! its answer is written, and a fetch, replica fetch or Receive also the
-//! largest answer it may get ([`answer_room`], a frame), so a client that
+//! largest answer it may get ([`answer_room`]: what a fetch asks for, at
+//! most a frame; a Receive a frame), so a client that
 //! pipelines fetches and never reads the answers pins its budget, not
 //! [`MAX_IN_FLIGHT`] frames. A frame over [`READ_CHUNK`] first
 //! reserves its size from its shard's `request_memory_bytes` (the reader
@@ -104,18 +105,18 @@ impl Answered {
 
 /// The room a request reserves for its answer besides its own bytes: the
 /// largest answer it may get, for the APIs whose answers are large (a
-/// fetch, a replica fetch, a Receive: at most a frame each). Held until the
+/// fetch or a replica fetch: what it asks for,
+/// `handlers::fetch::answer_bound`; a Receive: a frame). Held until the
 /// answer is written, so a client that asks and does not read holds at
 /// most its budget, not [`MAX_IN_FLIGHT`] answers.
-fn answer_room(api: u16, max_frame_bytes: u32) -> usize {
-    let large = [
-        strand_wire::Api::Fetch,
-        strand_wire::Api::ReplicaFetch,
-        strand_wire::Api::Receive,
-    ];
-    match large.iter().any(|a| *a as u16 == api) {
-        true => max_frame_bytes as usize,
-        false => 0,
+fn answer_room(api: u16, body: &[u8], config: &crate::config::BrokerConfig) -> usize {
+    use strand_wire::Api;
+    let (frame, batch) = (config.max_frame_bytes, config.max_message_bytes);
+    match Api::from_u16(api) {
+        Some(Api::Fetch) => handlers::fetch::answer_bound(body, frame, batch),
+        Some(Api::ReplicaFetch) => handlers::replica_fetch::answer_bound(body, frame, batch),
+        Some(Api::Receive) => frame as usize,
+        _ => 0,
     }
 }
 
@@ -555,7 +556,7 @@ async fn read_requests(
                     },
                 };
                 // And room for a large answer, as long as it is unwritten.
-                let room = answer_room(request.header.api, shard.config.max_frame_bytes)
+                let room = answer_room(request.header.api, &request.body, &shard.config)
                     .min(budget.total.saturating_sub(size));
                 if room > 0 {
                     match watch
