@@ -833,3 +833,58 @@ fn a_drained_node_leads_nothing_until_undrained_and_no_produce_fails() {
     stop.store(true, Ordering::SeqCst);
     assert_none_failed_none_lost(&c, 1, "maint", producing.join().unwrap(), Records::new());
 }
+
+/// A follower that comes back behind by a large batch on each of several
+/// partitions of one leader gets them over several fetches, each answer
+/// within a frame: before, the leader answered one batch per partition at
+/// once (each partition's read holds at least one batch, whatever its
+/// share), an answer larger than the follower may read, and the follower
+/// closed its link and asked the same again for ever.
+#[test]
+fn a_follower_behind_by_large_batches_on_many_partitions_catches_up() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // 2 MiB frames: room for about one 900 KiB batch per answer.
+    let mut cluster = Cluster::start_with(3, &format!("{QUICK_ISR}max_frame_bytes = 2097152\n"));
+    cluster.create_replicated("wide", 8);
+    let follower = 3u8;
+    cluster.kill9(follower);
+    // Wait until no partition is led by the dead one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let others: Vec<u8> = (1..=3u8).filter(|n| *n != follower).collect();
+    let leaders = loop {
+        let seen = metadata(&mut cluster.client(others[0]), Some("wide")).leaders;
+        if seen.len() == 8 && seen.iter().all(|l| *l != 0 && *l != u32::from(follower)) {
+            break seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leadership never left node {follower}: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let value = vec![5u8; 64 << 10];
+    for (p, leader) in leaders.iter().enumerate() {
+        let mut b = strand_storage::batch::BatchBuilder::new();
+        for _ in 0..14 {
+            b.push(None, Some(&value), &[], common::TS);
+        }
+        let mut client = cluster.client(*leader as u8);
+        client.produce("wide", p as u32, b.build().freeze(), 1).unwrap();
+    }
+    let node = cluster.start_again(follower);
+    cluster.started(follower, node);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = describe(&cluster, others[0], "wide");
+        let caught_up = v["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["isr"].as_array().is_some_and(|isr| isr.len() == 3));
+        if caught_up {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {follower} never caught up: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -821,8 +821,8 @@ impl Controller {
     /// (alive) when the lease is new or the table does not show it alive at
     /// that address. It answers only once a quorum has confirmed, after the
     /// lease was renewed here, that this member still leads (a round of
-    /// heartbeats, within `within`; also after a registration, which
-    /// `propose` may have had another leader commit): a leader deposed
+    /// heartbeats, within `within`; also after a registration, which a
+    /// later leader may still commit from this member's log): a leader deposed
     /// without knowing it must not grant a renewal, since the broker then
     /// holds its own lease (`crate::lease`) past the session the new leader
     /// gives it.

@@ -216,28 +216,34 @@ impl Drop for Links<'_> {
 }
 
 /// The most a fetch in `body` may be answered with: each partition at
-/// most its `max_bytes` or one batch (a read returns at least one), all of
-/// them at most the request's `max_bytes` and one batch more, and never
-/// more than a frame, plus the answer's own fields; a frame for a body that
-/// does not read (the handler refuses it in a few bytes). What the
-/// connection's budget holds for the answer until it is written
-/// (`server::connection`).
-pub(crate) fn answer_bound(body: &[u8], max_frame_bytes: u32, max_message_bytes: u32) -> usize {
+/// most its `max_bytes` or one batch (a read returns at least one; a
+/// queue's largest is `batch_of(queue)`), all of them at most the
+/// request's `max_bytes` and one batch more, never more than a frame, plus
+/// the answer's own fields (each partition's, an error's message
+/// included); a frame for a body that does not read (the handler refuses
+/// it in a few bytes). What the connection's budget holds for the answer
+/// until it is written (`server::connection`).
+pub(crate) fn answer_bound(body: &[u8], max_frame_bytes: u32, batch_of: &dyn Fn(&str) -> usize) -> usize {
     let frame = max_frame_bytes as usize;
     let Ok(req) = request::<FetchRequest>(body) else {
         return frame;
     };
-    let batch = max_message_bytes as usize;
-    let partitions: usize = req
-        .queues()
-        .iter()
-        .flatten()
-        .flat_map(|q| q.partitions().into_iter().flatten())
-        .map(|p| (p.max_bytes() as usize).max(batch))
-        .sum();
-    let fields = 64 << 10;
-    (partitions.min(req.max_bytes() as usize + batch) + fields).min(frame)
+    let (mut records, mut largest, mut count) = (0usize, 0usize, 0usize);
+    for q in req.queues().iter().flatten() {
+        let batch = batch_of(q.name().unwrap_or_default());
+        largest = largest.max(batch);
+        for p in q.partitions().iter().flatten() {
+            records += (p.max_bytes() as usize).max(batch);
+            count += 1;
+        }
+    }
+    let fields = (64 << 10) + count * PARTITION_FIELDS_MAX;
+    (records.min(req.max_bytes() as usize + largest) + fields).min(frame)
 }
+
+/// The most one partition's entry in an answer takes besides its records:
+/// its fields and an error table with its message (which names the queue).
+pub(crate) const PARTITION_FIELDS_MAX: usize = 64 + strand_wire::QUEUE_NAME_MAX + 256;
 
 pub async fn handle(
     shard: &Rc<Shard>,
@@ -444,27 +450,24 @@ mod tests {
     #[test]
     fn a_fetch_holds_room_for_what_it_asks_not_a_whole_frame() {
         const MIB: u32 = 1 << 20;
-        let fields = 64 << 10;
+        let each = |n: usize| (64 << 10) + n * PARTITION_FIELDS_MAX;
+        let one_mib = |_: &str| MIB as usize;
         // A consumer of two partitions, 1 MiB each: 2 MiB and the fields.
-        assert_eq!(
-            answer_bound(&body(2, MIB, 16 * MIB), 16 * MIB, MIB),
-            2 * MIB as usize + fields
-        );
-        // A partition asking less still gets one whole batch.
-        assert_eq!(
-            answer_bound(&body(1, 1000, 16 * MIB), 16 * MIB, MIB),
-            MIB as usize + fields
-        );
-        // Many partitions: the request's total and one batch more, at most a frame.
-        assert_eq!(
-            answer_bound(&body(10, MIB, 4 * MIB), 16 * MIB, MIB),
-            5 * MIB as usize + fields
-        );
-        assert_eq!(
-            answer_bound(&body(100, MIB, 64 * MIB), 16 * MIB, MIB),
-            16 * MIB as usize
-        );
+        let two = answer_bound(&body(2, MIB, 16 * MIB), 16 * MIB, &one_mib);
+        assert_eq!(two, 2 * MIB as usize + each(2));
+        // A partition asking less still gets one whole batch: its queue's.
+        let small = answer_bound(&body(1, 1000, 16 * MIB), 16 * MIB, &one_mib);
+        assert_eq!(small, MIB as usize + each(1));
+        let eight = |_: &str| 8 * MIB as usize;
+        let large = answer_bound(&body(1, 1000, 16 * MIB), 16 * MIB, &eight);
+        assert_eq!(large, 8 * MIB as usize + each(1));
+        // Many partitions: the request's total and one batch more, at most
+        // a frame.
+        let ten = answer_bound(&body(10, MIB, 4 * MIB), 16 * MIB, &one_mib);
+        assert_eq!(ten, 5 * MIB as usize + each(10));
+        let hundred = answer_bound(&body(100, MIB, 64 * MIB), 16 * MIB, &one_mib);
+        assert_eq!(hundred, 16 * MIB as usize);
         // A body that does not read: a frame (the handler refuses it).
-        assert_eq!(answer_bound(b"junk", 16 * MIB, MIB), 16 * MIB as usize);
+        assert_eq!(answer_bound(b"junk", 16 * MIB, &one_mib), 16 * MIB as usize);
     }
 }

@@ -123,7 +123,7 @@ impl ConnectionState {
             logged_in_with: std::cell::RefCell::new(None),
         };
         if let Some(principal) = principal {
-            state.logged_in(principal);
+            state.logged_in(principal, None);
         }
         state
     }
@@ -131,15 +131,14 @@ impl ConnectionState {
     /// The connection is `principal` from now on (its SASL login, or its
     /// certificate): served, and a user's new producer ids count for it
     /// over all its connections to this node (`crate::limits`).
-    fn logged_in(&self, principal: crate::auth::Principal) {
+    /// `record`: the user's record its SCRAM proof was checked against.
+    fn logged_in(&self, principal: crate::auth::Principal, record: Option<crate::controller::users::UserRecord>) {
         if let crate::auth::Principal::User(name) = &principal {
             let shard = &self.phase.shard;
             if let Some(counts) = shard.ext.get::<PrincipalProducers>().and_then(|c| c.0.get().cloned()) {
                 self.producers.count_for(counts, name.clone());
             }
-            if self.auth.mode == crate::auth::AuthMode::Scram {
-                *self.logged_in_with.borrow_mut() = shard.table().users.get(name).cloned();
-            }
+            *self.logged_in_with.borrow_mut() = record;
         }
         self.login.borrow_mut().principal = Some(principal);
         self.phase.set(crate::metrics::ConnectionPhase::Open);
@@ -224,9 +223,15 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
             // A login just made (one per connection: `sasl.rs` refuses a
             // second) takes effect.
             if !before {
-                let principal = conn.login.borrow_mut().principal.take();
-                if let Some(principal) = principal {
-                    conn.logged_in(principal);
+                let logged_in = {
+                    let mut login = conn.login.borrow_mut();
+                    match login.principal.take() {
+                        Some(principal) => Some((principal, login.record.take())),
+                        None => None,
+                    }
+                };
+                if let Some((principal, record)) = logged_in {
+                    conn.logged_in(principal, record);
                 }
             }
             answer
@@ -269,16 +274,16 @@ fn still_a_user(
     match principal {
         Some(crate::auth::Principal::User(name)) if conn.auth.mode == crate::auth::AuthMode::Scram => {
             let table = shard.table();
-            if table.users.get(name) == conn.logged_in_with.borrow().as_ref() {
-                return Ok(());
+            match (table.users.get(name), conn.logged_in_with.borrow().as_ref()) {
+                (Some(now), Some(then)) if now == then => Ok(()),
+                _ => Err(WireError::new(
+                    ErrorCode::AuthenticationFailed,
+                    format!(
+                        "user {name:?} was deleted or given another password since this connection logged in: \
+                         connect and log in again"
+                    ),
+                )),
             }
-            Err(WireError::new(
-                ErrorCode::AuthenticationFailed,
-                format!(
-                    "user {name:?} was deleted or given another password since this connection logged in: log in \
-                     again"
-                ),
-            ))
         }
         _ => Ok(()),
     }

@@ -33,6 +33,9 @@ const FAILURE_PAUSE: Duration = Duration::from_millis(200);
 pub struct Login {
     /// Who it is, once logged in.
     pub principal: Option<Principal>,
+    /// The user's record its exchange checked the proof against (a user
+    /// of the table): the session lasts while the table holds it.
+    pub record: Option<crate::controller::users::UserRecord>,
     step: Step,
 }
 
@@ -41,6 +44,7 @@ impl Login {
     pub fn new(principal: Option<Principal>) -> Login {
         Login {
             principal,
+            record: None,
             step: Step::Idle,
         }
     }
@@ -156,7 +160,9 @@ fn step(shard: &Rc<Shard>, login: &RefCell<Login>, message: &[u8]) -> Result<Vec
                     "the broker is starting; retry",
                 ));
             }
-            login.borrow_mut().step = Step::Challenged(Box::new(exchange));
+            let mut login = login.borrow_mut();
+            login.record = table.users.get(exchange.user()).cloned();
+            login.step = Step::Challenged(Box::new(exchange));
             Ok(server_first)
         }
         Step::Challenged(exchange) => {

@@ -109,12 +109,21 @@ impl Answered {
 /// `handlers::fetch::answer_bound`; a Receive: a frame). Held until the
 /// answer is written, so a client that asks and does not read holds at
 /// most its budget, not [`MAX_IN_FLIGHT`] answers.
-fn answer_room(api: u16, body: &[u8], config: &crate::config::BrokerConfig) -> usize {
+fn answer_room(api: u16, body: &[u8], shard: &Shard) -> usize {
+    let config = &shard.config;
     use strand_wire::Api;
-    let (frame, batch) = (config.max_frame_bytes, config.max_message_bytes);
+    let frame = config.max_frame_bytes;
+    // A queue's largest batch: its own limit or the broker's, whichever is
+    // larger (a limit lowered since leaves larger batches in the log: the
+    // broker's default covers those only up to it).
+    let table = shard.table();
+    let batch_of = |queue: &str| {
+        let own = table.queue(queue).map_or(0, |q| q.settings.max_message_bytes);
+        own.max(config.max_message_bytes) as usize
+    };
     match Api::from_u16(api) {
-        Some(Api::Fetch) => handlers::fetch::answer_bound(body, frame, batch),
-        Some(Api::ReplicaFetch) => handlers::replica_fetch::answer_bound(body, frame, batch),
+        Some(Api::Fetch) => handlers::fetch::answer_bound(body, frame, &batch_of),
+        Some(Api::ReplicaFetch) => handlers::replica_fetch::answer_bound(body, frame, &batch_of),
         Some(Api::Receive) => frame as usize,
         _ => 0,
     }
@@ -556,8 +565,7 @@ async fn read_requests(
                     },
                 };
                 // And room for a large answer, as long as it is unwritten.
-                let room = answer_room(request.header.api, &request.body, &shard.config)
-                    .min(budget.total.saturating_sub(size));
+                let room = answer_room(request.header.api, &request.body, shard).min(budget.total.saturating_sub(size));
                 if room > 0 {
                     match watch
                         .waiting_for_room(budget.connection.acquire_static_permit(room as u64))
