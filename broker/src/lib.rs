@@ -50,6 +50,7 @@
 //! alone; cli uses the client library and groups' naming rules.
 
 pub mod auth;
+pub mod build_info;
 pub mod cli;
 pub mod config;
 pub mod controller;

@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use strand_broker::config::{BrokerConfig, Overrides};
 
 #[derive(Parser)]
-#[command(name = "strand", version, about = "Strand: a partitioned, replicated message queue")]
+#[command(
+    name = "strand",
+    version = strand_broker::build_info::LONG_VERSION,
+    about = "Strand: a partitioned, replicated message queue"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

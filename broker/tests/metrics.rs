@@ -80,6 +80,27 @@ fn series_follow_produce_and_consume() {
     assert!(value(&text, "strand_partition_stored_bytes{queue=\"m\",partition=\"0\"}").unwrap() > 0.0);
     assert!(text.contains("strand_request_latency_seconds_bucket"), "{text}");
     assert!(text.contains("strand_connections{shard=\"0\"}"));
+    // What the binary is: its version and the commit `strand --version`
+    // names.
+    let version = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8(version.stdout).unwrap();
+    let commit = version
+        .split("(commit ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("no commit in {version:?}"));
+    assert!(
+        version.starts_with(&format!("strand {} (commit ", env!("CARGO_PKG_VERSION"))) && version.contains(", built "),
+        "{version}"
+    );
+    let info = format!(
+        "strand_build_info{{version=\"{}\",commit=\"{commit}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.contains(&info), "no {info} in {text}");
     // fsync=always: every produce was made durable, by write-through writes
     // (the default: `write_through`), with no fdatasync after them.
     let through: f64 = ["0", "1"]

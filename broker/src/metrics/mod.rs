@@ -6,9 +6,11 @@
 //! `server/metrics_http.rs`, which asks every shard for a
 //! [`ShardSnapshot`] over the mesh and renders them with [`render`]). This
 //! module is the counters and the rendering only: it depends on no other
-//! part of the broker.
+//! part of the broker but its build facts (`crate::build_info`).
 //!
 //! Series (labels in braces):
+//! - `strand_build_info` {version, commit}: always 1 (the binary's version
+//!   and the git commit it was built from)
 //! - `strand_produce_requests_total`, `strand_produce_bytes_total`,
 //!   `strand_fetch_bytes_total` {queue}
 //! - `strand_request_latency_seconds` histogram {api}
@@ -844,6 +846,19 @@ impl Collector for Scrape {
             "strand_group_rebalances",
             "Rebalances since the coordinator loaded the group.",
             rebalances,
+        )?;
+        let build = vec![(
+            vec![
+                ("version", crate::build_info::VERSION.to_string()),
+                ("commit", crate::build_info::COMMIT.to_string()),
+            ],
+            1i64,
+        )];
+        gauge(
+            &mut encoder,
+            "strand_build_info",
+            "This broker's version and the git commit it was built from (always 1).",
+            build,
         )?;
         gauge(
             &mut encoder,
