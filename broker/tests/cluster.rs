@@ -195,6 +195,19 @@ fn until_fenced(c: &Cluster, ids: &[u8], fenced: &[u32]) {
     }
 }
 
+/// `strand cluster health --output json [--wait SECONDS]` through node
+/// `via`: whether it exited 0, and its document.
+fn health(c: &Cluster, via: u8, wait: &str) -> (bool, serde_json::Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strand"))
+        .args(["cluster", "health", "--output", "json", "--wait", wait, "--brokers"])
+        .arg(c.addr(via).to_string())
+        .output()
+        .unwrap();
+    let doc =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.success(), doc)
+}
+
 #[test]
 fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
     let _turn = turn();
@@ -207,6 +220,9 @@ fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
     let placed_before = metadata(&mut c.client(leader), Some("before")).leaders;
     until_all_see(&c, &[1, 2, 3], "before", &placed_before);
     let lost = placed_before.iter().position(|l| *l == u32::from(stopped)).unwrap();
+    // Healthy before (`cluster health` exits 0), once every node agrees.
+    let (healthy, doc) = health(&c, leader, "10");
+    assert!(healthy && doc["healthy"] == true, "{doc}");
     c.kill9(stopped);
     let killed_at = Instant::now();
     let live = [leader, others[1]];
@@ -225,6 +241,11 @@ fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
     until_all_see(&c, &live, "before", &offline);
     let refused = c.client(others[1]).produce("before", lost as u32, batch("x", 1, TS), 1);
     assert_eq!(refused.unwrap_err().0, ErrorCode::BrokerUnavailable);
+    // Not healthy: the fenced broker and its offline partition named, exit 1.
+    let (healthy, doc) = health(&c, others[1], "0");
+    assert!(!healthy && doc["healthy"] == false, "{doc}");
+    assert_eq!(doc["brokers_down"], serde_json::json!([stopped]), "{doc}");
+    assert_eq!(doc["offline"][0]["partition"], lost, "{doc}");
     let text = c.strand(others[1], &["queue", "describe", "before", "--output", "json"]);
     let d: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
     assert_eq!(d["partitions"][lost]["leader"], 0, "{d}");
@@ -238,6 +259,9 @@ fn a_broker_that_stops_heartbeating_is_fenced_and_alive_again_once_back() {
         "{placed:?}"
     );
     c.restart(stopped);
+    // `--wait` asks until healthy again.
+    let (healthy, doc) = health(&c, others[1], "30");
+    assert!(healthy, "{doc}");
     until_fenced(&c, &[1, 2, 3], &[]);
     // Back, it leads its partition again.
     until_all_see(&c, &[1, 2, 3], "before", &placed_before);
