@@ -79,11 +79,12 @@ impl AsyncWrite for Stream {
 }
 
 /// Writes `out` whole, then flushes. With `staging` (a TLS stream) the
-/// frame is first copied into it and written at once: rustls makes a
+/// frame goes through it in chunks of [`STAGING_CHUNK`]: rustls makes a
 /// record of each write and the stream sends it, so a fetch answer of many
-/// batches would otherwise cost a record and a send per batch (the copy
-/// costs little beside the encryption, which reads every byte anyway). The
-/// staging buffer keeps at most [`STAGING_KEEP`] between frames.
+/// small batches written piece by piece would cost a record and a send per
+/// batch; gathered, it costs one per 64 KiB (the copy costs little beside
+/// the encryption, which reads every byte anyway), and the buffer never
+/// holds more than a chunk, whatever the frame.
 pub async fn write_frame<W: AsyncWrite + Unpin>(
     stream: &mut W,
     out: &OutFrame,
@@ -98,18 +99,28 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
         }
         Some(staging) => {
             staging.clear();
-            out.copy_into(staging);
-            let written = stream.write_all(staging).await;
-            staging.clear();
-            if staging.capacity() > STAGING_KEEP {
-                *staging = Vec::new();
+            staging.reserve_exact(STAGING_CHUNK);
+            let pieces = std::iter::once(&out.head[..]).chain(out.tail.iter().map(|p| &p[..]));
+            for mut rest in pieces {
+                while !rest.is_empty() {
+                    let take = (STAGING_CHUNK - staging.len()).min(rest.len());
+                    staging.extend_from_slice(&rest[..take]);
+                    rest = &rest[take..];
+                    if staging.len() == STAGING_CHUNK {
+                        stream.write_all(staging).await?;
+                        staging.clear();
+                    }
+                }
             }
-            written?;
+            if !staging.is_empty() {
+                stream.write_all(staging).await?;
+                staging.clear();
+            }
         }
     }
     stream.flush().await
 }
 
-/// Most a TLS staging buffer keeps between frames (a larger frame's room is
-/// let go after it).
-pub const STAGING_KEEP: usize = 1 << 20;
+/// The most a TLS staging buffer holds: a frame is written through it in
+/// chunks of this size.
+pub const STAGING_CHUNK: usize = 64 << 10;
