@@ -165,7 +165,15 @@ pub fn fetch(queue: &str, partition: u32, offset: u64, max_bytes: u32) -> Vec<u8
         partition_max_bytes: max_bytes,
         ..crate::ConsumerConfig::default()
     };
-    crate::consumer::fetch_request(&config, &[((std::sync::Arc::from(queue), partition), offset)], false)
+    fetch_parts(queue, &[(partition, offset)], &config, false)
+}
+
+/// A Fetch request of `queue`'s `parts` (partition, offset) with
+/// `config`'s wait and byte limits, plain or `chained`.
+pub fn fetch_parts(queue: &str, parts: &[(u32, u64)], config: &crate::ConsumerConfig, chained: bool) -> Vec<u8> {
+    let queue: std::sync::Arc<str> = std::sync::Arc::from(queue);
+    let wants: Vec<_> = parts.iter().map(|&(p, offset)| ((queue.clone(), p), offset)).collect();
+    crate::consumer::fetch_request(config, &wants, chained)
 }
 
 /// The record batches of `queue`'s first partition in a Fetch response

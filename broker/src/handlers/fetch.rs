@@ -275,10 +275,7 @@ pub async fn handle(
         )
     };
     // Nothing may ask for more than a frame can carry back.
-    let frame_room = (shard.config.max_frame_bytes as usize)
-        .saturating_sub(1 << 20)
-        .max(1 << 20);
-    let max_bytes = max_bytes.min(frame_room);
+    let max_bytes = max_bytes.min(super::frame_room(shard.config.max_frame_bytes));
     let min_bytes = min_bytes.min(max_bytes);
     let mut wants: Vec<Want> = wants
         .into_iter()
@@ -412,39 +409,13 @@ mod tests {
     /// A fetch body of `partitions` partitions of one queue, each asking
     /// `partition_max` bytes, `max_bytes` in all.
     fn body(partitions: u32, partition_max: u32, max_bytes: u32) -> Vec<u8> {
-        let mut fbb = FlatBufferBuilder::new();
-        let parts: Vec<_> = (0..partitions)
-            .map(|partition| {
-                FetchPartition::create(
-                    &mut fbb,
-                    &FetchPartitionArgs {
-                        partition,
-                        max_bytes: partition_max,
-                        ..Default::default()
-                    },
-                )
-            })
-            .collect();
-        let parts = fbb.create_vector(&parts);
-        let name = fbb.create_string("q");
-        let q = FetchQueue::create(
-            &mut fbb,
-            &FetchQueueArgs {
-                name: Some(name),
-                partitions: Some(parts),
-            },
-        );
-        let queues = fbb.create_vector(&[q]);
-        let root = FetchRequest::create(
-            &mut fbb,
-            &FetchRequestArgs {
-                max_bytes,
-                queues: Some(queues),
-                ..Default::default()
-            },
-        );
-        fbb.finish_minimal(root);
-        fbb.finished_data().to_vec()
+        let config = strand_client::ConsumerConfig {
+            partition_max_bytes: partition_max,
+            max_bytes,
+            ..strand_client::ConsumerConfig::default()
+        };
+        let parts: Vec<(u32, u64)> = (0..partitions).map(|p| (p, 0)).collect();
+        strand_client::requests::fetch_parts("q", &parts, &config, false)
     }
 
     #[test]

@@ -53,9 +53,6 @@ pub struct ConnectionState {
     pub login: std::cell::RefCell<sasl::Login>,
     /// Where it stands, in the shard's gauge.
     phase: Phase,
-    /// The user record it logged in with (SCRAM): its session lasts while
-    /// the table holds that record (`still_a_user`).
-    logged_in_with: std::cell::RefCell<Option<crate::controller::users::UserRecord>>,
 }
 
 /// The node's count of each user's new producer ids, on a shard (set at
@@ -118,29 +115,27 @@ impl ConnectionState {
             auth,
             fetch: fetch::FetchChains::default(),
             producers: produce::NewProducers::default(),
-            login: std::cell::RefCell::new(sasl::Login::new(None)),
+            login: std::cell::RefCell::new(sasl::Login::new(principal)),
             phase,
-            logged_in_with: std::cell::RefCell::new(None),
         };
-        if let Some(principal) = principal {
-            state.logged_in(principal, None);
-        }
+        state.logged_in();
         state
     }
 
-    /// The connection is `principal` from now on (its SASL login, or its
-    /// certificate): served, and a user's new producer ids count for it
-    /// over all its connections to this node (`crate::limits`).
-    /// `record`: the user's record its SCRAM proof was checked against.
-    fn logged_in(&self, principal: crate::auth::Principal, record: Option<crate::controller::users::UserRecord>) {
-        if let crate::auth::Principal::User(name) = &principal {
+    /// Once the connection has its principal (its SASL login, or its
+    /// certificate): it is served, and a user's new producer ids count for
+    /// it over all its connections to this node (`crate::limits`).
+    fn logged_in(&self) {
+        let login = self.login.borrow();
+        let Some(principal) = &login.principal else {
+            return;
+        };
+        if let crate::auth::Principal::User(name) = principal {
             let shard = &self.phase.shard;
             if let Some(counts) = shard.ext.get::<PrincipalProducers>().and_then(|c| c.0.get().cloned()) {
                 self.producers.count_for(counts, name.clone());
             }
-            *self.logged_in_with.borrow_mut() = record;
         }
-        self.login.borrow_mut().principal = Some(principal);
         self.phase.set(crate::metrics::ConnectionPhase::Open);
     }
 
@@ -170,13 +165,18 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
         // speaks only for itself (none: `--auth none`, nothing checked).
         let caller = principal.and_then(crate::auth::Principal::node);
         let acl_user = auth.acl_user(principal);
-        let allowed = auth
-            .check(principal, api)
-            .and_then(|()| still_a_user(shard, conn, principal))
-            .and_then(|()| match acl_user {
-                Some(user) => authorize::check(&shard.table().acls, user, api, &frame.body),
-                None => Ok(()),
-            });
+        // A user's: one look at the table for its session and its ACLs.
+        let allowed = auth.check(principal, api).and_then(|()| match principal {
+            Some(crate::auth::Principal::User(_)) => {
+                let table = shard.table();
+                still_a_user(&table, auth, &login)?;
+                match acl_user {
+                    Some(user) => authorize::check(&table.acls, user, api, &frame.body),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        });
         (allowed, caller)
     };
     if let Err(e) = allowed {
@@ -223,16 +223,7 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
             // A login just made (one per connection: `sasl.rs` refuses a
             // second) takes effect.
             if !before {
-                let logged_in = {
-                    let mut login = conn.login.borrow_mut();
-                    match login.principal.take() {
-                        Some(principal) => Some((principal, login.record.take())),
-                        None => None,
-                    }
-                };
-                if let Some((principal, record)) = logged_in {
-                    conn.logged_in(principal, record);
-                }
+                conn.logged_in();
             }
             answer
         }
@@ -267,14 +258,13 @@ pub async fn dispatch(shard: &Rc<Shard>, conn: &ConnectionState, frame: FrameMut
 /// a new login tells). Certificate users (`--auth mtls`) are not in the
 /// table.
 fn still_a_user(
-    shard: &Shard,
-    conn: &ConnectionState,
-    principal: Option<&crate::auth::Principal>,
+    table: &crate::controller::MetadataTable,
+    auth: &crate::auth::ServerAuth,
+    login: &sasl::Login,
 ) -> Result<(), WireError> {
-    match principal {
-        Some(crate::auth::Principal::User(name)) if conn.auth.mode == crate::auth::AuthMode::Scram => {
-            let table = shard.table();
-            match (table.users.get(name), conn.logged_in_with.borrow().as_ref()) {
+    match &login.principal {
+        Some(crate::auth::Principal::User(name)) if auth.mode == crate::auth::AuthMode::Scram => {
+            match (table.users.get(name), login.record.as_ref()) {
                 (Some(now), Some(then)) if now == then => Ok(()),
                 _ => Err(WireError::new(
                     ErrorCode::AuthenticationFailed,
@@ -305,6 +295,12 @@ async fn all_of<T: 'static, F: std::future::Future<Output = T> + 'static>(future
         out.push(t.await);
     }
     out
+}
+
+/// What an answer's records may take of a frame of `max_frame_bytes`: all
+/// but 1 MiB, kept for the rest of the answer (at least 1 MiB).
+fn frame_room(max_frame_bytes: u32) -> usize {
+    (max_frame_bytes as usize).saturating_sub(1 << 20).max(1 << 20)
 }
 
 /// Most (queue, partition) entries one request may name.

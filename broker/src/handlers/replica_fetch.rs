@@ -88,35 +88,10 @@ pub(crate) fn parse(body: &[u8], max_frame_bytes: u32) -> Result<(Vec<Want>, Dur
     Ok((wants, max_wait))
 }
 
-/// The most a replica fetch in `body` may be answered with (as
-/// `fetch::answer_bound`: each partition its share of a frame or one
-/// batch of its queue's, `batch_of`; never more than a frame, which the
-/// answer keeps to).
-pub(crate) fn answer_bound(body: &[u8], max_frame_bytes: u32, batch_of: &dyn Fn(&str) -> usize) -> usize {
-    let frame = max_frame_bytes as usize;
-    match parse(body, max_frame_bytes) {
-        Ok((wants, _)) => {
-            let records: usize = wants
-                .iter()
-                .map(|w| (w.want.max_bytes as usize).max(batch_of(&w.queue)))
-                .sum();
-            let fields = (64 << 10) + wants.len() * super::fetch::PARTITION_FIELDS_MAX;
-            (records + fields).min(frame)
-        }
-        Err(_) => frame,
-    }
-}
-
-/// What an answer's records may take of a frame of `max_frame_bytes`:
-/// less 1 MiB for the rest of the answer.
-fn frame_room(max_frame_bytes: u32) -> usize {
-    (max_frame_bytes as usize).saturating_sub(1 << 20).max(1 << 20)
-}
-
 /// Each of `partitions`' share of a frame of `max_frame_bytes` (less 1 MiB
 /// for the rest of the answer), at least 64 KiB.
 pub(crate) fn share_of(max_frame_bytes: u32, partitions: usize) -> u32 {
-    (frame_room(max_frame_bytes) / partitions.max(1)).max(64 << 10) as u32
+    (super::frame_room(max_frame_bytes) / partitions.max(1)).max(64 << 10) as u32
 }
 
 /// Serves a follower's fetch; `caller` is the logged-in broker that sent
@@ -171,7 +146,7 @@ pub async fn handle(
     // read holds at least one batch, whatever its share, so past the room
     // a partition's batches wait for the next fetch (the first always
     // goes: a follower behind by one large batch still gets it).
-    let frame_room = frame_room(shard.config.max_frame_bytes);
+    let frame_room = super::frame_room(shard.config.max_frame_bytes);
     let answered: Vec<(&Want, &Result<ReplicaFetched, WireError>)> = wants.iter().zip(&results).collect();
     for run in answered.chunk_by(|a, b| a.0.queue == b.0.queue) {
         let mut entries = Vec::with_capacity(run.len());

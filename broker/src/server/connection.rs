@@ -105,26 +105,28 @@ impl Answered {
 
 /// The room a request reserves for its answer besides its own bytes: the
 /// largest answer it may get, for the APIs whose answers are large (a
-/// fetch or a replica fetch: what it asks for,
-/// `handlers::fetch::answer_bound`; a Receive: a frame). Held until the
+/// fetch: what it asks for, `handlers::fetch::answer_bound`; a replica
+/// fetch or a Receive: a frame). Held until the
 /// answer is written, so a client that asks and does not read holds at
 /// most its budget, not [`MAX_IN_FLIGHT`] answers.
 fn answer_room(api: u16, body: &[u8], shard: &Shard) -> usize {
     let config = &shard.config;
     use strand_wire::Api;
-    let frame = config.max_frame_bytes;
-    // A queue's largest batch: its own limit or the broker's, whichever is
-    // larger (a limit lowered since leaves larger batches in the log: the
-    // broker's default covers those only up to it).
-    let table = shard.table();
-    let batch_of = |queue: &str| {
-        let own = table.queue(queue).map_or(0, |q| q.settings.max_message_bytes);
-        own.max(config.max_message_bytes) as usize
-    };
     match Api::from_u16(api) {
-        Some(Api::Fetch) => handlers::fetch::answer_bound(body, frame, &batch_of),
-        Some(Api::ReplicaFetch) => handlers::replica_fetch::answer_bound(body, frame, &batch_of),
-        Some(Api::Receive) => frame as usize,
+        Some(Api::Fetch) => {
+            // A queue's largest batch: its own limit or the broker's,
+            // whichever is larger (a limit lowered since leaves larger
+            // batches in the log: the broker's covers those only up to it).
+            let table = shard.table();
+            let batch_of = |queue: &str| {
+                let own = table.queue(queue).map_or(0, |q| q.settings.max_message_bytes);
+                own.max(config.max_message_bytes) as usize
+            };
+            handlers::fetch::answer_bound(body, config.max_frame_bytes, &batch_of)
+        }
+        // A replica fetch (a broker's, one at a time per link) is answered
+        // up to a frame; a Receive's answer depends on records not read yet.
+        Some(Api::ReplicaFetch | Api::Receive) => config.max_frame_bytes as usize,
         _ => 0,
     }
 }

@@ -366,42 +366,15 @@ impl Client {
         min_bytes: u32,
         chained: bool,
     ) -> u32 {
-        let mut fbb = FlatBufferBuilder::new();
-        let parts: Vec<_> = parts
-            .iter()
-            .map(|&(partition, offset)| {
-                FetchPartition::create(
-                    &mut fbb,
-                    &FetchPartitionArgs {
-                        partition,
-                        offset,
-                        max_bytes,
-                        chained,
-                    },
-                )
-            })
-            .collect();
-        let parts = fbb.create_vector(&parts);
-        let name = fbb.create_string(queue);
-        let q = FetchQueue::create(
-            &mut fbb,
-            &FetchQueueArgs {
-                name: Some(name),
-                partitions: Some(parts),
-            },
-        );
-        let queues = fbb.create_vector(&[q]);
-        let root = FetchRequest::create(
-            &mut fbb,
-            &FetchRequestArgs {
-                max_wait_ms,
-                min_bytes,
-                max_bytes: 4 << 20,
-                queues: Some(queues),
-            },
-        );
-        fbb.finish_minimal(root);
-        self.send(Api::Fetch, &fbb, TailBuilder::default())
+        let config = strand_client::ConsumerConfig {
+            max_wait: Duration::from_millis(u64::from(max_wait_ms)),
+            min_bytes,
+            partition_max_bytes: max_bytes,
+            max_bytes: 4 << 20,
+            ..strand_client::ConsumerConfig::default()
+        };
+        let body = strand_client::requests::fetch_parts(queue, parts, &config, chained);
+        self.send_body(Api::Fetch, &body, TailBuilder::default())
     }
 
     /// Every record of a partition from `from`: (offset, value).
