@@ -66,10 +66,10 @@ fn check_broker_certificate(config: &crate::config::BrokerConfig, user: &str) ->
     match name {
         Some(name) if name == expected => Ok(()),
         other => Err(format!(
-            "auth = mtls: {}'s subject CN is {}, not {expected:?} (inter_broker_user \".\" node_id): the other \
-             brokers know a broker by its certificate's name",
+            "auth = mtls: tls_cert {} must have exactly one subject CN, {expected:?} (inter_broker_user, \".\", \
+             node_id: the other brokers know this one by it); it has {}",
             path.display(),
-            other.map_or("missing (or not exactly one)".to_string(), |n| format!("{n:?}"))
+            other.map_or("none, or several".to_string(), |n| format!("{n:?}"))
         )),
     }
 }
@@ -262,7 +262,7 @@ impl ServerAuth {
                 ErrorCode::NotAuthorized,
                 format!(
                     "{}: this broker names users by their client certificate's subject CN, and this \
-                     connection's certificate has not exactly one readable CN",
+                     connection's certificate has none, or several, or one that is not UTF-8",
                     api.name()
                 ),
             )),
@@ -310,7 +310,7 @@ impl ServerAuth {
             // As long as a known user's check: the time does not tell
             // which names exist.
             None => {
-                let salt = strand_net::scram::decoy_salt(&self.decoy_secret, Mechanism::Sha256, user);
+                let salt = strand_net::scram::decoy_salt(self.decoy_secret(table), Mechanism::Sha256, user);
                 let _ = Credential::derive(Mechanism::Sha256, password.as_bytes(), &salt, DEFAULT_ITERATIONS);
                 false
             }

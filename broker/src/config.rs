@@ -340,7 +340,8 @@ pub fn broker_login_node(inter_broker_user: &str, name: &str) -> Option<u64> {
 /// Whether `name` is the brokers' own (the inter-broker user, or one of
 /// its per-node logins): no user of the table may take it.
 pub fn is_broker_name(inter_broker_user: &str, name: &str) -> bool {
-    name == inter_broker_user || name.starts_with(&format!("{inter_broker_user}."))
+    name.strip_prefix(inter_broker_user)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
 
 /// The TLS files a broker was started with (`server::tls`).
@@ -790,8 +791,8 @@ impl BrokerConfig {
             .find(|n| is_broker_name(&self.inter_broker_user, n))
         {
             return bad(format!(
-                "{taken:?} is the brokers' own login (inter_broker_user {:?}, or it and \".\" a node id): a \
-                 superuser needs another name",
+                "{taken:?} is kept for the brokers' own logins (inter_broker_user {:?}, and it with \".<node \
+                 id>\" after it): a superuser needs another name",
                 self.inter_broker_user
             ));
         }

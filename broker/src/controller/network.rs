@@ -47,6 +47,7 @@ pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// none`): nothing to check. The refusal is `NotAuthorized`'s message.
 pub fn sent_by(caller: Option<u64>, claimed: u64, what: &str) -> Result<(), String> {
     match caller {
+        Some(node) if claimed == 0 => Err(format!("broker {node} sent {what} that names no broker (node 0)")),
         Some(node) if node != claimed => Err(format!(
             "broker {node} may not send {what} for broker {claimed}: a broker speaks only for itself"
         )),

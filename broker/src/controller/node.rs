@@ -1173,6 +1173,9 @@ impl Controller {
                 leader: 0,
             })
         };
+        // A Raft message's sender is its vote's node: one naming none
+        // (never sent by a member) counts as node 0, which no broker is.
+        let voter = |vote: &openraft::Vote<u64>| vote.leader_id().voted_for().unwrap_or(0);
         match op {
             ControllerOp::Vote if self.rejoining.get() => Err(Refusal {
                 code: ErrorCode::ControllerUnavailable,
@@ -1185,21 +1188,18 @@ impl Controller {
             }),
             ControllerOp::Vote => {
                 let request: VoteRequest<u64> = serde_json::from_slice(payload).map_err(bad)?;
-                not_sender(
-                    request.vote.leader_id().voted_for().unwrap_or_default(),
-                    "a vote request",
-                )?;
+                not_sender(voter(&request.vote), "a vote request")?;
                 Ok(to_json(&self.raft.vote(request).await))
             }
             ControllerOp::Status => Ok(to_json(&self.status())),
             ControllerOp::AppendEntries => {
                 let request = self.leader_request(payload, |r: &AppendEntriesRequest<TypeConfig>| r.vote)?;
-                not_sender(request.vote.leader_id().voted_for().unwrap_or_default(), "log entries")?;
+                not_sender(voter(&request.vote), "log entries")?;
                 Ok(to_json(&self.raft.append_entries(request).await))
             }
             ControllerOp::InstallSnapshot => {
                 let request = self.leader_request(payload, |r: &InstallSnapshotRequest<TypeConfig>| r.vote)?;
-                not_sender(request.vote.leader_id().voted_for().unwrap_or_default(), "a snapshot")?;
+                not_sender(voter(&request.vote), "a snapshot")?;
                 Ok(to_json(&self.raft.install_snapshot(request).await))
             }
             ControllerOp::Propose => {

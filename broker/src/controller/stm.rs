@@ -615,7 +615,10 @@ impl MetadataStm {
             }
             Command::SetDecoySecret { secret } => {
                 if secret.len() != 32 {
-                    return Err(ControllerError::InvalidUser("a decoy-salt key of 32 bytes".into()));
+                    return Err(ControllerError::InvalidProposal(format!(
+                        "the cluster's decoy-salt key must be 32 bytes, not {}",
+                        secret.len()
+                    )));
                 }
                 if self.table.decoy_secret.is_empty() {
                     self.table.decoy_secret = secret.clone();

@@ -88,7 +88,9 @@ impl NewProducers {
                 .admit(user, queue, partition, id, now, NEW_PRODUCERS_WINDOW)
                 .map_err(|l| {
                     too_many(
-                        &format!("user {user:?} (over all its connections to this broker)"),
+                        &format!(
+                            "user {user:?} (over all its connections to this broker; max_producer_ids_per_principal)"
+                        ),
                         l,
                         queue,
                         partition,

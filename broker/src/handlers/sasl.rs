@@ -75,7 +75,8 @@ pub async fn handshake(
     let result = match Mechanism::from_name(&asked) {
         _ if mtls => Err(WireError::new(
             ErrorCode::InvalidRequest,
-            "this broker names users by their client certificate (--auth mtls): connect without --user",
+            "this broker names users by their client certificate (--auth mtls): connect without --user or \
+             $STRAND_USER",
         )),
         _ if login.borrow().principal.is_some() => Err(WireError::new(
             ErrorCode::InvalidRequest,

@@ -26,8 +26,8 @@ fn user_name(shard: &Shard, name: Option<&str>) -> Result<String, WireError> {
         return Err(WireError::new(
             ErrorCode::InvalidRequest,
             format!(
-                "{name:?} is the brokers' own login (inter_broker_user, or it and \".\" a node id), not a user to \
-                 manage"
+                "{name:?} is kept for the brokers' own logins (inter_broker_user, and it with \".<node id>\" \
+                 after it): choose another user name"
             ),
         ));
     }

@@ -147,7 +147,7 @@ async fn serve(shard: &Rc<Shard>, mut stream: Stream, checked: &Checks) -> Resul
     match path.split('?').next().unwrap_or_default() {
         "/metrics" if shard.config.metrics_basic_auth => match scraper(shard, &head, checked) {
             Err(MetricsRefusal::Unauthenticated) => {
-                let body = "a cluster user's name and password, by HTTP basic auth\n";
+                let body = "log in with a cluster user's name and password (HTTP basic auth)\n";
                 respond_with(
                     &mut stream,
                     401,
@@ -168,7 +168,8 @@ async fn serve(shard: &Rc<Shard>, mut stream: Stream, checked: &Checks) -> Resul
             }
             Err(MetricsRefusal::Forbidden) => {
                 let body =
-                    "this user may not read metrics: a superuser, or strand acl add --operation describe --cluster\n";
+                    "this user may not read metrics: make it a superuser, or allow it with strand acl add --user NAME \
+                     --operation describe --cluster\n";
                 respond(&mut stream, 403, "text/plain", body).await
             }
             Ok(()) => metrics(shard, &mut stream).await,
