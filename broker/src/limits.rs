@@ -185,6 +185,8 @@ pub struct ProducerWindow {
     total: usize,
     /// When ids of all partitions were last swept for age.
     swept_at: Option<Instant>,
+    /// When the newest id came.
+    newest: Option<Instant>,
 }
 
 impl ProducerWindow {
@@ -254,6 +256,7 @@ impl ProducerWindow {
             .or_default()
             .push_back((id, now));
         self.total += 1;
+        self.newest = Some(now);
     }
 
     /// Ids remembered over all partitions.
@@ -314,10 +317,8 @@ impl PrincipalProducers {
             let due = swept_at.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1));
             if windows.len() >= 64 && due {
                 *swept_at = Some(now);
-                windows.retain(|_, w| {
-                    w.forget_older(now, window);
-                    w.total > 0
-                });
+                // By each window's newest id: no walk over the ids.
+                windows.retain(|_, w| w.newest.is_some_and(|at| now.duration_since(at) < window));
             }
             windows.insert(principal.to_string(), ProducerWindow::default());
         }

@@ -163,6 +163,14 @@ pub struct PartitionPlacement {
 }
 
 impl PartitionPlacement {
+    /// Whether fewer replicas are in sync than it should have: a move in
+    /// progress counts only below its target's size (the replicas it adds
+    /// are not missing ones).
+    pub fn under_replicated(&self) -> bool {
+        let wanted = self.target.as_ref().map_or(self.replicas.len(), Vec::len);
+        self.isr.len() < wanted
+    }
+
     /// Why the partition has no leader, for people; `None` while it has one.
     pub fn offline_reason(&self) -> Option<String> {
         offline_reason(self.leader, &self.isr, self.lost_replica)
@@ -569,10 +577,7 @@ impl Admin {
                 let holds = p.replicas.contains(&b.id);
                 b.leaders += usize::from(p.leader == b.id);
                 b.replicas += usize::from(holds);
-                // A move in progress counts only below its target's size
-                // (the replicas it adds are not missing ones).
-                let wanted = p.target.as_ref().map_or(p.replicas.len(), Vec::len);
-                b.under_replicated += usize::from(p.leader == b.id && p.isr.len() < wanted);
+                b.under_replicated += usize::from(p.leader == b.id && p.under_replicated());
                 b.moving_off += usize::from(holds && p.target.as_ref().is_some_and(|t| !t.contains(&b.id)));
             }
         }

@@ -80,7 +80,7 @@ pub fn problems(cluster: &ClusterDescription) -> Vec<Problem> {
                 partition: p.partition,
                 reason,
             });
-        } else if p.replicas.iter().any(|r| !p.isr.contains(r)) {
+        } else if p.under_replicated() {
             out.push(Problem::UnderReplicated {
                 queue: p.queue.clone(),
                 partition: p.partition,

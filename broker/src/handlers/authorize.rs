@@ -64,6 +64,11 @@ pub fn check_received<'a>(
     Ok(())
 }
 
+/// Whether `user` may describe group `group` (ListGroups shows it).
+pub fn may_describe_group(acls: &[AclEntry], user: &str, group: &str) -> bool {
+    allows(acls, user, Operation::Describe, &Resource::Group(group))
+}
+
 /// Whether `user` may describe `queue` (what a group's answers show of
 /// it: FetchOffsets, DescribeGroup).
 pub fn may_describe(acls: &[AclEntry], user: &str, queue: &str) -> bool {

@@ -53,14 +53,7 @@ pub async fn handle(
             // A user sees the groups it may describe.
             if let Some(user) = &acl_user {
                 let table = shard.table();
-                all.retain(|g| {
-                    crate::controller::acls::allows(
-                        &table.acls,
-                        user,
-                        crate::controller::acls::Operation::Describe,
-                        &crate::controller::acls::Resource::Group(&g.name),
-                    )
-                });
+                all.retain(|g| super::authorize::may_describe_group(&table.acls, user, &g.name));
             }
             all.sort_by(|a, b| a.name.cmp(&b.name));
             let groups: Vec<_> = all

@@ -192,8 +192,10 @@ impl std::ops::AddAssign for QueueCounters {
     }
 }
 
-/// Where an open connection stands (`strand_connections_by_state`).
+/// Where an open connection stands (`strand_connections_by_state`); its
+/// value is its place in [`ConnectionPhase::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
 pub enum ConnectionPhase {
     /// Its TLS handshake is under way.
     TlsHandshake,
@@ -359,12 +361,11 @@ impl ShardMetrics {
     /// closed).
     pub fn connection_phase(&self, from: Option<ConnectionPhase>, to: Option<ConnectionPhase>) {
         let mut phases = self.phases.get();
-        let at = |p: ConnectionPhase| ConnectionPhase::ALL.iter().position(|q| *q == p).unwrap_or(0);
         if let Some(from) = from {
-            phases[at(from)] -= 1;
+            phases[from as usize] -= 1;
         }
         if let Some(to) = to {
-            phases[at(to)] += 1;
+            phases[to as usize] += 1;
         }
         self.phases.set(phases);
     }
@@ -1074,6 +1075,17 @@ fn by_shard<T>(snapshots: &[ShardSnapshot], f: impl Fn(&ShardSnapshot) -> T) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_phase_counts_in_its_own_place() {
+        for (i, p) in ConnectionPhase::ALL.iter().enumerate() {
+            assert_eq!(*p as usize, i, "{p:?}");
+        }
+        let m = ShardMetrics::default();
+        m.connection_phase(None, Some(ConnectionPhase::TlsHandshake));
+        m.connection_phase(Some(ConnectionPhase::TlsHandshake), Some(ConnectionPhase::Open));
+        assert_eq!(m.phases.get(), [0, 0, 1]);
+    }
 
     #[test]
     fn a_stall_is_off_cpu_when_the_thread_ran_less_than_half_of_it() {
